@@ -1,0 +1,348 @@
+"""The catalogue: every divergence measure divviz knows, in one registry.
+
+Two families, both per token and from log-probabilities only (no vocabulary sums):
+
+- **clip tests** (the per-token trust region of Wu et al. 2026's unified framework, theory.md §1.2): a
+  predicate C_t on the token's measure value; a token that fails it is clipped. Each test's feasible
+  set in the ratio w = π_θ/π_old is an interval [l, u] ∋ 1 (u may be ∞), given by `bounds`.
+- **penalties** toward a reference policy, added to the loss as β · value (GRPO, GBMPO, RPG).
+
+Entries are looked up by name with `clip_test(name, **params)` / `penalty(name, **params)`, which check
+the parameters and return a configured measure. `CATALOGUE` lists them all for the app and the CLI.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+
+from divviz import theory
+from divviz.estimators import k1, k2, k3
+from divviz.mirror import random_mirror_map
+from divviz.params import DivvizInputError, Param, check_params
+
+EPS = Param("eps", 0.2, 0.0, 1.0, low_open=True, high_open=False, trl_name="epsilon",
+            doc="half-width of the symmetric ratio box [1−ε, 1+ε]")
+EPS_LOW = Param("eps_low", 0.2, 0.0, 1.0, low_open=True, high_open=False, trl_name="epsilon",
+                doc="room below 1: l = 1 − ε_low")
+EPS_HIGH = Param("eps_high", 0.28, 0.0, low_open=True, trl_name="epsilon_high",
+                 doc="room above 1: u = 1 + ε_high (DAPO's clip-higher)")
+
+
+def _delta(default: float, high: float, doc: str) -> Param:
+    return Param("delta", default, 0.0, high, low_open=True, high_open=False, doc=doc)
+
+
+DUAL_CLIP = Param("c", 3.0, 1.0, low_open=True,
+                  doc="dual-clip cap: for A < 0 the per-token loss is at most −c·A (Ye et al. 2020; RPG §3.6)")
+BETA = Param("beta", 0.0, 0.0, trl_name="beta", doc="penalty coefficient β (λ in GBMPO)")
+IMPORTANCE_WEIGHT = Param("importance_weight", False, kind="bool",
+                          doc="multiply by w = π_θ/π_old, RPG §3.5's correction of GRPO's estimator")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Clip tests
+
+
+@dataclass(frozen=True)
+class ClipTestEntry:
+    """A per-token feasibility test. `value` is the token's measure (from log-probs), `feasible` the
+    predicate on it, `bounds` the same set written as a ratio interval (l, u) given π_old."""
+
+    name: str
+    title: str
+    latex: str
+    doc: str
+    params: tuple[Param, ...]
+    value: Callable  # (logp_new, logp_old, params) -> measure value per token
+    feasible: Callable  # (value, params) -> bool per token
+    bounds: Callable  # (params, pi_old) -> (l, u)
+    needs_pi_old: bool = False
+    family: str = field(default="clip", init=False)
+
+
+@dataclass(frozen=True)
+class ClipTest:
+    """A clip test with checked parameters."""
+
+    entry: ClipTestEntry
+    params: dict
+
+    @property
+    def name(self) -> str:
+        return self.entry.name
+
+    def value(self, logp_new, logp_old):
+        return self.entry.value(logp_new, logp_old, self.params)
+
+    def feasible(self, logp_new, logp_old):
+        return self.entry.feasible(self.value(logp_new, logp_old), self.params)
+
+    def bounds(self, pi_old=None):
+        """(l, u): floats, or arrays/tensors shaped like `pi_old` for tests that depend on it."""
+        if self.entry.needs_pi_old and pi_old is None:
+            raise DivvizInputError(f"{self.name}: its ratio interval depends on π_old; give pi_old in (0, 1]")
+        return self.entry.bounds(self.params, pi_old)
+
+
+def _at_most_delta(value, p):
+    return value <= p["delta"]
+
+
+def _log_ratio(logp_new, logp_old):
+    return logp_new - logp_old
+
+
+def _prob_tv_bounds(p, pi_old):
+    """|π − π_old| ≤ δ ⇔ w ∈ [max(0, 1 − δ/π_old), 1 + δ/π_old]; rare tokens get a wide box."""
+    return (1.0 - p["delta"] / pi_old).clip(min=0.0), 1.0 + p["delta"] / pi_old
+
+
+CLIP_TESTS: dict[str, ClipTestEntry] = {
+    e.name: e
+    for e in (
+        ClipTestEntry(
+            "ratio", "PPO/GRPO ratio clipping",
+            r"1-\varepsilon \le w_t \le 1+\varepsilon,\quad w_t=\pi_\theta/\pi_{\mathrm{old}}",
+            "Symmetric box in ratio space (Schulman et al. 2017; GRPO). clip_higher with ε_low = ε_high.",
+            (EPS,),
+            lambda new, old, p: _log_ratio(new, old).exp(),
+            lambda w, p: (w >= 1 - p["eps"]) & (w <= 1 + p["eps"]),
+            lambda p, pi_old: (1.0 - p["eps"], 1.0 + p["eps"]),
+        ),
+        ClipTestEntry(
+            "clip_higher", "DAPO clip-higher",
+            r"1-\varepsilon_{\mathrm{low}} \le w_t \le 1+\varepsilon_{\mathrm{high}}",
+            "Asymmetric box (DAPO, Yu et al. 2025): more room above 1 so unlikely tokens can rise. "
+            "Any interval test equals this box with its own (ε_low, ε_high).",
+            (EPS_LOW, EPS_HIGH),
+            lambda new, old, p: _log_ratio(new, old).exp(),
+            lambda w, p: (w >= 1 - p["eps_low"]) & (w <= 1 + p["eps_high"]),
+            lambda p, pi_old: (1.0 - p["eps_low"], 1.0 + p["eps_high"]),
+        ),
+        ClipTestEntry(
+            "kl1", "KL1 test (one-sided)",
+            r"\mathrm{k1}_t=-\log w_t \le \delta \;\Leftrightarrow\; w_t \ge e^{-\delta}",
+            "k1 can be negative, so the test bounds the ratio from below only: u = ∞ (theory.md §1.3).",
+            (_delta(0.2, 50.0, "KL1 level"),),
+            lambda new, old, p: k1(_log_ratio(new, old)),
+            _at_most_delta,
+            lambda p, pi_old: (math.exp(-p["delta"]), math.inf),
+        ),
+        ClipTestEntry(
+            "kl2", "KL2 test",
+            r"\mathrm{k2}_t=\tfrac12(\log w_t)^2 \le \delta \;\Leftrightarrow\; "
+            r"e^{-\sqrt{2\delta}} \le w_t \le e^{\sqrt{2\delta}}",
+            "Symmetric in log-ratio, so slightly tighter above 1 than KL3 at the same δ (theory.md §5.4).",
+            (_delta(0.05, 50.0, "KL2 level"),),
+            lambda new, old, p: k2(_log_ratio(new, old)),
+            _at_most_delta,
+            lambda p, pi_old: tuple(float(b) for b in theory.kl2_bounds(p["delta"])),
+        ),
+        ClipTestEntry(
+            "kl3", "KL3 test = ATR-GRPO asymmetric clipping",
+            r"\mathrm{k3}_t=w_t-1-\log w_t \le \delta \;\Leftrightarrow\; "
+            r"-W_0(-e^{-1-\delta}) \le w_t \le -W_{-1}(-e^{-1-\delta})",
+            "Wu et al. 2026 (ATR-GRPO): k3 of w = π_θ/π_old, i.e. KL(π_old‖π_θ). Not GRPO's k3 penalty, "
+            "which flips the ratio (π_ref/π_θ) and would give [1/u_δ, 1/l_δ].",
+            (_delta(0.05, 50.0, "KL3 level δ"),),
+            lambda new, old, p: k3(_log_ratio(new, old)),
+            _at_most_delta,
+            lambda p, pi_old: theory.kl3_bounds(p["delta"]),
+        ),
+        ClipTestEntry(
+            "prob_tv", "probability-space test",
+            r"|\pi_\theta(a_t|s_t)-\pi_{\mathrm{old}}(a_t|s_t)| \le \delta",
+            "A box in probability, not ratio: w ∈ [1 − δ/π_old, 1 + δ/π_old], wide for rare tokens and "
+            "tight for likely ones.",
+            (_delta(0.1, 1.0, "largest change of the token's probability"),),
+            lambda new, old, p: (new.exp() - old.exp()).abs(),
+            _at_most_delta,
+            _prob_tv_bounds,
+            needs_pi_old=True,
+        ),
+    )
+}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Penalties
+
+
+@dataclass(frozen=True)
+class PenaltyEntry:
+    """A per-token penalty. `value` is the divergence estimate shown to the user; `loss_term`, when
+    given, is what enters the loss instead (REINFORCE-style forms: a stop-gradient weight × log π)."""
+
+    name: str
+    title: str
+    latex: str
+    doc: str
+    params: tuple[Param, ...]
+    value: Callable  # (logp_new, logp_old, logp_ref, params) -> per-token value
+    loss_term: Callable | None = None
+    needs_ref: bool = True
+    family: str = field(default="penalty", init=False)
+
+
+@dataclass(frozen=True)
+class Penalty:
+    """A penalty with checked parameters."""
+
+    entry: PenaltyEntry
+    params: dict
+
+    @property
+    def name(self) -> str:
+        return self.entry.name
+
+    def value(self, logp_new, logp_old, logp_ref=None):
+        self._need_ref(logp_ref)
+        return self.entry.value(logp_new, logp_old, logp_ref, self.params)
+
+    def loss_term(self, logp_new, logp_old, logp_ref=None):
+        self._need_ref(logp_ref)
+        term = self.entry.loss_term or self.entry.value
+        return term(logp_new, logp_old, logp_ref, self.params)
+
+    def _need_ref(self, logp_ref):
+        if self.entry.needs_ref and logp_ref is None:
+            raise DivvizInputError(f"penalty '{self.name}' needs reference log-probs (logp_ref)")
+
+
+def _grpo_estimator(estimator):
+    """k_i of r = π_ref/π_θ (GRPO's direction, RPG §2.2), optionally × w = π_θ/π_old (RPG §3.5)."""
+
+    def value(new, old, ref, p):
+        out = estimator(ref - new)
+        return out * (new - old).exp() if p["importance_weight"] else out
+
+    return value
+
+
+def _rpg(regulariser, weight):
+    """RPG's regulariser of w = π_θ/π_old (reference = previous iterate, RPG §3.2) in two forms:
+    differentiable (`regulariser`, RPG Table 1) and REINFORCE-style −sg(g(w))·log π_θ (RPG Table 2),
+    whose gradients agree (RPG Proposition 4.1)."""
+
+    def value(new, old, ref, p):
+        return regulariser(new - old)
+
+    def reinforce(new, old, ref, p):
+        return -weight((new - old).detach()) * new
+
+    return value, reinforce
+
+
+_RPG = {  # name: (title, differentiable loss term in lw = log w, KL part g of the REINFORCE weight, latex)
+    "fkl": ("RPG forward KL", lambda lw: -lw, lambda lw: torch.ones_like(lw),
+            r"\mathrm{KL}(\pi_{\mathrm{old}}\|\pi_\theta):\; -\log w_t", r"g(w)=1"),
+    "rkl": ("RPG reverse KL", lambda lw: lw.exp() * lw, lambda lw: -lw.exp() * (lw + 1),
+            r"\mathrm{KL}(\pi_\theta\|\pi_{\mathrm{old}}):\; w_t\log w_t", r"g(w)=-w(\log w+1)"),
+    "ufkl": ("RPG unnormalised forward KL", k3, lambda lw: -lw.expm1(),
+             r"\mathrm{UKL}(\pi_{\mathrm{old}}\|\pi_\theta):\; w_t-1-\log w_t", r"g(w)=-(w-1)"),
+    "urkl": ("RPG unnormalised reverse KL", lambda lw: lw.exp() * (lw - 1), lambda lw: -lw.exp() * lw,
+             r"\mathrm{UKL}(\pi_\theta\|\pi_{\mathrm{old}}):\; w_t\log w_t - w_t", r"g(w)=-w\log w"),
+}
+
+
+def _rpg_entries():
+    for name, (title, reg, weight, latex, latex_g) in _RPG.items():
+        value, reinforce = _rpg(reg, weight)
+        yield PenaltyEntry(
+            name, f"{title} (differentiable)", latex,
+            "RPG Table 1 surrogate (Zhang et al., ICLR 2026); the divergence is to π_old, the sampling "
+            f"policy. Same gradient as {name}_rf.", (), value, needs_ref=False)
+        yield PenaltyEntry(
+            f"{name}_rf", f"{title} (REINFORCE-style)", rf"-\,\mathrm{{sg}}(g(w_t))\log\pi_\theta,\; {latex_g}",
+            f"RPG Table 2: stop-gradient weight times log π_θ; the value shown is {name}'s, the loss "
+            f"term is the REINFORCE form. Same gradient as {name} (RPG Prop. 4.1).",
+            (), value, loss_term=reinforce, needs_ref=False)
+
+
+PENALTIES: dict[str, PenaltyEntry] = {
+    e.name: e
+    for e in (
+        PenaltyEntry(
+            "k1", "k1 to reference (GRPO direction)",
+            r"\log\pi_\theta-\log\pi_{\mathrm{ref}}",
+            "k1 of r = π_ref/π_θ; unbiased for KL(π_θ‖π_ref) only when tokens come from π_θ.",
+            (IMPORTANCE_WEIGHT,), _grpo_estimator(k1)),
+        PenaltyEntry(
+            "k2", "k2 to reference (GRPO direction)",
+            r"\tfrac12(\log\pi_{\mathrm{ref}}-\log\pi_\theta)^2",
+            "k2 of r = π_ref/π_θ; half of GBMPO's log-L2 variant.",
+            (IMPORTANCE_WEIGHT,), _grpo_estimator(k2)),
+        PenaltyEntry(
+            "k3", "k3 to reference (GRPO's KL penalty)",
+            r"r_t-1-\log r_t,\; r_t=\pi_{\mathrm{ref}}/\pi_\theta",
+            "GRPO's penalty (TRL's `beta`): k3 with the ratio flipped relative to the kl3 clip test. "
+            "importance_weight=1 gives RPG's corrected estimator w·k3(r).",
+            (IMPORTANCE_WEIGHT,), _grpo_estimator(k3)),
+        PenaltyEntry(
+            "prob_l2", "GBMPO ProbL2",
+            r"(\pi_\theta(a_t|s_t)-\pi_{\mathrm{ref}}(a_t|s_t))^2",
+            "Bregman divergence of h = ‖p‖² on the sampled token (GBMPO code). Its slope in log p is "
+            "2p(p − p_ref): rare tokens are left almost free, confident ones anchored.",
+            (), lambda new, old, ref, p: (new.exp() - ref.exp()) ** 2),
+        PenaltyEntry(
+            "mirror", "GBMPO neural mirror map",
+            r"D_h(\pi_\theta\|\pi_{\mathrm{ref}})=h(\pi_\theta)-h(\pi_{\mathrm{ref}})"
+            r"-\psi(\pi_{\mathrm{ref}})(\pi_\theta-\pi_{\mathrm{ref}})",
+            "Bregman divergence of a random non-negative 126-unit mirror map ψ = ∇h (divviz.mirror).",
+            (Param("seed", 0, 0, 2**31 - 1, high_open=False, kind="int", doc="seed of the 380 weights"),
+             Param("init_scale", 0.01, 0.0, 1.0, low_open=True, high_open=False,
+                   doc="weights drawn uniformly from [0, init_scale]")),
+            lambda new, old, ref, p: random_mirror_map(p["seed"], p["init_scale"]).bregman(new, ref)),
+        *_rpg_entries(),
+    )
+}
+
+CATALOGUE: dict[str, ClipTestEntry | PenaltyEntry] = {**CLIP_TESTS, **PENALTIES}
+
+AGGREGATIONS = ("grpo", "bnpo", "dr_grpo", "dapo")
+
+
+def get_entry(name: str, family: str | None = None) -> ClipTestEntry | PenaltyEntry:
+    """The catalogue entry called `name` (optionally only from one family), or a clear error."""
+    pool = {"clip": CLIP_TESTS, "penalty": PENALTIES, None: CATALOGUE}[family]
+    if name not in pool:
+        kind = {"clip": "clip test", "penalty": "penalty", None: "measure"}[family]
+        raise DivvizInputError(f"unknown {kind} '{name}'; known: {', '.join(pool)}")
+    return pool[name]
+
+
+def clip_test(name: str, **params) -> ClipTest:
+    entry = get_entry(name, "clip")
+    return ClipTest(entry, check_params(name, entry.params, params))
+
+
+def penalty(name: str, **params) -> Penalty:
+    entry = get_entry(name, "penalty")
+    return Penalty(entry, check_params(name, entry.params, params))
+
+
+def check_dual_clip(c) -> float | None:
+    """None (no cap) or a checked c > 1."""
+    return None if c is None else DUAL_CLIP.check(c, "dual_clip")
+
+
+def check_beta(beta) -> float:
+    return BETA.check(beta, "penalty")
+
+
+def check_aggregation(name: str) -> str:
+    if name not in AGGREGATIONS:
+        raise DivvizInputError(f"unknown aggregation '{name}'; known: {', '.join(AGGREGATIONS)}")
+    return name
+
+
+def bounds_array(test: ClipTest, pi_old) -> tuple[np.ndarray, np.ndarray]:
+    """(l, u) broadcast to the shape of `pi_old` (numpy), for plots over a grid of π_old."""
+    pi_old = np.asarray(pi_old, dtype=np.float64)
+    lower, upper = test.bounds(pi_old)
+    return np.broadcast_to(lower, pi_old.shape).copy(), np.broadcast_to(upper, pi_old.shape).copy()

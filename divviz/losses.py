@@ -1,0 +1,162 @@
+"""The one policy loss: every curve in the app and every training step goes through `policy_loss`.
+
+Per token t of completion i (shapes (B, T); B completions, T completion tokens):
+
+    w_t      = exp(logp_new − logp_old)                                   the ratio
+    ŵ_t      = w_t if C_t(θ) holds, else the violated bound (l or u), detached      (clip_C, §1.2)
+    ℓ_t      = −min(w_t A_i, ŵ_t A_i)                                     clipped surrogate
+    ℓ_t      = min(ℓ_t, −c A_i)        where A_i < 0                      dual-clip (optional)
+    ℓ_t     += β · penalty_t                                              penalty (optional)
+    loss     = aggregate(ℓ, mask)                                         grpo / bnpo / dr_grpo / dapo
+
+C_t is the clip test's own predicate on its own measure (e.g. k3(w_t) ≤ δ for ATR-GRPO), which
+theory.md §1.2 calls J_general; for every test in the catalogue the feasible set is an interval [l, u]
+∋ 1, so the result equals PPO's clamp on that interval, value and gradient (tests/test_losses.py).
+With no clip test the surrogate is the plain −w_t A_i.
+
+Which tokens lose their gradient (theory.md §1.4): A > 0 above u, A < 0 below l, and with dual-clip
+A < 0 where the cap binds. TRL's clip fractions count exactly the first two
+(`clip_ratio/low_mean`: w < l and A < 0; `clip_ratio/high_mean`: w > u and A > 0).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from divviz.divergences import ClipTest, Penalty, check_aggregation, check_beta, check_dual_clip
+
+
+@dataclass
+class LossOutput:
+    """The scalar loss and per-token facts (all (B, T), detached, zero/False on padding)."""
+
+    loss: torch.Tensor
+    per_token_loss: torch.Tensor
+    ratio: torch.Tensor
+    measure: torch.Tensor | None  # the clip test's value per token (e.g. k3), None without a test
+    outside: torch.Tensor  # fails the clip test, whatever the advantage's sign
+    clipped_low: torch.Tensor  # w < l and A < 0 (TRL's is_low_clipped)
+    clipped_high: torch.Tensor  # w > u and A > 0 (TRL's is_high_clipped)
+    dual_clipped: torch.Tensor  # A < 0 and the cap −c·A binds
+    grad_masked: torch.Tensor  # no gradient through w: clipped_low | clipped_high | dual_clipped
+    penalty: torch.Tensor | None  # the penalty's value per token, None without a penalty
+
+    @property
+    def clipped_region(self) -> torch.Tensor:
+        """TRL's is_region_clipped = is_low_clipped | is_high_clipped."""
+        return self.clipped_low | self.clipped_high
+
+
+def policy_loss(
+    logp_new: torch.Tensor,
+    logp_old: torch.Tensor,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip: ClipTest | None = None,
+    penalty: Penalty | None = None,
+    beta: float = 0.0,
+    logp_ref: torch.Tensor | None = None,
+    dual_clip_c: float | None = None,
+    aggregation: str = "grpo",
+    max_completion_length: int | None = None,
+    num_items_in_batch: int | None = None,
+) -> LossOutput:
+    """Loss and per-token facts for one batch.
+
+    logp_new, logp_old, logp_ref: (B, T) log-probs of the sampled tokens (logp_old/ref carry no grad).
+    adv: (B,) advantages, one per completion, or (B, T). mask: (B, T), 1 on completion tokens.
+    clip: a configured clip test (`divergences.clip_test`), or None for no clipping.
+    penalty, beta: a configured penalty and its coefficient β ≥ 0 (TRL's `beta`).
+    dual_clip_c: None or c > 1. aggregation: "grpo", "bnpo", "dr_grpo" or "dapo" (see `aggregate`).
+    """
+    beta = check_beta(beta)
+    dual_clip_c = check_dual_clip(dual_clip_c)
+    check_aggregation(aggregation)
+    mask = mask.to(logp_new.dtype)
+    adv = adv.to(logp_new.dtype)
+    if adv.dim() == 1:
+        adv = adv.unsqueeze(1)  # (B, 1)
+    logp_old = logp_old.detach()
+
+    ratio = (logp_new - logp_old).exp()
+    if clip is None:
+        measure = None
+        clipped_ratio = ratio
+        outside = torch.zeros_like(ratio, dtype=torch.bool)
+    else:
+        measure = clip.value(logp_new, logp_old)
+        outside = ~clip.feasible(logp_new, logp_old)
+        lower, upper = clip.bounds(logp_old.exp())
+        violated = torch.where(ratio > 1, torch.as_tensor(upper, dtype=ratio.dtype, device=ratio.device),
+                               torch.as_tensor(lower, dtype=ratio.dtype, device=ratio.device))
+        clipped_ratio = torch.where(outside, violated.expand_as(ratio).detach(), ratio)
+    per_token = -torch.minimum(ratio * adv, clipped_ratio * adv)
+
+    dual_clipped = torch.zeros_like(outside)
+    if dual_clip_c is not None:
+        cap = -dual_clip_c * adv
+        dual_clipped = (adv < 0) & (per_token > cap)
+        per_token = torch.where(adv < 0, torch.minimum(per_token, cap), per_token)
+
+    penalty_value = None
+    if penalty is not None:
+        penalty_value = penalty.value(logp_new, logp_old, logp_ref).detach()
+        per_token = per_token + beta * penalty.loss_term(logp_new, logp_old, logp_ref)
+
+    active = mask > 0
+    clipped_low = outside & (ratio < 1) & (adv < 0) & active
+    clipped_high = outside & (ratio > 1) & (adv > 0) & active
+    dual_clipped = dual_clipped & active
+    loss = aggregate(per_token, mask, aggregation, max_completion_length, num_items_in_batch)
+    return LossOutput(
+        loss=loss,
+        per_token_loss=(per_token * mask).detach(),
+        ratio=(ratio * mask).detach(),
+        measure=None if measure is None else (measure * mask).detach(),
+        outside=outside & active,
+        clipped_low=clipped_low,
+        clipped_high=clipped_high,
+        dual_clipped=dual_clipped,
+        grad_masked=clipped_low | clipped_high | dual_clipped,
+        penalty=None if penalty_value is None else penalty_value * mask,
+    )
+
+
+def grpo_aggregate(per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """GRPO: mean over each completion's tokens, then mean over completions (Shao et al. 2024)."""
+    return ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)).mean()
+
+
+def bnpo_aggregate(per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """BNPO: sum over all tokens divided by the number of tokens in this batch."""
+    return (per_token * mask).sum() / mask.sum().clamp(min=1)
+
+
+def dr_grpo_aggregate(per_token: torch.Tensor, mask: torch.Tensor, max_completion_length: int) -> torch.Tensor:
+    """Dr. GRPO: sum over all tokens divided by the constant B × max_completion_length (Liu et al. 2025)."""
+    return (per_token * mask).sum() / (per_token.shape[0] * max_completion_length)
+
+
+def dapo_aggregate(per_token: torch.Tensor, mask: torch.Tensor, num_items_in_batch: int | None) -> torch.Tensor:
+    """DAPO: token-level mean over the whole global batch (Yu et al. 2025). TRL divides by the tokens of
+    all processes and accumulation steps (`num_items_in_batch`); in one process with one step that is
+    this batch's token count, i.e. the same number as bnpo."""
+    normaliser = mask.sum().clamp(min=1) if num_items_in_batch is None else num_items_in_batch
+    return (per_token * mask).sum() / normaliser
+
+
+def aggregate(per_token, mask, how: str, max_completion_length: int | None = None,
+              num_items_in_batch: int | None = None) -> torch.Tensor:
+    """Reduce (B, T) per-token losses to a scalar, as TRL's `loss_type` names them."""
+    if how == "grpo":
+        return grpo_aggregate(per_token, mask)
+    if how == "bnpo":
+        return bnpo_aggregate(per_token, mask)
+    if how == "dr_grpo":
+        return dr_grpo_aggregate(per_token, mask, max_completion_length or per_token.shape[-1])
+    if how == "dapo":
+        return dapo_aggregate(per_token, mask, num_items_in_batch)
+    raise ValueError(f"unknown aggregation {how!r}")

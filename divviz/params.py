@@ -1,0 +1,95 @@
+"""Parameters of catalogue entries: their valid ranges and the one error raised for bad input.
+
+Every value a user can type (a slider, a `--param k=v` on the command line, a URL query parameter) goes
+through `Param.check`, so a bad value is refused in one place with one message that names the parameter
+and its valid range.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping
+
+
+class DivvizInputError(ValueError):
+    """Bad user input: an unknown measure, an unknown or out-of-range parameter, a NaN.
+
+    The message is one line, meant to be shown as it is (CLI exit code 2, an `st.error` in the app).
+    """
+
+
+@dataclass(frozen=True)
+class Param:
+    """One numeric parameter with its default and valid range.
+
+    `kind` is "float", "int" or "bool". The range is `low .. high`, each end open or closed;
+    `high = inf` with `high_open=True` means "any finite number above `low`".
+    `trl_name` is the name TRL's `GRPOConfig` uses for the same knob, where it has one.
+    """
+
+    name: str
+    default: float
+    low: float = -math.inf
+    high: float = math.inf
+    low_open: bool = False
+    high_open: bool = True
+    kind: str = "float"
+    doc: str = ""
+    trl_name: str | None = None
+
+    def range_text(self) -> str:
+        if self.kind == "bool":
+            return "0 or 1 (false/true)"
+        left = "(" if self.low_open else "["
+        right = ")" if self.high_open else "]"
+        high = "inf" if math.isinf(self.high) else f"{self.high:g}"
+        text = f"{left}{self.low:g}, {high}{right}"
+        return f"an integer in {text}" if self.kind == "int" else f"a finite number in {text}"
+
+    def check(self, value, owner: str) -> float | int | bool:
+        """Return `value` converted to this parameter's kind, or raise `DivvizInputError`."""
+        where = f"{owner}: parameter '{self.name}'"
+        if self.kind == "bool":
+            if isinstance(value, str):
+                lowered = value.strip().lower()
+                if lowered in ("1", "true", "yes", "on"):
+                    return True
+                if lowered in ("0", "false", "no", "off"):
+                    return False
+            elif isinstance(value, (bool, int, float)) and value in (0, 1):
+                return bool(value)
+            raise DivvizInputError(f"{where} must be {self.range_text()}; got {value!r}")
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise DivvizInputError(f"{where} must be {self.range_text()}; got {value!r}") from None
+        ok = math.isfinite(number)
+        ok = ok and (number > self.low if self.low_open else number >= self.low)
+        ok = ok and (number < self.high if self.high_open else number <= self.high)
+        if self.kind == "int":
+            ok = ok and number.is_integer()
+        if not ok:
+            raise DivvizInputError(f"{where} must be {self.range_text()}; got {value!r}")
+        return int(number) if self.kind == "int" else number
+
+
+def check_params(owner: str, spec: tuple[Param, ...], given: Mapping[str, object]) -> dict:
+    """Validate `given` against `spec`, fill defaults, and refuse names that `spec` does not have."""
+    known = {p.name: p for p in spec}
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        names = ", ".join(known) or "none"
+        raise DivvizInputError(f"{owner}: unknown parameter '{unknown[0]}' (its parameters: {names})")
+    return {p.name: p.check(given.get(p.name, p.default), owner) for p in spec}
+
+
+def parse_assignments(items: list[str] | tuple[str, ...]) -> dict[str, str]:
+    """Turn ["delta=0.05", "eps=0.2"] into {"delta": "0.05", "eps": "0.2"}; values are checked later."""
+    out: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise DivvizInputError(f"expected NAME=VALUE, got {item!r}")
+        out[name.strip()] = value.strip()
+    return out

@@ -1,0 +1,81 @@
+"""`divviz measures` and `divviz bounds`: output, JSON contract, and bad input (exit 2, one line)."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from divviz.cli import main
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_measures_lists_the_catalogue(capsys):
+    code, out, _ = run(capsys, "measures")
+    assert code == 0
+    for name in ("ratio", "clip_higher", "kl1", "kl2", "kl3", "prob_tv", "k3", "prob_l2", "mirror",
+                 "fkl", "urkl_rf", "dual_clip"):
+        assert f"\n{name} " in "\n" + out
+
+
+def test_measures_json(capsys):
+    code, out, _ = run(capsys, "measures", "--json")
+    rows = {r["name"]: r for r in json.loads(out)}
+    assert code == 0 and rows["kl3"]["family"] == "clip"
+    assert rows["kl3"]["params"][0] == {"name": "delta", "default": 0.05, "kind": "float",
+                                        "range": "a finite number in (0, 50]", "doc": "KL3 level δ",
+                                        "trl_name": None}
+    assert rows["clip_higher"]["params"][1]["trl_name"] == "epsilon_high"
+
+
+def test_bounds_json_kl3(capsys):
+    code, out, _ = run(capsys, "bounds", "--measure", "kl3", "--param", "delta=0.05", "--json")
+    data = json.loads(out)
+    assert code == 0 and set(data) == {"measure", "params", "lower", "upper"}
+    assert data["measure"] == "kl3" and data["params"] == {"delta": 0.05}
+    assert data["lower"] == pytest.approx(0.716189455169, rel=1e-12)
+    assert data["upper"] == pytest.approx(1.350403255977, rel=1e-12)
+
+
+def test_bounds_unbounded_and_pi_old(capsys):
+    _, out, _ = run(capsys, "bounds", "--measure", "kl1", "--param", "delta=0.1", "--json")
+    assert json.loads(out)["upper"] is None
+    _, out, _ = run(capsys, "bounds", "--measure", "prob_tv", "--param", "delta=0.1", "--pi-old", "0.25", "--json")
+    assert (json.loads(out)["lower"], json.loads(out)["upper"]) == pytest.approx((0.6, 1.4))
+    code, out, _ = run(capsys, "bounds", "--measure", "ratio")
+    assert code == 0 and "0.8 <= w <= 1.2" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["bounds", "--measure", "kl3", "--param", "delta=nan"], "kl3: parameter 'delta' must be a finite number in (0, 50]; got 'nan'"),
+    (["bounds", "--measure", "kl3", "--param", "delta=-1"], "got '-1'"),
+    (["bounds", "--measure", "kl3", "--param", "delta"], "expected NAME=VALUE, got 'delta'"),
+    (["bounds", "--measure", "kl3", "--param", "eps=0.2"], "kl3: unknown parameter 'eps'"),
+    (["bounds", "--measure", "kl9"], "unknown measure 'kl9'"),
+    (["bounds", "--measure", "k3"], "'k3' is a penalty; only clip tests have a feasible ratio interval"),
+    (["bounds", "--measure", "prob_tv"], "pass --pi-old P with P in (0, 1]"),
+    (["bounds", "--measure", "prob_tv", "--pi-old", "0"], "parameter 'pi_old' must be a finite number in (0, 1]"),
+    (["bounds"], "the following arguments are required: --measure"),
+    (["frobnicate"], "invalid choice: 'frobnicate'"),
+    ([], "the following arguments are required: command"),
+])
+def test_bad_input_exits_2_with_one_line(capsys, argv, message):
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("divviz: error: ") and message in err
+
+
+def test_console_script_is_installed():
+    exe = shutil.which("divviz") or str(__import__("pathlib").Path(sys.executable).with_name("divviz"))
+    proc = subprocess.run([exe, "bounds", "--measure", "kl3", "--param", "delta=0.5", "--json"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and json.loads(proc.stdout)["upper"] == pytest.approx(2.35768, rel=1e-5)
+    proc = subprocess.run([exe, "bounds", "--measure", "kl3", "--param", "delta=inf"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1

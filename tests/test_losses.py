@@ -1,0 +1,232 @@
+"""The one policy loss: theory.md §5.5 spot checks, TRL's clip fractions, the interval equivalences
+(value and autograd gradient, float64, 1e-12), aggregations against hand-written sums, RPG Prop. 4.1."""
+
+import math
+
+import pytest
+import torch
+
+from divviz import divergences as dv
+from divviz.losses import policy_loss
+from divviz.theory import kl3_bounds
+
+F64 = torch.float64
+
+
+def one_token_batch(ratios, advs, dtype=F64):
+    w = torch.tensor(ratios, dtype=dtype).unsqueeze(1)  # (B, 1)
+    logp_new = w.log().requires_grad_()
+    return logp_new, torch.zeros_like(w), torch.tensor(advs, dtype=dtype), torch.ones_like(w)
+
+
+def grads(out, logp_new):
+    (g,) = torch.autograd.grad(out.loss, logp_new)
+    return g
+
+
+# theory.md §5.5: A, w, loss value, gradient through w?
+SPOT = [(+1, 0.5, -0.5, True), (+1, 1.5, -1.28, False), (-1, 0.5, 0.8, False),
+        (-1, 2.0, 2.0, True), (-1, 5.0, 3.0, False)]
+
+
+def test_masking_and_dual_clip_spot_checks():
+    advs, ratios, losses, has_grad = zip(*SPOT)
+    logp_new, logp_old, adv, mask = one_token_batch(ratios, advs)
+    out = policy_loss(logp_new, logp_old, adv, mask, clip=dv.clip_test("clip_higher", eps_low=0.2, eps_high=0.28),
+                      dual_clip_c=3.0, aggregation="bnpo")
+    assert out.per_token_loss.flatten().tolist() == pytest.approx(losses, rel=1e-12)
+    g = grads(out, logp_new).flatten()
+    assert [bool(x != 0) for x in g] == list(has_grad)
+    assert out.grad_masked.flatten().tolist() == [not h for h in has_grad]
+    assert out.dual_clipped.flatten().tolist() == [False, False, False, False, True]
+
+
+def test_kl3_masking_rule_at_delta_005():
+    l, u = 0.716189, 1.35040  # theory.md §5.5: A=+1 masked iff w > u, A=−1 masked iff w < l
+    ratios = [u - 1e-4, u + 1e-4, l + 1e-4, l - 1e-4]
+    logp_new, logp_old, adv, mask = one_token_batch(ratios, [1, 1, -1, -1])
+    out = policy_loss(logp_new, logp_old, adv, mask, clip=dv.clip_test("kl3", delta=0.05))
+    assert out.grad_masked.flatten().tolist() == [False, True, False, True]
+    assert out.clipped_high.flatten().tolist() == [False, True, False, False]
+    assert out.clipped_low.flatten().tolist() == [False, False, False, True]
+
+
+def test_trl_clip_fraction_convention():
+    # outside on the "wrong" side keeps its gradient and is not counted (A>0 below l, A<0 above u)
+    logp_new, logp_old, adv, mask = one_token_batch([0.5, 1.5, 0.5, 1.5], [1, -1, -1, 1])
+    out = policy_loss(logp_new, logp_old, adv, mask, clip=dv.clip_test("ratio", eps=0.2))
+    assert out.outside.flatten().tolist() == [True, True, True, True]
+    assert out.clipped_low.flatten().tolist() == [False, False, True, False]
+    assert out.clipped_high.flatten().tolist() == [False, False, False, True]
+    assert out.clipped_region.flatten().tolist() == [False, False, True, True]
+    assert (grads(out, logp_new).flatten() != 0).tolist() == [True, True, False, False]
+
+
+def random_batch(seed, B=16, T=12, dtype=F64, spread=0.6):
+    g = torch.Generator().manual_seed(seed)
+    logp_old = torch.log(torch.rand(B, T, generator=g, dtype=dtype) * 0.98 + 0.01)
+    logp_new = (logp_old + spread * torch.randn(B, T, generator=g, dtype=dtype)).clamp(max=0.0)
+    adv = torch.randn(B, generator=g, dtype=dtype)
+    lengths = torch.randint(3, T + 1, (B,), generator=g)
+    mask = (torch.arange(T)[None, :] < lengths[:, None]).to(dtype)
+    logp_ref = logp_old + 0.2 * torch.randn(B, T, generator=g, dtype=dtype)
+    return logp_new.requires_grad_(), logp_old, adv, mask, logp_ref
+
+
+def ppo_clamp_reference(logp_new, logp_old, adv, mask, lower, upper):
+    """The textbook PPO loss on an interval, written out independently: −min(wA, clamp(w, l, u)A), grpo mean."""
+    w = (logp_new - logp_old).exp()
+    lower = torch.as_tensor(lower, dtype=w.dtype).expand_as(w)
+    upper = torch.as_tensor(upper, dtype=w.dtype).expand_as(w)
+    clamped = torch.minimum(torch.maximum(w, lower), upper)
+    per_token = -torch.minimum(w * adv[:, None], clamped * adv[:, None])
+    return ((per_token * mask).sum(1) / mask.sum(1)).mean()
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_kl3_test_equals_clip_higher_on_lambert_interval(seed):
+    logp_new, logp_old, adv, mask, _ = random_batch(seed)
+    for delta in (0.02, 0.05, 0.1):
+        lower, upper = kl3_bounds(delta)
+        kl3 = policy_loss(logp_new, logp_old, adv, mask, clip=dv.clip_test("kl3", delta=delta))
+        box = policy_loss(logp_new, logp_old, adv, mask,
+                          clip=dv.clip_test("clip_higher", eps_low=1 - lower, eps_high=upper - 1))
+        assert kl3.outside.any() and (~kl3.outside & (mask > 0)).any()  # both regimes present
+        assert torch.equal(kl3.outside, box.outside)
+        assert abs(float(kl3.loss - box.loss)) < 1e-12
+        assert torch.allclose(grads(kl3, logp_new), grads(box, logp_new), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("name, params", [("ratio", {"eps": 0.2}), ("clip_higher", {"eps_low": 0.2, "eps_high": 0.28}),
+                                          ("kl1", {"delta": 0.1}), ("kl2", {"delta": 0.05}),
+                                          ("kl3", {"delta": 0.05}), ("prob_tv", {"delta": 0.1})])
+@pytest.mark.parametrize("seed", range(3))
+def test_every_interval_test_equals_ppo_clamp_on_its_interval(name, params, seed):
+    logp_new, logp_old, adv, mask, _ = random_batch(seed)
+    test = dv.clip_test(name, **params)
+    out = policy_loss(logp_new, logp_old, adv, mask, clip=test)
+    lower, upper = test.bounds(logp_old.exp())
+    ref = ppo_clamp_reference(logp_new, logp_old, adv, mask, lower, upper)
+    assert out.outside.any()
+    assert abs(float(out.loss - ref)) < 1e-12
+    (g_ref,) = torch.autograd.grad(ref, logp_new)
+    assert torch.allclose(grads(out, logp_new), g_ref, rtol=0, atol=1e-12)
+
+
+def test_gradient_is_zero_exactly_on_masked_tokens():
+    logp_new, logp_old, adv, mask, _ = random_batch(7)
+    out = policy_loss(logp_new, logp_old, adv, mask, clip=dv.clip_test("kl3", delta=0.05), dual_clip_c=2.0)
+    g = grads(out, logp_new)
+    active = mask > 0
+    assert torch.equal(g[active] == 0, out.grad_masked[active])
+
+
+def test_aggregations_against_hand_sums():
+    logp_new, logp_old, adv, mask, _ = random_batch(1, B=4, T=6)
+    clip = dv.clip_test("ratio", eps=0.2)
+    per_token = policy_loss(logp_new, logp_old, adv, mask, clip=clip).per_token_loss
+    rows = [sum(per_token[i, j].item() for j in range(6) if mask[i, j]) for i in range(4)]
+    counts = [int(mask[i].sum()) for i in range(4)]
+    want = {
+        "grpo": sum(r / c for r, c in zip(rows, counts)) / 4,
+        "bnpo": sum(rows) / sum(counts),
+        "dr_grpo": sum(rows) / (4 * 6),
+        "dapo": sum(rows) / sum(counts),
+    }
+    for how, value in want.items():
+        got = policy_loss(logp_new, logp_old, adv, mask, clip=clip, aggregation=how).loss
+        assert float(got) == pytest.approx(value, rel=1e-12), how
+    got = policy_loss(logp_new, logp_old, adv, mask, clip=clip, aggregation="dr_grpo", max_completion_length=10).loss
+    assert float(got) == pytest.approx(sum(rows) / 40, rel=1e-12)
+    got = policy_loss(logp_new, logp_old, adv, mask, clip=clip, aggregation="dapo", num_items_in_batch=100).loss
+    assert float(got) == pytest.approx(sum(rows) / 100, rel=1e-12)
+
+
+@pytest.mark.parametrize("name", ["fkl", "rkl", "ufkl", "urkl"])
+def test_rpg_reinforce_and_differentiable_forms_have_the_same_gradient(name):
+    """RPG Proposition 4.1, on the full RPG loss (reward part unclipped, as in RPG Tables 1–2)."""
+    logp_new, logp_old, adv, mask, _ = random_batch(3, spread=0.3)
+    beta = 0.3  # large so that the penalty's share of the gradient is visible
+    diff = policy_loss(logp_new, logp_old, adv, mask, penalty=dv.penalty(name), beta=beta)
+    rf = policy_loss(logp_new, logp_old, adv, mask, penalty=dv.penalty(f"{name}_rf"), beta=beta)
+    g_diff, g_rf = grads(diff, logp_new), grads(rf, logp_new)
+    assert torch.allclose(g_diff, g_rf, rtol=1e-10, atol=1e-13)
+    # and against RPG's written REINFORCE loss −sg(w A + β g(w)) log π (grpo mean)
+    w = (logp_new - logp_old).exp().detach()
+    weight = {"fkl": torch.ones_like(w), "rkl": -w * (w.log() + 1), "ufkl": -(w - 1), "urkl": -w * w.log()}[name]
+    per_token = -(w * adv[:, None] + beta * weight) * logp_new
+    ref = ((per_token * mask).sum(1) / mask.sum(1)).mean()
+    (g_ref,) = torch.autograd.grad(ref, logp_new)
+    assert torch.allclose(g_rf, g_ref, rtol=1e-10, atol=1e-13)
+    assert torch.equal(diff.penalty, rf.penalty)  # the value shown is the same divergence
+
+
+@pytest.mark.parametrize("name", ["k1", "k2", "k3", "prob_l2", "mirror"])
+def test_reference_penalties_enter_the_loss_with_beta(name):
+    logp_new, logp_old, adv, mask, logp_ref = random_batch(5)
+    base = policy_loss(logp_new, logp_old, adv, mask, clip=dv.clip_test("ratio"))
+    pen = dv.penalty(name)
+    out = policy_loss(logp_new, logp_old, adv, mask, clip=dv.clip_test("ratio"), penalty=pen, beta=0.5,
+                      logp_ref=logp_ref)
+    value = pen.value(logp_new, logp_old, logp_ref)
+    expected = base.loss + 0.5 * ((value * mask).sum(1) / mask.sum(1)).mean()
+    assert float(out.loss) == pytest.approx(float(expected), rel=1e-12)
+    assert torch.allclose(out.penalty, (value * mask).detach())
+
+
+def test_k3_penalty_gradient_in_log_prob():
+    # theory.md §2.3: ∂/∂log p of GRPO's k3 is 1 − p_ref/p, of ProbL2 2p(p − p_ref)
+    for p, p_ref, k3_slope, l2_slope in ((0.5, 0.4, 0.2, 0.1), (0.01, 0.008, 0.2, 4e-5)):
+        lp = torch.tensor([math.log(p)], dtype=F64, requires_grad=True)
+        ref = torch.tensor([math.log(p_ref)], dtype=F64)
+        (g3,) = torch.autograd.grad(dv.penalty("k3").value(lp, lp, ref).sum(), lp)
+        (g2,) = torch.autograd.grad(dv.penalty("prob_l2").value(lp, lp, ref).sum(), lp)
+        assert float(g3) == pytest.approx(k3_slope, rel=1e-12)
+        assert float(g2) == pytest.approx(l2_slope, rel=1e-12)
+
+
+def test_no_clip_is_plain_importance_weighted_surrogate():
+    logp_new, logp_old, adv, mask, _ = random_batch(2)
+    out = policy_loss(logp_new, logp_old, adv, mask, aggregation="bnpo")
+    w = (logp_new - logp_old).exp()
+    ref = (-(w * adv[:, None]) * mask).sum() / mask.sum()
+    assert float(out.loss) == pytest.approx(float(ref), rel=1e-12)
+    assert out.measure is None and not out.outside.any()
+
+
+def test_padding_is_ignored():
+    logp_new, logp_old, adv, mask, _ = random_batch(4)
+    out = policy_loss(logp_new, logp_old, adv, mask, clip=dv.clip_test("kl3"))
+    noisy = logp_new.detach().clone()
+    noisy[mask == 0] = -30.0  # garbage on padding must not change anything
+    out2 = policy_loss(noisy.requires_grad_(), logp_old, adv, mask, clip=dv.clip_test("kl3"))
+    assert float(out.loss) == pytest.approx(float(out2.loss), rel=1e-12)
+    assert not out2.outside[mask == 0].any()
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device on this machine"))])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_dtypes_and_devices(device, dtype):
+    logp_new, logp_old, adv, mask, logp_ref = (x.detach().to(device=device, dtype=dtype) for x in random_batch(6))
+    logp_new.requires_grad_()
+    for clip in (dv.clip_test("kl3"), dv.clip_test("prob_tv"), dv.clip_test("kl1")):
+        out = policy_loss(logp_new, logp_old, adv, mask, clip=clip, penalty=dv.penalty("mirror"), beta=0.1,
+                          logp_ref=logp_ref, dual_clip_c=3.0, aggregation="dr_grpo")
+        g = grads(out, logp_new)
+        assert out.loss.dtype == dtype and g.dtype == dtype and out.loss.device.type == device
+        assert torch.isfinite(out.loss) and torch.isfinite(g).all()
+    ref64 = policy_loss(*(x.detach().double().cpu() for x in (logp_new, logp_old, adv, mask)),
+                        clip=dv.clip_test("kl3")).loss
+    got = policy_loss(logp_new, logp_old, adv, mask, clip=dv.clip_test("kl3")).loss
+    assert float(got) == pytest.approx(float(ref64), rel=1e-5 if dtype == torch.float32 else 1e-12)
+
+
+def test_bad_arguments_are_refused_with_the_typed_error():
+    logp_new, logp_old, adv, mask, _ = random_batch(0)
+    with pytest.raises(dv.DivvizInputError, match="unknown aggregation 'sum'"):
+        policy_loss(logp_new, logp_old, adv, mask, aggregation="sum")
+    with pytest.raises(dv.DivvizInputError, match="parameter 'c'"):
+        policy_loss(logp_new, logp_old, adv, mask, dual_clip_c=0.5)
+    with pytest.raises(dv.DivvizInputError, match="needs reference log-probs"):
+        policy_loss(logp_new, logp_old, adv, mask, penalty=dv.penalty("k3"), beta=0.1)
