@@ -13,6 +13,7 @@ the parameters and return a configured measure. `CATALOGUE` lists them all for t
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Callable
@@ -25,23 +26,30 @@ from divviz.estimators import k1, k2, k3
 from divviz.mirror import random_mirror_map
 from divviz.params import DivvizInputError, Param, check_params
 
-EPS = Param("eps", 0.2, 0.0, 1.0, low_open=True, high_open=False, trl_name="epsilon",
+EPS = Param("eps", 0.2, 0.0, 1.0, low_open=True, high_open=False, trl_name="epsilon", typical=(0.01, 0.6, 0.01),
             doc="half-width of the symmetric ratio box [1−ε, 1+ε]")
-EPS_LOW = Param("eps_low", 0.2, 0.0, 1.0, low_open=True, high_open=False, trl_name="epsilon",
+EPS_LOW = Param("eps_low", 0.2, 0.0, 1.0, low_open=True, high_open=False, trl_name="epsilon", typical=(0.01, 0.6, 0.01),
                 doc="room below 1: l = 1 − ε_low")
-EPS_HIGH = Param("eps_high", 0.28, 0.0, low_open=True, trl_name="epsilon_high",
+EPS_HIGH = Param("eps_high", 0.28, 0.0, low_open=True, trl_name="epsilon_high", typical=(0.01, 1.5, 0.01),
                  doc="room above 1: u = 1 + ε_high (DAPO's clip-higher)")
 
 
-def _delta(default: float, high: float, doc: str) -> Param:
-    return Param("delta", default, 0.0, high, low_open=True, high_open=False, doc=doc)
+def _delta(default: float, high: float, doc: str, typical: tuple[float, float, float]) -> Param:
+    return Param("delta", default, 0.0, high, low_open=True, high_open=False, doc=doc, typical=typical)
 
 
-DUAL_CLIP = Param("c", 3.0, 1.0, low_open=True,
+DUAL_CLIP = Param("c", 3.0, 1.0, low_open=True, typical=(1.05, 10.0, 0.05),
                   doc="dual-clip cap: for A < 0 the per-token loss is at most −c·A (Ye et al. 2020; RPG §3.6)")
-BETA = Param("beta", 0.0, 0.0, trl_name="beta", doc="penalty coefficient β (λ in GBMPO)")
+BETA = Param("beta", 0.0, 0.0, trl_name="beta", typical=(0.0, 1.0, 0.001), doc="penalty coefficient β (λ in GBMPO)")
 IMPORTANCE_WEIGHT = Param("importance_weight", False, kind="bool",
                           doc="multiply by w = π_θ/π_old, RPG §3.5's correction of GRPO's estimator")
+
+
+def _label(name: str, params: dict) -> str:
+    """A short legend label, e.g. "kl3 δ=0.05" or "clip_higher ε_low=0.2 ε_high=0.28"."""
+    shown = {"delta": "δ", "eps": "ε", "eps_low": "ε_low", "eps_high": "ε_high"}
+    parts = [f"{shown.get(k, k)}={v:.4g}" if not isinstance(v, bool) else (k if v else "") for k, v in params.items()]
+    return " ".join([name, *[p for p in parts if p]])
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -76,6 +84,10 @@ class ClipTest:
     def name(self) -> str:
         return self.entry.name
 
+    @property
+    def label(self) -> str:
+        return _label(self.name, self.params)
+
     def value(self, logp_new, logp_old):
         return self.entry.value(logp_new, logp_old, self.params)
 
@@ -84,9 +96,15 @@ class ClipTest:
 
     def bounds(self, pi_old=None):
         """(l, u): floats, or arrays/tensors shaped like `pi_old` for tests that depend on it."""
-        if self.entry.needs_pi_old and pi_old is None:
+        if not self.entry.needs_pi_old:
+            return self._constant_bounds
+        if pi_old is None:
             raise DivvizInputError(f"{self.name}: its ratio interval depends on π_old; give pi_old in (0, 1]")
         return self.entry.bounds(self.params, pi_old)
+
+    @functools.cached_property
+    def _constant_bounds(self) -> tuple[float, float]:  # computed once: kl3's calls SciPy
+        return tuple(float(b) for b in self.entry.bounds(self.params, None))
 
 
 def _at_most_delta(value, p):
@@ -128,20 +146,20 @@ CLIP_TESTS: dict[str, ClipTestEntry] = {
             "kl1", "KL1 test (one-sided)",
             r"\mathrm{k1}_t=-\log w_t \le \delta \;\Leftrightarrow\; w_t \ge e^{-\delta}",
             "k1 can be negative, so the test bounds the ratio from below only: u = ∞ (theory.md §1.3).",
-            (_delta(0.2, 50.0, "KL1 level"),),
+            (_delta(0.2, 50.0, "KL1 level", (0.001, 1.0, 0.001)),),
             lambda new, old, p: k1(_log_ratio(new, old)),
             _at_most_delta,
-            lambda p, pi_old: (math.exp(-p["delta"]), math.inf),
+            lambda p, pi_old: (np.exp(-np.asarray(p["delta"])), np.full(np.shape(p["delta"]), np.inf)),
         ),
         ClipTestEntry(
             "kl2", "KL2 test",
             r"\mathrm{k2}_t=\tfrac12(\log w_t)^2 \le \delta \;\Leftrightarrow\; "
             r"e^{-\sqrt{2\delta}} \le w_t \le e^{\sqrt{2\delta}}",
             "Symmetric in log-ratio, so slightly tighter above 1 than KL3 at the same δ (theory.md §5.4).",
-            (_delta(0.05, 50.0, "KL2 level"),),
+            (_delta(0.05, 50.0, "KL2 level", (0.0005, 0.5, 0.0005)),),
             lambda new, old, p: k2(_log_ratio(new, old)),
             _at_most_delta,
-            lambda p, pi_old: tuple(float(b) for b in theory.kl2_bounds(p["delta"])),
+            lambda p, pi_old: theory.kl2_bounds(p["delta"]),
         ),
         ClipTestEntry(
             "kl3", "KL3 test = ATR-GRPO asymmetric clipping",
@@ -149,7 +167,7 @@ CLIP_TESTS: dict[str, ClipTestEntry] = {
             r"-W_0(-e^{-1-\delta}) \le w_t \le -W_{-1}(-e^{-1-\delta})",
             "Wu et al. 2026 (ATR-GRPO): k3 of w = π_θ/π_old, i.e. KL(π_old‖π_θ). Not GRPO's k3 penalty, "
             "which flips the ratio (π_ref/π_θ) and would give [1/u_δ, 1/l_δ].",
-            (_delta(0.05, 50.0, "KL3 level δ"),),
+            (_delta(0.05, 50.0, "KL3 level δ", (0.0005, 0.5, 0.0005)),),
             lambda new, old, p: k3(_log_ratio(new, old)),
             _at_most_delta,
             lambda p, pi_old: theory.kl3_bounds(p["delta"]),
@@ -159,7 +177,7 @@ CLIP_TESTS: dict[str, ClipTestEntry] = {
             r"|\pi_\theta(a_t|s_t)-\pi_{\mathrm{old}}(a_t|s_t)| \le \delta",
             "A box in probability, not ratio: w ∈ [1 − δ/π_old, 1 + δ/π_old], wide for rare tokens and "
             "tight for likely ones.",
-            (_delta(0.1, 1.0, "largest change of the token's probability"),),
+            (_delta(0.1, 1.0, "largest change of the token's probability", (0.005, 0.5, 0.005)),),
             lambda new, old, p: (new.exp() - old.exp()).abs(),
             _at_most_delta,
             _prob_tv_bounds,
@@ -199,6 +217,10 @@ class Penalty:
     @property
     def name(self) -> str:
         return self.entry.name
+
+    @property
+    def label(self) -> str:
+        return _label(self.name, self.params)
 
     def value(self, logp_new, logp_old, logp_ref=None):
         self._need_ref(logp_ref)
@@ -294,7 +316,8 @@ PENALTIES: dict[str, PenaltyEntry] = {
             r"D_h(\pi_\theta\|\pi_{\mathrm{ref}})=h(\pi_\theta)-h(\pi_{\mathrm{ref}})"
             r"-\psi(\pi_{\mathrm{ref}})(\pi_\theta-\pi_{\mathrm{ref}})",
             "Bregman divergence of a random non-negative 126-unit mirror map ψ = ∇h (divviz.mirror).",
-            (Param("seed", 0, 0, 2**31 - 1, high_open=False, kind="int", doc="seed of the 380 weights"),
+            (Param("seed", 0, 0, 2**31 - 1, high_open=False, kind="int", doc="seed of the 380 weights",
+                   typical=(0, 99, 1)),
              Param("init_scale", 0.01, 0.0, 1.0, low_open=True, high_open=False,
                    doc="weights drawn uniformly from [0, init_scale]")),
             lambda new, old, ref, p: random_mirror_map(p["seed"], p["init_scale"]).bregman(new, ref)),

@@ -28,6 +28,39 @@ import torch
 from divviz.divergences import ClipTest, Penalty, check_aggregation, check_beta, check_dual_clip
 
 
+@dataclass(frozen=True)
+class Objective:
+    """Everything that picks the loss: a clip test, a penalty with its β, a dual-clip cap, an aggregation.
+
+    Built once (parameters checked on construction), used by the explorer, the bandit and training alike.
+    """
+
+    clip: ClipTest | None = None
+    penalty: Penalty | None = None
+    beta: float = 0.0
+    dual_clip_c: float | None = None
+    aggregation: str = "grpo"
+
+    def __post_init__(self):
+        object.__setattr__(self, "beta", check_beta(self.beta))
+        object.__setattr__(self, "dual_clip_c", check_dual_clip(self.dual_clip_c))
+        check_aggregation(self.aggregation)
+
+    @property
+    def label(self) -> str:
+        parts = [self.clip.label if self.clip else "no clip"]
+        if self.penalty is not None and self.beta > 0:
+            parts.append(f"+ {self.beta:g}·{self.penalty.label}")
+        if self.dual_clip_c is not None:
+            parts.append(f"c={self.dual_clip_c:g}")
+        return " ".join(parts)
+
+    def __call__(self, logp_new, logp_old, adv, mask, logp_ref=None, **kwargs) -> "LossOutput":
+        return policy_loss(logp_new, logp_old, adv, mask, clip=self.clip, penalty=self.penalty, beta=self.beta,
+                           logp_ref=logp_ref, dual_clip_c=self.dual_clip_c, aggregation=self.aggregation,
+                           **kwargs)
+
+
 @dataclass
 class LossOutput:
     """The scalar loss and per-token facts (all (B, T), detached, zero/False on padding)."""

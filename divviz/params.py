@@ -37,6 +37,13 @@ class Param:
     kind: str = "float"
     doc: str = ""
     trl_name: str | None = None
+    typical: tuple[float, float, float] | None = None  # (min, max, step) for a slider; the valid range is wider
+
+    def slider_range(self) -> tuple[float, float, float]:
+        """(min, max, step) for a slider: `typical` if given, else the valid range (which must be finite)."""
+        if self.typical is not None:
+            return self.typical
+        return self.low, self.high, (self.high - self.low) / 100
 
     def range_text(self) -> str:
         if self.kind == "bool":

@@ -1,0 +1,54 @@
+"""Metrics computed from a step's facts, in one place (never inside the loss).
+
+Names follow TRL's `GRPOTrainer` logs where TRL has one; `GLOSSARY` gives each a one-line meaning that
+the app uses for chart titles and hover text.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from divviz.losses import LossOutput
+
+# Edges of the π_old bins for mass reallocation: rare tokens on the left, confident ones on the right.
+PI_OLD_BINS = (0.0, 0.01, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0)
+
+GLOSSARY = {
+    "reward": "mean reward of the sampled completions",
+    "expected_reward": "exact expected reward Σ π(a) r(a) of the current policy",
+    "entropy": "mean entropy −Σ π log π of the sampling distribution, in nats",
+    "clip_ratio/low_mean": "share of tokens with w < l and A < 0: the lower clip binds (TRL)",
+    "clip_ratio/high_mean": "share of tokens with w > u and A > 0: the upper clip binds (TRL)",
+    "clip_ratio/region_mean": "low + high: share of tokens whose gradient the clip removes (TRL)",
+    "kl": "exact KL(π_old ‖ π_new) of the update, summed over actions",
+    "top1_mass": "probability of the currently most likely action",
+    "initial_top_mass": "probability mass on the actions that were most likely at the start (top 10%)",
+    "mass_shift": "change in probability summed over actions, binned by the probability they had before",
+}
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """H = −Σ_a π(a) log π(a) over the last dimension, stable for very negative logits."""
+    logp = torch.log_softmax(logits, dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def clip_fractions(out: LossOutput, mask: torch.Tensor) -> dict[str, float]:
+    """TRL's clip_ratio/low_mean, high_mean and region_mean: shares of completion tokens."""
+    tokens = float(mask.sum().clamp(min=1))
+    low = float(out.clipped_low.sum()) / tokens
+    high = float(out.clipped_high.sum()) / tokens
+    return {"clip_ratio/low_mean": low, "clip_ratio/high_mean": high, "clip_ratio/region_mean": low + high}
+
+
+def mass_shift_by_bin(pi_before: np.ndarray, pi_after: np.ndarray, edges=PI_OLD_BINS) -> np.ndarray:
+    """Σ (π_after − π_before) over the items whose π_before falls in each bin [edges[i], edges[i+1])."""
+    pi_before = np.asarray(pi_before, dtype=np.float64).ravel()
+    change = np.asarray(pi_after, dtype=np.float64).ravel() - pi_before
+    index = np.clip(np.searchsorted(edges, pi_before, side="right") - 1, 0, len(edges) - 2)
+    return np.bincount(index, weights=change, minlength=len(edges) - 1)
+
+
+def bin_labels(edges=PI_OLD_BINS) -> list[str]:
+    return [f"{a:g}–{b:g}" for a, b in zip(edges[:-1], edges[1:])]

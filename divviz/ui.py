@@ -1,0 +1,107 @@
+"""Streamlit glue shared by the pages: controls bound to the URL, catalogue widgets, charts with downloads,
+and the one place where an error becomes a message instead of a traceback."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+
+import streamlit as st
+
+from divviz.divergences import CATALOGUE, clip_test, penalty
+from divviz.params import DivvizInputError
+from divviz.plots import Chart
+from divviz.urlstate import Control, read_query, write_query
+
+PLOTLY_CONFIG = {"displaylogo": False, "toImageButtonOptions": {"format": "png", "scale": 2}}
+
+
+def key(page: str, name: str) -> str:
+    return f"{page}:{name}"
+
+
+def bind_controls(page: str, controls: list[Control]) -> None:
+    """Before the widgets are drawn: give each control's widget its value — from the link on the page's
+    first run in this session, else the value it last had here, else its default."""
+    saved = st.session_state.setdefault(f"_saved:{page}", {})
+    first_visit = f"_linked:{page}" not in st.session_state
+    if first_visit:
+        from_link, problems = read_query(controls, st.query_params.to_dict())
+        saved.update(from_link)
+        for problem in problems:
+            st.warning(f"{problem}. Using the default instead.")
+        st.session_state[f"_linked:{page}"] = True
+    for control in controls:
+        if key(page, control.name) not in st.session_state:
+            st.session_state[key(page, control.name)] = saved.get(control.name, control.default)
+
+
+def publish_controls(page: str, controls: list[Control]) -> None:
+    """After the widgets: remember their values and mirror them into the URL."""
+    saved = st.session_state[f"_saved:{page}"]
+    for control in controls:
+        if key(page, control.name) in st.session_state:
+            saved[control.name] = st.session_state[key(page, control.name)]
+    st.query_params.from_dict(write_query(controls, saved))
+
+
+def apply_preset(page: str, values: dict) -> None:
+    """Set several controls at once (an `on_click`/`on_change` callback, so it runs before the widgets)."""
+    for name, value in values.items():
+        st.session_state[key(page, name)] = value
+
+
+def number(page: str, control: Control, label: str, help: str | None = None, where=st):
+    """A slider (or toggle) for a numeric control, with the range of its `Param`."""
+    p = control.param
+    if p.kind == "bool":
+        return where.toggle(label, key=key(page, control.name), help=help or p.doc)
+    low, high, step = p.slider_range()
+    if p.kind == "int":
+        return where.slider(label, int(low), int(high), step=int(step), key=key(page, control.name), help=help or p.doc)
+    return where.slider(label, float(low), float(high), step=float(step), key=key(page, control.name),
+                        help=help or p.doc, format="%.4f" if step < 0.001 else "%.3f")
+
+
+def choice(page: str, control: Control, label: str, help: str | None = None, where=st, labels=None):
+    fmt = (lambda x: labels.get(x, x)) if labels else str
+    if control.multi:
+        return where.multiselect(label, control.options, key=key(page, control.name), help=help, format_func=fmt)
+    return where.selectbox(label, control.options, key=key(page, control.name), help=help, format_func=fmt)
+
+
+def measures_from_widgets(page: str, names: list[str], controls: dict[str, Control], where=st) -> list:
+    """For each chosen catalogue entry, sliders for its parameters (in an expander), then the configured
+    clip test or penalty."""
+    measures = []
+    for name in names:
+        entry = CATALOGUE[name]
+        with where.expander(f"{name}: {entry.title}", expanded=len(names) <= 3):
+            values = {p.name: number(page, controls[f"{name}.{p.name}"], p.name, where=st) for p in entry.params}
+            st.caption(entry.doc)
+        measures.append((clip_test if entry.family == "clip" else penalty)(name, **values))
+    return measures
+
+
+def show_chart(chart: Chart, name: str) -> None:
+    """The figure (its toolbar saves a PNG), plus its HTML and the CSV of the numbers drawn."""
+    slug = re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
+    config = {**PLOTLY_CONFIG, "toImageButtonOptions": {**PLOTLY_CONFIG["toImageButtonOptions"], "filename": slug}}
+    st.plotly_chart(chart.figure, config=config, key=f"chart:{slug}")
+    row = st.container(horizontal=True)
+    figure = chart.figure
+    row.download_button("HTML", lambda: figure.to_html(include_plotlyjs=True), file_name=f"{slug}.html",
+                         mime="text/html", key=f"html:{slug}", icon=":material/download:", on_click="ignore")
+    row.download_button("CSV", chart.data.to_csv(index=False), file_name=f"{slug}.csv", mime="text/csv",
+                          key=f"csv:{slug}", icon=":material/table:", on_click="ignore")
+
+
+@contextlib.contextmanager
+def shown_errors():
+    """Turn any error inside the block into a plain message in the page, never a traceback."""
+    try:
+        yield
+    except DivvizInputError as err:
+        st.error(str(err), icon=":material/error:")
+    except Exception as err:  # noqa: BLE001 — a page must not show a traceback, whatever failed
+        st.error(f"Something went wrong: {type(err).__name__}: {err}", icon=":material/error:")

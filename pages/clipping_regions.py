@@ -1,0 +1,61 @@
+"""Clipping regions: where each clip test lets a token's ratio go, and what that does to the gradient."""
+
+import streamlit as st
+
+from divviz import ui, views
+from divviz.divergences import CLIP_TESTS, DUAL_CLIP
+from divviz.params import Param
+from divviz.presets import CLIPPING_PRESETS
+from divviz.urlstate import Control, measure_param_controls
+
+PAGE = "regions"
+CONTROLS = [
+    Control("m", ["ratio", "clip_higher", "kl3"], options=tuple(CLIP_TESTS), multi=True),
+    Control("pi_old", 0.3, param=Param("pi_old", 0.3, 0.0, 1.0, low_open=True, high_open=False,
+                                       typical=(0.01, 1.0, 0.01), doc="the probability π_old gave the token; "
+                                       "only probability-space tests (prob_tv) depend on it")),
+    Control("dual", False, param=Param("dual", False, kind="bool", doc="cap the loss of A < 0 tokens at −c·A")),
+    Control("c", 3.0, param=DUAL_CLIP),
+    *measure_param_controls(("clip",)),
+]
+BY_NAME = {c.name: c for c in CONTROLS}
+
+st.title("Clipping regions")
+st.write("Pick clip tests and move their parameters: each chart below is the training loss itself, evaluated "
+         "on a grid. A token is clipped when its ratio w = π_θ/π_old leaves the test's interval on the side "
+         "its advantage pushes it; then it gets no gradient.")
+
+ui.bind_controls(PAGE, CONTROLS)
+with st.sidebar:
+    st.subheader("Presets")
+    for name, values in CLIPPING_PRESETS.items():
+        st.button(name, on_click=ui.apply_preset, args=(PAGE, values), width="stretch")
+    st.subheader("Clip tests")
+    names = ui.choice(PAGE, BY_NAME["m"], "Tests to compare", help="any clip test from the catalogue")
+with ui.shown_errors():
+    with st.sidebar:
+        tests = ui.measures_from_widgets(PAGE, names, BY_NAME)
+        pi_old = ui.number(PAGE, BY_NAME["pi_old"], "π_old of the token (for the surrogate and prob_tv)")
+        dual = ui.number(PAGE, BY_NAME["dual"], "Dual-clip for A < 0")
+        c = ui.number(PAGE, BY_NAME["c"], "dual-clip c") if dual else None
+    ui.publish_controls(PAGE, CONTROLS)
+    if not tests:
+        st.info("Pick at least one clip test in the sidebar.")
+        st.stop()
+    charts = views.clipping_regions(tests, pi_old, c)
+
+    ui.show_chart(charts["intervals"], "intervals")
+    ui.show_chart(charts["sweeps"], "interval sweeps")
+    st.subheader("Surrogate and gradient")
+    st.write("Top: the objective −ℓ(w) the optimiser climbs. Bottom: its slope; where it is zero (shaded), "
+             "the token is clipped. With A > 0 the clip binds above u, with A < 0 below l.")
+    ui.show_chart(charts["surrogate"], "surrogate and gradient")
+    left, right = st.columns(2)
+    with left:
+        st.write("A ratio box is a cone in probability space; a probability-space test is a band of constant "
+                 "width, so it leaves rare tokens far more room.")
+        ui.show_chart(charts["region"], "feasible region")
+    with right:
+        st.write("For a softmax head where only the sampled token's logit moves: how far it may move before the "
+                 "clip binds. Likely tokens can never reach u once π_old ≥ 1/u.")
+        ui.show_chart(charts["logit"], "logit room")

@@ -1,0 +1,61 @@
+"""Shared fixtures: a real `streamlit run app.py` server on a free localhost port, and Debian's chromium."""
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-sync",
+                 "--disable-background-networking", "--disable-component-update"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def app_url(tmp_path_factory):
+    """Start the app as a user would (bound to localhost) and yield its URL."""
+    port = free_port()
+    env = {**os.environ, "DIVVIZ_RUNS_DIR": str(tmp_path_factory.mktemp("runs"))}
+    log = open(tmp_path_factory.mktemp("log") / "streamlit.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.port", str(port),
+                             "--server.address", "127.0.0.1", "--server.headless", "true"],
+                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 90
+    while time.time() < deadline:
+        try:
+            if urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).read() == b"ok":
+                break
+        except OSError:
+            time.sleep(0.3)
+    else:
+        proc.kill()
+        raise RuntimeError("streamlit did not start within 90 s")
+    yield url
+    proc.terminate()
+    proc.wait(timeout=20)
+    log.close()
+
+
+@pytest.fixture(scope="session")
+def browser():
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.skip("Debian's chromium is not installed (./run test installs it)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        yield b
+        b.close()

@@ -1,0 +1,93 @@
+"""The exact softmax bandit: configuration checks, reproducibility, exact bookkeeping."""
+
+import numpy as np
+import pytest
+import torch
+
+from divviz.bandit import BANDIT_PARAMS, BanditConfig, group_advantages, run_bandit
+from divviz.divergences import clip_test, penalty
+from divviz.losses import Objective
+from divviz.metrics import PI_OLD_BINS, mass_shift_by_bin
+from divviz.params import DivvizInputError
+
+SMALL = dict(k=20, iterations=15)
+
+
+def test_defaults_agree_between_params_and_dataclass():
+    defaults = BanditConfig()
+    for p in BANDIT_PARAMS:
+        assert getattr(defaults, p.name) == p.default, p.name
+    assert BanditConfig.make() == defaults
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"k": 1}, "bandit: parameter 'k' must be an integer in [2, 1000]; got 1"),
+    ({"lr": float("nan")}, "parameter 'lr' must be a finite number in (0, 100]"),
+    ({"k": 10, "correct_rank": 10}, "'correct_rank' must be below k = 10"),
+    ({"init": "gaussian"}, "unknown initial shape 'gaussian'; known: zipf, uniform, random"),
+    ({"reward": "bonus"}, "unknown reward 'bonus'"),
+    ({"momentum": 0.9}, "bandit: unknown parameter 'momentum'"),
+])
+def test_bad_config(values, message):
+    with pytest.raises(DivvizInputError) as err:
+        BanditConfig.make(**values)
+    assert message in str(err.value)
+
+
+def test_group_advantages_like_trl():
+    r = torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0]], dtype=torch.float64)
+    adv = group_advantages(r, scale=True)
+    assert adv[0].tolist() == pytest.approx([0.5 / (0.57735 + 1e-4)] * 1 + [-0.5 / (0.57735 + 1e-4)] * 2 +
+                                            [0.5 / (0.57735 + 1e-4)], rel=1e-5)
+    assert adv[1].abs().max() == 0  # a group with one reward carries no signal
+    assert group_advantages(r, scale=False)[0].tolist() == [0.5, -0.5, -0.5, 0.5]
+
+
+def test_reproducible_and_exact_bookkeeping():
+    cfg = BanditConfig.make(**SMALL)
+    objective = Objective(clip=clip_test("kl3"))
+    a, b = run_bandit(cfg, objective), run_bandit(cfg, objective)
+    assert np.array_equal(a.probs, b.probs)
+    assert np.allclose(a.probs.sum(axis=1), 1.0, atol=1e-12)
+    p = a.probs[1:]
+    assert np.allclose(a.history["entropy"], -(p * np.log(p)).sum(axis=1), atol=1e-10)
+    assert np.allclose(a.history["expected_reward"], p @ a.rewards)
+    assert np.allclose(a.history["top1_mass"], p.max(axis=1))
+    assert a.initial_entropy == pytest.approx(-(a.probs[0] * np.log(a.probs[0])).sum())
+    for key, values in a.history.items():
+        assert np.isfinite(values).all(), key
+
+
+def test_clipping_binds_and_measures_differ_at_the_defaults():
+    cfg = BanditConfig.make()
+    runs = {name: run_bandit(cfg, Objective(clip=clip_test(name))) for name in ("ratio", "clip_higher", "kl3")}
+    for run in runs.values():
+        assert run.history["clip_ratio/region_mean"].max() > 0
+        assert run.history["expected_reward"][-1] > run.history["expected_reward"][0]
+    assert not np.array_equal(runs["ratio"].probs, runs["kl3"].probs)
+    # same start and seed: the first iteration's samples are shared, so the runs start together
+    assert runs["ratio"].history["reward"][0] == runs["kl3"].history["reward"][0]
+
+
+def test_mu_one_never_clips():
+    # with one inner step the ratio is exactly 1 when the gradient is taken: no test can bind
+    run = run_bandit(BanditConfig.make(mu=1, **SMALL), Objective(clip=clip_test("ratio", eps=0.01)))
+    assert run.history["clip_ratio/region_mean"].max() == 0
+
+
+def test_penalty_toward_start_slows_the_policy():
+    cfg = BanditConfig.make(**SMALL)
+    free = run_bandit(cfg, Objective(clip=clip_test("ratio")))
+    drift = lambda run: np.abs(run.probs[-1] - run.probs[0]).sum()  # noqa: E731
+    for name in ("k3", "prob_l2"):
+        held = run_bandit(cfg, Objective(clip=clip_test("ratio"), penalty=penalty(name), beta=1.0))
+        assert drift(held) < 0.8 * drift(free), name
+
+
+def test_mass_shift_by_bin_conserves_mass():
+    before = np.array([0.005, 0.3, 0.5, 0.195])
+    after = np.array([0.001, 0.2, 0.7, 0.099])
+    shift = mass_shift_by_bin(before, after)
+    assert len(shift) == len(PI_OLD_BINS) - 1
+    assert shift.sum() == pytest.approx(0.0, abs=1e-12)
+    assert shift[0] == pytest.approx(-0.004) and shift[5] == pytest.approx(0.2)  # 0.5 falls in [0.4, 0.6)

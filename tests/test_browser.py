@@ -1,0 +1,43 @@
+"""End to end in a real browser: Debian's chromium, driven by Playwright, against `streamlit run app.py`."""
+
+import pytest
+
+pytestmark = pytest.mark.browser
+
+PAGES = {"": 1, "clipping_regions": 5, "kl3_equivalence": 2, "mass_reallocation": 4}
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    yield context.new_page()
+    context.close()
+
+
+@pytest.mark.parametrize("path, charts", PAGES.items())
+def test_each_page_draws_its_plotly_charts(page, app_url, path, charts):
+    page.goto(f"{app_url}/{path}")
+    page.wait_for_function(f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= {charts}",
+                           timeout=90_000)
+    assert not page.locator('[data-testid="stException"]').count()
+
+
+def test_moving_a_slider_redraws_and_updates_the_link(page, app_url):
+    page.goto(f"{app_url}/clipping_regions")
+    page.wait_for_selector(".js-plotly-plot .main-svg", timeout=90_000)
+    interval_text = page.locator(".js-plotly-plot").first.locator("text", has_text="[0.7162, 1.3504]")
+    interval_text.wait_for(timeout=30_000)
+    delta = page.locator('[data-testid="stSidebar"] [data-testid="stSlider"]', has_text="delta")
+    thumb = delta.get_by_role("slider")
+    thumb.focus()
+    for _ in range(10):  # 10 steps of 0.0005: δ 0.05 → 0.055
+        thumb.press("ArrowRight")
+    page.wait_for_url("**kl3.delta=0.055**", timeout=30_000)
+    page.locator(".js-plotly-plot").first.locator("text", has_text="[0.7039, 1.3693]").wait_for(timeout=30_000)
+
+
+def test_shared_link_opens_the_same_view(page, app_url):
+    page.goto(f"{app_url}/kl3_equivalence?delta=0.02")
+    page.wait_for_selector(".js-plotly-plot .main-svg", timeout=90_000)
+    page.get_by_text("1.213550").first.wait_for(timeout=30_000)
+    assert "delta=0.02" in page.url

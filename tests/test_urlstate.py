@@ -1,0 +1,43 @@
+"""Controls ↔ URL query parameters: round trips, defaults left out, bad values reported not raised."""
+
+import pytest
+
+from divviz.divergences import CLIP_TESTS
+from divviz.params import Param
+from divviz.urlstate import Control, measure_param_controls, read_query, write_query
+
+CONTROLS = [
+    Control("m", ["ratio", "kl3"], options=tuple(CLIP_TESTS), multi=True),
+    Control("agg", "grpo", options=("grpo", "bnpo")),
+    Control("dual", False, param=Param("dual", False, kind="bool")),
+    *measure_param_controls(),
+]
+
+
+def test_round_trip_and_short_links():
+    values = {"m": ["kl3", "prob_tv"], "agg": "bnpo", "dual": True, "kl3.delta": 0.0231436, "ratio.eps": 0.2}
+    query = write_query(CONTROLS, values)
+    assert query == {"m": "kl3,prob_tv", "agg": "bnpo", "dual": "1", "kl3.delta": "0.0231436"}  # eps=0.2 is default
+    back, problems = read_query(CONTROLS, query)
+    assert problems == [] and back == {k: v for k, v in values.items() if k != "ratio.eps"}
+
+
+@pytest.mark.parametrize("query, problem", [
+    ({"kl3.delta": "nan"}, "link: parameter 'delta' must be a finite number in (0, 50]; got 'nan'"),
+    ({"kl3.delta": "7"}, "'kl3.delta' = 7 is outside the controls' range [0.0005, 0.5]"),
+    ({"m": "ratio,kl9"}, "'m' has unknown value 'kl9'"),
+    ({"agg": "mean"}, "'agg' has unknown value 'mean'; known: grpo, bnpo"),
+    ({"dual": "maybe"}, "parameter 'dual' must be 0 or 1"),
+])
+def test_bad_values_are_reported(query, problem):
+    values, problems = read_query(CONTROLS, query)
+    assert values == {} and len(problems) == 1 and problem in problems[0]
+
+
+def test_unknown_keys_are_ignored():
+    assert read_query(CONTROLS, {"utm_source": "x"}) == ({}, [])
+
+
+def test_every_clip_parameter_has_a_control():
+    names = {c.name for c in measure_param_controls()}
+    assert names == {f"{e.name}.{p.name}" for e in CLIP_TESTS.values() for p in e.params}
