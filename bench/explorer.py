@@ -1,0 +1,67 @@
+"""How long the explorer pages take to recompute every figure after one control change.
+
+Target (issue: explorer pages): under 50 ms per change, on the machine it runs on. Each page is timed
+as the app runs it — `divviz.views` computes with the training loss and builds the figures — with a
+different control value each repetition so that nothing is served from a cache. The named baseline is
+the same figures passed through plotly's validating constructor, which the app skips (`plots._figure`).
+
+    python bench/explorer.py [--repeats N]
+"""
+
+import argparse
+import statistics
+import time
+
+import plotly.graph_objects as go
+
+from divviz import views
+from divviz.bandit import BanditConfig
+from divviz.divergences import clip_test
+
+BUDGET_MS = 50.0
+
+
+def timed(fn, values):
+    times = []
+    for v in values:
+        start = time.perf_counter()
+        result = fn(v)
+        times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times), result
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=15)
+    args = parser.parse_args()
+    deltas = [0.02 + 0.001 * i for i in range(args.repeats)]
+
+    def regions(delta):
+        tests = [clip_test("ratio"), clip_test("clip_higher"), clip_test("kl3", delta=delta)]
+        return views.clipping_regions(tests, pi_old=0.3, dual_clip_c=3.0)
+
+    def kl3(delta):
+        return views.kl3_equivalence(delta, 0.2, 0.2, 0.28, seed=0)[1]
+
+    cfg = BanditConfig().to_dict()
+    cached = [views.bandit_run(cfg, (name, {}), None, 0.0, None, "grpo") for name in ("ratio", "clip_higher")]
+
+    def bandit(delta):  # the page caches each run; a δ change re-trains the KL3 run only
+        return views.mass_reallocation([*cached, views.bandit_run(cfg, ("kl3", {"delta": delta}), None, 0.0, None,
+                                                                  "grpo")])
+
+    def bandit_figures(delta):  # a change that only redraws (e.g. the page reopened)
+        return views.mass_reallocation(cached)
+
+    regions(0.05), kl3(0.05), bandit(0.05)  # warm-up: imports, first SciPy call
+    print(f"{'page (one control change)':<44} {'median ms':>10} {'/ 50 ms':>8} {'validated-plotly ms':>20}")
+    for name, fn in (("clipping regions (3 tests, 5 figures)", regions), ("KL3 ⇔ asymmetric clipping (2 figures)", kl3),
+                     ("mass reallocation: δ change, 1 of 3 runs", bandit),
+                     ("mass reallocation: redraw only (4 figures)", bandit_figures)):
+        ms, charts = timed(fn, deltas)
+        validated, _ = timed(lambda _: [go.Figure(c.figure.to_dict()) for c in charts.values()], deltas[:5])
+        print(f"{name:<44} {ms:>10.1f} {ms / BUDGET_MS:>8.2f} {ms + validated:>20.1f}")
+
+
+if __name__ == "__main__":
+    main()
