@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from divviz.losses import Objective
+from divviz.losses import Objective, group_advantages
 from divviz.metrics import clip_fractions, entropy_from_logits
 from divviz.params import DivvizInputError, Param, check_params
 
@@ -101,14 +101,6 @@ def reward_vector(cfg: BanditConfig) -> torch.Tensor:
         return 1.0 - ranks / max(cfg.k - 1, 1)
     g = torch.Generator().manual_seed(cfg.seed + 2)
     return torch.rand(cfg.k, generator=g, dtype=torch.float64)
-
-
-def group_advantages(rewards: torch.Tensor, scale: bool) -> torch.Tensor:
-    """(groups, G) rewards → advantages r − mean_group, divided by (std_group + 1e-4) when `scale` (TRL)."""
-    adv = rewards - rewards.mean(dim=1, keepdim=True)
-    if scale:
-        adv = adv / (rewards.std(dim=1, keepdim=True) + 1e-4)
-    return adv
 
 
 @dataclass

@@ -2,6 +2,8 @@
 
     divviz measures [--json]
     divviz bounds --measure NAME [--param k=v]... [--pi-old P] [--json]
+    divviz train [--measure NAME] [--param k=v]... [--penalty NAME --beta B] [--task T] [--steps N] ...
+    divviz runs [--runs-dir DIR] [--json]
 
 Bad input exits with code 2 and one line on stderr, never a traceback.
 """
@@ -16,6 +18,7 @@ import sys
 import numpy as np
 
 from divviz.divergences import CATALOGUE, DUAL_CLIP, clip_test, get_entry
+from divviz.engine.config import RUN_PARAMS
 from divviz.params import DivvizInputError, Param, parse_assignments
 
 
@@ -68,6 +71,61 @@ def cmd_bounds(args) -> int:
     return 0
 
 
+def cmd_train(args) -> int:
+    from divviz.engine.config import RunConfig
+    from divviz.engine.grpo import make_trainer
+    from divviz.engine.store import read_run, runs_dir
+    from divviz.engine.train import stop_on_sigterm, train
+    from tqdm import tqdm
+
+    cfg = RunConfig.make(
+        task=args.task, model=args.model, device=args.device, clip=None if args.measure == "none" else args.measure,
+        clip_params=parse_assignments(args.param), penalty=args.penalty,
+        penalty_params=parse_assignments(args.penalty_param), beta=args.beta, dual_clip_c=args.dual_clip,
+        aggregation=args.aggregation, scale_rewards=not args.no_scale_rewards,
+        trust_remote_code=args.trust_remote_code, steps=args.steps, prompts=args.prompts,
+        group_size=args.group_size, mu=args.mu, lr=args.lr, temperature=args.temperature,
+        max_new_tokens=args.max_new_tokens, seed=args.seed, format_reward=args.format_reward)
+    trainer = make_trainer(cfg)  # a model that will not load is bad input: exit 2 before a run folder exists
+    stop_on_sigterm()
+    bar = tqdm(total=cfg.steps, desc=f"{cfg.task} · {cfg.label} · {trainer.device}", unit="step")
+
+    def progress(result):
+        m = result.metrics
+        bar.set_postfix(reward=f"{m['reward']:.3f}", acc=f"{m['accuracy']:.3f}", entropy=f"{m['entropy']:.3f}",
+                        clip=f"{m['clip_ratio/region_mean']:.3f}", tok_s=f"{m['tokens_per_s']:.0f}")
+        bar.update(1)
+
+    folder = train(cfg, runs_dir(args.runs_dir), trainer=trainer, on_step=progress)
+    bar.close()
+    run = read_run(folder)
+    print(f"{run.state}: {run.message}" if run.message else run.state)
+    print(folder)
+    return 0 if run.state in ("done", "stopped") else 1
+
+
+def cmd_runs(args) -> int:
+    from divviz.engine.store import list_runs, read_metrics, runs_dir
+
+    runs = list_runs(runs_dir(args.runs_dir))
+    rows = []
+    for run in runs:
+        last = (read_metrics(run.folder) or [{}])[-1]
+        rows.append({"name": run.name, "state": run.state, "step": run.step, "steps": run.steps,
+                     "task": run.config.get("task"), "clip": run.config.get("clip"),
+                     "penalty": run.config.get("penalty"), "message": run.message,
+                     "reward": last.get("reward"), "accuracy": last.get("accuracy"), "folder": str(run.folder)})
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        print(f"no runs in {runs_dir(args.runs_dir)}")
+    for r in rows:
+        acc = "" if r["accuracy"] is None else f"acc {r['accuracy']:.3f}"
+        print(f"{r['name']:<60} {r['state']:<11} {r['step']:>4}/{r['steps']:<4} {acc}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="divviz", description="See what a policy-divergence constraint does to GRPO.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -82,6 +140,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pi-old", help="π_old of the token, for tests that depend on it (prob_tv)")
     p.add_argument("--json", action="store_true", help='print {"measure", "params", "lower", "upper"}')
     p.set_defaults(run=cmd_bounds)
+
+    p = sub.add_parser("train", help="run GRPO on the built-in model (or --model) and write a run folder")
+    p.add_argument("--measure", default="ratio", help="clip test (see `divviz measures`), or none")
+    p.add_argument("--param", action="append", default=[], metavar="K=V", help="a clip-test parameter")
+    p.add_argument("--penalty", help="penalty toward the start policy, e.g. k3, prob_l2, ufkl_rf")
+    p.add_argument("--penalty-param", action="append", default=[], metavar="K=V", help="a penalty parameter")
+    p.add_argument("--beta", default=0.04, help="penalty coefficient β (with --penalty)")
+    p.add_argument("--dual-clip", default=None, metavar="C", help="dual-clip cap c > 1 for A < 0")
+    p.add_argument("--aggregation", default="grpo", help="grpo, bnpo, dr_grpo or dapo (TRL's loss_type)")
+    p.add_argument("--no-scale-rewards", action="store_true", help="do not divide advantages by the group std")
+    p.add_argument("--task", default="reverse", help="add, sort, reverse or countdown")
+    p.add_argument("--model", default="builtin", help="builtin, a local model folder or a hub id")
+    p.add_argument("--trust-remote-code", action="store_true", help="allow a model's own code (off by default)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
+    p.add_argument("--runs-dir", help="runs folder (default: $DIVVIZ_RUNS_DIR, else ./runs)")
+    for param in RUN_PARAMS:
+        p.add_argument(f"--{param.name.replace('_', '-')}", default=param.default, help=f"{param.doc} ({param.range_text()})")
+    p.set_defaults(run=cmd_train)
+
+    p = sub.add_parser("runs", help="list the runs in the runs folder with their state")
+    p.add_argument("--runs-dir", help="runs folder (default: $DIVVIZ_RUNS_DIR, else ./runs)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(run=cmd_runs)
     return parser
 
 

@@ -158,6 +158,15 @@ def policy_loss(
     )
 
 
+def group_advantages(rewards: torch.Tensor, scale: bool) -> torch.Tensor:
+    """GRPO's group-relative advantages: (groups, G) rewards → r − mean_group, divided by (std_group + 1e-4)
+    when `scale` (Shao et al. 2024; TRL's `scale_rewards`), left unscaled for Dr. GRPO (Liu et al. 2025)."""
+    adv = rewards - rewards.mean(dim=1, keepdim=True)
+    if scale:
+        adv = adv / (rewards.std(dim=1, keepdim=True) + 1e-4)
+    return adv
+
+
 def grpo_aggregate(per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """GRPO: mean over each completion's tokens, then mean over completions (Shao et al. 2024)."""
     return ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)).mean()

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from divviz.bandit import BANDIT_PARAMS, BanditConfig, group_advantages, run_bandit
+from divviz.bandit import BANDIT_PARAMS, BanditConfig, run_bandit
 from divviz.divergences import clip_test, penalty
-from divviz.losses import Objective
+from divviz.losses import Objective, group_advantages
 from divviz.metrics import PI_OLD_BINS, mass_shift_by_bin
 from divviz.params import DivvizInputError
 

@@ -1,0 +1,1 @@
+"""The backend: built-in policy, tasks, the GRPO loop, metrics, the run store and the runner."""

@@ -1,0 +1,95 @@
+"""One run configuration, checked when built; `config.json` in a run folder is exactly `RunConfig.to_dict()`."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+
+from divviz.divergences import AGGREGATIONS, clip_test, penalty
+from divviz.engine.tasks import TASKS
+from divviz.losses import Objective
+from divviz.params import DivvizInputError, Param, check_params
+
+RUN_PARAMS = (
+    Param("steps", 40, 1, 100_000, high_open=False, kind="int", typical=(1, 200, 1), doc="GRPO steps"),
+    Param("prompts", 16, 1, 4096, high_open=False, kind="int", typical=(1, 64, 1), doc="prompts per step"),
+    Param("group_size", 8, 2, 256, high_open=False, kind="int", typical=(2, 32, 1),
+          doc="G, completions per prompt (TRL num_generations)"),
+    Param("mu", 2, 1, 16, high_open=False, kind="int", typical=(1, 8, 1),
+          doc="μ, optimisation steps per batch (TRL num_iterations)"),
+    Param("lr", 2e-3, 0.0, 1.0, low_open=True, high_open=False, typical=(1e-5, 1e-2, 1e-5),
+          doc="AdamW learning rate"),
+    Param("temperature", 1.0, 0.0, 10.0, low_open=True, high_open=False, typical=(0.1, 2.0, 0.05),
+          doc="sampling temperature; the loss uses the same tempered policy (as TRL)"),
+    Param("max_new_tokens", 8, 1, 4096, high_open=False, kind="int", typical=(1, 64, 1),
+          doc="longest completion (TRL max_completion_length)"),
+    Param("seed", 0, 0, 2**31 - 1, high_open=False, kind="int", typical=(0, 999, 1), doc="seed of everything"),
+    Param("format_reward", 0.0, 0.0, 1.0, high_open=False, typical=(0.0, 0.5, 0.05),
+          doc="reward for a wrong but well-formed answer"),
+    Param("max_grad_norm", 1.0, 0.0, low_open=True, typical=(0.1, 10.0, 0.1), doc="gradient clipping"),
+)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything that defines a run. Build with `RunConfig.make(...)`, which checks every field."""
+
+    task: str = "add"
+    model: str = "builtin"
+    device: str = "auto"
+    clip: str | None = "ratio"
+    clip_params: dict = field(default_factory=dict)
+    penalty: str | None = None
+    penalty_params: dict = field(default_factory=dict)
+    beta: float = 0.0
+    dual_clip_c: float | None = None
+    aggregation: str = "grpo"
+    scale_rewards: bool = True
+    trust_remote_code: bool = False
+    steps: int = 40
+    prompts: int = 16
+    group_size: int = 8
+    mu: int = 2
+    lr: float = 2e-3
+    temperature: float = 1.0
+    max_new_tokens: int = 8
+    seed: int = 0
+    format_reward: float = 0.0
+    max_grad_norm: float = 1.0
+
+    @staticmethod
+    def make(**values) -> "RunConfig":
+        numbers = {p.name: values.pop(p.name) for p in RUN_PARAMS if p.name in values}
+        checked = check_params("run", RUN_PARAMS, numbers)
+        known = set(RunConfig.__dataclass_fields__)
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise DivvizInputError(f"run: unknown setting '{unknown[0]}'")
+        cfg = RunConfig(**values, **checked)
+        if cfg.task not in TASKS:
+            raise DivvizInputError(f"unknown task '{cfg.task}'; known: {', '.join(TASKS)}")
+        if cfg.aggregation not in AGGREGATIONS:
+            raise DivvizInputError(f"unknown aggregation '{cfg.aggregation}'; known: {', '.join(AGGREGATIONS)}")
+        if cfg.device not in ("auto", "cpu", "cuda", "mps"):
+            raise DivvizInputError(f"unknown device '{cfg.device}'; choose auto, cpu, cuda or mps")
+        objective = cfg.objective()  # checks the measure names and their parameters, β and c
+        return replace(cfg, clip_params=dict(objective.clip.params) if objective.clip else {},
+                       penalty_params=dict(objective.penalty.params) if objective.penalty else {},
+                       beta=objective.beta, dual_clip_c=objective.dual_clip_c)
+
+    def objective(self) -> Objective:
+        return Objective(
+            clip=clip_test(self.clip, **self.clip_params) if self.clip else None,
+            penalty=penalty(self.penalty, **self.penalty_params) if self.penalty else None,
+            beta=self.beta if self.penalty else 0.0, dual_clip_c=self.dual_clip_c, aggregation=self.aggregation,
+        )
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(data: dict) -> "RunConfig":
+        return RunConfig.make(**data)
+
+    @property
+    def label(self) -> str:
+        return self.objective().label

@@ -1,0 +1,195 @@
+"""One GRPO step, in paper order: prompts → G completions each → rewards → group-relative advantages →
+μ optimisation steps of the chosen objective → metrics from the step's facts.
+
+    for each step:
+        sample `prompts` prompts; G completions each with the KV cache (temperature τ)
+        r_i = task reward;  A_i = (r_i − mean_group) [/ (std_group + 1e-4)]             (Shao et al. 2024)
+        logp_old = the pre-update policy's log-probs (with μ = 1: the current ones, detached, as TRL)
+        repeat μ times: loss = Objective(logp_new, logp_old, A, mask, logp_ref); AdamW step
+        metrics, plus one no-grad forward after the update for the KL and the mass that moved
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+import torch
+
+from divviz.engine.config import RunConfig
+from divviz.engine.model import load_policy, pick_device
+from divviz.engine.rollout import Rollout, completion_logps, left_pad, sample
+from divviz.engine.tasks import Task, get_task
+from divviz.estimators import k1, k2, k3
+from divviz.metrics import PI_OLD_BINS, bin_labels, clip_fractions
+from divviz.losses import Objective, group_advantages
+
+TOKEN_SAMPLE = 256  # per-token facts kept per step for the scatter plots
+
+
+class NonFiniteLoss(RuntimeError):
+    """The loss or the weights became NaN/inf: the run stops as failed, keeping the metrics so far."""
+
+
+@dataclass
+class Trainer:
+    cfg: RunConfig
+    task: Task
+    model: torch.nn.Module
+    reference: torch.nn.Module | None
+    tokenizer: object
+    optimiser: torch.optim.Optimizer
+    objective: Objective
+    device: torch.device
+
+    def autocast(self):
+        """bf16 autocast on CUDA; full precision elsewhere."""
+        if self.device.type == "cuda" and torch.cuda.is_bf16_supported():
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return nullcontext()
+
+
+def make_trainer(cfg: RunConfig) -> Trainer:
+    torch.manual_seed(cfg.seed)
+    task = get_task(cfg.task)
+    device = pick_device(cfg.device)
+    model, tokenizer = load_policy(cfg.model, task, cfg.seed, cfg.trust_remote_code)
+    model.to(device)
+    objective = cfg.objective()
+    reference = None
+    if objective.penalty is not None and objective.penalty.entry.needs_ref:
+        reference = copy.deepcopy(model).eval().requires_grad_(False)  # frozen copy of the start policy
+    optimiser = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    return Trainer(cfg, task, model, reference, tokenizer, optimiser, objective, device)
+
+
+@dataclass
+class StepResult:
+    metrics: dict[str, float]
+    tokens: dict[str, np.ndarray]  # a bounded sample of per-token facts
+    completions: list[tuple[str, str, float]]  # a few (prompt, completion, reward) for display
+
+
+def _decode(tokenizer, ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
+    return [tokenizer.decode(row[m > 0].tolist(), skip_special_tokens=True) for row, m in zip(ids, mask)]
+
+
+def grpo_step(tr: Trainer, step: int) -> StepResult:
+    """Run GRPO step `step` (0-based) and return its metrics. Raises NonFiniteLoss on NaN/inf."""
+    cfg, tok = tr.cfg, tr.tokenizer
+    start = time.perf_counter()
+    pairs = tr.task.batch(seed=cfg.seed * 1_000_003 + step, n=cfg.prompts)
+    prompts = [p for p, _ in pairs for _ in range(cfg.group_size)]
+    references = [r for _, r in pairs for _ in range(cfg.group_size)]
+    prompt_ids, prompt_mask = left_pad([tok.encode(p) for p in prompts], tok.pad_token_id, tr.device)
+    generator = torch.Generator(device=tr.device).manual_seed(cfg.seed * 7_919 + step)
+
+    tr.model.eval()
+    rollout = sample(tr.model, prompt_ids, prompt_mask, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
+                     max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, generator=generator,
+                     autocast=tr.autocast)
+    texts = _decode(tok, rollout.completion_ids, rollout.completion_mask)
+    rewards = torch.tensor([tr.task.reward(p, r, c, cfg.format_reward) for p, r, c in zip(prompts, references, texts)],
+                           dtype=torch.float32)
+    correct = [tr.task.correct(p, r, c) for p, r, c in zip(prompts, references, texts)]
+    grouped = rewards.view(cfg.prompts, cfg.group_size)
+    adv = group_advantages(grouped, cfg.scale_rewards).reshape(-1).to(tr.device)
+
+    logps = partial(completion_logps, rollout=rollout, temperature=cfg.temperature, autocast=tr.autocast)
+    with torch.no_grad():
+        logp_ref = logps(tr.reference) if tr.reference is not None else None
+        logp_old = logps(tr.model) if cfg.mu > 1 else None
+    tr.model.train()
+    fractions, grad_norms = {}, []
+    for inner in range(cfg.mu):
+        logp_new = logps(tr.model)
+        if logp_old is None:
+            logp_old = logp_new.detach()
+        out = tr.objective(logp_new, logp_old, adv, rollout.completion_mask, logp_ref=logp_ref,
+                           max_completion_length=cfg.max_new_tokens)
+        if not torch.isfinite(out.loss):
+            raise NonFiniteLoss(f"the loss became {out.loss.item()} at step {step + 1} (inner step {inner + 1}); "
+                                f"try a smaller learning rate (now {cfg.lr:g})")
+        tr.optimiser.zero_grad(set_to_none=True)
+        out.loss.backward()
+        grad_norms.append(float(torch.nn.utils.clip_grad_norm_(tr.model.parameters(), cfg.max_grad_norm)))
+        tr.optimiser.step()
+        for key, value in clip_fractions(out, rollout.completion_mask).items():
+            fractions[key] = fractions.get(key, 0.0) + value / cfg.mu
+    tr.model.eval()
+    with torch.no_grad():
+        logp_after = logps(tr.model)
+    if not torch.isfinite(logp_after).all():
+        raise NonFiniteLoss(f"the policy's log-probs became NaN/inf after step {step + 1}; "
+                            f"try a smaller learning rate (now {cfg.lr:g})")
+    elapsed = time.perf_counter() - start
+
+    metrics = {
+        "step": step + 1,
+        "reward": float(rewards.mean()),
+        "reward_std": float(grouped.std(dim=1).mean()),
+        "frac_reward_zero_std": float((grouped.std(dim=1) == 0).float().mean()),
+        "accuracy": float(np.mean(correct)),
+        "completions/mean_length": float(rollout.completion_mask.sum(1).mean()),
+        **fractions,
+        **_policy_metrics(rollout, logp_old, logp_after, logp_ref),
+        "loss": float(out.loss.detach()),
+        "grad_norm": float(np.mean(grad_norms)),
+        "step_time": elapsed,
+        "tokens_per_s": float(rollout.completion_mask.sum()) / elapsed,
+    }
+    tokens = _token_sample(rollout, logp_old, logp_after, out, adv, seed=cfg.seed * 31 + step)
+    shown = [(prompts[i], texts[i], float(rewards[i])) for i in range(0, len(prompts), cfg.group_size)][:8]
+    return StepResult(metrics, tokens, shown)
+
+
+def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
+    return float((x * mask).sum() / mask.sum().clamp(min=1))
+
+
+def _policy_metrics(rollout: Rollout, logp_old, logp_after, logp_ref) -> dict[str, float]:
+    """Entropy, top-1 mass, KL of the update (k1/k2/k3 of w = π_after/π_old) and to the reference (GRPO's
+    direction, r = π_ref/π), and where probability mass moved, binned by π_old."""
+    mask = rollout.completion_mask
+    log_ratio = (logp_after - logp_old) * mask
+    metrics = {
+        "entropy": _masked_mean(rollout.entropy, mask),
+        "top1_mass": _masked_mean(rollout.top1, mask),
+        "kl/k1": _masked_mean(k1(log_ratio), mask),
+        "kl/k2": _masked_mean(k2(log_ratio), mask),
+        "kl/k3": _masked_mean(k3(log_ratio), mask),
+    }
+    if logp_ref is not None:
+        ref_ratio = (logp_ref - logp_after) * mask
+        metrics.update({f"kl_ref/{name}": _masked_mean(fn(ref_ratio), mask) for name, fn in
+                        (("k1", k1), ("k2", k2), ("k3", k3))})
+    pi_old, change = logp_old.exp()[mask > 0], (logp_after.exp() - logp_old.exp())[mask > 0]
+    tokens = max(int(pi_old.numel()), 1)
+    index = torch.bucketize(pi_old, torch.tensor(PI_OLD_BINS[1:-1], device=pi_old.device), right=True)
+    per_bin = torch.zeros(len(PI_OLD_BINS) - 1, device=pi_old.device).index_add_(0, index, change.float())
+    metrics.update({f"mass_shift/{label}": float(v) / tokens for label, v in zip(bin_labels(), per_bin)})
+    gained = change.clamp(min=0)
+    metrics["mass_to_argmax"] = float(gained[rollout.was_argmax[mask > 0]].sum() / gained.sum().clamp(min=1e-12))
+    return metrics
+
+
+def _token_sample(rollout: Rollout, logp_old, logp_after, out, adv, seed: int) -> dict[str, np.ndarray]:
+    """Up to TOKEN_SAMPLE completion tokens: π_old, the ratio at the last inner step, π after the update,
+    the advantage and the clip state (0 inside, 1 clipped low, 2 clipped high, 3 dual-clipped)."""
+    mask = rollout.completion_mask > 0
+    rows, cols = mask.nonzero(as_tuple=True)
+    g = torch.Generator().manual_seed(seed)
+    keep = torch.randperm(len(rows), generator=g)[:TOKEN_SAMPLE].sort().values.to(rows.device)
+    rows, cols = rows[keep], cols[keep]
+    state = out.clipped_low.long() + 2 * out.clipped_high.long() + 3 * out.dual_clipped.long()
+    pick = lambda x: x[rows, cols].detach().float().cpu().numpy()  # noqa: E731
+    return {
+        "pi_old": pick(logp_old.exp()), "ratio": pick(out.ratio), "pi_new": pick(logp_after.exp()),
+        "adv": adv[rows].detach().float().cpu().numpy(), "state": pick(state).astype(np.int8),
+        "was_argmax": pick(rollout.was_argmax).astype(bool), "completion": rows.cpu().numpy().astype(np.int32),
+        "position": cols.cpu().numpy().astype(np.int32),
+    }

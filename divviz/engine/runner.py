@@ -1,0 +1,63 @@
+"""Start, watch and stop runs in separate processes (the app's and the CLI's API)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from divviz.engine.config import RunConfig
+from divviz.engine.store import new_run_folder, process_alive, read_status
+
+_children: list[subprocess.Popen] = []  # kept so finished workers are reaped, not left as zombies
+
+
+def start_run(cfg: RunConfig, root: Path) -> Path:
+    """Create the run folder and start a worker process on it; returns at once."""
+    folder = new_run_folder(root, f"{cfg.task}-{cfg.label}")
+    (folder / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+    log = open(folder / "worker.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "divviz.engine.worker", str(folder)], stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True, cwd=os.getcwd())
+    _children.append(proc)
+    if not (folder / "status.json").exists():  # until the worker writes its own, say who is running it
+        (folder / "status.json").write_text(json.dumps({"state": "running", "message": "starting", "pid": proc.pid,
+                                                        "step": 0, "steps": cfg.steps, "started": time.time()}))
+    reap()
+    return folder
+
+
+def reap() -> None:
+    for proc in list(_children):
+        if proc.poll() is not None:
+            _children.remove(proc)
+
+
+def stop_run(folder: Path, wait_s: float = 10.0) -> str:
+    """Send SIGTERM to the run's process and wait until it has written its final state."""
+    status = read_status(folder)
+    pid = status.get("pid")
+    if status.get("state") != "running" or not pid:
+        return status.get("state", "failed")
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    deadline = time.time() + wait_s
+    while time.time() < deadline:
+        reap()
+        status = read_status(folder)
+        if status.get("state") != "running":
+            return status["state"]
+        time.sleep(0.05)
+    return read_status(folder).get("state", "failed")
+
+
+def is_running(folder: Path) -> bool:
+    reap()
+    status = read_status(folder)
+    return status.get("state") == "running" and process_alive(status.get("pid"))

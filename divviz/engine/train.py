@@ -1,0 +1,53 @@
+"""The training loop around `grpo_step`: writes the run folder, and ends every run with a clear state —
+done, stopped (Ctrl-C or SIGTERM, at once), or failed with a message (NaN loss, a model that will not load)."""
+
+from __future__ import annotations
+
+import math
+import signal
+from pathlib import Path
+from typing import Callable
+
+from divviz.engine.config import RunConfig
+from divviz.engine.grpo import NonFiniteLoss, StepResult, Trainer, grpo_step, make_trainer
+from divviz.engine.store import RunWriter, new_run_folder
+from divviz.params import DivvizInputError
+
+
+class StopRequested(Exception):
+    """Raised in the training thread by SIGTERM: the run ends as "stopped" with its metrics kept."""
+
+
+def stop_on_sigterm() -> None:
+    def handler(signum, frame):
+        raise StopRequested
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def train(cfg: RunConfig, root: Path, *, folder: Path | None = None, trainer: Trainer | None = None,
+          on_step: Callable[[StepResult], None] | None = None) -> Path:
+    """Run `cfg` to the end (or until stopped or failed) and return its run folder."""
+    folder = folder or new_run_folder(root, f"{cfg.task}-{cfg.label}")
+    writer = RunWriter(folder, cfg.to_dict(), cfg.steps)
+    try:
+        trainer = trainer or make_trainer(cfg)
+        writer.set_device(str(trainer.device))
+        for step in range(cfg.steps):
+            result = grpo_step(trainer, step)
+            bad = [k for k, v in result.metrics.items() if not math.isfinite(v)]
+            if bad:
+                raise NonFiniteLoss(f"metric '{bad[0]}' became {result.metrics[bad[0]]} at step {step + 1}")
+            writer.append(step + 1, result.metrics, result.tokens, result.completions)
+            if on_step:
+                on_step(result)
+    except (StopRequested, KeyboardInterrupt):
+        writer.finish("stopped", f"stopped after step {writer.status['step']} of {cfg.steps}")
+    except (NonFiniteLoss, DivvizInputError) as err:
+        writer.finish("failed", str(err))
+    except Exception as err:  # noqa: BLE001 — the run folder must say what happened, whatever it was
+        writer.finish("failed", f"{type(err).__name__}: {err}")
+        raise
+    else:
+        writer.finish("done", f"{cfg.steps} steps")
+    return folder
