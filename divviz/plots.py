@@ -271,22 +271,21 @@ def history_chart(series: list[tuple[str, dict[str, np.ndarray]]], metrics: tupl
                   title: str) -> Chart:
     """Metrics over steps, one panel per metric, one line per run: [(label, {metric: values})]."""
     layout, refs = _panels(1, len(metrics), list(metrics), gap=0.05)
-    traces, data = [], {}
+    traces, rows = [], []
     for i, (label, history) in enumerate(series):
+        columns = {metric: np.asarray(history[metric], dtype=np.float64) for metric in metrics}
+        steps = np.arange(1, len(columns[metrics[0]]) + 1)
         for j, metric in enumerate(metrics):
-            values = np.asarray(history[metric])
-            steps = np.arange(1, len(values) + 1)
-            data["step"] = steps
             xref, yref = refs[0][j]
-            traces.append({"type": "scatter", "x": steps, "y": values, "mode": "lines", "name": label,
+            traces.append({"type": "scatter", "x": steps, "y": columns[metric], "mode": "lines", "name": label,
                            "legendgroup": label, "showlegend": j == 0, "xaxis": xref, "yaxis": yref,
                            "line": {"color": color(i), "width": 2.5},
                            "hovertemplate": f"{metric}: %{{y:.4f}}<extra>{label}</extra>"})
-            data[f"{label} {metric}"] = values
+        rows += [{"run": label, x_title: int(s), **{m: columns[m][k] for m in metrics}} for k, s in enumerate(steps)]
     for xref, _ in refs[0]:
         layout[f"xaxis{xref[1:]}"]["title"] = {"text": x_title}
     layout.update(height=380, title={"text": title})
-    return Chart(_figure(traces, layout), pd.DataFrame(data))
+    return Chart(_figure(traces, layout), pd.DataFrame(rows))
 
 
 def mass_shift_chart(runs: list[BanditRun]) -> Chart:
@@ -301,3 +300,62 @@ def mass_shift_chart(runs: list[BanditRun]) -> Chart:
               "title": {"text": "Mass reallocation: Σ Δπ over actions, by the probability they started with"},
               "xaxis": {"title": {"text": "π_0 of the action"}}, "yaxis": {"title": {"text": "Σ (π_final − π_0)"}}}
     return Chart(_figure(traces, layout, [_hline(0.0, color="grey")]), pd.DataFrame(data))
+
+
+CLIP_STATES = {0: ("inside / kept", "#7f7f7f"), 1: ("clipped low (A < 0)", "#1f77b4"),
+               2: ("clipped high (A > 0)", "#d62728"), 3: ("dual-clipped", "#ff7f0e")}
+
+
+def token_scatter(runs: list[tuple[str, dict, tuple[np.ndarray, np.ndarray, np.ndarray]]]) -> Chart:
+    """Per-token (π_old, ratio) of one step, coloured by clip state, with each measure's boundary l(π_old),
+    u(π_old) drawn over it. runs: [(label, tokens, (pi_grid, lower, upper))]."""
+    traces, rows = [], []
+    for i, (label, tokens, (grid, lower, upper)) in enumerate(runs):
+        for state, (name, colour) in CLIP_STATES.items():
+            pick = tokens["state"] == state
+            if not pick.any():
+                continue
+            traces.append({"type": "scattergl", "x": tokens["pi_old"][pick], "y": tokens["ratio"][pick],
+                           "mode": "markers", "name": f"{label}: {name}", "legendgroup": label,
+                           "marker": {"color": colour, "size": 6, "opacity": 0.6,
+                                      "symbol": ["circle", "diamond", "square", "triangle-up"][i % 4]},
+                           "hovertemplate": "π_old %{x:.3f}<br>w %{y:.3f}<extra>" + label + "</extra>"})
+        for edge, values in (("u", upper), ("l", lower)):
+            traces.append({"type": "scatter", "x": grid, "y": np.where(np.isfinite(values), values, np.nan),
+                           "mode": "lines", "name": f"{label}: {edge}(π_old)", "legendgroup": label,
+                           "showlegend": edge == "u", "line": {"color": color(i), "width": 2, "dash": "dash"}})
+        rows += [{"run": label, "pi_old": p, "ratio": w, "adv": a, "state": CLIP_STATES[int(s)][0]}
+                 for p, w, a, s in zip(tokens["pi_old"], tokens["ratio"], tokens["adv"], tokens["state"])]
+    layout = {"height": 480, "title": {"text": "Tokens of one step: π_old against the ratio, with each measure's "
+                                               "feasible region"},
+              "xaxis": {"title": {"text": "π_old of the sampled token"}, "range": [0, 1]},
+              "yaxis": {"title": {"text": "ratio w at the last inner step"}}}
+    return Chart(_figure(traces, layout, [_hline(1.0)]), pd.DataFrame(rows))
+
+
+def mass_bins_chart(series: list[tuple[str, np.ndarray]], title: str) -> Chart:
+    """Bars of a per-π_old-bin quantity, one group per run: [(label, values per bin)]."""
+    labels = bin_labels()
+    traces = [{"type": "bar", "x": labels, "y": values, "name": label, "marker": {"color": color(i)}}
+              for i, (label, values) in enumerate(series)]
+    layout = {"height": 380, "barmode": "group", "title": {"text": title},
+              "xaxis": {"title": {"text": "π_old of the sampled token"}},
+              "yaxis": {"title": {"text": "Δπ per token"}}}
+    data = pd.DataFrame({"pi_old bin": labels, **{label: values for label, values in series}})
+    return Chart(_figure(traces, layout, [_hline(0.0, color="grey")]), data)
+
+
+def probability_shift_scatter(series: list[tuple[str, np.ndarray, np.ndarray]]) -> Chart:
+    """π_old against π_new of the same tokens under each objective: above the diagonal, the update raised the
+    token. series: [(label, pi_old, pi_new)]."""
+    traces, rows = [], []
+    for i, (label, before, after) in enumerate(series):
+        traces.append({"type": "scattergl", "x": before, "y": after, "mode": "markers", "name": label,
+                       "marker": {"color": color(i), "size": 5, "opacity": 0.5}})
+        rows += [{"objective": label, "pi_old": b, "pi_new": a} for b, a in zip(before, after)]
+    traces.append({"type": "scatter", "x": [0, 1], "y": [0, 1], "mode": "lines", "name": "unchanged",
+                   "line": {"color": "grey", "dash": "dash"}})
+    layout = {"height": 480, "title": {"text": "Each token's probability before and after the update, same batch"},
+              "xaxis": {"title": {"text": "π_old"}, "range": [0, 1]},
+              "yaxis": {"title": {"text": "π after μ steps"}, "range": [0, 1]}}
+    return Chart(_figure(traces, layout), pd.DataFrame(rows))

@@ -12,7 +12,10 @@ from divviz import explore, plots, theory
 from divviz.bandit import BanditConfig, BanditRun, run_bandit
 from divviz.divergences import ClipTest, clip_test, penalty
 from divviz.estimators import k3
+from divviz.engine.config import RunConfig
 from divviz.losses import Objective
+from divviz.params import DivvizInputError
+from divviz.metrics import bin_labels
 
 RATIO_GRID = np.linspace(0.01, 3.0, 600)
 PI_OLD_GRID = np.linspace(0.001, 1.0, 400)
@@ -113,3 +116,80 @@ def mass_reallocation(runs: list[BanditRun]) -> dict[str, plots.Chart]:
 def default_tests() -> list[ClipTest]:
     """PPO ε = 0.2, DAPO (0.2, 0.28), KL3 δ = 0.05: the comparison the app opens with."""
     return [clip_test("ratio"), clip_test("clip_higher"), clip_test("kl3")]
+
+
+TRAINING_PANELS = {
+    "reward": ("reward", "accuracy"),
+    "entropy": ("entropy", "top1_mass"),
+    "clipping": ("clip_ratio/low_mean", "clip_ratio/high_mean"),
+    "kl": ("kl/k1", "kl/k2", "kl/k3"),
+    "mass": ("mass_to_argmax", "tokens_per_s"),
+}
+
+
+def training_charts(runs: list[tuple[str, list[dict]]]) -> dict[str, plots.Chart]:
+    """Metric curves of several runs (label, metrics rows), one chart per panel of TRAINING_PANELS."""
+    series = [(label, {key: [row.get(key, np.nan) for row in rows] for key in
+                       {k for keys in TRAINING_PANELS.values() for k in keys}}) for label, rows in runs if rows]
+    if not series:
+        return {}
+    titles = {"reward": "Reward and accuracy", "entropy": "Entropy of the sampling distribution and top-1 mass",
+              "clipping": "Clip fractions (TRL: clip_ratio/low_mean, high_mean)",
+              "kl": "KL of each update, new vs old (k1, k2, k3 of w = π_new/π_old)",
+              "mass": "Share of the mass gained that went to tokens that were already the argmax; speed"}
+    return {name: plots.history_chart(series, metrics, "step", titles[name]) for name, metrics in TRAINING_PANELS.items()}
+
+
+def mass_shift(runs: list[tuple[str, list[dict]]], last: int = 10) -> plots.Chart:
+    """Δπ per token by π_old bin, averaged over each run's last `last` steps."""
+    series = []
+    for label, rows in runs:
+        recent = rows[-last:]
+        if recent:
+            series.append((label, np.array([np.mean([r.get(f"mass_shift/{b}", 0.0) for r in recent])
+                                            for b in bin_labels()])))
+    return plots.mass_bins_chart(series, f"Mass reallocation: Δπ of sampled tokens by π_old (last {last} steps)")
+
+
+def token_scatter(runs: list[tuple[str, dict, dict]]) -> plots.Chart:
+    """runs: [(label, run config dict, tokens of one step)] → scatter with each run's clip boundary."""
+    drawn = []
+    for label, config, tokens in runs:
+        grid = np.linspace(0.005, 1.0, 200)
+        if config.get("clip"):
+            lower, upper = clip_test(config["clip"], **config.get("clip_params", {})).bounds(grid)
+            lower, upper = np.broadcast_to(lower, grid.shape), np.broadcast_to(upper, grid.shape)
+        else:
+            lower, upper = np.full_like(grid, np.nan), np.full_like(grid, np.nan)
+        drawn.append((label, tokens, (grid, lower, upper)))
+    return plots.token_scatter(drawn)
+
+
+def run_label(run, unique: bool = False) -> str:
+    """A legend label for a run: its objective (and the end of its folder name when `unique`)."""
+    try:
+        label = RunConfig.from_dict(run.config).label
+    except (DivvizInputError, TypeError):  # a config written by another version, or none
+        return run.name
+    return f"{label} · {run.name[-6:]}" if unique else label
+
+
+COMPARISON_COLUMNS = {"clip_ratio/low_mean": "clipped low", "clip_ratio/high_mean": "clipped high",
+                      "masked_share": "gradient masked", "kl/k3": "KL k3 of the update",
+                      "entropy_change": "entropy change", "mass_to_argmax": "mass gain to argmax tokens",
+                      "top1_mass": "top-1 mass (sampling)"}
+
+
+def same_batch(configs: list[RunConfig], step: int):
+    """Every config's objective on step `step`'s batch from the same start weights: a table and two charts."""
+    from divviz.engine.compare import same_batch as compare
+
+    results = compare(configs[0], [(cfg.label, cfg.objective()) for cfg in configs], step)
+    table = pd.DataFrame([{"objective": r.label, **{name: r.metrics[key] for key, name in COMPARISON_COLUMNS.items()}}
+                          for r in results])
+    charts = {
+        "mass": plots.mass_bins_chart([(r.label, np.array([r.metrics[f"mass_shift/{b}"] for b in bin_labels()]))
+                                       for r in results], "Same batch: Δπ of sampled tokens by π_old"),
+        "shift": plots.probability_shift_scatter([(r.label, r.pi_old, r.pi_new) for r in results]),
+    }
+    return table, charts

@@ -11,18 +11,18 @@ import shutil
 import torch
 
 from divviz.engine.model import SHIPPED, _fingerprint, _warm_start, save_builtin
-from divviz.engine.rollout import left_pad, sample
-from divviz.engine.tasks import TASKS
 from contextlib import nullcontext
+
+from divviz.engine.rollout import decode_completions, encode_prompts, sample
+from divviz.engine.tasks import TASKS
 
 
 def sampled_accuracy(model, tokenizer, task, n=512) -> float:
     pairs = task.batch(seed=10_000, n=n)
-    ids, mask = left_pad([tokenizer.encode(p) for p, _ in pairs], tokenizer.pad_token_id, "cpu")
+    ids, mask = encode_prompts(tokenizer, [p for p, _ in pairs], 1, "cpu")
     out = sample(model, ids, mask, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, max_new_tokens=12,
                  temperature=1.0, generator=torch.Generator().manual_seed(0), autocast=nullcontext)
-    texts = [tokenizer.decode(r[m > 0].tolist(), skip_special_tokens=True)
-             for r, m in zip(out.completion_ids, out.completion_mask)]
+    texts = decode_completions(tokenizer, out)
     return sum(task.correct(p, a, c) for (p, a), c in zip(pairs, texts)) / n
 
 

@@ -41,3 +41,26 @@ def test_shared_link_opens_the_same_view(page, app_url):
     page.wait_for_selector(".js-plotly-plot .main-svg", timeout=90_000)
     page.get_by_text("1.213550").first.wait_for(timeout=30_000)
     assert "delta=0.02" in page.url
+
+
+ENTROPY_POINTS = """() => {
+  for (const gd of document.querySelectorAll('.js-plotly-plot')) {
+    const title = gd.layout && gd.layout.title && gd.layout.title.text || '';
+    if (title.startsWith('Entropy') && gd.data.length) return gd.data[0].x.length;
+  }
+  return 0;
+}"""
+
+
+def test_training_lab_end_to_end(page, app_url):
+    """Open the lab, start a short run, watch the entropy chart grow to 3 points, stop, find it on Runs."""
+    page.goto(f"{app_url}/training_lab?m=kl3&steps=300&prompts=4&group_size=4")
+    start = page.get_by_role("button", name="Start")
+    start.wait_for(timeout=90_000)
+    start.click()
+    page.wait_for_function(f"({ENTROPY_POINTS})() >= 3", timeout=120_000)
+    page.get_by_role("button", name="Stop").click()
+    page.get_by_text("stopped, step").first.wait_for(timeout=60_000)
+    page.get_by_role("link", name="Runs").click()
+    page.get_by_text("config and status").first.wait_for(timeout=60_000)
+    assert page.get_by_text("-kl3-").count() >= 1

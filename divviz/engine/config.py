@@ -10,7 +10,7 @@ from divviz.losses import Objective
 from divviz.params import DivvizInputError, Param, check_params
 
 RUN_PARAMS = (
-    Param("steps", 40, 1, 100_000, high_open=False, kind="int", typical=(1, 200, 1), doc="GRPO steps"),
+    Param("steps", 60, 1, 100_000, high_open=False, kind="int", typical=(1, 200, 1), doc="GRPO steps"),
     Param("prompts", 16, 1, 4096, high_open=False, kind="int", typical=(1, 64, 1), doc="prompts per step"),
     Param("group_size", 8, 2, 256, high_open=False, kind="int", typical=(2, 32, 1),
           doc="G, completions per prompt (TRL num_generations)"),
@@ -33,7 +33,7 @@ RUN_PARAMS = (
 class RunConfig:
     """Everything that defines a run. Build with `RunConfig.make(...)`, which checks every field."""
 
-    task: str = "add"
+    task: str = "reverse"
     model: str = "builtin"
     device: str = "auto"
     clip: str | None = "ratio"
@@ -45,7 +45,7 @@ class RunConfig:
     aggregation: str = "grpo"
     scale_rewards: bool = True
     trust_remote_code: bool = False
-    steps: int = 40
+    steps: int = 60
     prompts: int = 16
     group_size: int = 8
     mu: int = 2

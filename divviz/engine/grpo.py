@@ -22,7 +22,7 @@ import torch
 
 from divviz.engine.config import RunConfig
 from divviz.engine.model import load_policy, pick_device
-from divviz.engine.rollout import Rollout, completion_logps, left_pad, sample
+from divviz.engine.rollout import Rollout, completion_logps, decode_completions, encode_prompts, sample
 from divviz.engine.tasks import Task, get_task
 from divviz.estimators import k1, k2, k3
 from divviz.metrics import PI_OLD_BINS, bin_labels, clip_fractions
@@ -57,7 +57,7 @@ def make_trainer(cfg: RunConfig) -> Trainer:
     torch.manual_seed(cfg.seed)
     task = get_task(cfg.task)
     device = pick_device(cfg.device)
-    model, tokenizer = load_policy(cfg.model, task, cfg.seed, cfg.trust_remote_code)
+    model, tokenizer = load_policy(cfg.model, task, trust_remote_code=cfg.trust_remote_code)  # the shipped seed-0 model
     model.to(device)
     objective = cfg.objective()
     reference = None
@@ -74,43 +74,50 @@ class StepResult:
     completions: list[tuple[str, str, float]]  # a few (prompt, completion, reward) for display
 
 
-def _decode(tokenizer, ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
-    return [tokenizer.decode(row[m > 0].tolist(), skip_special_tokens=True) for row, m in zip(ids, mask)]
+@dataclass
+class Batch:
+    """One step's rollouts and what the reward made of them."""
+
+    rollout: Rollout
+    prompts: list[str]  # one per completion
+    texts: list[str]
+    rewards: torch.Tensor  # (N,)
+    correct: list[bool]
+    adv: torch.Tensor  # (N,)
 
 
-def grpo_step(tr: Trainer, step: int) -> StepResult:
-    """Run GRPO step `step` (0-based) and return its metrics. Raises NonFiniteLoss on NaN/inf."""
+def make_batch(tr: Trainer, step: int) -> Batch:
+    """Sample G completions for each of step `step`'s prompts (seeded by the run seed and the step)."""
     cfg, tok = tr.cfg, tr.tokenizer
-    start = time.perf_counter()
     pairs = tr.task.batch(seed=cfg.seed * 1_000_003 + step, n=cfg.prompts)
     prompts = [p for p, _ in pairs for _ in range(cfg.group_size)]
     references = [r for _, r in pairs for _ in range(cfg.group_size)]
-    prompt_ids, prompt_mask = left_pad([tok.encode(p) for p in prompts], tok.pad_token_id, tr.device)
+    prompt_ids, prompt_mask = encode_prompts(tok, [p for p, _ in pairs], cfg.group_size, tr.device)
     generator = torch.Generator(device=tr.device).manual_seed(cfg.seed * 7_919 + step)
-
     tr.model.eval()
     rollout = sample(tr.model, prompt_ids, prompt_mask, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
                      max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, generator=generator,
                      autocast=tr.autocast)
-    texts = _decode(tok, rollout.completion_ids, rollout.completion_mask)
+    texts = decode_completions(tok, rollout)
     rewards = torch.tensor([tr.task.reward(p, r, c, cfg.format_reward) for p, r, c in zip(prompts, references, texts)],
                            dtype=torch.float32)
     correct = [tr.task.correct(p, r, c) for p, r, c in zip(prompts, references, texts)]
-    grouped = rewards.view(cfg.prompts, cfg.group_size)
-    adv = group_advantages(grouped, cfg.scale_rewards).reshape(-1).to(tr.device)
+    adv = group_advantages(rewards.view(cfg.prompts, cfg.group_size), cfg.scale_rewards).reshape(-1).to(tr.device)
+    return Batch(rollout, prompts, texts, rewards, correct, adv)
 
-    logps = partial(completion_logps, rollout=rollout, temperature=cfg.temperature, autocast=tr.autocast)
-    with torch.no_grad():
-        logp_ref = logps(tr.reference) if tr.reference is not None else None
-        logp_old = logps(tr.model) if cfg.mu > 1 else None
+
+def update(tr: Trainer, batch: Batch, objective: Objective, logp_old, logp_ref, step: int):
+    """μ optimisation steps of `objective` on `batch`; returns the last LossOutput, the old log-probs used,
+    the clip fractions averaged over μ and the gradient norms."""
+    cfg, mask = tr.cfg, batch.rollout.completion_mask
+    logps = partial(completion_logps, rollout=batch.rollout, temperature=cfg.temperature, autocast=tr.autocast)
     tr.model.train()
     fractions, grad_norms = {}, []
     for inner in range(cfg.mu):
         logp_new = logps(tr.model)
-        if logp_old is None:
+        if logp_old is None:  # μ = 1: the current policy is the old one (TRL)
             logp_old = logp_new.detach()
-        out = tr.objective(logp_new, logp_old, adv, rollout.completion_mask, logp_ref=logp_ref,
-                           max_completion_length=cfg.max_new_tokens)
+        out = objective(logp_new, logp_old, batch.adv, mask, logp_ref=logp_ref, max_completion_length=cfg.max_new_tokens)
         if not torch.isfinite(out.loss):
             raise NonFiniteLoss(f"the loss became {out.loss.item()} at step {step + 1} (inner step {inner + 1}); "
                                 f"try a smaller learning rate (now {cfg.lr:g})")
@@ -118,9 +125,24 @@ def grpo_step(tr: Trainer, step: int) -> StepResult:
         out.loss.backward()
         grad_norms.append(float(torch.nn.utils.clip_grad_norm_(tr.model.parameters(), cfg.max_grad_norm)))
         tr.optimiser.step()
-        for key, value in clip_fractions(out, rollout.completion_mask).items():
+        for key, value in clip_fractions(out, mask).items():
             fractions[key] = fractions.get(key, 0.0) + value / cfg.mu
     tr.model.eval()
+    return out, logp_old, fractions, grad_norms
+
+
+def grpo_step(tr: Trainer, step: int) -> StepResult:
+    """Run GRPO step `step` (0-based) and return its metrics. Raises NonFiniteLoss on NaN/inf."""
+    cfg = tr.cfg
+    start = time.perf_counter()
+    batch = make_batch(tr, step)
+    rollout, rewards = batch.rollout, batch.rewards
+    grouped = rewards.view(cfg.prompts, cfg.group_size)
+    logps = partial(completion_logps, rollout=rollout, temperature=cfg.temperature, autocast=tr.autocast)
+    with torch.no_grad():
+        logp_ref = logps(tr.reference) if tr.reference is not None else None
+        logp_old = logps(tr.model) if cfg.mu > 1 else None
+    out, logp_old, fractions, grad_norms = update(tr, batch, tr.objective, logp_old, logp_ref, step)
     with torch.no_grad():
         logp_after = logps(tr.model)
     if not torch.isfinite(logp_after).all():
@@ -133,7 +155,7 @@ def grpo_step(tr: Trainer, step: int) -> StepResult:
         "reward": float(rewards.mean()),
         "reward_std": float(grouped.std(dim=1).mean()),
         "frac_reward_zero_std": float((grouped.std(dim=1) == 0).float().mean()),
-        "accuracy": float(np.mean(correct)),
+        "accuracy": float(np.mean(batch.correct)),
         "completions/mean_length": float(rollout.completion_mask.sum(1).mean()),
         **fractions,
         **_policy_metrics(rollout, logp_old, logp_after, logp_ref),
@@ -142,8 +164,8 @@ def grpo_step(tr: Trainer, step: int) -> StepResult:
         "step_time": elapsed,
         "tokens_per_s": float(rollout.completion_mask.sum()) / elapsed,
     }
-    tokens = _token_sample(rollout, logp_old, logp_after, out, adv, seed=cfg.seed * 31 + step)
-    shown = [(prompts[i], texts[i], float(rewards[i])) for i in range(0, len(prompts), cfg.group_size)][:8]
+    tokens = _token_sample(rollout, logp_old, logp_after, out, batch.adv, seed=cfg.seed * 31 + step)
+    shown = [(batch.prompts[i], batch.texts[i], float(rewards[i])) for i in range(0, len(rewards), cfg.group_size)][:8]
     return StepResult(metrics, tokens, shown)
 
 

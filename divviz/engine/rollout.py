@@ -25,14 +25,25 @@ class Rollout:
     was_argmax: torch.Tensor  # (N, T) bool: the sampled token was the most likely one
 
 
+def encode_prompts(tokenizer, prompts: list[str], group_size: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded ids and mask for each prompt repeated `group_size` times (each prompt encoded once)."""
+    ids = tokenizer(prompts)["input_ids"]
+    return left_pad([seq for seq in ids for _ in range(group_size)], tokenizer.pad_token_id, device)
+
+
+def decode_completions(tokenizer, rollout: "Rollout") -> list[str]:
+    """The completion texts, without special tokens (one batched call)."""
+    rows = [row[m > 0].tolist() for row, m in zip(rollout.completion_ids.cpu(), rollout.completion_mask.cpu())]
+    return tokenizer.batch_decode(rows, skip_special_tokens=True)
+
+
 def left_pad(sequences: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(map(len, sequences))
+    lengths = torch.tensor([len(seq) for seq in sequences])
+    width = int(lengths.max())
+    mask = torch.arange(width)[None, :] >= (width - lengths)[:, None]  # (N, width), True on the tokens
     ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(sequences), width), dtype=torch.long)
-    for i, seq in enumerate(sequences):
-        ids[i, width - len(seq):] = torch.tensor(seq, dtype=torch.long)
-        mask[i, width - len(seq):] = 1
-    return ids.to(device), mask.to(device)
+    ids[mask] = torch.tensor([t for seq in sequences for t in seq], dtype=torch.long)  # row-major fill
+    return ids.to(device), mask.long().to(device)
 
 
 @torch.no_grad()

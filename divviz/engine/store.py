@@ -188,3 +188,12 @@ def find_run(root: Path, name: str) -> Path:
     if not folder.is_dir():
         raise DivvizInputError(f"no run '{name}' in {root}")
     return folder
+
+
+def delete_run(folder: Path) -> None:
+    """Remove a finished run's folder; a running one is refused."""
+    import shutil
+
+    if read_status(folder).get("state") == "running":
+        raise DivvizInputError(f"run '{folder.name}' is still running; stop it before deleting it")
+    shutil.rmtree(folder)

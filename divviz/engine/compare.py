@@ -1,0 +1,73 @@
+"""Same-batch comparison: several objectives applied to the *same* rollouts from the *same* weights.
+
+No training framework offers this view. For the chosen step's prompts, completions are sampled once from the
+start policy; then for each objective the start weights are restored and μ optimisation steps are taken on
+that batch. What differs between the results is only the objective: which tokens it clipped, how far it moved
+each token's probability, where the mass went, and how the policy's entropy on those contexts changed.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+import torch
+
+from divviz.engine.config import RunConfig
+from divviz.engine.grpo import Trainer, _policy_metrics, make_batch, make_trainer, update
+from divviz.engine.rollout import Rollout
+from divviz.losses import Objective
+
+
+@dataclass
+class Comparison:
+    label: str
+    metrics: dict[str, float]  # clip fractions, KL of the update, mass shift, entropy change
+    pi_old: np.ndarray  # completion tokens, flattened
+    pi_new: np.ndarray
+    ratio: np.ndarray  # at the last inner step
+    state: np.ndarray  # 0 inside, 1 clipped low, 2 clipped high, 3 dual-clipped
+
+
+def position_logps_and_entropy(model, rollout: Rollout, temperature: float, autocast):
+    """(N, T) log-prob of each sampled token and (N, T) entropy of the full next-token distribution."""
+    ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], dim=1)
+    attention = torch.cat([rollout.prompt_mask, torch.ones_like(rollout.completion_ids)], dim=1)
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad(), autocast():
+        logits = model(input_ids=ids, attention_mask=attention, position_ids=positions).logits
+    p, t = rollout.prompt_ids.shape[1], rollout.completion_ids.shape[1]
+    logp_all = torch.log_softmax(logits[:, p - 1:p - 1 + t].float() / temperature, dim=-1)
+    logp = logp_all.gather(2, rollout.completion_ids[:, :, None]).squeeze(2)
+    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return logp * rollout.completion_mask, entropy * rollout.completion_mask
+
+
+def same_batch(cfg: RunConfig, objectives: list[tuple[str, Objective]], step: int = 0,
+               trainer: Trainer | None = None) -> list[Comparison]:
+    """Apply each (label, objective) to step `step`'s batch from the start weights of `cfg`'s model."""
+    tr = trainer or make_trainer(cfg)
+    start_weights = copy.deepcopy(tr.model.state_dict())
+    batch = make_batch(tr, step)
+    mask = batch.rollout.completion_mask
+    measure = partial(position_logps_and_entropy, rollout=batch.rollout, temperature=cfg.temperature,
+                      autocast=tr.autocast)
+    logp_old, entropy_before = measure(tr.model)
+    active = mask > 0
+    results = []
+    for label, objective in objectives:
+        tr.model.load_state_dict(start_weights)
+        tr.optimiser = torch.optim.AdamW(tr.model.parameters(), lr=cfg.lr, weight_decay=0.0)
+        out, _, fractions, _ = update(tr, batch, objective, logp_old if cfg.mu > 1 else None, logp_old, step)
+        logp_after, entropy_after = measure(tr.model)
+        metrics = {**fractions, **_policy_metrics(batch.rollout, logp_old, logp_after, None),
+                   "entropy_change": float(((entropy_after - entropy_before) * mask).sum() / mask.sum()),
+                   "masked_share": float(out.grad_masked[active].float().mean())}
+        state = out.clipped_low.long() + 2 * out.clipped_high.long() + 3 * out.dual_clipped.long()
+        results.append(Comparison(label, metrics, logp_old.exp()[active].cpu().numpy(),
+                                  logp_after.exp()[active].cpu().numpy(), out.ratio[active].cpu().numpy(),
+                                  state[active].cpu().numpy()))
+    tr.model.load_state_dict(start_weights)
+    return results

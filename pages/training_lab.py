@@ -1,0 +1,144 @@
+"""Training lab: start, watch and stop short GRPO runs, one per chosen measure, on the same seed."""
+
+import time
+
+import streamlit as st
+
+from divviz import ui, views
+from divviz.divergences import AGGREGATIONS, BETA, CLIP_TESTS, DUAL_CLIP, PENALTIES
+from divviz.engine import runner, store
+from divviz.engine.config import RUN_PARAMS, RunConfig
+from divviz.engine.tasks import TASKS
+from divviz.params import Param
+from divviz.urlstate import Control, measure_param_controls
+
+PAGE = "lab"
+SETTINGS = [p for p in RUN_PARAMS if p.name not in ("format_reward", "max_grad_norm")]
+CONTROLS = [
+    Control("m", ["ratio", "kl3"], options=tuple(CLIP_TESTS), multi=True),
+    Control("pen", "none", options=("none", *PENALTIES)),
+    Control("beta", 0.04, param=BETA),
+    Control("dual", False, param=Param("dual", False, kind="bool", doc="cap the loss of A < 0 tokens at −c·A")),
+    Control("c", 3.0, param=DUAL_CLIP),
+    Control("agg", "grpo", options=AGGREGATIONS),
+    Control("task", "reverse", options=tuple(TASKS)),
+    Control("device", "auto", options=("auto", "cpu", "cuda")),
+    *[Control(p.name, p.default, param=p) for p in SETTINGS],
+    *measure_param_controls(("clip", "penalty")),
+]
+BY_NAME = {c.name: c for c in CONTROLS}
+
+st.title("Training lab")
+st.write("Train the built-in model (or your own) with GRPO, one run per chosen clip test, all from the same seed, "
+         "and watch them side by side. Runs live in their own processes: the page stays responsive, Stop is "
+         "immediate, and closing the tab does not end a run (find it again on the Runs page).")
+
+st.session_state.setdefault("lab_runs", [])
+ui.bind_controls(PAGE, CONTROLS)
+root = store.runs_dir()
+
+
+def start(configs: list[RunConfig]) -> None:
+    st.session_state["lab_runs"] = [runner.start_run(cfg, root).name for cfg in configs]
+
+
+def stop() -> None:
+    for name in st.session_state["lab_runs"]:
+        runner.stop_run(root / name)
+
+
+with ui.shown_errors():
+    with st.sidebar:
+        st.subheader("Measures (one run each)")
+        names = ui.choice(PAGE, BY_NAME["m"], "Clip tests")
+        tests = ui.measures_from_widgets(PAGE, names, BY_NAME)
+        pen_name = ui.choice(PAGE, BY_NAME["pen"], "Penalty toward the start policy")
+        pen = ui.measures_from_widgets(PAGE, [pen_name], BY_NAME)[0] if pen_name != "none" else None
+        beta = ui.number(PAGE, BY_NAME["beta"], "β") if pen else 0.0
+        c = ui.number(PAGE, BY_NAME["c"], "dual-clip c") if ui.number(PAGE, BY_NAME["dual"], "Dual-clip") else None
+        aggregation = ui.choice(PAGE, BY_NAME["agg"], "Aggregation (TRL loss_type)")
+        st.subheader("Run")
+        model = st.text_input("Model", "builtin", key="lab:model",
+                              help="builtin, a local folder with a causal LM, or a hub id (needs the network)")
+        task = ui.choice(PAGE, BY_NAME["task"], "Task")
+        device = ui.choice(PAGE, BY_NAME["device"], "Device")
+        settings = {p.name: ui.number(PAGE, BY_NAME[p.name], p.name) for p in SETTINGS}
+    ui.publish_controls(PAGE, CONTROLS)
+    configs = [RunConfig.make(task=task, model=model.strip(), device=device, clip=t.name, clip_params=t.params,
+                              penalty=pen.name if pen else None, penalty_params=pen.params if pen else {},
+                              beta=beta, dual_clip_c=c, aggregation=aggregation, **settings) for t in tests]
+
+runs = [store.read_run(root / name) for name in st.session_state["lab_runs"] if (root / name).is_dir()]
+running = any(run.state == "running" for run in runs)
+left, right, _ = st.columns([1, 1, 4])
+left.button("Start", type="primary", icon=":material/play_arrow:", disabled=running or not tests,
+            on_click=start, args=(configs if tests else [],), width="stretch")
+right.button("Stop", icon=":material/stop:", disabled=not running, on_click=stop, width="stretch")
+if not tests:
+    st.info("Pick at least one clip test in the sidebar.")
+
+
+@st.fragment(run_every=1.0 if running else None)
+def live() -> None:
+    with ui.shown_errors():
+        draw_runs()
+
+
+def draw_runs() -> None:
+    runs = [store.read_run(root / name) for name in st.session_state["lab_runs"] if (root / name).is_dir()]
+    if not runs:
+        st.caption("No run yet: choose measures and press Start.")
+        return
+    data = []
+    for run in runs:
+        rows = store.read_metrics(run.folder)
+        label = views.run_label(run)
+        data.append((label, rows, run))
+        last = rows[-1] if rows else {}
+        elapsed = run.status.get("updated", time.time()) - run.status.get("started", time.time())
+        text = (f"**{label}** — {run.state}, step {run.step}/{run.steps}, {elapsed:.0f} s, "
+                f"{last.get('tokens_per_s', 0):.0f} tokens/s on {run.status.get('device') or '…'}")
+        st.progress(min(1.0, run.step / max(run.steps, 1)), text=text)
+        if run.state in ("failed", "interrupted"):
+            st.error(f"{label}: {run.message}", icon=":material/error:")
+    charts = views.training_charts([(label, rows) for label, rows, _ in data])
+    if charts:
+        a, b = st.columns(2)
+        with a:
+            ui.show_chart(charts["reward"], "reward and accuracy")
+            ui.show_chart(charts["clipping"], "clip fractions")
+        with b:
+            ui.show_chart(charts["entropy"], "entropy")
+            ui.show_chart(charts["kl"], "kl of each update")
+        ui.show_chart(views.mass_shift([(label, rows) for label, rows, _ in data]), "mass reallocation")
+        last_step = max(len(rows) for _, rows, _ in data)
+        step = st.slider("Step for the token scatter", 1, max(last_step, 2), last_step, key="lab:step",
+                         disabled=last_step < 2)
+        scattered = [(label, run.config, store.read_tokens(run.folder, min(step, len(rows))))
+                     for label, rows, run in data if rows]
+        ui.show_chart(views.token_scatter([s for s in scattered if s[2] is not None]), "token scatter")
+    if running and not any(run.state == "running" for run in runs):
+        st.rerun(scope="app")  # every run has ended: redraw the page once, buttons enabled, polling off
+
+
+live()
+
+
+st.subheader("Same-batch comparison")
+st.write("Apply each chosen measure to the *same* rollouts from the *same* starting weights, and see how differently "
+         "they move the policy: which tokens they clip, how far probabilities move, where the mass goes, and what "
+         "happens to the entropy. Uses the μ and learning rate set in the sidebar.")
+with ui.shown_errors():
+    batch_step = st.number_input("Batch of step", 1, 100_000, 1, key="lab:compare_step",
+                                 help="the prompts and sampling seed of this step of a run with these settings")
+    if st.button("Compare on the same batch", icon=":material/compare_arrows:", disabled=not tests, key="lab:compare"):
+        with st.spinner("Sampling once, then one update per measure…"):
+            st.session_state["lab_compare"] = views.same_batch(configs, int(batch_step) - 1)
+    if "lab_compare" in st.session_state:
+        table, charts = st.session_state["lab_compare"]
+        st.dataframe(table, hide_index=True, width="stretch")
+        left, right = st.columns(2)
+        with left:
+            ui.show_chart(charts["mass"], "same batch mass reallocation")
+        with right:
+            ui.show_chart(charts["shift"], "same batch probability shift")

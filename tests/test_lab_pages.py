@@ -1,0 +1,127 @@
+"""The Training lab and Runs pages under AppTest: start real runs on the built-in model, see metrics arrive,
+stop, open on the Runs page, overlay, export, delete; two sessions do not interfere."""
+
+import time
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from divviz.engine import runner, store
+from divviz.engine.config import RunConfig
+
+APP = str(Path(__file__).resolve().parents[1] / "app.py")
+
+
+@pytest.fixture
+def runs_root(tmp_path, monkeypatch):
+    monkeypatch.setenv("DIVVIZ_RUNS_DIR", str(tmp_path))
+    return tmp_path
+
+
+def lab(query=None) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=120)
+    if query:
+        at.query_params.update(query)
+    at.run()
+    at.switch_page("pages/training_lab.py").run()
+    assert not at.exception, at.exception
+    return at
+
+
+def wait_for(at: AppTest, predicate, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        at.run()
+        assert not at.exception, at.exception
+        if predicate(at):
+            return
+        time.sleep(0.5)
+    raise AssertionError("timed out")
+
+
+def button(at, label):
+    return next(b for b in at.button if b.label == label)
+
+
+def test_start_watch_stop_and_find_on_runs_page(runs_root):
+    at = lab({"m": "ratio,kl3", "steps": "200", "prompts": "4", "group_size": "4"})
+    button(at, "Start").click().run()
+    names = at.session_state["lab_runs"]
+    assert len(names) == 2 and all((runs_root / n).is_dir() for n in names)
+    wait_for(at, lambda at: all(len(store.read_metrics(runs_root / n)) >= 3 for n in names))
+    assert len(at.get("plotly_chart")) == 6  # reward, clipping, entropy, kl, mass, token scatter
+    assert button(at, "Start").disabled and not button(at, "Stop").disabled
+    button(at, "Stop").click().run()
+    states = [store.read_run(runs_root / n).state for n in names]
+    assert states == ["stopped", "stopped"]
+    at.run()
+    assert not button(at, "Start").disabled
+
+    at.switch_page("pages/runs.py").run()
+    assert not at.exception
+    table = at.dataframe[0].value
+    assert set(table["run"]) == set(names) and set(table["state"]) == {"stopped"}
+    assert len(at.get("plotly_chart")) == 5  # the two latest runs are overlaid
+    csv = next(b for b in at.get("download_button") if "CSV" in b.proto.label).proto
+    assert csv.label == "Metrics of these runs (CSV)"
+
+
+def test_a_failing_run_shows_its_message(runs_root):
+    at = lab({"m": "ratio", "steps": "3"})
+    at.text_input[0].set_value("./no/such/model").run()
+    button(at, "Start").click().run()
+    wait_for(at, lambda at: any("does not exist" in e.value for e in at.error))
+
+
+def test_runs_page_delete_with_confirmation(runs_root):
+    folder = runner.start_run(RunConfig.make(steps=1, prompts=2, group_size=2), runs_root)
+    deadline = time.time() + 120
+    while store.read_run(folder).state == "running" and time.time() < deadline:
+        time.sleep(0.2)
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.run()
+    at.switch_page("pages/runs.py").run()
+    at.selectbox(key="runs:delete").set_value(folder.name).run()
+    assert not [b for b in at.button if b.key == "runs:delete_button"]  # no button before the confirmation
+    at.checkbox(key="runs:confirm").check().run()
+    at.button(key="runs:delete_button").click().run()
+    assert not at.exception and not folder.exists()
+    assert "Deleted" in at.success[0].value
+
+
+def test_two_sessions_do_not_interfere(runs_root):
+    a = lab({"m": "ratio", "steps": "2", "prompts": "2", "group_size": "2"})
+    b = lab({"m": "kl3", "steps": "2", "prompts": "2", "group_size": "2"})
+    button(a, "Start").click().run()
+    button(b, "Start").click().run()
+    runs_a, runs_b = a.session_state["lab_runs"], b.session_state["lab_runs"]
+    assert len(runs_a) == len(runs_b) == 1 and runs_a != runs_b
+    for at, runs in ((a, runs_a), (b, runs_b)):
+        wait_for(at, lambda at: store.read_run(runs_root / runs[0]).state == "done")
+    assert store.read_run(runs_root / runs_a[0]).config["clip"] == "ratio"
+    assert store.read_run(runs_root / runs_b[0]).config["clip"] == "kl3"
+
+
+def test_same_batch_comparison_on_the_page(runs_root):
+    at = lab({"m": "ratio,kl3,prob_tv", "prompts": "4", "group_size": "4", "mu": "4", "lr": "0.005"})
+    at.button(key="lab:compare").click().run()
+    assert not at.exception
+    table = at.dataframe[0].value
+    assert list(table["objective"]) == ["ratio ε=0.2", "kl3 δ=0.05", "prob_tv δ=0.1"]
+    assert (table["gradient masked"] > 0).any()
+    assert table["KL k3 of the update"].nunique() == 3  # the measures moved the policy differently
+    assert len(at.get("plotly_chart")) == 2
+
+
+def test_same_batch_shares_rollouts_and_start_weights():
+    from divviz.divergences import clip_test
+    from divviz.engine.compare import same_batch
+    from divviz.losses import Objective
+
+    cfg = RunConfig.make(prompts=4, group_size=4, mu=4, lr=0.05)  # big steps: the boxes bind
+    ratio = Objective(clip=clip_test("ratio"))
+    a, b, c = same_batch(cfg, [("a", ratio), ("kl3", Objective(clip=clip_test("kl3"))), ("a again", ratio)])
+    assert (a.pi_old == b.pi_old).all()  # the same tokens from the same start
+    assert (a.pi_new == c.pi_new).all()  # the start weights are restored before each objective
+    assert not (a.pi_new == b.pi_new).all()
