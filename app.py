@@ -1,16 +1,20 @@
-"""divviz: the router. Run with `streamlit run app.py` (or `./run app`)."""
+"""divviz: the router. Run with `streamlit run app.py` (or `./run app`).
+
+The page scripts live in app_pages/, not pages/: with a pages/ folder present, Streamlit 1.67's sidebar menu
+falls back to listing that folder's file names whenever a live fragment reruns (the Training lab's charts).
+"""
 
 import streamlit as st
 
 st.set_page_config(page_title="divviz", page_icon=":material/insights:", layout="wide")
 
 pages = [
-    st.Page("pages/home.py", title="Home", icon=":material/home:", default=True),
-    st.Page("pages/clipping_regions.py", title="Clipping regions", icon=":material/straighten:"),
-    st.Page("pages/kl3_equivalence.py", title="KL3 ⇔ asymmetric clipping", icon=":material/function:"),
-    st.Page("pages/mass_reallocation.py", title="Mass reallocation", icon=":material/bar_chart:"),
-    st.Page("pages/training_lab.py", title="Training lab", icon=":material/model_training:"),
-    st.Page("pages/runs.py", title="Runs", icon=":material/folder_open:"),
-    st.Page("pages/catalogue.py", title="Catalogue", icon=":material/menu_book:"),
+    st.Page("app_pages/home.py", title="Home", icon=":material/home:", default=True),
+    st.Page("app_pages/clipping_regions.py", title="Clipping regions", icon=":material/straighten:"),
+    st.Page("app_pages/kl3_equivalence.py", title="KL3 ⇔ asymmetric clipping", icon=":material/function:"),
+    st.Page("app_pages/mass_reallocation.py", title="Mass reallocation", icon=":material/bar_chart:"),
+    st.Page("app_pages/training_lab.py", title="Training lab", icon=":material/model_training:"),
+    st.Page("app_pages/runs.py", title="Runs", icon=":material/folder_open:"),
+    st.Page("app_pages/catalogue.py", title="Catalogue", icon=":material/menu_book:"),
 ]
 st.navigation(pages).run()

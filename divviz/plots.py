@@ -179,8 +179,7 @@ def surrogate_chart(curves: list[tuple[str, RatioCurves]]) -> Chart:
             data[f"{label} masked A={sign:+d}"] = c.masked[sign]
     for _, (xref, _) in enumerate(refs[1]):
         layout[f"xaxis{xref[1:]}"]["title"] = {"text": "ratio w"}
-    layout.update(height=680, title={"text": "Clipped surrogate and its gradient against the ratio "
-                                             "(strips: where each test removes the gradient)"})
+    layout.update(height=680, title={"text": "Surrogate and gradient against the ratio"})
     return Chart(_figure(traces, layout, shapes), pd.DataFrame(data))
 
 
@@ -315,7 +314,7 @@ def token_scatter(runs: list[tuple[str, dict, tuple[np.ndarray, np.ndarray, np.n
             pick = tokens["state"] == state
             if not pick.any():
                 continue
-            traces.append({"type": "scattergl", "x": tokens["pi_old"][pick], "y": tokens["ratio"][pick],
+            traces.append({"type": "scatter", "x": tokens["pi_old"][pick], "y": tokens["ratio"][pick],
                            "mode": "markers", "name": f"{label}: {name}", "legendgroup": label,
                            "marker": {"color": colour, "size": 6, "opacity": 0.6,
                                       "symbol": ["circle", "diamond", "square", "triangle-up"][i % 4]},
@@ -350,7 +349,7 @@ def probability_shift_scatter(series: list[tuple[str, np.ndarray, np.ndarray]]) 
     token. series: [(label, pi_old, pi_new)]."""
     traces, rows = [], []
     for i, (label, before, after) in enumerate(series):
-        traces.append({"type": "scattergl", "x": before, "y": after, "mode": "markers", "name": label,
+        traces.append({"type": "scatter", "x": before, "y": after, "mode": "markers", "name": label,
                        "marker": {"color": color(i), "size": 5, "opacity": 0.5}})
         rows += [{"objective": label, "pi_old": b, "pi_new": a} for b, a in zip(before, after)]
     traces.append({"type": "scatter", "x": [0, 1], "y": [0, 1], "mode": "lines", "name": "unchanged",

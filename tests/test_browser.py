@@ -46,7 +46,7 @@ def test_shared_link_opens_the_same_view(page, app_url):
 ENTROPY_POINTS = """() => {
   for (const gd of document.querySelectorAll('.js-plotly-plot')) {
     const title = gd.layout && gd.layout.title && gd.layout.title.text || '';
-    if (title.startsWith('Entropy') && gd.data.length) return gd.data[0].x.length;
+    if (title.includes('Entropy') && gd._fullData && gd._fullData.length) return gd._fullData[0].x.length;
   }
   return 0;
 }"""
@@ -58,7 +58,7 @@ def test_training_lab_end_to_end(page, app_url):
     start = page.get_by_role("button", name="Start")
     start.wait_for(timeout=90_000)
     start.click()
-    page.wait_for_function(f"({ENTROPY_POINTS})() >= 3", timeout=120_000)
+    page.wait_for_function(f"({ENTROPY_POINTS})() >= 3", timeout=240_000)
     page.get_by_role("button", name="Stop").click()
     page.get_by_text("stopped, step").first.wait_for(timeout=60_000)
     page.get_by_role("link", name="Runs").click()

@@ -24,7 +24,7 @@ def lab(query=None) -> AppTest:
     if query:
         at.query_params.update(query)
     at.run()
-    at.switch_page("pages/training_lab.py").run()
+    at.switch_page("app_pages/training_lab.py").run()
     assert not at.exception, at.exception
     return at
 
@@ -58,7 +58,7 @@ def test_start_watch_stop_and_find_on_runs_page(runs_root):
     at.run()
     assert not button(at, "Start").disabled
 
-    at.switch_page("pages/runs.py").run()
+    at.switch_page("app_pages/runs.py").run()
     assert not at.exception
     table = at.dataframe[0].value
     assert set(table["run"]) == set(names) and set(table["state"]) == {"stopped"}
@@ -81,7 +81,7 @@ def test_runs_page_delete_with_confirmation(runs_root):
         time.sleep(0.2)
     at = AppTest.from_file(APP, default_timeout=120)
     at.run()
-    at.switch_page("pages/runs.py").run()
+    at.switch_page("app_pages/runs.py").run()
     at.selectbox(key="runs:delete").set_value(folder.name).run()
     assert not [b for b in at.button if b.key == "runs:delete_button"]  # no button before the confirmation
     at.checkbox(key="runs:confirm").check().run()

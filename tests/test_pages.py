@@ -36,14 +36,14 @@ def test_home_page():
 
 
 def test_catalogue_page_lists_every_measure():
-    at = open_page("pages/catalogue.py")
+    at = open_page("app_pages/catalogue.py")
     text = " ".join(m.value for m in at.markdown)
     for name in ("ratio", "clip_higher", "kl3", "prob_tv", "prob_l2", "mirror", "urkl_rf"):
         assert f"`{name}`" in text
 
 
 def test_clipping_regions_page_reacts_and_shares():
-    at = open_page("pages/clipping_regions.py")
+    at = open_page("app_pages/clipping_regions.py")
     before = specs(at)
     assert len(before) == 5
     slider(at, "delta").set_value(0.1).run()
@@ -58,7 +58,7 @@ def test_clipping_regions_page_reacts_and_shares():
 
 
 def test_clipping_regions_link_restores_controls():
-    at = open_page("pages/clipping_regions.py", {"m": "ratio,kl3", "kl3.delta": "0.02", "dual": "1", "c": "2"})
+    at = open_page("app_pages/clipping_regions.py", {"m": "ratio,kl3", "kl3.delta": "0.02", "dual": "1", "c": "2"})
     assert at.multiselect[0].value == ["ratio", "kl3"]
     assert slider(at, "delta").value == pytest.approx(0.02)
     assert slider(at, "dual-clip c").value == pytest.approx(2.0)
@@ -66,7 +66,7 @@ def test_clipping_regions_link_restores_controls():
 
 
 def test_bad_link_values_warn_and_fall_back():
-    at = open_page("pages/clipping_regions.py", {"kl3.delta": "nan", "m": "ratio,bogus"})
+    at = open_page("app_pages/clipping_regions.py", {"kl3.delta": "nan", "m": "ratio,bogus"})
     warnings = " ".join(w.value for w in at.warning)
     assert "'delta' must be a finite number" in warnings and "unknown value 'bogus'" in warnings
     assert slider(at, "delta").value == pytest.approx(0.05)
@@ -74,7 +74,7 @@ def test_bad_link_values_warn_and_fall_back():
 
 
 def test_clipping_regions_preset_and_empty_selection():
-    at = open_page("pages/clipping_regions.py")
+    at = open_page("app_pages/clipping_regions.py")
     next(b for b in at.button if b.label.startswith("KL1 vs KL2")).click().run()
     assert at.multiselect[0].value == ["kl1", "kl2", "kl3"]
     at.multiselect[0].set_value([]).run()
@@ -82,7 +82,7 @@ def test_clipping_regions_preset_and_empty_selection():
 
 
 def test_kl3_page_check_and_reaction():
-    at = open_page("pages/kl3_equivalence.py", {"delta": "0.1"})
+    at = open_page("app_pages/kl3_equivalence.py", {"delta": "0.1"})
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["l_δ"] == "0.616817" and metrics["u_δ"] == "1.516221"
     assert at.success and "Identical to 1e-12" in at.success[0].value
@@ -93,7 +93,7 @@ def test_kl3_page_check_and_reaction():
 
 
 def test_mass_reallocation_page():
-    at = open_page("pages/mass_reallocation.py", {"iterations": "20", "k": "20"})
+    at = open_page("app_pages/mass_reallocation.py", {"iterations": "20", "k": "20"})
     assert len(specs(at)) == 4 and len(at.metric) == 3
     before = specs(at)
     slider(at, "delta").set_value(0.2).run()

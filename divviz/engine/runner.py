@@ -21,8 +21,11 @@ def start_run(cfg: RunConfig, root: Path) -> Path:
     folder = new_run_folder(root, f"{cfg.task}-{cfg.label}")
     (folder / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
     log = open(folder / "worker.log", "w")
+    # one thread per worker: the app often runs several at once, and oversubscribed threads on a small CPU
+    # spin against each other (three 2-thread workers on 2 cores ran 20× slower than one)
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("DIVVIZ_WORKER_THREADS", "1")}
     proc = subprocess.Popen([sys.executable, "-m", "divviz.engine.worker", str(folder)], stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True, cwd=os.getcwd())
+                            stderr=subprocess.STDOUT, start_new_session=True, cwd=os.getcwd(), env=env)
     _children.append(proc)
     if not (folder / "status.json").exists():  # until the worker writes its own, say who is running it
         (folder / "status.json").write_text(json.dumps({"state": "running", "message": "starting", "pid": proc.pid,

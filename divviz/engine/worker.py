@@ -5,6 +5,7 @@ training cannot take the app down, closing the browser tab does not end the run,
 """
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from divviz.engine.train import stop_on_sigterm, train
 
 def main(folder: str) -> None:
     folder = Path(folder)
+    os.nice(10)  # below the app and the browser, which then stay responsive on a small CPU
     stop_on_sigterm()
     cfg = RunConfig.from_dict(json.loads((folder / "config.json").read_text()))
     train(cfg, folder.parent, folder=folder)

@@ -47,8 +47,8 @@ with ui.shown_errors():
     ui.show_chart(charts["intervals"], "intervals")
     ui.show_chart(charts["sweeps"], "interval sweeps")
     st.subheader("Surrogate and gradient")
-    st.write("Top: the objective −ℓ(w) the optimiser climbs. Bottom: its slope; where it is zero (shaded), "
-             "the token is clipped. With A > 0 the clip binds above u, with A < 0 below l.")
+    st.write("Top: the objective −ℓ(w) the optimiser climbs. Bottom: its slope; where it is zero (the coloured "
+             "strip of each test), the token is clipped. With A > 0 the clip binds above u, with A < 0 below l.")
     ui.show_chart(charts["surrogate"], "surrogate and gradient")
     left, right = st.columns(2)
     with left:

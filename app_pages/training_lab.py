@@ -78,7 +78,7 @@ if not tests:
     st.info("Pick at least one clip test in the sidebar.")
 
 
-@st.fragment(run_every=1.0 if running else None)
+@st.fragment(run_every=2.0 if running else None)
 def live() -> None:
     with ui.shown_errors():
         draw_runs()
@@ -103,13 +103,8 @@ def draw_runs() -> None:
             st.error(f"{label}: {run.message}", icon=":material/error:")
     charts = views.training_charts([(label, rows) for label, rows, _ in data])
     if charts:
-        a, b = st.columns(2)
-        with a:
-            ui.show_chart(charts["reward"], "reward and accuracy")
-            ui.show_chart(charts["clipping"], "clip fractions")
-        with b:
-            ui.show_chart(charts["entropy"], "entropy")
-            ui.show_chart(charts["kl"], "kl of each update")
+        for name in ("reward", "entropy", "clipping", "kl"):
+            ui.show_chart(charts[name], f"lab {name}")
         ui.show_chart(views.mass_shift([(label, rows) for label, rows, _ in data]), "mass reallocation")
         last_step = max(len(rows) for _, rows, _ in data)
         step = st.slider("Step for the token scatter", 1, max(last_step, 2), last_step, key="lab:step",

@@ -41,13 +41,8 @@ def draw_overview() -> None:
         export = pd.concat([pd.DataFrame(rows).assign(run=run.name) for run, (_, rows) in zip(picked, data) if rows])
         st.download_button("Metrics of these runs (CSV)", export.to_csv(index=False), file_name="divviz_metrics.csv",
                            mime="text/csv", icon=":material/table:", key="runs:csv", on_click="ignore")
-        a, b = st.columns(2)
-        with a:
-            ui.show_chart(charts["reward"], "runs reward and accuracy")
-            ui.show_chart(charts["clipping"], "runs clip fractions")
-        with b:
-            ui.show_chart(charts["entropy"], "runs entropy")
-            ui.show_chart(charts["kl"], "runs kl")
+        for name in ("reward", "entropy", "clipping", "kl"):
+            ui.show_chart(charts[name], f"runs {name}")
         ui.show_chart(views.mass_shift(data), "runs mass reallocation")
     for run in picked:
         with st.expander(f"{run.name}: config and status"):
