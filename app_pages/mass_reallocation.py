@@ -45,13 +45,7 @@ with st.sidebar:
 with ui.shown_errors():
     with st.sidebar:
         st.subheader("Objectives")
-        names = ui.choice(PAGE, BY_NAME["m"], "Clip tests (one run each)")
-        tests = ui.measures_from_widgets(PAGE, names, BY_NAME)
-        pen_name = ui.choice(PAGE, BY_NAME["pen"], "Penalty toward π_0 (all runs)")
-        pen = ui.measures_from_widgets(PAGE, [pen_name], BY_NAME)[0] if pen_name != "none" else None
-        beta = ui.number(PAGE, BY_NAME["beta"], "β") if pen else 0.0
-        c = ui.number(PAGE, BY_NAME["c"], "dual-clip c") if ui.number(PAGE, BY_NAME["dual"], "Dual-clip") else None
-        aggregation = ui.choice(PAGE, BY_NAME["agg"], "Aggregation (TRL loss_type)")
+        tests, pen, beta, c, aggregation = ui.objective_widgets(PAGE, BY_NAME)
         st.subheader("Bandit")
         cfg = {"init": ui.choice(PAGE, BY_NAME["init"], "Initial distribution π_0"),
                "reward": ui.choice(PAGE, BY_NAME["reward"], "Reward", labels=REWARD_LABELS)}

@@ -49,14 +49,8 @@ def stop() -> None:
 
 with ui.shown_errors():
     with st.sidebar:
-        st.subheader("Measures (one run each)")
-        names = ui.choice(PAGE, BY_NAME["m"], "Clip tests")
-        tests = ui.measures_from_widgets(PAGE, names, BY_NAME)
-        pen_name = ui.choice(PAGE, BY_NAME["pen"], "Penalty toward the start policy")
-        pen = ui.measures_from_widgets(PAGE, [pen_name], BY_NAME)[0] if pen_name != "none" else None
-        beta = ui.number(PAGE, BY_NAME["beta"], "β") if pen else 0.0
-        c = ui.number(PAGE, BY_NAME["c"], "dual-clip c") if ui.number(PAGE, BY_NAME["dual"], "Dual-clip") else None
-        aggregation = ui.choice(PAGE, BY_NAME["agg"], "Aggregation (TRL loss_type)")
+        st.subheader("Measures")
+        tests, pen, beta, c, aggregation = ui.objective_widgets(PAGE, BY_NAME)
         st.subheader("Run")
         model = st.text_input("Model", "builtin", key="lab:model",
                               help="builtin, a local folder with a causal LM, or a hub id (needs the network)")

@@ -74,10 +74,10 @@ class ClipTestEntry:
 
 
 @dataclass(frozen=True)
-class ClipTest:
-    """A clip test with checked parameters."""
+class Configured:
+    """A catalogue entry with checked parameters (`clip_test(...)` and `penalty(...)` build these)."""
 
-    entry: ClipTestEntry
+    entry: "ClipTestEntry | PenaltyEntry"
     params: dict
 
     @property
@@ -87,6 +87,11 @@ class ClipTest:
     @property
     def label(self) -> str:
         return _label(self.name, self.params)
+
+
+@dataclass(frozen=True)
+class ClipTest(Configured):
+    """A clip test with checked parameters."""
 
     def value(self, logp_new, logp_old):
         return self.entry.value(logp_new, logp_old, self.params)
@@ -208,19 +213,8 @@ class PenaltyEntry:
 
 
 @dataclass(frozen=True)
-class Penalty:
+class Penalty(Configured):
     """A penalty with checked parameters."""
-
-    entry: PenaltyEntry
-    params: dict
-
-    @property
-    def name(self) -> str:
-        return self.entry.name
-
-    @property
-    def label(self) -> str:
-        return _label(self.name, self.params)
 
     def value(self, logp_new, logp_old, logp_ref=None):
         self._need_ref(logp_ref)

@@ -21,7 +21,7 @@ A < 0 where the cap binds. TRL's clip fractions count exactly the first two
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -75,6 +75,11 @@ class LossOutput:
     dual_clipped: torch.Tensor  # A < 0 and the cap −c·A binds
     grad_masked: torch.Tensor  # no gradient through w: clipped_low | clipped_high | dual_clipped
     penalty: torch.Tensor | None  # the penalty's value per token, None without a penalty
+
+    def rows(self, index: torch.Tensor) -> "LossOutput":
+        """The per-token facts of the completions in `index` (the scalar loss is kept as it is)."""
+        picked = {f.name: getattr(self, f.name) for f in fields(self)}
+        return LossOutput(**{k: v if k == "loss" or v is None else v[index] for k, v in picked.items()})
 
     @property
     def clipped_region(self) -> torch.Tensor:

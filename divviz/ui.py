@@ -83,6 +83,19 @@ def measures_from_widgets(page: str, names: list[str], controls: dict[str, Contr
     return measures
 
 
+def objective_widgets(page: str, controls: dict[str, Control]):
+    """The sidebar block shared by the bandit and the lab: clip tests (one run each), a penalty with its β,
+    dual-clip and the aggregation. Returns (tests, penalty or None, beta, c or None, aggregation)."""
+    names = choice(page, controls["m"], "Clip tests (one run each)")
+    tests = measures_from_widgets(page, names, controls)
+    pen_name = choice(page, controls["pen"], "Penalty toward the start policy")
+    pen = measures_from_widgets(page, [pen_name], controls)[0] if pen_name != "none" else None
+    beta = number(page, controls["beta"], "β") if pen else 0.0
+    c = number(page, controls["c"], "dual-clip c") if number(page, controls["dual"], "Dual-clip") else None
+    aggregation = choice(page, controls["agg"], "Aggregation (TRL loss_type)")
+    return tests, pen, beta, c, aggregation
+
+
 def show_chart(chart: Chart, name: str) -> None:
     """The figure (its toolbar saves a PNG), plus its HTML and the CSV of the numbers drawn."""
     slug = re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")

@@ -54,7 +54,7 @@ ENTROPY_POINTS = """() => {
 
 def test_training_lab_end_to_end(page, app_url):
     """Open the lab, start a short run, watch the entropy chart grow to 3 points, stop, find it on Runs."""
-    page.goto(f"{app_url}/training_lab?m=kl3&steps=300&prompts=4&group_size=4")
+    page.goto(f"{app_url}/training_lab?m=kl3&steps=200&prompts=16&group_size=8")  # still running at Stop
     start = page.get_by_role("button", name="Start")
     start.wait_for(timeout=90_000)
     start.click()

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from divviz import divergences as dv
+from divviz.explore import random_token_batch
 from divviz.losses import policy_loss
 from divviz.theory import kl3_bounds
 
@@ -62,14 +63,10 @@ def test_trl_clip_fraction_convention():
     assert (grads(out, logp_new).flatten() != 0).tolist() == [True, True, False, False]
 
 
-def random_batch(seed, B=16, T=12, dtype=F64, spread=0.6):
-    g = torch.Generator().manual_seed(seed)
-    logp_old = torch.log(torch.rand(B, T, generator=g, dtype=dtype) * 0.98 + 0.01)
-    logp_new = (logp_old + spread * torch.randn(B, T, generator=g, dtype=dtype)).clamp(max=0.0)
-    adv = torch.randn(B, generator=g, dtype=dtype)
-    lengths = torch.randint(3, T + 1, (B,), generator=g)
-    mask = (torch.arange(T)[None, :] < lengths[:, None]).to(dtype)
-    logp_ref = logp_old + 0.2 * torch.randn(B, T, generator=g, dtype=dtype)
+def random_batch(seed, B=16, T=12, spread=0.6):
+    """explore.random_token_batch (float64, mixed-sign advantages, padding) plus reference log-probs."""
+    logp_new, logp_old, adv, mask = random_token_batch(seed, B, T, spread)
+    logp_ref = logp_old + 0.2 * torch.randn(B, T, generator=torch.Generator().manual_seed(seed + 1), dtype=F64)
     return logp_new.requires_grad_(), logp_old, adv, mask, logp_ref
 
 

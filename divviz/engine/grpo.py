@@ -29,6 +29,7 @@ from divviz.metrics import PI_OLD_BINS, bin_labels, clip_fractions
 from divviz.losses import Objective, group_advantages
 
 TOKEN_SAMPLE = 256  # per-token facts kept per step for the scatter plots
+AFTER_ROWS = 256  # completions re-scored after the update for the KL and mass metrics (all, in small batches)
 
 
 class NonFiniteLoss(RuntimeError):
@@ -143,8 +144,13 @@ def grpo_step(tr: Trainer, step: int) -> StepResult:
         logp_ref = logps(tr.reference) if tr.reference is not None else None
         logp_old = logps(tr.model) if cfg.mu > 1 else None
     out, logp_old, fractions, grad_norms = update(tr, batch, tr.objective, logp_old, logp_ref, step)
+    # one no-grad forward after the update, on at most AFTER_ROWS completions (a seeded subset): the only
+    # cost divviz adds to a bare GRPO step, kept bounded for large batches
+    rows = torch.randperm(len(rewards), generator=torch.Generator().manual_seed(step))[:AFTER_ROWS].sort().values
+    rows = rows.to(tr.device)
+    seen = rollout.rows(rows)
     with torch.no_grad():
-        logp_after = logps(tr.model)
+        logp_after = completion_logps(tr.model, seen, cfg.temperature, tr.autocast)
     if not torch.isfinite(logp_after).all():
         raise NonFiniteLoss(f"the policy's log-probs became NaN/inf after step {step + 1}; "
                             f"try a smaller learning rate (now {cfg.lr:g})")
@@ -158,13 +164,13 @@ def grpo_step(tr: Trainer, step: int) -> StepResult:
         "accuracy": float(np.mean(batch.correct)),
         "completions/mean_length": float(rollout.completion_mask.sum(1).mean()),
         **fractions,
-        **_policy_metrics(rollout, logp_old, logp_after, logp_ref),
+        **_policy_metrics(seen, logp_old[rows], logp_after, None if logp_ref is None else logp_ref[rows]),
         "loss": float(out.loss.detach()),
         "grad_norm": float(np.mean(grad_norms)),
         "step_time": elapsed,
         "tokens_per_s": float(rollout.completion_mask.sum()) / elapsed,
     }
-    tokens = _token_sample(rollout, logp_old, logp_after, out, batch.adv, seed=cfg.seed * 31 + step)
+    tokens = _token_sample(seen, logp_old[rows], logp_after, out.rows(rows), batch.adv[rows], seed=cfg.seed * 31 + step)
     shown = [(batch.prompts[i], batch.texts[i], float(rewards[i])) for i in range(0, len(rewards), cfg.group_size)][:8]
     return StepResult(metrics, tokens, shown)
 

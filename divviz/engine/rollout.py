@@ -6,7 +6,7 @@ distributions that were actually sampled from.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -23,6 +23,10 @@ class Rollout:
     entropy: torch.Tensor  # (N, T) entropy of the sampling distribution at each step
     top1: torch.Tensor  # (N, T) probability of the most likely token at each step
     was_argmax: torch.Tensor  # (N, T) bool: the sampled token was the most likely one
+
+    def rows(self, index: torch.Tensor) -> "Rollout":
+        """The same rollout restricted to the completions in `index`."""
+        return Rollout(*(getattr(self, f.name)[index] for f in fields(self)))
 
 
 def encode_prompts(tokenizer, prompts: list[str], group_size: int, device) -> tuple[torch.Tensor, torch.Tensor]:
