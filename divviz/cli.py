@@ -72,11 +72,12 @@ def cmd_bounds(args) -> int:
 
 
 def cmd_train(args) -> int:
+    from tqdm import tqdm
+
     from divviz.engine.config import RunConfig
     from divviz.engine.grpo import make_trainer
     from divviz.engine.store import read_run, runs_dir
     from divviz.engine.train import stop_on_sigterm, train
-    from tqdm import tqdm
 
     cfg = RunConfig.make(
         task=args.task, model=args.model, device=args.device, clip=None if args.measure == "none" else args.measure,

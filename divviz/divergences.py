@@ -14,7 +14,6 @@ the parameters and return a configured measure. `CATALOGUE` lists them all for t
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass, field
 from typing import Callable
 

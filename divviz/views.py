@@ -11,11 +11,11 @@ import pandas as pd
 from divviz import explore, plots, theory
 from divviz.bandit import BanditConfig, BanditRun, run_bandit
 from divviz.divergences import ClipTest, clip_test, penalty
-from divviz.estimators import k3
 from divviz.engine.config import RunConfig
+from divviz.estimators import k3
 from divviz.losses import Objective
-from divviz.params import DivvizInputError
 from divviz.metrics import bin_labels
+from divviz.params import DivvizInputError
 
 RATIO_GRID = np.linspace(0.01, 3.0, 600)
 PI_OLD_GRID = np.linspace(0.001, 1.0, 400)

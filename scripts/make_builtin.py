@@ -7,12 +7,11 @@ on 512 fresh prompts, the starting point GRPO improves on.
 """
 
 import shutil
+from contextlib import nullcontext
 
 import torch
 
 from divviz.engine.model import SHIPPED, _fingerprint, _warm_start, save_builtin
-from contextlib import nullcontext
-
 from divviz.engine.rollout import decode_completions, encode_prompts, sample
 from divviz.engine.tasks import TASKS
 

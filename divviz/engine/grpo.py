@@ -25,8 +25,8 @@ from divviz.engine.model import load_policy, pick_device
 from divviz.engine.rollout import Rollout, completion_logps, decode_completions, encode_prompts, sample
 from divviz.engine.tasks import Task, get_task
 from divviz.estimators import k1, k2, k3
-from divviz.metrics import PI_OLD_BINS, bin_labels, clip_fractions
 from divviz.losses import Objective, group_advantages
+from divviz.metrics import PI_OLD_BINS, bin_labels, clip_fractions
 
 TOKEN_SAMPLE = 256  # per-token facts kept per step for the scatter plots
 AFTER_ROWS = 256  # completions re-scored after the update for the KL and mass metrics (all, in small batches)
