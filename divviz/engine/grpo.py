@@ -165,6 +165,8 @@ def grpo_step(tr: Trainer, step: int) -> StepResult:
         "completions/mean_length": float(rollout.completion_mask.sum(1).mean()),
         **fractions,
         **_policy_metrics(seen, logp_old[rows], logp_after, None if logp_ref is None else logp_ref[rows]),
+        "entropy": _masked_mean(rollout.entropy, rollout.completion_mask),  # over every completion
+        "top1_mass": _masked_mean(rollout.top1, rollout.completion_mask),
         "loss": float(out.loss.detach()),
         "grad_norm": float(np.mean(grad_norms)),
         "step_time": elapsed,
