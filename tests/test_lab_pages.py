@@ -125,3 +125,30 @@ def test_same_batch_shares_rollouts_and_start_weights():
     assert (a.pi_old == b.pi_old).all()  # the same tokens from the same start
     assert (a.pi_new == c.pi_new).all()  # the start weights are restored before each objective
     assert not (a.pi_new == b.pi_new).all()
+
+
+def test_a_terminal_run_appears_on_the_runs_page_and_updates(runs_root):
+    import subprocess
+    import sys
+
+    exe = str(Path(sys.executable).with_name("divviz"))
+    proc = subprocess.Popen([exe, "train", "--steps", "200", "--prompts", "4", "--group-size", "4",
+                             "--runs-dir", str(runs_root)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        at = AppTest.from_file(APP, default_timeout=120)
+        at.run()
+        at.switch_page("app_pages/runs.py").run()
+
+        def steps(at):
+            table = at.dataframe[0].value if at.dataframe else None
+            return None if table is None or table.empty else table.iloc[0]
+
+        wait_for(at, lambda at: steps(at) is not None and steps(at)["state"] == "running"
+                 and int(steps(at)["step"].split("/")[0]) >= 1)
+        first = int(steps(at)["step"].split("/")[0])
+        wait_for(at, lambda at: int(steps(at)["step"].split("/")[0]) > first)  # it updates as it trains
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    at.run()
+    assert steps(at)["state"] == "stopped"
