@@ -39,7 +39,10 @@ root = store.runs_dir()
 
 
 def start(configs: list[RunConfig]) -> None:
-    st.session_state["lab_runs"] = [runner.start_run(cfg, root).name for cfg in configs]
+    try:
+        st.session_state["lab_runs"] = [runner.start_run(cfg, root).name for cfg in configs]
+    except OSError as err:  # e.g. a runs folder that cannot be written
+        st.session_state["lab_error"] = f"Could not start the runs in {root}: {err}"
 
 
 def stop() -> None:
@@ -47,6 +50,7 @@ def stop() -> None:
         runner.stop_run(root / name)
 
 
+tests, configs = [], []  # stay empty if a setting is refused below
 with ui.shown_errors():
     with st.sidebar:
         st.subheader("Measures")
@@ -65,11 +69,13 @@ with ui.shown_errors():
 runs = [store.read_run(root / name) for name in st.session_state["lab_runs"] if (root / name).is_dir()]
 running = any(run.state == "running" for run in runs)
 left, right, _ = st.columns([1, 1, 4])
-left.button("Start", type="primary", icon=":material/play_arrow:", disabled=running or not tests,
-            on_click=start, args=(configs if tests else [],), width="stretch")
+left.button("Start", type="primary", icon=":material/play_arrow:", disabled=running or not configs,
+            on_click=start, args=(configs,), width="stretch")
 right.button("Stop", icon=":material/stop:", disabled=not running, on_click=stop, width="stretch")
 if not tests:
     st.info("Pick at least one clip test in the sidebar.")
+if "lab_error" in st.session_state:
+    st.error(st.session_state.pop("lab_error"), icon=":material/error:")
 
 
 @st.fragment(run_every=2.0 if running else None)
@@ -120,7 +126,8 @@ st.write("Apply each chosen measure to the *same* rollouts from the *same* start
 with ui.shown_errors():
     batch_step = st.number_input("Batch of step", 1, 100_000, 1, key="lab:compare_step",
                                  help="the prompts and sampling seed of this step of a run with these settings")
-    if st.button("Compare on the same batch", icon=":material/compare_arrows:", disabled=not tests, key="lab:compare"):
+    if st.button("Compare on the same batch", icon=":material/compare_arrows:", disabled=not configs,
+                 key="lab:compare"):
         with st.spinner("Sampling once, then one update per measure…"):
             st.session_state["lab_compare"] = views.same_batch(configs, int(batch_step) - 1)
     if "lab_compare" in st.session_state:
