@@ -26,10 +26,8 @@ st.write("Pick clip tests and move their parameters: each chart below is the tra
          "its advantage pushes it; then it gets no gradient.")
 
 ui.bind_controls(PAGE, CONTROLS)
+ui.preset_buttons(PAGE, CLIPPING_PRESETS)
 with st.sidebar:
-    st.subheader("Presets")
-    for name, values in CLIPPING_PRESETS.items():
-        st.button(name, on_click=ui.apply_preset, args=(PAGE, values), width="stretch")
     st.subheader("Clip tests")
     names = ui.choice(PAGE, BY_NAME["m"], "Tests to compare", help="any clip test from the catalogue")
 with ui.shown_errors():

@@ -38,10 +38,7 @@ st.write("A softmax policy over K actions, trained by GRPO with each clip test f
          "toward actions that were already likely, or toward rare ones.")
 
 ui.bind_controls(PAGE, CONTROLS)
-with st.sidebar:
-    st.subheader("Presets")
-    for name, values in BANDIT_PRESETS.items():
-        st.button(name, on_click=ui.apply_preset, args=(PAGE, values), width="stretch")
+ui.preset_buttons(PAGE, BANDIT_PRESETS)
 with ui.shown_errors():
     with st.sidebar:
         st.subheader("Objectives")

@@ -51,6 +51,14 @@ def apply_preset(page: str, values: dict) -> None:
         st.session_state[key(page, name)] = value
 
 
+def preset_buttons(page: str, presets: dict[str, dict]) -> None:
+    """One sidebar button per named preset."""
+    with st.sidebar:
+        st.subheader("Presets")
+        for name, values in presets.items():
+            st.button(name, on_click=apply_preset, args=(page, values), width="stretch")
+
+
 def number(page: str, control: Control, label: str, help: str | None = None, where=st):
     """A slider (or toggle) for a numeric control, with the range of its `Param`."""
     p = control.param
