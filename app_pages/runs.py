@@ -36,7 +36,8 @@ def draw_overview() -> None:
     chosen = st.multiselect("Runs to overlay", names, default=names[:2], key="runs:chosen")
     picked = [run for run in runs if run.name in chosen]
     data = [(views.run_label(run, unique=True), store.read_metrics(run.folder)) for run in picked]
-    charts = views.training_charts(data)
+    smooth = st.slider("Smoothing: trailing mean over steps", 1, 20, 1, key="runs:smooth")
+    charts = views.training_charts(data, smooth)
     if charts:
         export = pd.concat([pd.DataFrame(rows).assign(run=run.name) for run, (_, rows) in zip(picked, data) if rows])
         st.download_button("Metrics of these runs (CSV)", export.to_csv(index=False), file_name="divviz_metrics.csv",

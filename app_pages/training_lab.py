@@ -101,7 +101,8 @@ def draw_runs() -> None:
         st.progress(min(1.0, run.step / max(run.steps, 1)), text=text)
         if run.state in ("failed", "interrupted"):
             st.error(f"{label}: {run.message}", icon=":material/error:")
-    charts = views.training_charts([(label, rows) for label, rows, _ in data])
+    smooth = st.slider("Smoothing: trailing mean over steps", 1, 20, 1, key="lab:smooth")
+    charts = views.training_charts([(label, rows) for label, rows, _ in data], smooth)
     if charts:
         for name in ("reward", "entropy", "clipping", "kl"):
             ui.show_chart(charts[name], f"lab {name}")

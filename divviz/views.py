@@ -127,10 +127,23 @@ TRAINING_PANELS = {
 }
 
 
-def training_charts(runs: list[tuple[str, list[dict]]]) -> dict[str, plots.Chart]:
-    """Metric curves of several runs (label, metrics rows), one chart per panel of TRAINING_PANELS."""
-    series = [(label, {key: [row.get(key, np.nan) for row in rows] for key in
-                       {k for keys in TRAINING_PANELS.values() for k in keys}}) for label, rows in runs if rows]
+def trailing_mean(values, window: int) -> np.ndarray:
+    """Mean of the last `window` values at each step (fewer at the start); window 1 returns the values."""
+    values = np.asarray(values, dtype=np.float64)
+    if window <= 1 or len(values) == 0:
+        return values
+    sums = np.cumsum(np.insert(values, 0, 0.0))
+    idx = np.arange(1, len(values) + 1)
+    start = np.maximum(idx - window, 0)
+    return (sums[idx] - sums[start]) / (idx - start)
+
+
+def training_charts(runs: list[tuple[str, list[dict]]], smooth: int = 1) -> dict[str, plots.Chart]:
+    """Metric curves of several runs (label, metrics rows), one chart per panel of TRAINING_PANELS, each
+    curve the trailing mean over `smooth` steps (1 = the raw per-step values)."""
+    keys = {k for metrics in TRAINING_PANELS.values() for k in metrics}
+    series = [(label, {key: trailing_mean([row.get(key, np.nan) for row in rows], smooth) for key in keys})
+              for label, rows in runs if rows]
     if not series:
         return {}
     titles = {"reward": "Reward and accuracy", "entropy": "Entropy of the sampling distribution and top-1 mass",

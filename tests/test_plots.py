@@ -44,3 +44,13 @@ def test_bandit_figures(clip):
                            0.1, 3.0, "dr_grpo")
     for chart in views.mass_reallocation([run, run]).values():
         validated(chart)
+
+
+def test_trailing_mean_smoothing():
+    values = [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert views.trailing_mean(values, 1).tolist() == values
+    assert views.trailing_mean(values, 2).tolist() == [1.0, 1.5, 2.5, 3.5, 4.5]
+    assert views.trailing_mean(values, 10).tolist() == [1.0, 1.5, 2.0, 2.5, 3.0]
+    rows = [{"reward": v, "accuracy": v} for v in values]
+    chart = views.training_charts([("run", rows)], smooth=2)["reward"]
+    assert chart.data["reward"].tolist() == [1.0, 1.5, 2.5, 3.5, 4.5]
