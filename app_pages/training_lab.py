@@ -123,14 +123,22 @@ live()
 st.subheader("Same-batch comparison")
 st.write("Apply each chosen measure to the *same* rollouts from the *same* starting weights, and see how differently "
          "they move the policy: which tokens they clip, how far probabilities move, where the mass goes, and what "
-         "happens to the entropy. Uses the μ and learning rate set in the sidebar.")
+         "happens to the entropy. Uses the μ and learning rate set in the sidebar; start from the model itself or "
+         "from a run's saved weights (every `checkpoint_every` steps).")
 with ui.shown_errors():
-    batch_step = st.number_input("Batch of step", 1, 100_000, 1, key="lab:compare_step",
-                                 help="the prompts and sampling seed of this step of a run with these settings")
+    starts = {"the start model": None}
+    for name in st.session_state["lab_runs"]:
+        run = store.read_run(root / name)
+        for k in store.checkpoint_steps(run.folder):
+            starts[f"{views.run_label(run)} after step {k}"] = store.checkpoint_path(run.folder, k)
+    left, right = st.columns(2)
+    start_from = left.selectbox("Starting weights", list(starts), key="lab:compare_from")
+    batch_step = right.number_input("Batch of step", 1, 100_000, 1, key="lab:compare_step",
+                                    help="the prompts and sampling seed of this step of a run with these settings")
     if st.button("Compare on the same batch", icon=":material/compare_arrows:", disabled=not configs,
                  key="lab:compare"):
         with st.spinner("Sampling once, then one update per measure…"):
-            st.session_state["lab_compare"] = views.same_batch(configs, int(batch_step) - 1)
+            st.session_state["lab_compare"] = views.same_batch(configs, int(batch_step) - 1, starts[start_from])
     if "lab_compare" in st.session_state:
         table, charts = st.session_state["lab_compare"]
         st.dataframe(table, hide_index=True, width="stretch")

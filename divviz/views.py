@@ -192,11 +192,12 @@ COMPARISON_COLUMNS = {"clip_ratio/low_mean": "clipped low", "clip_ratio/high_mea
                       "entropy_change": "entropy change", "mass_to_argmax": "mass gain to argmax tokens"}
 
 
-def same_batch(configs: list[RunConfig], step: int):
-    """Every config's objective on step `step`'s batch from the same start weights: a table and two charts."""
+def same_batch(configs: list[RunConfig], step: int, weights=None):
+    """Every config's objective on step `step`'s batch from the same weights (the start model, or a run's
+    checkpoint file): a table and two charts."""
     from divviz.engine.compare import same_batch as compare
 
-    results = compare(configs[0], [(cfg.label, cfg.objective()) for cfg in configs], step)
+    results = compare(configs[0], [(cfg.label, cfg.objective()) for cfg in configs], step, weights=weights)
     table = pd.DataFrame([{"objective": r.label, **{name: r.metrics[key] for key, name in COMPARISON_COLUMNS.items()}}
                           for r in results])
     charts = {

@@ -152,3 +152,20 @@ def test_a_terminal_run_appears_on_the_runs_page_and_updates(runs_root):
         proc.wait(timeout=30)
     at.run()
     assert steps(at)["state"] == "stopped"
+
+
+def test_checkpoints_feed_the_same_batch_comparison(tmp_path):
+    from divviz.divergences import clip_test
+    from divviz.engine.compare import same_batch
+    from divviz.engine.train import train
+    from divviz.losses import Objective
+
+    cfg = RunConfig.make(steps=4, prompts=4, group_size=4, checkpoint_every=2, lr=0.01)
+    folder = train(cfg, tmp_path)
+    assert store.checkpoint_steps(folder) == [2, 4]
+    ratio = [("ratio", Objective(clip=clip_test("ratio")))]
+    (from_start,) = same_batch(cfg, ratio, step=4)
+    (from_step_4,) = same_batch(cfg, ratio, step=4, weights=store.checkpoint_path(folder, 4))
+    assert from_start.pi_old.tolist() != from_step_4.pi_old.tolist()  # the trained weights sample and score anew
+    none = RunConfig.make(steps=2, prompts=2, group_size=2, checkpoint_every=0)
+    assert store.checkpoint_steps(train(none, tmp_path / "none")) == []

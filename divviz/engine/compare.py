@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -46,9 +47,14 @@ def position_logps_and_entropy(model, rollout: Rollout, temperature: float, auto
 
 
 def same_batch(cfg: RunConfig, objectives: list[tuple[str, Objective]], step: int = 0,
-               trainer: Trainer | None = None) -> list[Comparison]:
-    """Apply each (label, objective) to step `step`'s batch from the start weights of `cfg`'s model."""
+               trainer: Trainer | None = None, weights: Path | None = None) -> list[Comparison]:
+    """Apply each (label, objective) to step `step`'s batch, all from the same weights: `cfg`'s start model, or
+    a checkpoint saved by a run (`weights`, a safetensors file)."""
     tr = trainer or make_trainer(cfg)
+    if weights is not None:
+        from safetensors.torch import load_model
+
+        load_model(tr.model, str(weights), device=str(tr.device))
     start_weights = copy.deepcopy(tr.model.state_dict())
     batch = make_batch(tr, step)
     mask = batch.rollout.completion_mask

@@ -26,6 +26,8 @@ RUN_PARAMS = (
     Param("format_reward", 0.0, 0.0, 1.0, high_open=False, typical=(0.0, 0.5, 0.05),
           doc="reward for a wrong but well-formed answer"),
     Param("max_grad_norm", 1.0, 0.0, low_open=True, typical=(0.1, 10.0, 0.1), doc="gradient clipping"),
+    Param("checkpoint_every", 10, 0, 100_000, high_open=False, kind="int", typical=(0, 100, 1),
+          doc="save the weights every N steps for the same-batch comparison (0: never; models ≤ 50M parameters)"),
 )
 
 
@@ -55,6 +57,7 @@ class RunConfig:
     seed: int = 0
     format_reward: float = 0.0
     max_grad_norm: float = 1.0
+    checkpoint_every: int = 10
 
     @staticmethod
     def make(**values) -> "RunConfig":

@@ -7,6 +7,7 @@
         metrics.jsonl      one JSON object per step, appended and flushed
         tokens/step_NNNNNN.npz   a bounded sample of per-token facts per step, each written atomically
         samples.jsonl      a few (prompt, completion, reward) per step
+        checkpoints/step_NNNNNN.safetensors   the weights every `checkpoint_every` steps (small models only)
 
 Every write is atomic or append-only, so a folder read while a run writes it, or after a hard kill, is
 readable: a torn last line of metrics.jsonl is skipped. A run whose status says "running" but whose process
@@ -92,6 +93,15 @@ class RunWriter:
         self.status["step"] = step
         self._write_status()
 
+    def save_checkpoint(self, step: int, model) -> None:
+        from safetensors.torch import save_model  # handles tied weights (embedding = LM head)
+
+        folder = self.folder / "checkpoints"
+        folder.mkdir(exist_ok=True)
+        tmp = folder / f".step_{step:06d}.tmp"
+        save_model(model, str(tmp))
+        os.replace(tmp, checkpoint_path(self.folder, step))
+
     def finish(self, state: str, message: str = "") -> None:
         self.status.update(state=state, message=message)
         self._write_status()
@@ -164,6 +174,15 @@ def read_metrics(folder: Path) -> list[dict]:
         if isinstance(row, dict):
             rows.append(row)
     return rows
+
+
+def checkpoint_steps(folder: Path) -> list[int]:
+    """Steps whose weights were saved in the run folder."""
+    return sorted(int(p.stem[5:]) for p in (folder / "checkpoints").glob("step_*.safetensors"))
+
+
+def checkpoint_path(folder: Path, step: int) -> Path:
+    return folder / "checkpoints" / f"step_{step:06d}.safetensors"
 
 
 def read_tokens(folder: Path, step: int) -> dict[str, np.ndarray] | None:

@@ -25,6 +25,11 @@ def stop_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
+def small_enough(model, limit: int = 50_000_000) -> bool:
+    """Checkpoints are for small models: a real LLM's weights every few steps would fill the disk."""
+    return sum(p.numel() for p in model.parameters()) <= limit
+
+
 def train(cfg: RunConfig, root: Path, *, folder: Path | None = None, trainer: Trainer | None = None,
           on_step: Callable[[StepResult], None] | None = None) -> Path:
     """Run `cfg` to the end (or until stopped or failed) and return its run folder."""
@@ -39,6 +44,8 @@ def train(cfg: RunConfig, root: Path, *, folder: Path | None = None, trainer: Tr
             if bad:
                 raise NonFiniteLoss(f"metric '{bad[0]}' became {result.metrics[bad[0]]} at step {step + 1}")
             writer.append(step + 1, result.metrics, result.tokens, result.completions)
+            if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0 and small_enough(trainer.model):
+                writer.save_checkpoint(step + 1, trainer.model)
             if on_step:
                 on_step(result)
     except (StopRequested, KeyboardInterrupt):
