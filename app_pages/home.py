@@ -4,6 +4,21 @@ import streamlit as st
 
 from divviz import ui, views
 
+PAGE_GUIDE = (  # (page script, title, icon, one line)
+    ("app_pages/clipping_regions.py", "Clipping regions", ":material/straighten:",
+     "Feasible intervals, the (π_old, π_new) plane, surrogate and gradient, logit room."),
+    ("app_pages/kl3_equivalence.py", "KL3 ⇔ asymmetric clipping", ":material/function:",
+     "The Lambert-W bounds, matching PPO/DAPO boxes, and a live numeric check."),
+    ("app_pages/mass_reallocation.py", "Mass reallocation", ":material/bar_chart:",
+     "An exact softmax bandit under GRPO: entropy, top-1 mass, where the mass goes."),
+    ("app_pages/training_lab.py", "Training lab", ":material/model_training:",
+     "GRPO runs on a built-in model (or yours), one per measure, live; same-batch comparison."),
+    ("app_pages/runs.py", "Runs", ":material/folder_open:",
+     "Every saved run, also those started with `divviz train`: overlay, export, delete."),
+    ("app_pages/catalogue.py", "Catalogue", ":material/menu_book:",
+     "Every measure, its formula, parameters and valid ranges."),
+)
+
 st.title("divviz")
 st.write("See what a policy-divergence constraint does to GRPO training of a language model. Every picture in "
          "this app is computed by the same loss function that trains: PPO/GRPO ratio clipping, DAPO clip-higher, "
@@ -18,17 +33,8 @@ with left:
                "each clip removes the gradient. Open *Clipping regions* to move them.")
 with right:
     st.subheader("Explore")
-    st.page_link("app_pages/clipping_regions.py", label="Clipping regions", icon=":material/straighten:")
-    st.caption("Feasible intervals, the (π_old, π_new) plane, surrogate and gradient, logit room.")
-    st.page_link("app_pages/kl3_equivalence.py", label="KL3 ⇔ asymmetric clipping", icon=":material/function:")
-    st.caption("The Lambert-W bounds, matching PPO/DAPO boxes, and a live numeric check.")
-    st.page_link("app_pages/mass_reallocation.py", label="Mass reallocation", icon=":material/bar_chart:")
-    st.caption("An exact softmax bandit under GRPO: entropy, top-1 mass, where the mass goes.")
-    st.page_link("app_pages/training_lab.py", label="Training lab", icon=":material/model_training:")
-    st.caption("GRPO runs on a built-in model (or yours), one per measure, live; same-batch comparison.")
-    st.page_link("app_pages/runs.py", label="Runs", icon=":material/folder_open:")
-    st.caption("Every saved run, also those started with `divviz train`: overlay, export, delete.")
-    st.page_link("app_pages/catalogue.py", label="Catalogue", icon=":material/menu_book:")
-    st.caption("Every measure, its formula, parameters and valid ranges.")
+    for path, label, icon, what in PAGE_GUIDE:
+        st.page_link(path, label=label, icon=icon)
+        st.caption(what)
     st.info("Every control is mirrored in the address bar: copy the link to share exactly this view.",
             icon=":material/link:")

@@ -355,10 +355,3 @@ def check_aggregation(name: str) -> str:
     if name not in AGGREGATIONS:
         raise DivvizInputError(f"unknown aggregation '{name}'; known: {', '.join(AGGREGATIONS)}")
     return name
-
-
-def bounds_array(test: ClipTest, pi_old) -> tuple[np.ndarray, np.ndarray]:
-    """(l, u) broadcast to the shape of `pi_old` (numpy), for plots over a grid of π_old."""
-    pi_old = np.asarray(pi_old, dtype=np.float64)
-    lower, upper = test.bounds(pi_old)
-    return np.broadcast_to(lower, pi_old.shape).copy(), np.broadcast_to(upper, pi_old.shape).copy()

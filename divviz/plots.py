@@ -19,7 +19,7 @@ import plotly.graph_objects as go
 
 from divviz.bandit import BanditRun
 from divviz.explore import RatioCurves, masked_spans
-from divviz.metrics import bin_labels, mass_shift_by_bin
+from divviz.metrics import GLOSSARY, bin_labels, mass_shift_by_bin
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
 BASE_LAYOUT = {"margin": {"l": 60, "r": 20, "t": 60, "b": 50}, "font": {"size": 14},
@@ -279,7 +279,8 @@ def history_chart(series: list[tuple[str, dict[str, np.ndarray]]], metrics: tupl
             traces.append({"type": "scatter", "x": steps, "y": columns[metric], "mode": "lines", "name": label,
                            "legendgroup": label, "showlegend": j == 0, "xaxis": xref, "yaxis": yref,
                            "line": {"color": color(i), "width": 2.5},
-                           "hovertemplate": f"{metric}: %{{y:.4f}}<extra>{label}</extra>"})
+                           "hovertemplate": f"{metric}: %{{y:.4f}}<br>{GLOSSARY.get(metric, '')}"
+                                            f"<extra>{label}</extra>"})
         rows += [{"run": label, x_title: int(s), **{m: columns[m][k] for m in metrics}} for k, s in enumerate(steps)]
     for xref, _ in refs[0]:
         layout[f"xaxis{xref[1:]}"]["title"] = {"text": x_title}

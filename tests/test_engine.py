@@ -107,7 +107,7 @@ def test_nan_loss_fails_with_message_and_keeps_metrics(tmp_path, monkeypatch):
     assert [r["step"] for r in store.read_metrics(folder)] == [1, 2]
 
 
-def worker_folder(tmp_path, steps=400):
+def worker_folder(tmp_path, steps=5000):  # far longer than any test waits
     cfg = RunConfig.make(**{**TINY, "steps": steps})
     folder = runner.start_run(cfg, tmp_path)
     deadline = time.time() + 120

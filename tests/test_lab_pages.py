@@ -45,7 +45,7 @@ def button(at, label):
 
 
 def test_start_watch_stop_and_find_on_runs_page(runs_root):
-    at = lab({"m": "ratio,kl3", "steps": "200", "prompts": "4", "group_size": "4"})
+    at = lab({"m": "ratio,kl3", "steps": "200", "prompts": "16", "group_size": "8"})  # minutes: still running at Stop
     button(at, "Start").click().run()
     names = at.session_state["lab_runs"]
     assert len(names) == 2 and all((runs_root / n).is_dir() for n in names)
@@ -132,7 +132,7 @@ def test_a_terminal_run_appears_on_the_runs_page_and_updates(runs_root):
     import sys
 
     exe = str(Path(sys.executable).with_name("divviz"))
-    proc = subprocess.Popen([exe, "train", "--steps", "200", "--prompts", "4", "--group-size", "4",
+    proc = subprocess.Popen([exe, "train", "--steps", "5000", "--prompts", "4", "--group-size", "4",  # never ends first
                              "--runs-dir", str(runs_root)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         at = AppTest.from_file(APP, default_timeout=120)

@@ -29,9 +29,6 @@ import numpy as np
 
 from divviz.params import DivvizInputError
 
-STATES = ("running", "done", "stopped", "failed", "interrupted")
-
-
 def runs_dir(given: str | os.PathLike | None = None) -> Path:
     return Path(given or os.environ.get("DIVVIZ_RUNS_DIR") or "runs").expanduser()
 
@@ -200,13 +197,6 @@ def list_runs(root: Path) -> list[RunInfo]:
         return []
     folders = [p for p in root.iterdir() if p.is_dir() and ((p / "status.json").exists() or (p / "config.json").exists())]
     return [read_run(p) for p in sorted(folders, key=lambda p: p.name, reverse=True)]
-
-
-def find_run(root: Path, name: str) -> Path:
-    folder = root / name
-    if not folder.is_dir():
-        raise DivvizInputError(f"no run '{name}' in {root}")
-    return folder
 
 
 def delete_run(folder: Path) -> None:
