@@ -229,3 +229,13 @@ def test_cli_train_and_runs(tmp_path):
                            "no CUDA device" if not torch.cuda.is_available() else "unknown task")):
         proc = subprocess.run([exe, *argv, "--runs-dir", str(tmp_path)], capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_process_that_ignores_sigterm_is_killed_and_marked_stopped(tmp_path):
+    ignorer = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, "
+                                "signal.SIG_IGN); print('ready', flush=True); time.sleep(600)"], stdout=subprocess.PIPE)
+    assert ignorer.stdout.readline().strip() == b"ready"
+    store.write_status(tmp_path, {"state": "running", "pid": ignorer.pid, "step": 7, "steps": 10})
+    assert runner.stop_run(tmp_path, wait_s=1.0) == "stopped"
+    assert ignorer.wait(timeout=10) == -signal.SIGKILL
+    assert "did not stop within 1 s of SIGTERM" in store.read_status(tmp_path)["message"]

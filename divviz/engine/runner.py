@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from divviz.engine.config import RunConfig
-from divviz.engine.store import new_run_folder, process_alive, read_status
+from divviz.engine.store import new_run_folder, process_alive, read_status, write_status
 
 _children: list[subprocess.Popen] = []  # kept so finished workers are reaped, not left as zombies
 
@@ -28,8 +28,8 @@ def start_run(cfg: RunConfig, root: Path) -> Path:
                             stderr=subprocess.STDOUT, start_new_session=True, cwd=os.getcwd(), env=env)
     _children.append(proc)
     if not (folder / "status.json").exists():  # until the worker writes its own, say who is running it
-        (folder / "status.json").write_text(json.dumps({"state": "running", "message": "starting", "pid": proc.pid,
-                                                        "step": 0, "steps": cfg.steps, "started": time.time()}))
+        write_status(folder, {"state": "running", "message": "starting", "pid": proc.pid, "step": 0,
+                              "steps": cfg.steps, "started": time.time()})
     reap()
     return folder
 
@@ -41,7 +41,8 @@ def reap() -> None:
 
 
 def stop_run(folder: Path, wait_s: float = 10.0) -> str:
-    """Send SIGTERM to the run's process and wait until it has written its final state."""
+    """Send SIGTERM to the run's process and wait until it has written its final state; a process that has
+    not ended after `wait_s` is killed and the run marked stopped here."""
     status = read_status(folder)
     pid = status.get("pid")
     if status.get("state") != "running" or not pid:
@@ -57,7 +58,15 @@ def stop_run(folder: Path, wait_s: float = 10.0) -> str:
         if status.get("state") != "running":
             return status["state"]
         time.sleep(0.05)
-    return read_status(folder).get("state", "failed")
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    status.update(state="stopped", message=f"killed after step {status.get('step', 0)}: it did not stop within "
+                                           f"{wait_s:g} s of SIGTERM", updated=time.time())
+    write_status(folder, status)
+    reap()
+    return "stopped"
 
 
 def is_running(folder: Path) -> bool:

@@ -39,6 +39,10 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def write_status(folder: Path, status: dict) -> None:
+    _write_atomic(folder / "status.json", json.dumps(status))
+
+
 def process_alive(pid: int | None) -> bool:
     """True if `pid` is a live (not zombie) process."""
     if not pid:
@@ -73,7 +77,7 @@ class RunWriter:
 
     def _write_status(self) -> None:
         self.status["updated"] = time.time()
-        _write_atomic(self.folder / "status.json", json.dumps(self.status))
+        write_status(self.folder, self.status)
 
     def set_device(self, device: str) -> None:
         self.status["device"] = device

@@ -14,8 +14,11 @@ from divviz.engine.store import RunWriter, new_run_folder
 from divviz.params import DivvizInputError
 
 
-class StopRequested(Exception):
-    """Raised in the training thread by SIGTERM: the run ends as "stopped" with its metrics kept."""
+class StopRequested(BaseException):
+    """Raised in the training thread by SIGTERM: the run ends as "stopped" with its metrics kept.
+
+    A BaseException, like KeyboardInterrupt, so that no library's `except Exception` on the way swallows it
+    (seen once: a worker kept training for minutes after SIGTERM)."""
 
 
 def stop_on_sigterm() -> None:
