@@ -239,3 +239,21 @@ def test_a_process_that_ignores_sigterm_is_killed_and_marked_stopped(tmp_path):
     assert runner.stop_run(tmp_path, wait_s=1.0) == "stopped"
     assert ignorer.wait(timeout=10) == -signal.SIGKILL
     assert "did not stop within 1 s of SIGTERM" in store.read_status(tmp_path)["message"]
+
+
+def test_sigterm_during_a_write_waits_for_the_write(tmp_path):
+    from divviz.engine.train import StopRequested, stop_on_sigterm, writing
+
+    previous = signal.getsignal(signal.SIGTERM)
+    stop_on_sigterm()
+    try:
+        with pytest.raises(StopRequested):
+            with writing():
+                os.kill(os.getpid(), signal.SIGTERM)  # delivered now, honoured after the block
+                (tmp_path / "done").write_text("complete")
+        assert (tmp_path / "done").read_text() == "complete"
+        with pytest.raises(StopRequested):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -3,6 +3,7 @@ done, stopped (Ctrl-C or SIGTERM, at once), or failed with a message (NaN loss, 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import signal
 from pathlib import Path
@@ -21,11 +22,32 @@ class StopRequested(BaseException):
     (seen once: a worker kept training for minutes after SIGTERM)."""
 
 
+_stop = {"writing": False, "pending": False}
+
+
 def stop_on_sigterm() -> None:
+    """SIGTERM raises StopRequested at once — except while the run folder is being written, where it waits for
+    the write to finish (raised inside numpy's zip writer, it once turned a clean stop into a failure)."""
+
     def handler(signum, frame):
-        raise StopRequested
+        if _stop["writing"]:
+            _stop["pending"] = True
+        else:
+            raise StopRequested
 
     signal.signal(signal.SIGTERM, handler)
+
+
+@contextlib.contextmanager
+def writing():
+    _stop["writing"] = True
+    try:
+        yield
+    finally:
+        _stop["writing"] = False
+        if _stop["pending"]:
+            _stop["pending"] = False
+            raise StopRequested
 
 
 def small_enough(model, limit: int = 50_000_000) -> bool:
@@ -46,9 +68,10 @@ def train(cfg: RunConfig, root: Path, *, folder: Path | None = None, trainer: Tr
             bad = [k for k, v in result.metrics.items() if not math.isfinite(v)]
             if bad:
                 raise NonFiniteLoss(f"metric '{bad[0]}' became {result.metrics[bad[0]]} at step {step + 1}")
-            writer.append(step + 1, result.metrics, result.tokens, result.completions)
-            if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0 and small_enough(trainer.model):
-                writer.save_checkpoint(step + 1, trainer.model)
+            with writing():
+                writer.append(step + 1, result.metrics, result.tokens, result.completions)
+                if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0 and small_enough(trainer.model):
+                    writer.save_checkpoint(step + 1, trainer.model)
             if on_step:
                 on_step(result)
     except (StopRequested, KeyboardInterrupt):
