@@ -2,8 +2,10 @@
 
 Target (issue: explorer pages): under 50 ms per change, on the machine it runs on. Each page is timed
 as the app runs it — `divviz.views` computes with the training loss and builds the figures — with a
-different control value each repetition so that nothing is served from a cache. The named baseline is
-the same figures passed through plotly's validating constructor, which the app skips (`plots._figure`).
+different control value each repetition so that nothing is served from a cache. The named baselines:
+the same figures passed through plotly's validating constructor, which the app skips (`plots._figure`),
+and, for the bandit, its step taken by autograd through `policy_loss` instead of the loss's closed-form
+gradient (`losses.policy_loss_gradient`; both give the same run, tests/test_bandit.py).
 
     python bench/explorer.py [--repeats N]
 """
@@ -46,17 +48,23 @@ def main():
     cfg = BanditConfig().to_dict()
     cached = [views.bandit_run(cfg, (name, {}), None, 0.0, None, "grpo") for name in ("ratio", "clip_higher")]
 
-    def bandit(delta):  # the page caches each run; a δ change re-trains the KL3 run only
-        return views.mass_reallocation([*cached, views.bandit_run(cfg, ("kl3", {"delta": delta}), None, 0.0, None,
-                                                                  "grpo")])
+    def bandit_with(**changes):  # the page caches each run; a δ change re-trains the KL3 run only
+        setting = {**cfg, **changes}
+        others = [views.bandit_run(setting, (name, {}), None, 0.0, None, "grpo") for name in ("ratio", "clip_higher")]
+        return lambda delta: views.mass_reallocation(
+            [*others, views.bandit_run(setting, ("kl3", {"delta": delta}), None, 0.0, None, "grpo")])
 
     def bandit_figures(delta):  # a change that only redraws (e.g. the page reopened)
         return views.mass_reallocation(cached)
 
+    bandit = bandit_with()
+    large = bandit_with(k=1000, iterations=200)
     regions(0.05), kl3(0.05), bandit(0.05)  # warm-up: imports, first SciPy call
     print(f"{'page (one control change)':<44} {'median ms':>10} {'/ 50 ms':>8} {'validated-plotly ms':>20}")
     for name, fn in (("clipping regions (3 tests, 5 figures)", regions), ("KL3 ⇔ asymmetric clipping (2 figures)", kl3),
                      ("mass reallocation: δ change, 1 of 3 runs", bandit),
+                     ("  same, K = 1000 and 200 iterations", large),
+                     ("  same, gradient by autograd (baseline)", bandit_with(autograd=True)),
                      ("mass reallocation: redraw only (4 figures)", bandit_figures)):
         ms, charts = timed(fn, deltas)
         validated, _ = timed(lambda _: [go.Figure(c.figure.to_dict()) for c in charts.values()], deltas[:5])

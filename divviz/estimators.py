@@ -21,7 +21,8 @@ import numpy as np
 import torch
 
 
-def _ops(x):
+def array_ops(x):
+    """The module whose functions fit `x`: torch for a tensor, numpy otherwise."""
     return torch if isinstance(x, torch.Tensor) else np
 
 
@@ -37,7 +38,7 @@ def k2(log_ratio):
 
 def k3(log_ratio):
     """k3 = w − 1 − log w, computed as expm1(log w) − log w."""
-    return _ops(log_ratio).expm1(log_ratio) - log_ratio
+    return array_ops(log_ratio).expm1(log_ratio) - log_ratio
 
 
 ESTIMATORS = {"k1": k1, "k2": k2, "k3": k3}

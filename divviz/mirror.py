@@ -24,19 +24,30 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+
+from divviz.estimators import array_ops
 
 UNITS_PER_ACTIVATION = 21
 _EPS_LOG = 1e-3
 
-# (σ, its antiderivative Σ) for each activation family, on x = w y + b ≥ 0
+def _log(x):
+    return array_ops(x).log(x)
+
+
+def _exp(x):
+    return array_ops(x).exp(x)
+
+
+# (σ, its antiderivative Σ) for each activation family, on x = w y + b ≥ 0; numpy arrays or torch tensors
 _ACTIVATIONS = (
     (lambda x: x**3, lambda x: x**4 / 4),
     (lambda x: x**2, lambda x: x**3 / 3),
-    (lambda x: x.sqrt(), lambda x: (2.0 / 3.0) * x**1.5),
-    (lambda x: x.pow(1.0 / 3.0), lambda x: 0.75 * x.pow(4.0 / 3.0)),
-    (lambda x: (x + _EPS_LOG).log(), lambda x: (x + _EPS_LOG) * (x + _EPS_LOG).log() - x),
-    (lambda x: x.exp(), lambda x: x.exp()),
+    (lambda x: x**0.5, lambda x: (2.0 / 3.0) * x**1.5),
+    (lambda x: x ** (1.0 / 3.0), lambda x: 0.75 * x ** (4.0 / 3.0)),
+    (lambda x: _log(x + _EPS_LOG), lambda x: (x + _EPS_LOG) * _log(x + _EPS_LOG) - x),
+    (_exp, _exp),
 )
 
 
@@ -65,16 +76,19 @@ class MirrorMap:
         zeros = torch.zeros(len(_ACTIVATIONS), UNITS_PER_ACTIVATION, dtype=torch.float64)
         return MirrorMap(zeros, zeros, zeros, a, c)
 
-    def _units(self, y: torch.Tensor, antiderivative: bool) -> torch.Tensor:
-        v, w, b = (t.to(y.device) for t in (self.v, self.w, self.b))
-        x = w * y.unsqueeze(-1).unsqueeze(-1) + b  # (..., 6, 21)
+    def _units(self, y, antiderivative: bool):
+        """Σ_j v_j σ_j(w_j y + b_j) (or the antiderivatives) for a torch tensor or a numpy array y."""
+        xp = array_ops(y)
+        v, w, b = (t.to(y.device) if xp is torch else t.numpy() for t in (self.v, self.w, self.b))
+        y = y[..., None, None]
+        x = w * y + b  # (..., 6, 21)
         pick = 1 if antiderivative else 0
-        out = torch.stack([fns[pick](x[..., k, :]) for k, fns in enumerate(_ACTIVATIONS)], dim=-2)
+        out = xp.stack([fns[pick](x[..., k, :]) for k, fns in enumerate(_ACTIVATIONS)], -2)
         if antiderivative:  # ∫σ(w y + b) dy = Σ(w y + b)/w; w = 0 makes the unit the constant σ(b)
-            w_safe = torch.where(w > 0, w, torch.ones_like(w))
-            const = torch.stack([fns[0](b[k]) for k, fns in enumerate(_ACTIVATIONS)])
-            out = torch.where(w > 0, out / w_safe, const * y.unsqueeze(-1).unsqueeze(-1))
-        return (v * out).sum(dim=(-2, -1))
+            w_safe = xp.where(w > 0, w, xp.ones_like(w))
+            const = xp.stack([fns[0](b[k]) for k, fns in enumerate(_ACTIVATIONS)])
+            out = xp.where(w > 0, out / w_safe, const * y)
+        return (v * out).sum((-2, -1))
 
     def psi(self, y: torch.Tensor, log_y: torch.Tensor) -> torch.Tensor:
         """ψ(y) = ∇h(y)."""
@@ -91,6 +105,11 @@ class MirrorMap:
         y, y0 = log_y.exp(), log_y0.exp()
         d = self.potential(y, log_y) - self.potential(y0, log_y0) - self.psi(y0, log_y0) * (y - y0)
         return d.to(dtype)
+
+    def bregman_slope(self, log_y: np.ndarray, log_y0: np.ndarray) -> np.ndarray:
+        """∂D_h(y ‖ y0)/∂log y = y (ψ(y) − ψ(y0)), for numpy arrays (h' = ψ, dy/dlog y = y)."""
+        y, y0 = np.exp(log_y), np.exp(log_y0)
+        return y * (self.psi(y, log_y) - self.psi(y0, log_y0))
 
 
 @functools.lru_cache(maxsize=16)

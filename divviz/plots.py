@@ -270,7 +270,7 @@ def history_chart(series: list[tuple[str, dict[str, np.ndarray]]], metrics: tupl
                   title: str) -> Chart:
     """Metrics over steps, one panel per metric, one line per run: [(label, {metric: values})]."""
     layout, refs = _panels(1, len(metrics), list(metrics), gap=0.05)
-    traces, rows = [], []
+    traces, frames = [], []
     for i, (label, history) in enumerate(series):
         columns = {metric: np.asarray(history[metric], dtype=np.float64) for metric in metrics}
         steps = np.arange(1, len(columns[metrics[0]]) + 1)
@@ -281,11 +281,11 @@ def history_chart(series: list[tuple[str, dict[str, np.ndarray]]], metrics: tupl
                            "line": {"color": color(i), "width": 2.5},
                            "hovertemplate": f"{metric}: %{{y:.4f}}<br>{GLOSSARY.get(metric, '')}"
                                             f"<extra>{label}</extra>"})
-        rows += [{"run": label, x_title: int(s), **{m: columns[m][k] for m in metrics}} for k, s in enumerate(steps)]
+        frames.append(pd.DataFrame({"run": label, x_title: steps, **columns}))
     for xref, _ in refs[0]:
         layout[f"xaxis{xref[1:]}"]["title"] = {"text": x_title}
     layout.update(height=380, title={"text": title})
-    return Chart(_figure(traces, layout), pd.DataFrame(rows))
+    return Chart(_figure(traces, layout), pd.concat(frames, ignore_index=True) if frames else pd.DataFrame())
 
 
 def mass_shift_chart(runs: list[BanditRun]) -> Chart:

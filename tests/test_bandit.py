@@ -1,5 +1,7 @@
 """The exact softmax bandit: configuration checks, reproducibility, exact bookkeeping."""
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -43,6 +45,33 @@ def test_group_advantages_like_trl():
     assert group_advantages(r, scale=False)[0].tolist() == [0.5, -0.5, -0.5, 0.5]
 
 
+def test_group_advantages_same_for_numpy_and_torch():
+    r = torch.rand(5, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    want = (r - r.mean(dim=1, keepdim=True)) / (r.std(dim=1, keepdim=True) + 1e-4)  # torch's std, as TRL
+    assert torch.allclose(group_advantages(r, True), want, rtol=0, atol=1e-14)
+    assert np.allclose(group_advantages(r.numpy(), True), want.numpy(), rtol=0, atol=1e-14)
+
+
+@pytest.mark.parametrize("objective", [
+    Objective(clip=clip_test("kl3", delta=0.02)),
+    Objective(clip=clip_test("prob_tv", delta=0.05), dual_clip_c=1.2, aggregation="dr_grpo"),
+    Objective(clip=clip_test("clip_higher"), penalty=penalty("k3", importance_weight=True), beta=0.2),
+    Objective(clip=clip_test("kl1"), penalty=penalty("mirror", init_scale=0.3), beta=0.2),
+    Objective(penalty=penalty("rkl_rf"), beta=0.5, aggregation="bnpo"),
+], ids=lambda o: o.label)
+def test_closed_form_run_equals_autograd_run(objective):
+    """The fast step (closed-form gradient) and the training code's step (autograd through policy_loss)
+    give the same run: same samples, same clip fractions, the same distribution at every iteration."""
+    fast = run_bandit(BanditConfig.make(**SMALL, reward="graded", lr=4.0), objective)
+    slow = run_bandit(BanditConfig.make(**SMALL, reward="graded", lr=4.0, autograd=True), objective)
+    assert np.abs(fast.probs - slow.probs).max() < 1e-12
+    assert np.abs(fast.probs[-1] - fast.probs[0]).max() > 0.05  # the policy moved
+    for key in fast.history:
+        assert np.allclose(fast.history[key], slow.history[key], rtol=0, atol=1e-12), key
+    if objective.clip is not None:
+        assert fast.history["clip_ratio/region_mean"].max() > 0
+
+
 def test_reproducible_and_exact_bookkeeping():
     cfg = BanditConfig.make(**SMALL)
     objective = Objective(clip=clip_test("kl3"))
@@ -82,6 +111,14 @@ def test_penalty_toward_start_slows_the_policy():
     for name in ("k3", "prob_l2"):
         held = run_bandit(cfg, Objective(clip=clip_test("ratio"), penalty=penalty(name), beta=1.0))
         assert drift(held) < 0.8 * drift(free), name
+
+
+def test_a_diverging_run_stops_with_a_clear_message():
+    cfg = BanditConfig.make(lr=100, mu=16, iterations=50, k=1000, sharpness=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # and no numpy overflow warnings on the way
+        with pytest.raises(DivvizInputError, match=r"bandit diverged to NaN/inf at iteration 2; lower lr \(now 100\)"):
+            run_bandit(cfg, Objective(penalty=penalty("k3"), beta=1.0))
 
 
 def test_mass_shift_by_bin_conserves_mass():

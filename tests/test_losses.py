@@ -8,7 +8,7 @@ import torch
 
 from divviz import divergences as dv
 from divviz.explore import random_token_batch
-from divviz.losses import policy_loss
+from divviz.losses import Objective, policy_loss
 from divviz.theory import kl3_bounds
 
 F64 = torch.float64
@@ -137,6 +137,30 @@ def test_aggregations_against_hand_sums():
     assert float(got) == pytest.approx(sum(rows) / 40, rel=1e-12)
     got = policy_loss(logp_new, logp_old, adv, mask, clip=clip, aggregation="dapo", num_items_in_batch=100).loss
     assert float(got) == pytest.approx(sum(rows) / 100, rel=1e-12)
+
+
+OBJECTIVES = [*[Objective(clip=dv.clip_test(name)) for name in dv.CLIP_TESTS],
+              *[Objective(clip=dv.clip_test("kl3"), penalty=dv.penalty(name), beta=0.3) for name in dv.PENALTIES],
+              *[Objective(penalty=dv.penalty(name, importance_weight=True), beta=0.3) for name in ("k1", "k2", "k3")],
+              Objective(penalty=dv.penalty("mirror", seed=3, init_scale=0.5), beta=0.3), Objective()]
+
+
+@pytest.mark.parametrize("objective", OBJECTIVES, ids=lambda o: o.label)
+@pytest.mark.parametrize("dual_clip_c", [None, 1.5])
+@pytest.mark.parametrize("aggregation", ["grpo", "bnpo", "dr_grpo", "dapo"])
+def test_closed_form_gradient_equals_autograd(objective, dual_clip_c, aggregation):
+    """`policy_loss_gradient` (the bandit's fast step) against autograd through `policy_loss`."""
+    objective = Objective(objective.clip, objective.penalty, objective.beta, dual_clip_c, aggregation)
+    logp_new, logp_old, adv, mask, logp_ref = random_batch(11, spread=1.0)
+    out = objective(logp_new, logp_old, adv, mask, logp_ref=logp_ref)
+    fast = objective.gradient(*(x.detach().numpy() for x in (logp_new, logp_old, adv, mask, logp_ref)))
+    assert abs(fast.grad - grads(out, logp_new).numpy()).max() < 1e-12
+    assert (fast.clipped_low == out.clipped_low.numpy()).all()
+    assert (fast.clipped_high == out.clipped_high.numpy()).all()
+    if objective.clip is not None:
+        assert out.clipped_region.any()
+    if dual_clip_c is not None:
+        assert out.dual_clipped.any()
 
 
 @pytest.mark.parametrize("name", ["fkl", "rkl", "ufkl", "urkl"])
