@@ -149,12 +149,16 @@ class Batch:
 
 
 def closed_form_step(objective: Objective, theta: np.ndarray, batch: Batch) -> tuple[np.ndarray, LossGradient]:
-    """∂loss/∂θ = Σ_i g_i (e_{a_i} − π) with g = `policy_loss_gradient`; also the clip flags."""
-    logp, p = softmax(theta)
-    out = policy_loss_gradient(logp[batch.actions, None], batch.logp_old, batch.adv, batch.weights, objective,
-                               batch.logp_ref)
+    """∂loss/∂θ = Σ_i g_i (e_{a_i} − π) with g = `policy_loss_gradient`; also the clip flags.
+
+    Written for speed at K = 1000: log π is formed only at the sampled actions, π = e^{θ − max θ}/z."""
+    shifted = theta - theta.max()
+    e = np.exp(shifted)
+    z = e.sum()
+    logp = shifted[batch.actions, None] - math.log(z)
+    out = policy_loss_gradient(logp, batch.logp_old, batch.adv, batch.weights, objective, batch.logp_ref)
     g = out.grad[:, 0]
-    return np.bincount(batch.actions, weights=g, minlength=theta.size) - g.sum() * p, out
+    return np.bincount(batch.actions, weights=g, minlength=theta.size) - (g.sum() / z) * e, out
 
 
 def autograd_step(objective: Objective, theta: np.ndarray, batch: Batch) -> tuple[np.ndarray, LossOutput]:

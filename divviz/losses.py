@@ -203,7 +203,8 @@ def policy_loss_gradient(logp_new, logp_old, adv, weights, objective: Objective,
     clipped_low = clipped_high = np.zeros(w.shape, dtype=bool)
     lower = 0.0
     if objective.clip is not None:
-        lower, upper = objective.clip.bounds(np.exp(logp_old))
+        clip = objective.clip
+        lower, upper = clip.bounds(np.exp(logp_old) if clip.entry.needs_pi_old else None)
         active = weights > 0
         clipped_low = (w < lower) & (adv < 0) & active
         clipped_high = (w > upper) & (adv > 0) & active
