@@ -3,11 +3,14 @@
 Same built-in model (fresh copy each), tokenizer, task, prompts × G, completion length, μ = 1, AdamW, on
 the CPU. Targets (issue: backend): divviz ≤ 0.5× TRL and ≤ 1.25× bare.
 
-    (a) divviz   `divviz.engine.grpo.grpo_step`: sample, rewards, advantages, the loss with its per-token
-                 facts, and every metric (incl. the extra no-grad forward for KL and mass reallocation)
+    (a) divviz   `divviz.engine.grpo.grpo_step`, the whole call: sample, rewards, advantages, the loss with its
+                 per-token facts, and every metric (incl. the extra no-grad forward for KL and mass reallocation)
     (b) TRL      `trl.GRPOTrainer.train` with bf16=False, use_cpu=True, gradient_checkpointing=False, beta=0,
                  loss_type="dapo" (divviz uses aggregation="dapo" too); step time from a callback
     (c) bare     the same KV-cached sampler and one forward/backward of −A·log π, nothing else
+
+Each figure is the median over the steps after one warm-up step. divviz and bare steps alternate, so that
+both see the same load on a shared machine; TRL runs on its own (its trainer owns the loop).
 
     pip install trl   # not a dependency of divviz; keeps torch as it is
     python bench/grpo_step.py [--steps N]
@@ -33,20 +36,26 @@ TASK = "reverse"
 SETTINGS = {"small (16 prompts × 8, 8 tokens)": (16, 8, 8), "medium (64 prompts × 16, 16 tokens)": (64, 16, 16)}
 
 
-def time_divviz(prompts, group, tokens, steps):
+def divviz_step(prompts, group, tokens, steps):
+    """A function running divviz's step `s` and returning its wall time."""
     cfg = RunConfig.make(task=TASK, prompts=prompts, group_size=group, max_new_tokens=tokens, mu=1, steps=steps,
                          clip="ratio", aggregation="dapo", device="cpu")
     trainer = make_trainer(cfg)
-    grpo_step(trainer, 0)  # warm-up
-    return [grpo_step(trainer, s).metrics["step_time"] for s in range(1, steps + 1)]
+
+    def step(s):
+        start = time.perf_counter()
+        grpo_step(trainer, s)
+        return time.perf_counter() - start
+    return step
 
 
-def time_bare(prompts, group, tokens, steps):
+def bare_step(prompts, group, tokens):
+    """A function running the bare loop's step `s` and returning its wall time."""
     task = get_task(TASK)
     model, tok = builtin_policy(task)
     optimiser = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.0)
-    times = []
-    for s in range(steps + 1):
+
+    def step(s):
         start = time.perf_counter()
         pairs = task.batch(s, prompts)
         ids, mask = encode_prompts(tok, [p for p, _ in pairs], group, "cpu")
@@ -60,8 +69,18 @@ def time_bare(prompts, group, tokens, steps):
         optimiser.zero_grad()
         loss.backward()
         optimiser.step()
-        if s:
-            times.append(time.perf_counter() - start)
+        return time.perf_counter() - start
+    return step
+
+
+def time_alternating(steps, *runners):
+    """Step times of each runner, their steps alternating; step 0 is a warm-up and not counted."""
+    times = [[] for _ in runners]
+    for s in range(steps + 1):
+        for runner, out in zip(runners, times):
+            elapsed = runner(s)
+            if s:
+                out.append(elapsed)
     return times
 
 
@@ -110,10 +129,10 @@ def main():
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU")
     print(f"{'setting':<38} {'divviz s':>9} {'TRL s':>8} {'bare s':>8} {'divviz/TRL':>11} {'divviz/bare':>12}")
     for name, (prompts, group, tokens) in SETTINGS.items():
-        steps = args.steps if prompts <= 16 else max(2, args.steps // 2)
-        d = statistics.median(time_divviz(prompts, group, tokens, steps))
-        t = statistics.median(time_trl(prompts, group, tokens, steps))
-        b = statistics.median(time_bare(prompts, group, tokens, steps))
+        divviz, bare = time_alternating(args.steps, divviz_step(prompts, group, tokens, args.steps),
+                                        bare_step(prompts, group, tokens))
+        d, b = statistics.median(divviz), statistics.median(bare)
+        t = statistics.median(time_trl(prompts, group, tokens, args.steps))
         print(f"{name:<38} {d:>9.3f} {t:>8.3f} {b:>8.3f} {d / t:>11.2f} {d / b:>12.2f}", flush=True)
 
 

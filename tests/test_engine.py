@@ -90,14 +90,14 @@ def test_grpo_improves_reverse_on_the_builtin_model(tmp_path):
 def test_nan_loss_fails_with_message_and_keeps_metrics(tmp_path, monkeypatch):
     cfg = RunConfig.make(**{**TINY, "steps": 4})
     trainer = make_trainer(cfg)
-    calls = {"n": 0}
+    updates = {"n": 0}
+    trainer.optimiser.register_step_post_hook(lambda *_: updates.update(n=updates["n"] + 1))
     forward = trainer.model.forward
 
-    def poisoned(*args, **kwargs):  # from the third step on, the policy's logits are NaN
+    def poisoned(*args, **kwargs):  # from the third step on (after 2·μ updates), the training logits are NaN
         out = forward(*args, **kwargs)
-        if trainer.model.training and calls["n"] >= 2 * cfg.mu:
+        if trainer.model.training and updates["n"] >= 2 * cfg.mu:
             out.logits = out.logits * float("nan")
-        calls["n"] += trainer.model.training
         return out
 
     monkeypatch.setattr(trainer.model, "forward", poisoned)

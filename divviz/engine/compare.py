@@ -18,7 +18,7 @@ import torch
 
 from divviz.engine.config import RunConfig
 from divviz.engine.grpo import Trainer, _policy_metrics, make_batch, make_trainer, update
-from divviz.engine.rollout import Rollout
+from divviz.engine.rollout import Rollout, completion_logits
 from divviz.losses import Objective
 
 
@@ -34,13 +34,8 @@ class Comparison:
 
 def position_logps_and_entropy(model, rollout: Rollout, temperature: float, autocast):
     """(N, T) log-prob of each sampled token and (N, T) entropy of the full next-token distribution."""
-    ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], dim=1)
-    attention = torch.cat([rollout.prompt_mask, torch.ones_like(rollout.completion_ids)], dim=1)
-    positions = (attention.cumsum(-1) - 1).clamp(min=0)
-    with torch.no_grad(), autocast():
-        logits = model(input_ids=ids, attention_mask=attention, position_ids=positions).logits
-    p, t = rollout.prompt_ids.shape[1], rollout.completion_ids.shape[1]
-    logp_all = torch.log_softmax(logits[:, p - 1:p - 1 + t].float() / temperature, dim=-1)
+    with torch.no_grad():
+        logp_all = torch.log_softmax(completion_logits(model, rollout, temperature, autocast), dim=-1)
     logp = logp_all.gather(2, rollout.completion_ids[:, :, None]).squeeze(2)
     entropy = -(logp_all.exp() * logp_all).sum(-1)
     return logp * rollout.completion_mask, entropy * rollout.completion_mask

@@ -145,11 +145,12 @@ def grpo_step(tr: Trainer, step: int) -> StepResult:
         logp_old = logps(tr.model) if cfg.mu > 1 else None
     out, logp_old, fractions, grad_norms = update(tr, batch, tr.objective, logp_old, logp_ref, step)
     # one no-grad forward after the update, on at most AFTER_ROWS completions (a seeded subset): the only
-    # cost divviz adds to a bare GRPO step, kept bounded for large batches
+    # cost divviz adds to a bare GRPO step, kept bounded for large batches; its log-probs feed metrics only,
+    # never autograd, hence inference mode (no autograd bookkeeping at all)
     rows = torch.randperm(len(rewards), generator=torch.Generator().manual_seed(step))[:AFTER_ROWS].sort().values
     rows = rows.to(tr.device)
     seen = rollout.rows(rows)
-    with torch.no_grad():
+    with torch.inference_mode():
         logp_after = completion_logps(tr.model, seen, cfg.temperature, tr.autocast)
     if not torch.isfinite(logp_after).all():
         raise NonFiniteLoss(f"the policy's log-probs became NaN/inf after step {step + 1}; "

@@ -1,7 +1,8 @@
 """Sampling completions with a KV cache, and the log-probs of completions under a policy.
 
 Both use the tempered policy softmax(logits / τ), as TRL does, so the ratio in the loss compares the
-distributions that were actually sampled from.
+distributions that were actually sampled from. Both run each distinct prompt once (`prefill`; a batch holds
+G copies of each) and the completions on top of its KV cache.
 """
 
 from __future__ import annotations
@@ -30,14 +31,16 @@ class Rollout:
 
 
 def encode_prompts(tokenizer, prompts: list[str], group_size: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-padded ids and mask for each prompt repeated `group_size` times (each prompt encoded once)."""
-    ids = tokenizer(prompts)["input_ids"]
-    return left_pad([seq for seq in ids for _ in range(group_size)], tokenizer.pad_token_id, device)
+    """Left-padded ids and mask for each prompt repeated `group_size` times in consecutive rows (each prompt
+    encoded and padded once)."""
+    ids, mask = left_pad(tokenizer(prompts)["input_ids"], tokenizer.pad_token_id, device)
+    return ids.repeat_interleave(group_size, dim=0), mask.repeat_interleave(group_size, dim=0)
 
 
 def decode_completions(tokenizer, rollout: "Rollout") -> list[str]:
-    """The completion texts, without special tokens (one batched call)."""
-    rows = [row[m > 0].tolist() for row, m in zip(rollout.completion_ids.cpu(), rollout.completion_mask.cpu())]
+    """The completion texts, without special tokens (one batched call). The mask is 1 on a prefix of each row."""
+    lengths = rollout.completion_mask.sum(1).long().tolist()
+    rows = [row[:n] for row, n in zip(rollout.completion_ids.tolist(), lengths)]
     return tokenizer.batch_decode(rows, skip_special_tokens=True)
 
 
@@ -50,55 +53,102 @@ def left_pad(sequences: list[list[int]], pad_id: int, device) -> tuple[torch.Ten
     return ids.to(device), mask.long().to(device)
 
 
+def prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, autocast):
+    """One forward over the prompts with the KV cache: (cache, last-position logits, next position), all (N, ...).
+
+    The G copies of a prompt sit in consecutive rows (`encode_prompts`), so the forward runs once per run of
+    equal rows of (ids, mask) and the cache and logits are repeated to the N rows (`Cache.reorder_cache`, an
+    index_select, so gradients flow back to the shared prompt computation). Same values as a forward over all
+    N rows."""
+    rows = torch.cat([prompt_ids, prompt_mask], dim=1)
+    first = torch.ones(len(rows), dtype=torch.bool, device=rows.device)  # row i starts a run of equal rows
+    first[1:] = (rows[1:] != rows[:-1]).any(dim=1)
+    inverse = first.cumsum(0) - 1  # row i's run
+    ids, mask = prompt_ids[first], prompt_mask[first]
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # left padding is invisible to the model
+    with autocast():
+        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+    cache = out.past_key_values
+    cache.reorder_cache(inverse)
+    return cache, out.logits[inverse, -1], positions[inverse, -1:] + 1
+
+
 @torch.no_grad()
 def sample(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, eos_id: int, pad_id: int,
            max_new_tokens: int, temperature: float, generator: torch.Generator, autocast=None) -> Rollout:
-    """Sample up to `max_new_tokens` tokens per prompt with the model's KV cache."""
-    n = prompt_ids.shape[0]
-    device = prompt_ids.device
+    """Sample up to `max_new_tokens` tokens per prompt with the model's KV cache.
+
+    Rows that have produced <eos> leave the batch (their cache rows are dropped), so each decoding step runs
+    only the completions still being written; their later columns are padding (mask 0)."""
+    n, device = prompt_ids.shape[0], prompt_ids.device
+    cache, logits, position = prefill(model, prompt_ids, prompt_mask, autocast)
     attention = prompt_mask
-    positions = (attention.cumsum(-1) - 1).clamp(min=0)
-    with autocast():
-        out = model(input_ids=prompt_ids, attention_mask=attention, position_ids=positions, use_cache=True)
-    past, logits = out.past_key_values, out.logits[:, -1]
-    next_position = positions[:, -1:] + 1
-    done = torch.zeros(n, dtype=torch.bool, device=device)
-    columns = {k: [] for k in ("ids", "mask", "logp", "entropy", "top1", "argmax")}
-    for _ in range(max_new_tokens):
+    live = torch.arange(n, device=device)  # the rows still being written, in batch order
+    out = _Columns(n, max_new_tokens, pad_id, device)
+    for t in range(max_new_tokens):
         logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
+        token = out.write(live, t, logp_all, generator)
+        going = token != eos_id
+        if t + 1 == max_new_tokens or not bool(going.any()):
+            break
+        if not bool(going.all()):
+            live, token, attention, position = live[going], token[going], attention[going], position[going]
+            cache.reorder_cache(going.nonzero().squeeze(1))
+        attention = torch.cat([attention, attention.new_ones((len(live), 1))], dim=1)
+        with autocast():
+            step = model(input_ids=token[:, None], attention_mask=attention, position_ids=position,
+                         past_key_values=cache, use_cache=True)
+        cache, logits, position = step.past_key_values, step.logits[:, -1], position + 1
+    return out.rollout(prompt_ids, prompt_mask, t + 1)
+
+
+class _Columns:
+    """The sampler's per-token outputs, (N, max_new_tokens), filled column by column for the live rows."""
+
+    def __init__(self, n: int, width: int, pad_id: int, device):
+        self.ids = torch.full((n, width), pad_id, dtype=torch.long, device=device)
+        self.mask, self.logp, self.entropy, self.top1 = (torch.zeros(n, width, device=device) for _ in range(4))
+        self.argmax = torch.zeros(n, width, dtype=torch.bool, device=device)
+
+    def write(self, rows: torch.Tensor, t: int, logp_all: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """Sample column t for `rows` from log π = `logp_all` and record the token, its log-prob, the entropy
+        H = −Σ π log π, the top-1 mass max π and whether the token was the argmax; returns the tokens."""
         probs = logp_all.exp()
         token = torch.multinomial(probs, 1, generator=generator).squeeze(1)
-        token = torch.where(done, torch.full_like(token, pad_id), token)
         top1, argmax = probs.max(dim=-1)
-        columns["ids"].append(token)
-        columns["mask"].append((~done).float())
-        columns["logp"].append(logp_all.gather(1, token[:, None]).squeeze(1))
-        columns["entropy"].append(-(probs * logp_all).nan_to_num().sum(-1))
-        columns["top1"].append(top1)
-        columns["argmax"].append(token == argmax)
-        done = done | (token == eos_id)
-        if bool(done.all()):
-            break
-        attention = torch.cat([attention, torch.ones((n, 1), dtype=attention.dtype, device=device)], dim=1)
+        self.ids[rows, t] = token
+        self.mask[rows, t] = 1.0
+        self.logp[rows, t] = logp_all.gather(1, token[:, None]).squeeze(1)
+        self.entropy[rows, t] = -(probs * logp_all).nan_to_num().sum(-1)
+        self.top1[rows, t] = top1
+        self.argmax[rows, t] = token == argmax
+        return token
+
+    def rollout(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, width: int) -> Rollout:
+        return Rollout(prompt_ids, prompt_mask, self.ids[:, :width], self.mask[:, :width], self.logp[:, :width],
+                       self.entropy[:, :width], self.top1[:, :width], self.argmax[:, :width])
+
+
+def completion_logits(model, rollout: Rollout, temperature: float, autocast) -> torch.Tensor:
+    """(N, T, V) tempered logits z / τ of the distributions the completion tokens were drawn from (with grad).
+
+    Position t is predicted by the prompt's last position (t = 0) or by completion token t − 1: the prompts
+    run once per distinct prompt (`prefill`), the completions (less their last token) on top of that cache."""
+    cache, first, position = prefill(model, rollout.prompt_ids, rollout.prompt_mask, autocast)
+    logits = [first[:, None]]
+    t = rollout.completion_ids.shape[1]
+    if t > 1:
+        attention = torch.cat([rollout.prompt_mask, torch.ones_like(rollout.completion_ids[:, :-1])], dim=1)
+        positions = position + torch.arange(t - 1, device=position.device)
         with autocast():
-            out = model(input_ids=token[:, None], attention_mask=attention, position_ids=next_position,
-                        past_key_values=past, use_cache=True)
-        past, logits = out.past_key_values, out.logits[:, -1]
-        next_position = next_position + 1
-    stacked = {k: torch.stack(v, dim=1) for k, v in columns.items()}
-    mask = stacked["mask"]
-    return Rollout(prompt_ids, prompt_mask, stacked["ids"], mask, stacked["logp"] * mask, stacked["entropy"] * mask,
-                   stacked["top1"] * mask, stacked["argmax"] & (mask > 0))
+            out = model(input_ids=rollout.completion_ids[:, :-1], attention_mask=attention, position_ids=positions,
+                        past_key_values=cache, use_cache=True)
+        logits.append(out.logits)
+    return torch.cat(logits, dim=1).float() / temperature
 
 
 def completion_logps(model, rollout: Rollout, temperature: float, autocast) -> torch.Tensor:
     """(N, T) log-probs of the sampled completion tokens under `model`'s tempered policy (with grad)."""
-    ids = torch.cat([rollout.prompt_ids, rollout.completion_ids], dim=1)
-    attention = torch.cat([rollout.prompt_mask, torch.ones_like(rollout.completion_ids)], dim=1)
-    positions = (attention.cumsum(-1) - 1).clamp(min=0)
-    with autocast():
-        logits = model(input_ids=ids, attention_mask=attention, position_ids=positions).logits
-    p, t = rollout.prompt_ids.shape[1], rollout.completion_ids.shape[1]
-    logits = logits[:, p - 1:p - 1 + t].float() / temperature  # position i predicts token i + 1
+    logits = completion_logits(model, rollout, temperature, autocast)
     logp = torch.log_softmax(logits, dim=-1).gather(2, rollout.completion_ids[:, :, None]).squeeze(2)
     return logp * rollout.completion_mask
