@@ -32,6 +32,7 @@ from divviz.estimators import array_ops
 UNITS_PER_ACTIVATION = 21
 _EPS_LOG = 1e-3
 
+
 def _log(x):
     return array_ops(x).log(x)
 
@@ -90,8 +91,8 @@ class MirrorMap:
             out = xp.where(w > 0, out / w_safe, const * y)
         return (v * out).sum((-2, -1))
 
-    def psi(self, y: torch.Tensor, log_y: torch.Tensor) -> torch.Tensor:
-        """ψ(y) = ∇h(y)."""
+    def psi(self, y, log_y):
+        """ψ(y) = ∇h(y), for torch tensors or numpy arrays."""
         return self._units(y, antiderivative=False) + self.a * y + self.c * log_y
 
     def potential(self, y: torch.Tensor, log_y: torch.Tensor) -> torch.Tensor:
