@@ -171,17 +171,17 @@ def autograd_step(objective: Objective, theta: np.ndarray, batch: Batch) -> tupl
     return grad.numpy(), out
 
 
-def sample_batch(cfg: BanditConfig, objective: Objective, rng: np.random.Generator, logp_old: np.ndarray,
-                 p_old: np.ndarray, logp_ref: np.ndarray, rewards: np.ndarray) -> tuple[Batch, np.ndarray]:
-    """`groups` × G actions from π_old (inverse CDF) with their group-relative advantages; also the rewards."""
+def sample_batch(cfg: BanditConfig, rng: np.random.Generator, logp_old: np.ndarray, p_old: np.ndarray,
+                 logp_ref: np.ndarray, rewards: np.ndarray, mask: np.ndarray,
+                 weights: np.ndarray) -> tuple[Batch, np.ndarray]:
+    """`groups` × G actions from π_old (inverse CDF) with their group-relative advantages; also the rewards.
+    `mask` and the aggregation's `weights` are the same every iteration."""
     n = cfg.groups * cfg.group_size
     cdf = np.cumsum(p_old)
     actions = np.minimum(np.searchsorted(cdf, rng.random(n) * cdf[-1], side="right"), cfg.k - 1)
     r = rewards[actions]
     adv = group_advantages(r.reshape(cfg.groups, cfg.group_size), cfg.scale_rewards)
-    mask = np.ones((n, 1))
-    return Batch(actions, adv.reshape(n), logp_old[actions, None], logp_ref[actions, None], mask,
-                 aggregation_weights(mask, objective.aggregation)), r
+    return Batch(actions, adv.reshape(n), logp_old[actions, None], logp_ref[actions, None], mask, weights), r
 
 
 def run_bandit(cfg: BanditConfig, objective: Objective) -> BanditRun:
@@ -192,6 +192,8 @@ def run_bandit(cfg: BanditConfig, objective: Objective) -> BanditRun:
     logp_ref, p_new = softmax(theta)
     rewards = reward_vector(cfg)
     initial_top = np.argsort(-logp_ref, kind="stable")[: max(1, cfg.k // 10)]
+    mask = np.ones((cfg.groups * cfg.group_size, 1))  # each action is a one-token completion
+    weights = aggregation_weights(mask, objective.aggregation)
 
     probs = np.empty((cfg.iterations + 1, cfg.k))
     probs[0] = p_new
@@ -201,7 +203,7 @@ def run_bandit(cfg: BanditConfig, objective: Objective) -> BanditRun:
     logp_new = logp_ref
     for it in range(cfg.iterations):
         logp_old, p_old = logp_new, p_new
-        batch, r = sample_batch(cfg, objective, rng, logp_old, p_old, logp_ref, rewards)
+        batch, r = sample_batch(cfg, rng, logp_old, p_old, logp_ref, rewards, mask, weights)
         low = high = 0
         with np.errstate(over="ignore", invalid="ignore"):  # a step that overflows is caught just below
             for _ in range(cfg.mu):

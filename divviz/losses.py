@@ -228,9 +228,10 @@ def group_advantages(rewards, scale: bool):
     """GRPO's group-relative advantages: (groups, G) rewards → r − mean_group, divided by (std_group + 1e-4)
     when `scale` (Shao et al. 2024; TRL's `scale_rewards`; std unbiased, as torch's), left unscaled for
     Dr. GRPO (Liu et al. 2025). Takes a torch tensor or a numpy array (G ≥ 2) and returns the same kind."""
-    adv = rewards - rewards.mean(1)[:, None]
+    size = rewards.shape[1]
+    adv = rewards - (rewards.sum(1) / size)[:, None]
     if scale:
-        std = ((adv * adv).sum(1) / (rewards.shape[1] - 1)) ** 0.5
+        std = ((adv * adv).sum(1) / (size - 1)) ** 0.5
         adv = adv / (std[:, None] + 1e-4)
     return adv
 
