@@ -54,6 +54,11 @@ def main():
         return lambda delta: views.mass_reallocation(
             [*others, views.bandit_run(setting, ("kl3", {"delta": delta}), None, 0.0, None, "grpo")])
 
+    def bandit_shared(delta):  # a setting every run shares (here the seed): all three runs re-train
+        setting = {**cfg, "seed": round(delta * 1000)}
+        return views.mass_reallocation([views.bandit_run(setting, (name, {}), None, 0.0, None, "grpo")
+                                        for name in ("ratio", "clip_higher", "kl3")])
+
     def bandit_figures(delta):  # a change that only redraws (e.g. the page reopened)
         return views.mass_reallocation(cached)
 
@@ -65,6 +70,7 @@ def main():
                      ("mass reallocation: δ change, 1 of 3 runs", bandit),
                      ("  same, K = 1000 and 200 iterations", large),
                      ("  same, gradient by autograd (baseline)", bandit_with(autograd=True)),
+                     ("mass reallocation: shared setting, 3 runs", bandit_shared),
                      ("mass reallocation: redraw only (4 figures)", bandit_figures)):
         ms, charts = timed(fn, deltas)
         validated, _ = timed(lambda _: [go.Figure(c.figure.to_dict()) for c in charts.values()], deltas[:5])
