@@ -49,10 +49,11 @@ with ui.shown_errors():
     with numbers:
         st.subheader(f"At δ = {delta:g}")
         a, b = st.columns(2)
-        a.metric("l_δ", f"{lower:.6f}", f"ε_low = {eps_lo:.4f}", delta_color="off")
-        b.metric("u_δ", f"{upper:.6f}", f"ε_high = {eps_hi:.4f}", delta_color="off")
+        a.metric("l_δ", f"{lower:.6f}", f"ε_low = {eps_lo:.4f}", delta_color="off", delta_arrow="off")
+        b.metric("u_δ", f"{upper:.6f}", f"ε_high = {eps_hi:.4f}", delta_color="off", delta_arrow="off")
         a.metric("asymmetry ε_high/ε_low", f"{eps_hi / eps_lo:.4f}")
-        b.metric("series to s⁵: l ≈", f"{facts.series[0]:.5f}", f"u ≈ {facts.series[1]:.5f}", delta_color="off")
+        b.metric("series to s⁵: l ≈", f"{facts.series[0]:.5f}", f"u ≈ {facts.series[1]:.5f}", delta_color="off",
+                 delta_arrow="off")
         st.caption(f"In TRL's words: `epsilon={eps_lo:.4f}`, `epsilon_high={eps_hi:.4f}` is the same test. "
                    f"The wrong direction (k3 of π_old/π_θ, GRPO's penalty) would give "
                    f"[{facts.inverse[0]:.4f}, {facts.inverse[1]:.4f}] instead.")
@@ -74,7 +75,7 @@ with ui.shown_errors():
     cols[1].metric("loss with ratio box", f"{check.loss_box:.12f}")
     cols[2].metric("max |Δ loss|", f"{check.max_abs_loss_diff:.1e}")
     cols[3].metric("max |Δ gradient|", f"{check.max_abs_grad_diff:.1e}", f"of max |grad| {check.max_abs_grad:.1e}",
-                   delta_color="off")
+                   delta_color="off", delta_arrow="off")
     if max(check.max_abs_loss_diff, check.max_abs_grad_diff) <= 1e-12:
         st.success("Identical to 1e-12 in float64: the KL3 test is asymmetric ratio clipping.", icon=":material/check:")
     else:

@@ -61,7 +61,8 @@ with ui.shown_errors():
     for col, run in zip(cols, runs):
         final = {k: v[-1] for k, v in run.history.items()}
         col.metric(run.label, f"E[r] = {final['expected_reward']:.3f}",
-                   f"entropy {run.initial_entropy:.2f} → {final['entropy']:.2f}", delta_color="off")
+                   f"entropy {run.initial_entropy:.2f} → {final['entropy']:.2f}", delta_color="off",
+                   delta_arrow="off")
     ui.show_chart(charts["distribution"], "distribution before and after")
     ui.show_chart(charts["mass"], "mass reallocation by initial probability")
     ui.show_chart(charts["history"], "reward entropy and mass over iterations")
