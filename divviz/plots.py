@@ -52,6 +52,11 @@ def _figure(traces: list[dict], layout: dict, shapes: list[dict] = (), annotatio
     return go.Figure({"data": traces, "layout": full}, _validate=False)  # tests/test_plots.py validates them
 
 
+def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """The CSV data of several runs, one block of rows each."""
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
 def _panels(rows: int, cols: int, titles: list[str], gap: float = 0.07) -> tuple[dict, list[list[tuple[str, str]]]]:
     """Axes for a rows × cols grid (like make_subplots, written out): the layout entries and, per panel,
     its (xref, yref) names such as ("x2", "y2")."""
@@ -285,21 +290,15 @@ def history_chart(series: list[tuple[str, dict[str, np.ndarray]]], metrics: tupl
     for xref, _ in refs[0]:
         layout[f"xaxis{xref[1:]}"]["title"] = {"text": x_title}
     layout.update(height=380, title={"text": title})
-    return Chart(_figure(traces, layout), pd.concat(frames, ignore_index=True) if frames else pd.DataFrame())
+    return Chart(_figure(traces, layout), _concat(frames))
 
 
 def mass_shift_chart(runs: list[BanditRun]) -> Chart:
     """Where probability mass went: Σ(π_final − π_0) over actions binned by their π_0."""
-    labels = bin_labels()
-    traces, data = [], {"pi_0 bin": labels}
-    for i, run in enumerate(runs):
-        shift = mass_shift_by_bin(run.probs[0], run.probs[-1])
-        traces.append({"type": "bar", "x": labels, "y": shift, "name": run.label, "marker": {"color": color(i)}})
-        data[run.label] = shift
-    layout = {"height": 400, "barmode": "group",
-              "title": {"text": "Mass reallocation: Σ Δπ over actions, by the probability they started with"},
-              "xaxis": {"title": {"text": "π_0 of the action"}}, "yaxis": {"title": {"text": "Σ (π_final − π_0)"}}}
-    return Chart(_figure(traces, layout, [_hline(0.0, color="grey")]), pd.DataFrame(data))
+    return mass_bins_chart([(run.label, mass_shift_by_bin(run.probs[0], run.probs[-1])) for run in runs],
+                           "Mass reallocation: Σ Δπ over actions, by the probability they started with",
+                           x_title="π_0 of the action", y_title="Σ (π_final − π_0)", bin_column="pi_0 bin",
+                           height=400)
 
 
 CLIP_STATES = {0: ("inside / kept", "#7f7f7f"), 1: ("clipped low (A < 0)", "#1f77b4"),
@@ -309,7 +308,8 @@ CLIP_STATES = {0: ("inside / kept", "#7f7f7f"), 1: ("clipped low (A < 0)", "#1f7
 def token_scatter(runs: list[tuple[str, dict, tuple[np.ndarray, np.ndarray, np.ndarray]]]) -> Chart:
     """Per-token (π_old, ratio) of one step, coloured by clip state, with each measure's boundary l(π_old),
     u(π_old) drawn over it. runs: [(label, tokens, (pi_grid, lower, upper))]."""
-    traces, rows = [], []
+    traces, frames = [], []
+    state_names = np.array([name for name, _ in CLIP_STATES.values()])
     for i, (label, tokens, (grid, lower, upper)) in enumerate(runs):
         for state, (name, colour) in CLIP_STATES.items():
             pick = tokens["state"] == state
@@ -324,38 +324,38 @@ def token_scatter(runs: list[tuple[str, dict, tuple[np.ndarray, np.ndarray, np.n
             traces.append({"type": "scatter", "x": grid, "y": np.where(np.isfinite(values), values, np.nan),
                            "mode": "lines", "name": f"{label}: {edge}(π_old)", "legendgroup": label,
                            "showlegend": edge == "u", "line": {"color": color(i), "width": 2, "dash": "dash"}})
-        rows += [{"run": label, "pi_old": p, "ratio": w, "adv": a, "state": CLIP_STATES[int(s)][0]}
-                 for p, w, a, s in zip(tokens["pi_old"], tokens["ratio"], tokens["adv"], tokens["state"])]
+        frames.append(pd.DataFrame({"run": label, "pi_old": tokens["pi_old"], "ratio": tokens["ratio"],
+                                    "adv": tokens["adv"], "state": state_names[tokens["state"].astype(int)]}))
     layout = {"height": 480, "title": {"text": "Tokens of one step: π_old against the ratio, with each measure's "
                                                "feasible region"},
               "xaxis": {"title": {"text": "π_old of the sampled token"}, "range": [0, 1]},
               "yaxis": {"title": {"text": "ratio w at the last inner step"}}}
-    return Chart(_figure(traces, layout, [_hline(1.0)]), pd.DataFrame(rows))
+    return Chart(_figure(traces, layout, [_hline(1.0)]), _concat(frames))
 
 
-def mass_bins_chart(series: list[tuple[str, np.ndarray]], title: str) -> Chart:
+def mass_bins_chart(series: list[tuple[str, np.ndarray]], title: str, x_title: str = "π_old of the sampled token",
+                    y_title: str = "Δπ per token", bin_column: str = "pi_old bin", height: int = 380) -> Chart:
     """Bars of a per-π_old-bin quantity, one group per run: [(label, values per bin)]."""
     labels = bin_labels()
     traces = [{"type": "bar", "x": labels, "y": values, "name": label, "marker": {"color": color(i)}}
               for i, (label, values) in enumerate(series)]
-    layout = {"height": 380, "barmode": "group", "title": {"text": title},
-              "xaxis": {"title": {"text": "π_old of the sampled token"}},
-              "yaxis": {"title": {"text": "Δπ per token"}}}
-    data = pd.DataFrame({"pi_old bin": labels, **{label: values for label, values in series}})
+    layout = {"height": height, "barmode": "group", "title": {"text": title},
+              "xaxis": {"title": {"text": x_title}}, "yaxis": {"title": {"text": y_title}}}
+    data = pd.DataFrame({bin_column: labels, **{label: values for label, values in series}})
     return Chart(_figure(traces, layout, [_hline(0.0, color="grey")]), data)
 
 
 def probability_shift_scatter(series: list[tuple[str, np.ndarray, np.ndarray]]) -> Chart:
     """π_old against π_new of the same tokens under each objective: above the diagonal, the update raised the
     token. series: [(label, pi_old, pi_new)]."""
-    traces, rows = [], []
+    traces, frames = [], []
     for i, (label, before, after) in enumerate(series):
         traces.append({"type": "scatter", "x": before, "y": after, "mode": "markers", "name": label,
                        "marker": {"color": color(i), "size": 5, "opacity": 0.5}})
-        rows += [{"objective": label, "pi_old": b, "pi_new": a} for b, a in zip(before, after)]
+        frames.append(pd.DataFrame({"objective": label, "pi_old": before, "pi_new": after}))
     traces.append({"type": "scatter", "x": [0, 1], "y": [0, 1], "mode": "lines", "name": "unchanged",
                    "line": {"color": "grey", "dash": "dash"}})
     layout = {"height": 480, "title": {"text": "Each token's probability before and after the update, same batch"},
               "xaxis": {"title": {"text": "π_old"}, "range": [0, 1]},
               "yaxis": {"title": {"text": "π after μ steps"}, "range": [0, 1]}}
-    return Chart(_figure(traces, layout), pd.DataFrame(rows))
+    return Chart(_figure(traces, layout), _concat(frames))
