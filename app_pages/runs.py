@@ -24,9 +24,10 @@ def draw_overview() -> None:
     if not runs:
         st.info("No runs yet. Start one in the Training lab, or run `divviz train` in a terminal.")
         return
+    metrics = {run.name: store.read_metrics(run.folder) for run in runs}
     table = []
     for run in runs:
-        last = (store.read_metrics(run.folder) or [{}])[-1]
+        last = (metrics[run.name] or [{}])[-1]
         table.append({"run": run.name, "state": run.state, "step": f"{run.step}/{run.steps}",
                       "task": run.config.get("task", ""), "objective": views.run_label(run),
                       "reward": last.get("reward"), "accuracy": last.get("accuracy"),
@@ -35,16 +36,12 @@ def draw_overview() -> None:
     names = [run.name for run in runs]
     chosen = st.multiselect("Runs to overlay", names, default=names[:2], key="runs:chosen")
     picked = [run for run in runs if run.name in chosen]
-    data = [(views.run_label(run, unique=True), store.read_metrics(run.folder)) for run in picked]
-    smooth = st.slider("Smoothing: trailing mean over steps", 1, 20, 1, key="runs:smooth")
-    charts = views.training_charts(data, smooth)
-    if charts:
-        export = pd.concat([pd.DataFrame(rows).assign(run=run.name) for run, (_, rows) in zip(picked, data) if rows])
+    data = [(views.run_label(run, unique=True), metrics[run.name]) for run in picked]
+    if any(rows for _, rows in data):
+        export = pd.concat([pd.DataFrame(metrics[run.name]).assign(run=run.name) for run in picked])
         st.download_button("Metrics of these runs (CSV)", export.to_csv(index=False), file_name="divviz_metrics.csv",
                            mime="text/csv", icon=":material/table:", key="runs:csv", on_click="ignore")
-        for name in ("reward", "entropy", "clipping", "kl"):
-            ui.show_chart(charts[name], f"runs {name}")
-        ui.show_chart(views.mass_shift(data), "runs mass reallocation")
+    ui.show_training_charts("runs", data)
     for run in picked:
         with st.expander(f"{run.name}: config and status"):
             st.json({"config": run.config, "status": run.status})

@@ -101,12 +101,7 @@ def draw_runs() -> None:
         st.progress(min(1.0, run.step / max(run.steps, 1)), text=text)
         if run.state in ("failed", "interrupted"):
             st.error(f"{label}: {run.message}", icon=":material/error:")
-    smooth = st.slider("Smoothing: trailing mean over steps", 1, 20, 1, key="lab:smooth")
-    charts = views.training_charts([(label, rows) for label, rows, _ in data], smooth)
-    if charts:
-        for name in ("reward", "entropy", "clipping", "kl"):
-            ui.show_chart(charts[name], f"lab {name}")
-        ui.show_chart(views.mass_shift([(label, rows) for label, rows, _ in data]), "mass reallocation")
+    if ui.show_training_charts(PAGE, [(label, rows) for label, rows, _ in data]):
         last_step = max(len(rows) for _, rows, _ in data)
         step = st.slider("Step for the token scatter", 1, max(last_step, 2), last_step, key="lab:step",
                          disabled=last_step < 2)

@@ -8,6 +8,7 @@ import re
 
 import streamlit as st
 
+from divviz import views
 from divviz.divergences import CATALOGUE, clip_test, penalty
 from divviz.params import DivvizInputError
 from divviz.plots import Chart
@@ -115,6 +116,18 @@ def show_chart(chart: Chart, name: str) -> None:
                          mime="text/html", key=f"html:{slug}", icon=":material/download:", on_click="ignore")
     row.download_button("CSV", chart.data.to_csv(index=False), file_name=f"{slug}.csv", mime="text/csv",
                           key=f"csv:{slug}", icon=":material/table:", on_click="ignore")
+
+
+def show_training_charts(page: str, runs: list[tuple[str, list[dict]]]) -> bool:
+    """The metric curves of runs [(label, metrics rows)] with a smoothing slider, then their mass reallocation
+    by π_old (Training lab and Runs page alike). Returns whether there was anything to draw."""
+    smooth = st.slider("Smoothing: trailing mean over steps", 1, 20, 1, key=key(page, "smooth"))
+    charts = views.training_charts(runs, smooth)
+    for name, chart in charts.items():
+        show_chart(chart, f"{page} {name}")
+    if charts:
+        show_chart(views.mass_shift(runs), f"{page} mass reallocation")
+    return bool(charts)
 
 
 @contextlib.contextmanager

@@ -123,7 +123,6 @@ TRAINING_PANELS = {
     "entropy": ("entropy", "top1_mass"),
     "clipping": ("clip_ratio/low_mean", "clip_ratio/high_mean"),
     "kl": ("kl/k1", "kl/k2", "kl/k3"),
-    "mass": ("mass_to_argmax", "tokens_per_s"),
 }
 
 
@@ -148,8 +147,7 @@ def training_charts(runs: list[tuple[str, list[dict]]], smooth: int = 1) -> dict
         return {}
     titles = {"reward": "Reward and accuracy", "entropy": "Entropy of the sampling distribution and top-1 mass",
               "clipping": "Clip fractions (TRL: clip_ratio/low_mean, high_mean)",
-              "kl": "KL of each update, new vs old (k1, k2, k3 of w = π_new/π_old)",
-              "mass": "Share of the mass gained that went to tokens that were already the argmax; speed"}
+              "kl": "KL of each update, new vs old (k1, k2, k3 of w = π_new/π_old)"}
     return {name: plots.history_chart(series, metrics, "step", titles[name]) for name, metrics in TRAINING_PANELS.items()}
 
 
@@ -166,9 +164,8 @@ def mass_shift(runs: list[tuple[str, list[dict]]], last: int = 10) -> plots.Char
 
 def token_scatter(runs: list[tuple[str, dict, dict]]) -> plots.Chart:
     """runs: [(label, run config dict, tokens of one step)] → scatter with each run's clip boundary."""
-    drawn = []
+    drawn, grid = [], np.linspace(0.005, 1.0, 200)
     for label, config, tokens in runs:
-        grid = np.linspace(0.005, 1.0, 200)
         if config.get("clip"):
             lower, upper = clip_test(config["clip"], **config.get("clip_params", {})).bounds(grid)
             lower, upper = np.broadcast_to(lower, grid.shape), np.broadcast_to(upper, grid.shape)
