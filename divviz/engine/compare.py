@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from divviz.engine.config import RunConfig
-from divviz.engine.grpo import Trainer, _policy_metrics, make_batch, make_trainer, update
+from divviz.engine.grpo import Trainer, update_metrics, make_batch, make_trainer, update
 from divviz.engine.rollout import Rollout, completion_logits
 from divviz.losses import Objective
 
@@ -63,7 +63,7 @@ def same_batch(cfg: RunConfig, objectives: list[tuple[str, Objective]], step: in
         tr.optimiser = torch.optim.AdamW(tr.model.parameters(), lr=cfg.lr, weight_decay=0.0)
         out, _, fractions, _ = update(tr, batch, objective, logp_old if cfg.mu > 1 else None, logp_old, step)
         logp_after, entropy_after = measure(tr.model)
-        metrics = {**fractions, **_policy_metrics(batch.rollout, logp_old, logp_after, None),
+        metrics = {**fractions, **update_metrics(batch.rollout, logp_old, logp_after, None),
                    "entropy_change": float(((entropy_after - entropy_before) * mask).sum() / mask.sum()),
                    "masked_share": float(out.grad_masked[active].float().mean())}
         state = out.clipped_low.long() + 2 * out.clipped_high.long() + 3 * out.dual_clipped.long()

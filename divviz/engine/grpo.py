@@ -165,7 +165,7 @@ def grpo_step(tr: Trainer, step: int) -> StepResult:
         "accuracy": float(np.mean(batch.correct)),
         "completions/mean_length": float(rollout.completion_mask.sum(1).mean()),
         **fractions,
-        **_policy_metrics(seen, logp_old[rows], logp_after, None if logp_ref is None else logp_ref[rows]),
+        **update_metrics(seen, logp_old[rows], logp_after, None if logp_ref is None else logp_ref[rows]),
         "entropy": _masked_mean(rollout.entropy, rollout.completion_mask),  # over every completion
         "top1_mass": _masked_mean(rollout.top1, rollout.completion_mask),
         "loss": float(out.loss.detach()),
@@ -182,7 +182,7 @@ def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
     return float((x * mask).sum() / mask.sum().clamp(min=1))
 
 
-def _policy_metrics(rollout: Rollout, logp_old, logp_after, logp_ref) -> dict[str, float]:
+def update_metrics(rollout: Rollout, logp_old, logp_after, logp_ref) -> dict[str, float]:
     """Entropy, top-1 mass, KL of the update (k1/k2/k3 of w = π_after/π_old) and to the reference (GRPO's
     direction, r = π_ref/π), and where probability mass moved, binned by π_old."""
     mask = rollout.completion_mask

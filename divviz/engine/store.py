@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -205,8 +206,6 @@ def list_runs(root: Path) -> list[RunInfo]:
 
 def delete_run(folder: Path) -> None:
     """Remove a finished run's folder; a running one is refused."""
-    import shutil
-
     if read_status(folder).get("state") == "running":
         raise DivvizInputError(f"run '{folder.name}' is still running; stop it before deleting it")
     shutil.rmtree(folder)
