@@ -183,13 +183,11 @@ def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
 
 
 def update_metrics(rollout: Rollout, logp_old, logp_after, logp_ref) -> dict[str, float]:
-    """Entropy, top-1 mass, KL of the update (k1/k2/k3 of w = π_after/π_old) and to the reference (GRPO's
-    direction, r = π_ref/π), and where probability mass moved, binned by π_old."""
+    """KL of the update (k1/k2/k3 of w = π_after/π_old) and to the reference (GRPO's direction,
+    r = π_ref/π), and where probability mass moved, binned by π_old."""
     mask = rollout.completion_mask
     log_ratio = (logp_after - logp_old) * mask
     metrics = {
-        "entropy": _masked_mean(rollout.entropy, mask),
-        "top1_mass": _masked_mean(rollout.top1, mask),
         "kl/k1": _masked_mean(k1(log_ratio), mask),
         "kl/k2": _masked_mean(k2(log_ratio), mask),
         "kl/k3": _masked_mean(k3(log_ratio), mask),
