@@ -28,8 +28,8 @@ REWARD_LABELS = {"one_correct": "one correct action (at a rank)", "top_k": "the 
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
-def simulate(cfg: dict, clip: tuple, penalty: tuple | None, beta: float, c: float | None, aggregation: str):
-    return views.bandit_run(cfg, clip, penalty, beta, c, aggregation)
+def simulate(cfg: dict, clips: list, penalty: tuple | None, beta: float, c: float | None, aggregation: str):
+    return views.bandit_runs(cfg, clips, penalty, beta, c, aggregation)
 
 
 st.title("Mass reallocation")
@@ -54,7 +54,7 @@ with ui.shown_errors():
 
     specs = [(t.name, t.params) for t in tests] or [None]
     with st.spinner("Training the bandit…"):
-        runs = [simulate(cfg, spec, (pen.name, pen.params) if pen else None, beta, c, aggregation) for spec in specs]
+        runs = simulate(cfg, specs, (pen.name, pen.params) if pen else None, beta, c, aggregation)
     charts = views.mass_reallocation(runs)
 
     cols = st.columns(len(runs))

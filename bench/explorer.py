@@ -3,9 +3,10 @@
 Target (issue: explorer pages): under 50 ms per change, on the machine it runs on. Each page is timed
 as the app runs it — `divviz.views` computes with the training loss and builds the figures — with a
 different control value each repetition so that nothing is served from a cache. The named baselines:
-the same figures passed through plotly's validating constructor, which the app skips (`plots._figure`),
-and, for the bandit, its step taken by autograd through `policy_loss` instead of the loss's closed-form
-gradient (`losses.policy_loss_gradient`; both give the same run, tests/test_bandit.py).
+the same figures passed through plotly's validating constructor, which the app skips (`plots._figure`);
+for the bandit, its runs stepped one at a time instead of side by side as one (R, K) array
+(`bandit.run_bandits`), and its step taken by autograd through `policy_loss` instead of the loss's
+closed-form gradient (`losses.PolicyLossGradient`); all give the same runs (tests/test_bandit.py).
 
     python bench/explorer.py [--repeats N]
 """
@@ -46,18 +47,16 @@ def main():
         return views.kl3_equivalence(delta, 0.2, 0.2, 0.28, seed=0)[1]
 
     cfg = BanditConfig().to_dict()
-    cached = [views.bandit_run(cfg, (name, {}), None, 0.0, None, "grpo") for name in ("ratio", "clip_higher")]
+    measures = lambda delta: [("ratio", {}), ("clip_higher", {}), ("kl3", {"delta": delta})]  # noqa: E731
 
-    def bandit_with(**changes):  # the page caches each run; a δ change re-trains the KL3 run only
+    def bandit_with(runs=views.bandit_runs, **changes):  # any control change re-trains the page's three runs
         setting = {**cfg, **changes}
-        others = [views.bandit_run(setting, (name, {}), None, 0.0, None, "grpo") for name in ("ratio", "clip_higher")]
-        return lambda delta: views.mass_reallocation(
-            [*others, views.bandit_run(setting, ("kl3", {"delta": delta}), None, 0.0, None, "grpo")])
+        return lambda delta: views.mass_reallocation(runs(setting, measures(delta), None, 0.0, None, "grpo"))
 
-    def bandit_shared(delta):  # a setting every run shares (here the seed): all three runs re-train
-        setting = {**cfg, "seed": round(delta * 1000)}
-        return views.mass_reallocation([views.bandit_run(setting, (name, {}), None, 0.0, None, "grpo")
-                                        for name in ("ratio", "clip_higher", "kl3")])
+    def one_at_a_time(setting, clips, *rest):  # baseline: the same runs, each stepped alone
+        return [views.bandit_runs(setting, [clip], *rest)[0] for clip in clips]
+
+    cached = views.bandit_runs(cfg, measures(0.05), None, 0.0, None, "grpo")
 
     def bandit_figures(delta):  # a change that only redraws (e.g. the page reopened)
         return views.mass_reallocation(cached)
@@ -67,10 +66,10 @@ def main():
     regions(0.05), kl3(0.05), bandit(0.05)  # warm-up: imports, first SciPy call
     print(f"{'page (one control change)':<44} {'median ms':>10} {'/ 50 ms':>8} {'validated-plotly ms':>20}")
     for name, fn in (("clipping regions (3 tests, 5 figures)", regions), ("KL3 ⇔ asymmetric clipping (2 figures)", kl3),
-                     ("mass reallocation: δ change, 1 of 3 runs", bandit),
+                     ("mass reallocation: 3 runs re-trained", bandit),
                      ("  same, K = 1000 and 200 iterations", large),
+                     ("  same, runs stepped one at a time (baseline)", bandit_with(runs=one_at_a_time, k=1000, iterations=200)),
                      ("  same, gradient by autograd (baseline)", bandit_with(autograd=True)),
-                     ("mass reallocation: shared setting, 3 runs", bandit_shared),
                      ("mass reallocation: redraw only (4 figures)", bandit_figures)):
         ms, charts = timed(fn, deltas)
         validated, _ = timed(lambda _: [go.Figure(c.figure.to_dict()) for c in charts.values()], deltas[:5])

@@ -13,22 +13,22 @@ Plain SGD keeps the picture honest: the step is the loss's gradient, not an opti
 Penalties use the start policy π_0 as the reference.
 
 The step's gradient is the chain rule through the softmax, ∂/∂θ Σ_i g_i log π(a_i) = Σ_i g_i (e_{a_i} − π),
-with g = ∂loss/∂log π(a_i) from `policy_loss_gradient`, the loss's closed-form gradient: 0.05–0.08 ms a
-step on a 2-core CPU (200 iterations × μ = 4 at K = 1000: ~60 ms). With `autograd` the same step goes
-through `policy_loss` and torch autograd, as training does (0.6–1 ms a step); tests/test_bandit.py checks
-that both give the same run.
+with g = ∂loss/∂log π(a_i) from `PolicyLossGradient`, the loss's closed-form gradient. Several objectives
+run side by side as one (R, K) array of logits (`run_bandits`), so a step of all the page's runs costs
+about what one run's step does: on a 2-core CPU, three runs of 200 iterations × μ = 4 at K = 1000 take
+~90 ms, one at a time ~200 ms (bench/explorer.py). With `autograd` the same step goes through
+`policy_loss` and torch autograd, as training does (about 10× slower); tests/test_bandit.py checks that
+all give the same runs.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
 
-from divviz.losses import (LossGradient, LossOutput, Objective, aggregation_weights, group_advantages,
-                           policy_loss_gradient)
+from divviz.losses import Objective, PolicyLossGradient, aggregation_weights, group_advantages
 from divviz.params import DivvizInputError, Param, check_params
 
 INIT_SHAPES = ("zipf", "uniform", "random")
@@ -128,101 +128,142 @@ class BanditRun:
 
 
 def softmax(theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(log π, π) with log π = θ − logsumexp(θ), shifted by max θ so that nothing overflows."""
-    shifted = theta - theta.max()
+    """(log π, π) over the last axis: log π = θ − logsumexp(θ), shifted by max θ so that nothing overflows."""
+    shifted = theta - theta.max(axis=-1, keepdims=True)
     e = np.exp(shifted)
-    z = e.sum()
-    return shifted - math.log(z), e / z
+    z = e.sum(axis=-1, keepdims=True)
+    return shifted - np.log(z), e / z
 
 
 @dataclass
 class Batch:
-    """One iteration's samples: actions (n,); advantages (n,); log-probs under π_old and π_0, the mask and
-    the aggregation's weights ∂loss/∂ℓ_i, all (n, 1): each action is a one-token completion."""
+    """One iteration's samples for R runs stepped together: actions (R, n) and their indices into θ.ravel(),
+    (R, n, 1); advantages (R, n); log-probs under π_old and π_0, (R, n, 1) (each action is a one-token
+    completion); the mask (n, 1); the runs' loss gradient, prepared for these samples."""
 
     actions: np.ndarray
+    flat_actions: np.ndarray
     adv: np.ndarray
     logp_old: np.ndarray
     logp_ref: np.ndarray
     mask: np.ndarray
-    weights: np.ndarray
+    gradient: PolicyLossGradient
 
 
-def closed_form_step(objective: Objective, theta: np.ndarray, batch: Batch) -> tuple[np.ndarray, LossGradient]:
-    """∂loss/∂θ = Σ_i g_i (e_{a_i} − π) with g = `policy_loss_gradient`; also the clip flags.
+def closed_form_step(objectives: list[Objective], theta: np.ndarray, batch: Batch,
+                     lr: float) -> tuple[np.ndarray, np.ndarray]:
+    """One SGD step of every run, in place on θ (R, K): θ_r ← θ_r − lr·Σ_i g_ri (e_{a_ri} − π_r), with g =
+    `batch.gradient` at log π_r(a_ri). Returns TRL's clip flags (low, high), (R, n, 1).
 
-    Written for speed at K = 1000: log π is formed only at the sampled actions, π = e^{θ − max θ}/z."""
-    shifted = theta - theta.max()
-    e = np.exp(shifted)
-    z = e.sum()
-    logp = shifted[batch.actions, None] - math.log(z)
-    out = policy_loss_gradient(logp, batch.logp_old, batch.adv, batch.weights, objective, batch.logp_ref)
-    g = out.grad[:, 0]
-    return np.bincount(batch.actions, weights=g, minlength=theta.size) - (g.sum() / z) * e, out
+    Written for speed at K = 1000: four (R, K)-sized operations and no max-shift. `run_bandits` sets
+    θ = log π at each iteration's start, so e^θ ≤ 1 there; if θ has risen out of exp's range since, it is
+    shifted back (softmax does not change)."""
+    e = np.exp(theta)
+    z = e.sum(axis=1)
+    if z.max() > 1e100:
+        theta -= theta.max(axis=1, keepdims=True)
+        e = np.exp(theta)
+        z = e.sum(axis=1)
+    out = batch.gradient(theta.reshape(-1)[batch.flat_actions] - np.log(z)[:, None, None])
+    g = lr * out.grad
+    e *= (g.sum(axis=(1, 2)) / z)[:, None]
+    theta += e
+    np.subtract.at(theta.reshape(-1), batch.flat_actions, g)
+    return out.clipped_low, out.clipped_high
 
 
-def autograd_step(objective: Objective, theta: np.ndarray, batch: Batch) -> tuple[np.ndarray, LossOutput]:
-    """∂loss/∂θ by torch autograd through log-softmax and `policy_loss`, as in training."""
-    theta_t = torch.from_numpy(theta).requires_grad_()
-    logp_new = torch.log_softmax(theta_t, dim=-1)[torch.from_numpy(batch.actions)].unsqueeze(1)
-    old, ref, adv, mask = (torch.from_numpy(x) for x in (batch.logp_old, batch.logp_ref, batch.adv, batch.mask))
-    out = objective(logp_new, old, adv, mask, logp_ref=ref)
-    (grad,) = torch.autograd.grad(out.loss, theta_t)
-    return grad.numpy(), out
+def autograd_step(objectives: list[Objective], theta: np.ndarray, batch: Batch,
+                  lr: float) -> tuple[np.ndarray, np.ndarray]:
+    """The same step with ∂loss/∂θ by torch autograd through log-softmax and `policy_loss`, as in training,
+    one run at a time."""
+    outs = []
+    for r, objective in enumerate(objectives):
+        theta_t = torch.from_numpy(theta[r].copy()).requires_grad_()
+        logp_new = torch.log_softmax(theta_t, dim=-1)[torch.from_numpy(batch.actions[r])].unsqueeze(1)
+        old, ref, adv = (torch.from_numpy(x[r]) for x in (batch.logp_old, batch.logp_ref, batch.adv))
+        out = objective(logp_new, old, adv, torch.from_numpy(batch.mask), logp_ref=ref)
+        (grad,) = torch.autograd.grad(out.loss, theta_t)
+        theta[r] -= lr * grad.numpy()
+        outs.append(out)
+    return tuple(np.stack([getattr(out, flag).numpy() for out in outs]) for flag in ("clipped_low", "clipped_high"))
 
 
-def sample_batch(cfg: BanditConfig, rng: np.random.Generator, logp_old: np.ndarray, p_old: np.ndarray,
-                 logp_ref: np.ndarray, rewards: np.ndarray, mask: np.ndarray,
-                 weights: np.ndarray) -> tuple[Batch, np.ndarray]:
-    """`groups` × G actions from π_old (inverse CDF) with their group-relative advantages; also the rewards.
-    `mask` and the aggregation's `weights` are the same every iteration."""
-    n = cfg.groups * cfg.group_size
-    cdf = np.cumsum(p_old)
-    actions = np.minimum(np.searchsorted(cdf, rng.random(n) * cdf[-1], side="right"), cfg.k - 1)
+def sample_batch(cfg: BanditConfig, rng: np.random.Generator, gradient: PolicyLossGradient, logp_old: np.ndarray,
+                 p_old: np.ndarray, logp_ref: np.ndarray, rewards: np.ndarray, mask: np.ndarray) -> tuple[Batch, np.ndarray]:
+    """`groups` × G actions from each run's π_old (R, K) by inverse CDF, with their group-relative advantages;
+    also the rewards (R, n). Every run uses the same uniform numbers, so that each run samples exactly what
+    it would alone with this seed. The runs' `gradient` is set to this batch."""
+    runs, n = len(p_old), cfg.groups * cfg.group_size
+    u = rng.random(n)
+    actions = np.array([np.searchsorted(cdf, u * cdf[-1], side="right") for cdf in map(np.cumsum, p_old)])
+    np.minimum(actions, cfg.k - 1, out=actions)
+    flat_actions = (actions + cfg.k * np.arange(runs)[:, None])[..., None]
     r = rewards[actions]
-    adv = group_advantages(r.reshape(cfg.groups, cfg.group_size), cfg.scale_rewards)
-    return Batch(actions, adv.reshape(n), logp_old[actions, None], logp_ref[actions, None], mask, weights), r
+    adv = group_advantages(r.reshape(runs * cfg.groups, cfg.group_size), cfg.scale_rewards).reshape(runs, n)
+    old, ref = logp_old.reshape(-1)[flat_actions], logp_ref[actions][..., None]
+    return Batch(actions, flat_actions, adv, old, ref, mask, gradient.batch(old, adv, ref)), r
+
+
+def run_bandits(cfg: BanditConfig, objectives: list[Objective]) -> list[BanditRun]:
+    """Run `cfg.iterations` GRPO iterations of each objective from π_0, with the sampling seed `cfg.seed`.
+
+    The runs step together as one (R, K) array of logits, which is several times faster than one by one;
+    each run is exactly what it would be alone (`run_bandit`): runs side by side share their random
+    numbers, the same seed giving the same draws."""
+    runs = len(objectives)
+    rng = np.random.default_rng(cfg.seed)
+    step = autograd_step if cfg.autograd else closed_form_step
+    logp_ref, p_ref = softmax(initial_logits(cfg))
+    rewards = reward_vector(cfg)
+    mask = np.ones((cfg.groups * cfg.group_size, 1))  # each action is a one-token completion
+    gradient = PolicyLossGradient(objectives, np.stack([aggregation_weights(mask, o.aggregation) for o in objectives]))
+
+    logps, probs = np.empty((cfg.iterations + 1, runs, cfg.k)), np.empty((cfg.iterations + 1, runs, cfg.k))
+    logps[0], probs[0] = logp_ref, p_ref
+    sampled_rewards = np.empty((cfg.iterations, runs, cfg.groups * cfg.group_size))
+    clipped_low, clipped_high = np.zeros((runs, cfg.iterations)), np.zeros((runs, cfg.iterations))
+    for it in range(cfg.iterations):
+        batch, sampled_rewards[it] = sample_batch(cfg, rng, gradient, logps[it], probs[it], logp_ref, rewards, mask)
+        theta = logps[it].copy()
+        low_count, high_count = np.zeros(batch.logp_old.shape, dtype=int), np.zeros(batch.logp_old.shape, dtype=int)
+        with np.errstate(over="ignore", invalid="ignore"):  # a step that overflows is caught just below
+            for _ in range(cfg.mu):
+                low, high = step(objectives, theta, batch, cfg.lr)
+                low_count += low
+                high_count += high
+        clipped_low[:, it], clipped_high[:, it] = low_count.sum(axis=(1, 2)), high_count.sum(axis=(1, 2))
+        finite = np.isfinite(theta.sum(axis=1))  # a NaN or ±inf anywhere makes its run's sum one
+        if not finite.all():
+            label = objectives[int(np.argmin(finite))].label
+            raise DivvizInputError(f"bandit diverged to NaN/inf at iteration {it + 1} ({label}); "
+                                   f"lower lr (now {cfg.lr:g})")
+        logps[it + 1], probs[it + 1] = softmax(theta)
+    sampled_reward, tokens = sampled_rewards.mean(axis=2).T, cfg.mu * sampled_rewards.shape[2]
+    return [BanditRun(o.label, np.ascontiguousarray(probs[:, i]), rewards,
+                      history(logps[:, i], probs[:, i], rewards, sampled_reward[i], clipped_low[i], clipped_high[i], tokens))
+            for i, o in enumerate(objectives)]
 
 
 def run_bandit(cfg: BanditConfig, objective: Objective) -> BanditRun:
-    """Run `cfg.iterations` GRPO iterations of `objective` from π_0 with the sampling seed `cfg.seed`."""
-    rng = np.random.default_rng(cfg.seed)
-    step = autograd_step if cfg.autograd else closed_form_step
-    theta = initial_logits(cfg)
-    logp_ref, p_new = softmax(theta)
-    rewards = reward_vector(cfg)
-    initial_top = np.argsort(-logp_ref, kind="stable")[: max(1, cfg.k // 10)]
-    mask = np.ones((cfg.groups * cfg.group_size, 1))  # each action is a one-token completion
-    weights = aggregation_weights(mask, objective.aggregation)
+    """One objective's run (`run_bandits` with one objective)."""
+    return run_bandits(cfg, [objective])[0]
 
-    probs = np.empty((cfg.iterations + 1, cfg.k))
-    probs[0] = p_new
-    keys = ("reward", "entropy", "top1_mass", "initial_top_mass", "kl", "clip_ratio/low_mean",
-            "clip_ratio/high_mean", "clip_ratio/region_mean", "expected_reward")
-    history = {key: np.zeros(cfg.iterations) for key in keys}
-    logp_new = logp_ref
-    for it in range(cfg.iterations):
-        logp_old, p_old = logp_new, p_new
-        batch, r = sample_batch(cfg, rng, logp_old, p_old, logp_ref, rewards, mask, weights)
-        low = high = 0
-        with np.errstate(over="ignore", invalid="ignore"):  # a step that overflows is caught just below
-            for _ in range(cfg.mu):
-                grad, out = step(objective, theta, batch)
-                theta = theta - cfg.lr * grad
-                low += np.count_nonzero(out.clipped_low)
-                high += np.count_nonzero(out.clipped_high)
-        if not np.isfinite(theta).all():
-            raise DivvizInputError(f"bandit diverged to NaN/inf at iteration {it + 1}; lower lr (now {cfg.lr:g})")
-        logp_new, p_new = softmax(theta)
-        probs[it + 1] = p_new
-        tokens = cfg.mu * r.size
-        history["reward"][it] = r.mean()
-        history["entropy"][it] = -(p_new * logp_new).sum()
-        history["top1_mass"][it] = p_new.max()
-        history["initial_top_mass"][it] = p_new[initial_top].sum()
-        history["kl"][it] = p_old @ (logp_old - logp_new)
-        history["expected_reward"][it] = p_new @ rewards
-        history["clip_ratio/low_mean"][it] = low / tokens
-        history["clip_ratio/high_mean"][it] = high / tokens
-        history["clip_ratio/region_mean"][it] = (low + high) / tokens
-    return BanditRun(objective.label, probs, rewards, history)
+
+def history(logps: np.ndarray, probs: np.ndarray, rewards: np.ndarray, sampled_reward: np.ndarray,
+            clipped_low: np.ndarray, clipped_high: np.ndarray, tokens: int) -> dict[str, np.ndarray]:
+    """Per-iteration metrics of a run from its distributions π_0 … π_T (rows of `logps`/`probs`): exact
+    entropy, top-1 mass, mass on the initially likely actions (the top tenth: actions are ranked by π_0),
+    exact KL(π_old‖π_new) of each update, expected reward; TRL's clip fractions from the clip counts over
+    `tokens` = μ × samples per iteration; `reward`, the sampled actions' mean reward."""
+    new, old = probs[1:], probs[:-1]
+    return {
+        "reward": sampled_reward,
+        "entropy": -(new * logps[1:]).sum(axis=1),
+        "top1_mass": new.max(axis=1),
+        "initial_top_mass": new[:, : max(1, probs.shape[1] // 10)].sum(axis=1),
+        "kl": (old * (logps[:-1] - logps[1:])).sum(axis=1),
+        "expected_reward": new @ rewards,
+        "clip_ratio/low_mean": clipped_low / tokens,
+        "clip_ratio/high_mean": clipped_high / tokens,
+        "clip_ratio/region_mean": (clipped_low + clipped_high) / tokens,
+    }

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from divviz import explore, plots, theory
-from divviz.bandit import BanditConfig, BanditRun, run_bandit
+from divviz.bandit import BanditConfig, BanditRun, run_bandits
 from divviz.divergences import ClipTest, clip_test, penalty
 from divviz.engine.config import RunConfig
 from divviz.estimators import k3
@@ -91,13 +91,14 @@ def matching_table(facts: KL3Facts, eps: float, eps_low: float, eps_high: float)
     return pd.DataFrame(rows)
 
 
-def bandit_run(cfg: dict, clip: tuple[str, dict] | None, penalty_spec: tuple[str, dict] | None, beta: float,
-               dual_clip_c: float | None, aggregation: str) -> BanditRun:
-    """One bandit run from plain values (hashable for the page's cache)."""
-    objective = Objective(clip=clip_test(clip[0], **clip[1]) if clip else None,
-                          penalty=penalty(penalty_spec[0], **penalty_spec[1]) if penalty_spec else None,
-                          beta=beta, dual_clip_c=dual_clip_c, aggregation=aggregation)
-    return run_bandit(BanditConfig.make(**cfg), objective)
+def bandit_runs(cfg: dict, clips: list[tuple[str, dict] | None], penalty_spec: tuple[str, dict] | None, beta: float,
+                dual_clip_c: float | None, aggregation: str) -> list[BanditRun]:
+    """One bandit run per clip test (None: no clip), all with the same penalty, β, dual-clip and aggregation,
+    trained side by side (`run_bandits`), from plain values (hashable for the page's cache)."""
+    pen = penalty(penalty_spec[0], **penalty_spec[1]) if penalty_spec else None
+    objectives = [Objective(clip=clip_test(clip[0], **clip[1]) if clip else None, penalty=pen, beta=beta,
+                            dual_clip_c=dual_clip_c, aggregation=aggregation) for clip in clips]
+    return run_bandits(BanditConfig.make(**cfg), objectives)
 
 
 def mass_reallocation(runs: list[BanditRun]) -> dict[str, plots.Chart]:

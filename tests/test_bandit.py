@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from divviz.bandit import BANDIT_PARAMS, BanditConfig, run_bandit
+from divviz.bandit import BANDIT_PARAMS, BanditConfig, run_bandit, run_bandits
 from divviz.divergences import clip_test, penalty
 from divviz.losses import Objective, group_advantages
 from divviz.metrics import PI_OLD_BINS, mass_shift_by_bin
@@ -72,6 +72,24 @@ def test_closed_form_run_equals_autograd_run(objective):
         assert fast.history["clip_ratio/region_mean"].max() > 0
 
 
+@pytest.mark.parametrize("autograd", [False, True])
+def test_runs_side_by_side_are_each_run_alone(autograd):
+    """`run_bandits` steps several objectives as one (R, K) array: each run is what it would be alone, to the
+    last bits (same samples, same clip counts); a run's label says which one diverged."""
+    objectives = [Objective(clip=clip_test("kl3", delta=0.02)), Objective(),
+                  Objective(clip=clip_test("prob_tv", delta=0.05), dual_clip_c=1.2, aggregation="dr_grpo"),
+                  Objective(clip=clip_test("clip_higher"), penalty=penalty("k3", importance_weight=True), beta=0.2)]
+    cfg = BanditConfig.make(**SMALL, reward="graded", lr=4.0, autograd=autograd)
+    together = run_bandits(cfg, objectives)
+    for objective, run in zip(objectives, together):
+        alone = run_bandit(cfg, objective)
+        assert run.label == alone.label
+        assert np.abs(run.probs - alone.probs).max() < 1e-14
+        for key in run.history:
+            assert np.allclose(run.history[key], alone.history[key], rtol=0, atol=1e-14), key
+    assert together[0].history["reward"][0] == together[1].history["reward"][0]  # the same first samples
+
+
 def test_reproducible_and_exact_bookkeeping():
     cfg = BanditConfig.make(**SMALL)
     objective = Objective(clip=clip_test("kl3"))
@@ -117,8 +135,10 @@ def test_a_diverging_run_stops_with_a_clear_message():
     cfg = BanditConfig.make(lr=100, mu=16, iterations=50, k=1000, sharpness=3)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # and no numpy overflow warnings on the way
-        with pytest.raises(DivvizInputError, match=r"bandit diverged to NaN/inf at iteration 2; lower lr \(now 100\)"):
-            run_bandit(cfg, Objective(penalty=penalty("k3"), beta=1.0))
+        with pytest.raises(DivvizInputError, match=r"bandit diverged to NaN/inf at iteration 1 \(no clip \+ 1·k3\); "
+                                                   r"lower lr \(now 100\)"):
+            run_bandits(cfg, [Objective(clip=clip_test("ratio")),
+                              Objective(penalty=penalty("k3"), beta=1.0)])
 
 
 def test_mass_shift_by_bin_conserves_mass():

@@ -3,12 +3,13 @@
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
 from divviz import divergences as dv
 from divviz.explore import random_token_batch
-from divviz.losses import Objective, aggregation_weights, policy_loss, policy_loss_gradient
+from divviz.losses import Objective, PolicyLossGradient, aggregation_weights, policy_loss
 from divviz.theory import kl3_bounds
 
 F64 = torch.float64
@@ -149,19 +150,43 @@ OBJECTIVES = [*[Objective(clip=dv.clip_test(name)) for name in dv.CLIP_TESTS],
 @pytest.mark.parametrize("dual_clip_c", [None, 1.5])
 @pytest.mark.parametrize("aggregation", ["grpo", "bnpo", "dr_grpo", "dapo"])
 def test_closed_form_gradient_equals_autograd(objective, dual_clip_c, aggregation):
-    """`policy_loss_gradient` (the bandit's fast step) against autograd through `policy_loss`."""
+    """`PolicyLossGradient` (the bandit's fast step) against autograd through `policy_loss`. It is set to a
+    batch and called at each inner step, so it is first set to another batch and called there."""
     objective = Objective(objective.clip, objective.penalty, objective.beta, dual_clip_c, aggregation)
     logp_new, logp_old, adv, mask, logp_ref = random_batch(11, spread=1.0)
     out = objective(logp_new, logp_old, adv, mask, logp_ref=logp_ref)
-    new, old, a, m, ref = (x.detach().numpy() for x in (logp_new, logp_old, adv, mask, logp_ref))
-    fast = policy_loss_gradient(new, old, a, aggregation_weights(m, aggregation), objective, ref)
-    assert abs(fast.grad - grads(out, logp_new).numpy()).max() < 1e-12
-    assert (fast.clipped_low == out.clipped_low.numpy()).all()
-    assert (fast.clipped_high == out.clipped_high.numpy()).all()
+    new, old, a, m, ref = (x.detach().numpy()[None] for x in (logp_new, logp_old, adv, mask, logp_ref))
+    gradient = PolicyLossGradient([objective], aggregation_weights(m[0], aggregation)[None])
+    gradient.batch(old - 0.3, -a, ref)(old)
+    fast = gradient.batch(old, a, ref)(new)
+    assert abs(fast.grad[0] - grads(out, logp_new).numpy()).max() < 1e-12
+    assert (fast.clipped_low[0] == out.clipped_low.numpy()).all()
+    assert (fast.clipped_high[0] == out.clipped_high.numpy()).all()
     if objective.clip is not None:
         assert out.clipped_region.any()
     if dual_clip_c is not None:
         assert out.dual_clipped.any()
+
+
+def test_stacked_closed_form_gradient_equals_each_alone():
+    """R objectives in one `PolicyLossGradient` (the bandit's runs side by side): row r is objectives[r] alone,
+    with mixed clip tests (and none), penalties, dual-clip and aggregations; and with one shared penalty."""
+    mixed = [Objective(o.clip, o.penalty, o.beta, c, agg)
+             for o, c, agg in zip(OBJECTIVES, [None, 1.5] * 20, ["grpo", "bnpo", "dr_grpo", "dapo"] * 10)]
+    shared = [Objective(dv.clip_test(name), dv.penalty("k3"), 0.3, 2.0, agg)
+              for name, agg in zip(dv.CLIP_TESTS, ["grpo", "dr_grpo", "bnpo"] * 10)]
+    logp_new, logp_old, adv, mask, logp_ref = (x.detach().numpy() for x in random_batch(5, spread=1.0))
+    for objectives in (mixed, shared):
+        runs = len(objectives)
+        weights = np.stack([aggregation_weights(mask, o.aggregation) for o in objectives])
+        rows = [np.stack([x] * runs) for x in (logp_new, logp_old, adv, logp_ref)]
+        rows[0] = rows[0] + 0.1 * np.arange(runs)[:, None, None]  # a different point per run
+        stacked = PolicyLossGradient(objectives, weights).batch(rows[1], rows[2], rows[3])(rows[0])
+        for r, objective in enumerate(objectives):
+            alone = PolicyLossGradient([objective], weights[r:r + 1]).batch(*(x[r:r + 1] for x in rows[1:]))(rows[0][r:r + 1])
+            assert np.array_equal(stacked.grad[r], alone.grad[0]), objective.label
+            assert np.array_equal(stacked.clipped_low[r], alone.clipped_low[0])
+            assert np.array_equal(stacked.clipped_high[r], alone.clipped_high[0])
 
 
 @pytest.mark.parametrize("name", ["fkl", "rkl", "ufkl", "urkl"])

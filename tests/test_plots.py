@@ -3,7 +3,6 @@ the table it was drawn from."""
 
 import numpy as np
 import plotly.graph_objects as go
-import pytest
 
 from divviz import views
 from divviz.bandit import BanditConfig
@@ -38,11 +37,11 @@ def test_kl3_page_figures_and_table():
     assert facts.check.max_abs_grad_diff <= 1e-12
 
 
-@pytest.mark.parametrize("clip", [("kl3", {"delta": 0.05}), None])
-def test_bandit_figures(clip):
-    run = views.bandit_run(BanditConfig.make(k=30, iterations=10).to_dict(), clip, ("k3", {"importance_weight": False}),
-                           0.1, 3.0, "dr_grpo")
-    for chart in views.mass_reallocation([run, run]).values():
+def test_bandit_figures():
+    runs = views.bandit_runs(BanditConfig.make(k=30, iterations=10).to_dict(), [("kl3", {"delta": 0.05}), None],
+                             ("k3", {"importance_weight": False}), 0.1, 3.0, "dr_grpo")
+    assert [run.label for run in runs] == ["kl3 δ=0.05 + 0.1·k3 c=3", "no clip + 0.1·k3 c=3"]
+    for chart in views.mass_reallocation(runs).values():
         validated(chart)
 
 
