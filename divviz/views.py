@@ -124,6 +124,7 @@ TRAINING_PANELS = {
     "entropy": ("entropy", "top1_mass"),
     "clipping": ("clip_ratio/low_mean", "clip_ratio/high_mean"),
     "kl": ("kl/k1", "kl/k2", "kl/k3"),
+    "update": ("mass_to_argmax", "grad_norm"),
 }
 
 
@@ -148,7 +149,8 @@ def training_charts(runs: list[tuple[str, list[dict]]], smooth: int = 1) -> dict
         return {}
     titles = {"reward": "Reward and accuracy", "entropy": "Entropy of the sampling distribution and top-1 mass",
               "clipping": "Clip fractions (TRL: clip_ratio/low_mean, high_mean)",
-              "kl": "KL of each update, new vs old (k1, k2, k3 of w = π_new/π_old)"}
+              "kl": "KL of each update, new vs old (k1, k2, k3 of w = π_new/π_old)",
+              "update": "Share of the mass gained that went to argmax tokens, and the gradient's norm"}
     return {name: plots.history_chart(series, metrics, "step", titles[name]) for name, metrics in TRAINING_PANELS.items()}
 
 

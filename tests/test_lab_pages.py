@@ -50,7 +50,7 @@ def test_start_watch_stop_and_find_on_runs_page(runs_root):
     names = at.session_state["lab_runs"]
     assert len(names) == 2 and all((runs_root / n).is_dir() for n in names)
     wait_for(at, lambda at: all(len(store.read_metrics(runs_root / n)) >= 3 for n in names))
-    assert len(at.get("plotly_chart")) == 6  # reward, clipping, entropy, kl, mass, token scatter
+    assert len(at.get("plotly_chart")) == 7  # reward, entropy, clipping, kl, update, mass by π_old, token scatter
     assert button(at, "Start").disabled and not button(at, "Stop").disabled
     button(at, "Stop").click().run()
     states = [store.read_run(runs_root / n).state for n in names]
@@ -62,7 +62,7 @@ def test_start_watch_stop_and_find_on_runs_page(runs_root):
     assert not at.exception
     table = at.dataframe[0].value
     assert set(table["run"]) == set(names) and set(table["state"]) == {"stopped"}
-    assert len(at.get("plotly_chart")) == 5  # the two latest runs are overlaid
+    assert len(at.get("plotly_chart")) == 6  # the two latest runs are overlaid
     csv = next(b for b in at.get("download_button") if "CSV" in b.proto.label).proto
     assert csv.label == "Metrics of these runs (CSV)"
 
