@@ -36,27 +36,27 @@ with ui.shown_errors():
     facts, charts = views.kl3_equivalence(delta, eps, eps_low, eps_high, seed)
     (lower, upper), (eps_lo, eps_hi) = facts.bounds, facts.box
 
-    derivation, numbers = st.columns([3, 2])
-    with derivation:
-        st.subheader("Derivation")
-        st.latex(r"\mathrm{k3}(w) = w - 1 - \log w \le \delta,\qquad w = \pi_\theta/\pi_{\mathrm{old}}")
-        st.latex(r"w - \log w = 1+\delta \iff (-w)\,e^{-w} = -e^{-1-\delta}")
-        st.latex(r"\Rightarrow\; -w = W_k\!\left(-e^{-1-\delta}\right),\quad -e^{-1-\delta}\in(-1/e,\,0)")
-        st.latex(r"l_\delta = -W_0\!\left(-e^{-1-\delta}\right),\qquad u_\delta = -W_{-1}\!\left(-e^{-1-\delta}\right)")
-        st.latex(r"l_\delta,\,u_\delta \approx 1 \mp \sqrt{2\delta} + \tfrac{2\delta}{3} \mp \tfrac{(2\delta)^{3/2}}{36}")
-        st.caption("Source: theory.md §1.3 (derived for divviz; the closed form matches Wu et al. 2026, ATR-GRPO). "
-                   "W₀ gives the lower edge, W₋₁ the upper one.")
-    with numbers:
-        st.subheader(f"At δ = {delta:g}")
-        a, b = st.columns(2)
-        a.metric("l_δ", f"{lower:.6f}", f"ε_low = {eps_lo:.4f}", delta_color="off", delta_arrow="off")
-        b.metric("u_δ", f"{upper:.6f}", f"ε_high = {eps_hi:.4f}", delta_color="off", delta_arrow="off")
-        a.metric("asymmetry ε_high/ε_low", f"{eps_hi / eps_lo:.4f}")
-        b.metric("series to s⁵: l ≈", f"{facts.series[0]:.5f}", f"u ≈ {facts.series[1]:.5f}", delta_color="off",
-                 delta_arrow="off")
-        st.caption(f"In TRL's words: `epsilon={eps_lo:.4f}`, `epsilon_high={eps_hi:.4f}` is the same test. "
-                   f"The wrong direction (k3 of π_old/π_θ, GRPO's penalty) would give "
-                   f"[{facts.inverse[0]:.4f}, {facts.inverse[1]:.4f}] instead.")
+    st.subheader("Derivation")
+    st.latex(r"\mathrm{k3}(w) = w - 1 - \log w \le \delta,\qquad w = \pi_\theta/\pi_{\mathrm{old}}")
+    st.latex(r"w - \log w = 1+\delta \iff (-w)\,e^{-w} = -e^{-1-\delta}")
+    st.latex(r"\Rightarrow\; -w = W_k\!\left(-e^{-1-\delta}\right),\quad -e^{-1-\delta}\in(-1/e,\,0)")
+    st.latex(r"l_\delta = -W_0\!\left(-e^{-1-\delta}\right),\qquad u_\delta = -W_{-1}\!\left(-e^{-1-\delta}\right)")
+    st.latex(r"l_\delta,\,u_\delta \approx 1 \mp \sqrt{2\delta} + \tfrac{2\delta}{3} \mp \tfrac{(2\delta)^{3/2}}{36}")
+    st.caption("Source: theory.md §1.3 (derived for divviz; the closed form matches Wu et al. 2026, ATR-GRPO). "
+               "W₀ gives the lower edge, W₋₁ the upper one.")
+
+    st.subheader(f"At δ = {delta:g}")
+    cols = st.columns(4)
+    cols[0].metric("l_δ", f"{lower:.6f}", f"ε_low = {eps_lo:.4f}", delta_color="off", delta_arrow="off",
+                   help=f"l_δ = {lower!r} (float64)")
+    cols[1].metric("u_δ", f"{upper:.6f}", f"ε_high = {eps_hi:.4f}", delta_color="off", delta_arrow="off",
+                   help=f"u_δ = {upper!r} (float64)")
+    cols[2].metric("ε_high / ε_low", f"{eps_hi / eps_lo:.4f}", help="the box's asymmetry")
+    cols[3].metric("series to s⁵: l ≈", f"{facts.series[0]:.5f}", f"u ≈ {facts.series[1]:.5f}", delta_color="off",
+                   delta_arrow="off")
+    st.caption(f"In TRL's words: `epsilon={eps_lo:.4f}`, `epsilon_high={eps_hi:.4f}` is the same test. "
+               f"The wrong direction (k3 of π_old/π_θ, GRPO's penalty) would give "
+               f"[{facts.inverse[0]:.4f}, {facts.inverse[1]:.4f}] instead.")
 
     ui.show_chart(charts["level"], "k3 level set")
     st.subheader("Matching boxes and KL3 levels")
@@ -70,12 +70,12 @@ with ui.shown_errors():
     st.write(f"{check.tokens} tokens (64 completions, mixed-sign advantages); {check.outside} fail the KL3 test, "
              f"{check.masked} of them lose their gradient. The same `policy_loss` is run twice: once with the "
              f"`kl3` test, once with `clip_higher` on [l_δ, u_δ].")
-    cols = st.columns(4)
-    cols[0].metric("loss with kl3 test", f"{check.loss_kl3:.12f}")
-    cols[1].metric("loss with ratio box", f"{check.loss_box:.12f}")
-    cols[2].metric("max |Δ loss|", f"{check.max_abs_loss_diff:.1e}")
-    cols[3].metric("max |Δ gradient|", f"{check.max_abs_grad_diff:.1e}", f"of max |grad| {check.max_abs_grad:.1e}",
-                   delta_color="off", delta_arrow="off")
+    losses, differences = st.columns(2), st.columns(2)  # two per row: 12 decimals need the width
+    losses[0].metric("loss with kl3 test", f"{check.loss_kl3:.12f}")
+    losses[1].metric("loss with ratio box", f"{check.loss_box:.12f}")
+    differences[0].metric("max |Δ loss|", f"{check.max_abs_loss_diff:.1e}")
+    differences[1].metric("max |Δ gradient|", f"{check.max_abs_grad_diff:.1e}", f"of max |grad| {check.max_abs_grad:.1e}",
+                          delta_color="off", delta_arrow="off")
     if max(check.max_abs_loss_diff, check.max_abs_grad_diff) <= 1e-12:
         st.success("Identical to 1e-12 in float64: the KL3 test is asymmetric ratio clipping.", icon=":material/check:")
     else:
