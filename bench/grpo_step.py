@@ -9,8 +9,9 @@ the CPU. Targets (issue: backend): divviz ≤ 0.5× TRL and ≤ 1.25× bare.
                  loss_type="dapo" (divviz uses aggregation="dapo" too); step time from a callback
     (c) bare     the same KV-cached sampler and one forward/backward of −A·log π, nothing else
 
-Each figure is the median over the steps after one warm-up step. divviz and bare steps alternate, so that
-both see the same load on a shared machine; TRL runs on its own (its trainer owns the loop).
+Each figure is the median over the steps after one warm-up step. The three alternate step by step (TRL's
+trainer owns its loop; a callback runs a divviz and a bare step after each of TRL's), so that all three see
+the same load on a shared machine.
 
     pip install trl   # not a dependency of divviz; keeps torch as it is
     python bench/grpo_step.py [--steps N]
@@ -53,7 +54,7 @@ def bare_step(prompts, group, tokens):
     """A function running the bare loop's step `s` and returning its wall time."""
     task = get_task(TASK)
     model, tok = builtin_policy(task)
-    optimiser = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.0)
+    optimiser = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.0, foreach=True)
 
     def step(s):
         start = time.perf_counter()
@@ -73,18 +74,9 @@ def bare_step(prompts, group, tokens):
     return step
 
 
-def time_alternating(steps, *runners):
-    """Step times of each runner, their steps alternating; step 0 is a warm-up and not counted."""
-    times = [[] for _ in runners]
-    for s in range(steps + 1):
-        for runner, out in zip(runners, times):
-            elapsed = runner(s)
-            if s:
-                out.append(elapsed)
-    return times
-
-
-def time_trl(prompts, group, tokens, steps):
+def time_side_by_side(prompts, group, tokens, steps):
+    """Step times of TRL, divviz and bare, all three alternating: TRL's trainer owns its loop, so after each of
+    its steps a callback runs one divviz step and one bare step. Step 0 of each is a warm-up, not counted."""
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -94,31 +86,30 @@ def time_trl(prompts, group, tokens, steps):
     rng = random.Random(0)
     rows = [dict(zip(("prompt", "answer"), task.make(rng))) for _ in range(prompts * (steps + 2))]
     data = Dataset.from_list([{"prompt": "<bos>" + r["prompt"], "answer": r["answer"]} for r in rows])
+    others = {"divviz": divviz_step(prompts, group, tokens, steps), "bare": bare_step(prompts, group, tokens)}
+    times = {"TRL": [], "divviz": [], "bare": []}
 
     def reward(prompts, completions, answer, **_):
         return [task.reward(p[5:], a, c) for p, c, a in zip(prompts, completions, answer)]
 
-    class StepTimer(TrainerCallback):
-        def __init__(self):
-            self.times, self.start = [], None
-
+    class SideBySide(TrainerCallback):
         def on_step_begin(self, args, state, control, **kw):
             self.start = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kw):
-            self.times.append(time.perf_counter() - self.start)
+            times["TRL"].append(time.perf_counter() - self.start)
+            for name, step in others.items():
+                times[name].append(step(state.global_step - 1))
 
-    timer = StepTimer()
     with tempfile.TemporaryDirectory() as out:
         config = GRPOConfig(output_dir=out, per_device_train_batch_size=prompts * group, num_generations=group,
                             max_completion_length=tokens, num_iterations=1, beta=0.0, bf16=False, use_cpu=True,
                             gradient_checkpointing=False, learning_rate=2e-3, loss_type="dapo", temperature=1.0,
                             max_steps=steps + 1, logging_steps=1, report_to="none", save_strategy="no",
                             disable_tqdm=True, seed=0, dataloader_num_workers=0)
-        trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=data,
-                              processing_class=tok, callbacks=[timer])
-        trainer.train()
-    return timer.times[1:]  # drop the warm-up step
+        GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=data, processing_class=tok,
+                    callbacks=[SideBySide()]).train()
+    return {name: values[1:] for name, values in times.items()}
 
 
 def main():
@@ -129,12 +120,9 @@ def main():
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU")
     print(f"{'setting':<38} {'divviz s':>9} {'TRL s':>8} {'bare s':>8} {'divviz/TRL':>11} {'divviz/bare':>12}")
     for name, (prompts, group, tokens) in SETTINGS.items():
-        divviz, bare = time_alternating(args.steps, divviz_step(prompts, group, tokens, args.steps),
-                                        bare_step(prompts, group, tokens))
-        d, b = statistics.median(divviz), statistics.median(bare)
-        t = statistics.median(time_trl(prompts, group, tokens, args.steps))
+        times = time_side_by_side(prompts, group, tokens, args.steps)
+        d, t, b = (statistics.median(times[k]) for k in ("divviz", "TRL", "bare"))
         print(f"{name:<38} {d:>9.3f} {t:>8.3f} {b:>8.3f} {d / t:>11.2f} {d / b:>12.2f}", flush=True)
-
 
 if __name__ == "__main__":
     main()
