@@ -27,11 +27,6 @@ REWARD_LABELS = {"one_correct": "one correct action (at a rank)", "top_k": "the 
                  "graded": "graded: 1 − rank/(K−1)", "random": "random rewards in [0, 1]"}
 
 
-@st.cache_data(max_entries=64, show_spinner=False)
-def simulate(cfg: dict, clips: list, penalty: tuple | None, beta: float, c: float | None, aggregation: str):
-    return views.bandit_runs(cfg, clips, penalty, beta, c, aggregation)
-
-
 st.title("Mass reallocation")
 st.write("A softmax policy over K actions, trained by GRPO with each clip test from the same start and seed. "
          "Everything is exact here: the whole distribution, its entropy, and where the probability mass goes — "
@@ -54,7 +49,7 @@ with ui.shown_errors():
 
     specs = [(t.name, t.params) for t in tests] or [None]
     with st.spinner("Training the bandit…"):
-        runs = simulate(cfg, specs, (pen.name, pen.params) if pen else None, beta, c, aggregation)
+        runs = views.bandit_runs(cfg, specs, (pen.name, pen.params) if pen else None, beta, c, aggregation)
     charts = views.mass_reallocation(runs)
 
     cols = st.columns(len(runs))

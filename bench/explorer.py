@@ -18,8 +18,9 @@ import time
 import plotly.io as pio
 
 from divviz import views
-from divviz.bandit import BanditConfig
+from divviz.bandit import BanditConfig, run_bandit
 from divviz.divergences import clip_test
+from divviz.losses import Objective
 
 BUDGET_MS = 50.0
 
@@ -49,31 +50,40 @@ def main():
     cfg = BanditConfig().to_dict()
     measures = lambda delta: [("ratio", {}), ("clip_higher", {}), ("kl3", {"delta": delta})]  # noqa: E731
 
-    def bandit_with(runs=views.bandit_runs, **changes):  # any control change re-trains the page's three runs
-        setting = {**cfg, **changes}
-        return lambda delta: views.mass_reallocation(runs(setting, measures(delta), None, 0.0, None, "grpo"))
+    def bandit(shared: bool, **changes):
+        """A change of KL3's δ (only its run re-trains) or, `shared`, of a setting all runs share (the seed):
+        all three re-train, side by side."""
+        def change(delta):
+            setting = {**cfg, **changes, **({"seed": round(delta * 1000)} if shared else {})}
+            return views.mass_reallocation(views.bandit_runs(setting, measures(delta), None, 0.0, None, "grpo"))
+        return change
 
-    def one_at_a_time(setting, clips, *rest):  # baseline: the same runs, each stepped alone
-        return [views.bandit_runs(setting, [clip], *rest)[0] for clip in clips]
+    def one_at_a_time(**changes):  # baseline: the same shared change, the three runs stepped one after another
+        def change(delta):
+            setting = BanditConfig.make(**{**cfg, **changes, "seed": round(delta * 1000)})
+            return views.mass_reallocation([run_bandit(setting, Objective(clip=clip_test(name, **params)))
+                                            for name, params in measures(delta)])
+        return change
 
-    cached = views.bandit_runs(cfg, measures(0.05), None, 0.0, None, "grpo")
+    kept = views.bandit_runs(cfg, measures(0.05), None, 0.0, None, "grpo")
 
-    def bandit_figures(delta):  # a change that only redraws (e.g. the page reopened)
-        return views.mass_reallocation(cached)
+    def redraw(delta):  # a change that only redraws (e.g. the page reopened)
+        return views.mass_reallocation(kept)
 
-    bandit = bandit_with()
-    large = bandit_with(k=1000, iterations=200)
-    regions(0.05), kl3(0.05), bandit(0.05)  # warm-up: imports, first SciPy call
-    print(f"{'page (one control change)':<44} {'median ms':>10} {'/ 50 ms':>8} {'+ sent to browser ms':>21}")
+    large = {"k": 1000, "iterations": 200}
+    regions(0.05), kl3(0.05), bandit(True)(0.05)  # warm-up: imports, first SciPy call
+    print(f"{'page (one control change)':<50} {'median ms':>10} {'/ 50 ms':>8} {'+ sent to browser ms':>21}")
     for name, fn in (("clipping regions (3 tests, 5 figures)", regions), ("KL3 ⇔ asymmetric clipping (2 figures)", kl3),
-                     ("mass reallocation: 3 runs re-trained", bandit),
-                     ("  same, K = 1000 and 200 iterations", large),
-                     ("  same, runs stepped one at a time (baseline)", bandit_with(runs=one_at_a_time, k=1000, iterations=200)),
-                     ("  same, gradient by autograd (baseline)", bandit_with(autograd=True)),
-                     ("mass reallocation: redraw only (4 figures)", bandit_figures)):
+                     ("mass reallocation: δ change, 1 of 3 runs re-trains", bandit(False)),
+                     ("mass reallocation: shared setting, 3 runs re-train", bandit(True)),
+                     ("  δ change at K = 1000 and 200 iterations", bandit(False, **large)),
+                     ("  shared setting at K = 1000 and 200 iterations", bandit(True, **large)),
+                     ("  same, runs stepped one at a time (baseline)", one_at_a_time(**large)),
+                     ("  shared at K = 50, by autograd (baseline)", bandit(True, autograd=True)),
+                     ("mass reallocation: redraw only (4 figures)", redraw)):
         ms, charts = timed(fn, deltas)
         sent, _ = timed(lambda _: [pio.to_json(c.figure.to_dict(), validate=False) for c in charts.values()], deltas[:5])
-        print(f"{name:<44} {ms:>10.1f} {ms / BUDGET_MS:>8.2f} {ms + sent:>21.1f}")
+        print(f"{name:<50} {ms:>10.1f} {ms / BUDGET_MS:>8.2f} {ms + sent:>21.1f}")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,9 @@ then draw (plots). Pages call these and lay the results out; `bench/explorer.py`
 
 from __future__ import annotations
 
+import json
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -91,14 +94,32 @@ def matching_table(facts: KL3Facts, eps: float, eps_low: float, eps_high: float)
     return pd.DataFrame(rows)
 
 
+BANDIT_CACHE_SIZE = 64
+_bandit_cache: OrderedDict[str, BanditRun] = OrderedDict()  # the latest runs, by their plain values (JSON)
+_bandit_cache_lock = threading.Lock()  # Streamlit runs each session's page in its own thread
+
+
 def bandit_runs(cfg: dict, clips: list[tuple[str, dict] | None], penalty_spec: tuple[str, dict] | None, beta: float,
                 dual_clip_c: float | None, aggregation: str) -> list[BanditRun]:
     """One bandit run per clip test (None: no clip), all with the same penalty, β, dual-clip and aggregation,
-    trained side by side (`run_bandits`), from plain values (hashable for the page's cache)."""
-    pen = penalty(penalty_spec[0], **penalty_spec[1]) if penalty_spec else None
-    objectives = [Objective(clip=clip_test(clip[0], **clip[1]) if clip else None, penalty=pen, beta=beta,
-                            dual_clip_c=dual_clip_c, aggregation=aggregation) for clip in clips]
-    return run_bandits(BanditConfig.make(**cfg), objectives)
+    from plain values. The latest runs are kept: a change to one test's parameter re-trains that run only,
+    and the runs not kept are trained side by side (`run_bandits`; a run is the same alone or together)."""
+    keys = [json.dumps([cfg, clip, penalty_spec, beta, dual_clip_c, aggregation], sort_keys=True) for clip in clips]
+    with _bandit_cache_lock:
+        runs = {key: _bandit_cache[key] for key in keys if key in _bandit_cache}
+    missing = [i for i, key in enumerate(keys) if key not in runs]
+    if missing:
+        pen = penalty(penalty_spec[0], **penalty_spec[1]) if penalty_spec else None
+        objectives = [Objective(clip=clip_test(clips[i][0], **clips[i][1]) if clips[i] else None, penalty=pen,
+                                beta=beta, dual_clip_c=dual_clip_c, aggregation=aggregation) for i in missing]
+        runs.update(zip((keys[i] for i in missing), run_bandits(BanditConfig.make(**cfg), objectives)))
+    with _bandit_cache_lock:
+        for key in keys:
+            _bandit_cache[key] = runs[key]
+            _bandit_cache.move_to_end(key)
+        while len(_bandit_cache) > BANDIT_CACHE_SIZE:
+            _bandit_cache.popitem(last=False)
+    return [runs[key] for key in keys]
 
 
 def mass_reallocation(runs: list[BanditRun]) -> dict[str, plots.Chart]:

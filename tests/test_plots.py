@@ -5,8 +5,9 @@ import numpy as np
 import plotly.graph_objects as go
 
 from divviz import views
-from divviz.bandit import BanditConfig
+from divviz.bandit import BanditConfig, run_bandit
 from divviz.divergences import clip_test
+from divviz.losses import Objective
 
 
 def validated(chart):
@@ -43,6 +44,17 @@ def test_bandit_figures():
     assert [run.label for run in runs] == ["kl3 δ=0.05 + 0.1·k3 c=3", "no clip + 0.1·k3 c=3"]
     for chart in views.mass_reallocation(runs).values():
         validated(chart)
+
+
+def test_bandit_runs_are_kept_and_only_a_changed_run_retrains():
+    cfg = BanditConfig.make(k=20, iterations=10).to_dict()
+    first = views.bandit_runs(cfg, [("ratio", {}), ("kl3", {"delta": 0.05})], None, 0.0, None, "grpo")
+    second = views.bandit_runs(cfg, [("ratio", {}), ("kl3", {"delta": 0.07})], None, 0.0, None, "grpo")
+    assert second[0] is first[0] and second[1] is not first[1]
+    alone = run_bandit(BanditConfig.make(**cfg), Objective(clip=clip_test("kl3", delta=0.07)))
+    assert np.array_equal(second[1].probs, alone.probs) and second[1].label == alone.label
+    other_seed = views.bandit_runs({**cfg, "seed": 1}, [("ratio", {})], None, 0.0, None, "grpo")
+    assert not np.array_equal(other_seed[0].probs, first[0].probs)
 
 
 def test_trailing_mean_smoothing():
