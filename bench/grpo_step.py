@@ -124,5 +124,6 @@ def main():
         d, t, b = (statistics.median(times[k]) for k in ("divviz", "TRL", "bare"))
         print(f"{name:<38} {d:>9.3f} {t:>8.3f} {b:>8.3f} {d / t:>11.2f} {d / b:>12.2f}", flush=True)
 
+
 if __name__ == "__main__":
     main()

@@ -16,7 +16,7 @@ The step's gradient is the chain rule through the softmax, ∂/∂θ Σ_i g_i lo
 with g = ∂loss/∂log π(a_i) from `PolicyLossGradient`, the loss's closed-form gradient. Several objectives
 run side by side as one (R, K) array of logits (`run_bandits`), so a step of all the page's runs costs
 about what one run's step does: on a 2-core CPU, three runs of 200 iterations × μ = 4 at K = 1000 take
-~90 ms, one at a time ~200 ms (bench/explorer.py). With `autograd` the same step goes through
+90–150 ms, one at a time 200–320 ms (bench/explorer.py). With `autograd` the same step goes through
 `policy_loss` and torch autograd, as training does (about 10× slower); tests/test_bandit.py checks that
 all give the same runs.
 """
@@ -153,7 +153,8 @@ class Batch:
 def closed_form_step(objectives: list[Objective], theta: np.ndarray, batch: Batch,
                      lr: float) -> tuple[np.ndarray, np.ndarray]:
     """One SGD step of every run, in place on θ (R, K): θ_r ← θ_r − lr·Σ_i g_ri (e_{a_ri} − π_r), with g =
-    `batch.gradient` at log π_r(a_ri). Returns TRL's clip flags (low, high), (R, n, 1).
+    `batch.gradient` at log π_r(a_ri) (which holds the objectives; the argument is `autograd_step`'s).
+    Returns TRL's clip flags (low, high), (R, n, 1).
 
     Written for speed at K = 1000: four (R, K)-sized operations and no max-shift. `run_bandits` sets
     θ = log π at each iteration's start, so e^θ ≤ 1 there; if θ has risen out of exp's range since, it is
@@ -189,7 +190,8 @@ def autograd_step(objectives: list[Objective], theta: np.ndarray, batch: Batch,
 
 
 def sample_batch(cfg: BanditConfig, rng: np.random.Generator, gradient: PolicyLossGradient, logp_old: np.ndarray,
-                 p_old: np.ndarray, logp_ref: np.ndarray, rewards: np.ndarray, mask: np.ndarray) -> tuple[Batch, np.ndarray]:
+                 p_old: np.ndarray, logp_ref: np.ndarray, rewards: np.ndarray,
+                 mask: np.ndarray) -> tuple[Batch, np.ndarray]:
     """`groups` × G actions from each run's π_old (R, K) by inverse CDF, with their group-relative advantages;
     also the rewards (R, n). Every run uses the same uniform numbers, so that each run samples exactly what
     it would alone with this seed. The runs' `gradient` is set to this batch."""
@@ -232,7 +234,7 @@ def run_bandits(cfg: BanditConfig, objectives: list[Objective]) -> list[BanditRu
                 low_count += low
                 high_count += high
         clipped_low[:, it], clipped_high[:, it] = low_count.sum(axis=(1, 2)), high_count.sum(axis=(1, 2))
-        finite = np.isfinite(theta.sum(axis=1))  # a NaN or ±inf anywhere makes its run's sum one
+        finite = np.isfinite(theta.sum(axis=1))  # a NaN or ±inf anywhere in a run makes its sum NaN or ±inf
         if not finite.all():
             label = objectives[int(np.argmin(finite))].label
             raise DivvizInputError(f"bandit diverged to NaN/inf at iteration {it + 1} ({label}); "
@@ -240,7 +242,8 @@ def run_bandits(cfg: BanditConfig, objectives: list[Objective]) -> list[BanditRu
         logps[it + 1], probs[it + 1] = softmax(theta)
     sampled_reward, tokens = sampled_rewards.mean(axis=2).T, cfg.mu * sampled_rewards.shape[2]
     return [BanditRun(o.label, np.ascontiguousarray(probs[:, i]), rewards,
-                      history(logps[:, i], probs[:, i], rewards, sampled_reward[i], clipped_low[i], clipped_high[i], tokens))
+                      history(logps[:, i], probs[:, i], rewards, sampled_reward[i], clipped_low[i], clipped_high[i],
+                              tokens))
             for i, o in enumerate(objectives)]
 
 

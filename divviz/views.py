@@ -94,7 +94,7 @@ def matching_table(facts: KL3Facts, eps: float, eps_low: float, eps_high: float)
     return pd.DataFrame(rows)
 
 
-BANDIT_CACHE_SIZE = 64
+BANDIT_CACHE_BYTES = 256 * 2**20  # of kept distributions: a run holds (iterations + 1) × K floats, ≤ 16 MB
 _bandit_cache: OrderedDict[str, BanditRun] = OrderedDict()  # the latest runs, by their plain values (JSON)
 _bandit_cache_lock = threading.Lock()  # Streamlit runs each session's page in its own thread
 
@@ -117,8 +117,9 @@ def bandit_runs(cfg: dict, clips: list[tuple[str, dict] | None], penalty_spec: t
         for key in keys:
             _bandit_cache[key] = runs[key]
             _bandit_cache.move_to_end(key)
-        while len(_bandit_cache) > BANDIT_CACHE_SIZE:
-            _bandit_cache.popitem(last=False)
+        kept_bytes = sum(run.probs.nbytes for run in _bandit_cache.values())
+        while len(_bandit_cache) > len(keys) and kept_bytes > BANDIT_CACHE_BYTES:
+            kept_bytes -= _bandit_cache.popitem(last=False)[1].probs.nbytes
     return [runs[key] for key in keys]
 
 

@@ -75,7 +75,7 @@ def test_closed_form_run_equals_autograd_run(objective):
 @pytest.mark.parametrize("autograd", [False, True])
 def test_runs_side_by_side_are_each_run_alone(autograd):
     """`run_bandits` steps several objectives as one (R, K) array: each run is what it would be alone, to the
-    last bits (same samples, same clip counts); a run's label says which one diverged."""
+    last bits (same samples, same clip counts)."""
     objectives = [Objective(clip=clip_test("kl3", delta=0.02)), Objective(),
                   Objective(clip=clip_test("prob_tv", delta=0.05), dual_clip_c=1.2, aggregation="dr_grpo"),
                   Objective(clip=clip_test("clip_higher"), penalty=penalty("k3", importance_weight=True), beta=0.2)]
