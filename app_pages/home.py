@@ -25,16 +25,15 @@ st.write("See what a policy-divergence constraint does to GRPO training of a lan
          "dual-clip, KL1/KL2/KL3 tests (KL3 = ATR-GRPO's asymmetric clipping), probability-space tests, GBMPO's "
          "ProbL2 and neural mirror-map penalties, and RPG's KL-regularised losses.")
 
-left, right = st.columns([3, 2])
-with left:
-    charts = views.clipping_regions(views.default_tests(), pi_old=0.3, dual_clip_c=None)
-    st.plotly_chart(charts["surrogate"].figure, config=ui.PLOTLY_CONFIG, key="home:surrogate")
-    st.caption("PPO ε = 0.2, DAPO (0.2, 0.28) and KL3 δ = 0.05 on the same tokens; the coloured strips mark where "
-               "each clip removes the gradient. Open *Clipping regions* to move them.")
-with right:
-    st.subheader("Explore")
-    for path, label, icon, what in PAGE_GUIDE:
-        st.page_link(path, label=label, icon=icon)
-        st.caption(what)
-    st.info("Every control is mirrored in the address bar: copy the link to share exactly this view.",
-            icon=":material/link:")
+charts = views.clipping_regions(views.default_tests(), pi_old=0.3, dual_clip_c=None)
+st.plotly_chart(charts["surrogate"].figure, config=ui.PLOTLY_CONFIG, key="home:surrogate")
+st.caption("PPO ε = 0.2, DAPO (0.2, 0.28) and KL3 δ = 0.05 on the same tokens; the coloured strips mark where "
+           "each clip removes the gradient. Open *Clipping regions* to move them.")
+
+st.subheader("Explore")
+for row in (PAGE_GUIDE[:3], PAGE_GUIDE[3:]):
+    for column, (path, label, icon, what) in zip(st.columns(3), row):
+        column.page_link(path, label=label, icon=icon)
+        column.caption(what)
+st.info("Every control is mirrored in the address bar: copy the link to share exactly this view.",
+        icon=":material/link:")
