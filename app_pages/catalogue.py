@@ -18,9 +18,9 @@ def show(entries):
             st.latex(entry.latex)
             st.caption(entry.doc)
             if entry.params:
-                st.dataframe(pd.DataFrame([{"parameter": p.name, "default": p.default, "valid range": p.range_text(),
-                                            "TRL name": p.trl_name or "", "meaning": p.doc} for p in entry.params]),
-                             hide_index=True)
+                st.table(pd.DataFrame([{"parameter": p.name, "default": str(p.default), "valid range": p.range_text(),
+                                        "TRL name": p.trl_name or "", "meaning": p.doc}
+                                       for p in entry.params]).set_index("parameter"))  # a table wraps long text
 
 
 clip_tab, penalty_tab = st.tabs(["Clip tests", "Penalties"])
