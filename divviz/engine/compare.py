@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from divviz.engine.config import RunConfig
-from divviz.engine.grpo import Trainer, update_metrics, make_batch, make_trainer, update
+from divviz.engine.grpo import Trainer, make_batch, make_optimiser, make_trainer, update, update_metrics
 from divviz.engine.rollout import Rollout, completion_logits
 from divviz.losses import Objective
 
@@ -60,7 +60,7 @@ def same_batch(cfg: RunConfig, objectives: list[tuple[str, Objective]], step: in
     results = []
     for label, objective in objectives:
         tr.model.load_state_dict(start_weights)
-        tr.optimiser = torch.optim.AdamW(tr.model.parameters(), lr=cfg.lr, weight_decay=0.0)
+        tr.optimiser = make_optimiser(tr.model, cfg)
         out, _, fractions, _ = update(tr, batch, objective, logp_old if cfg.mu > 1 else None, logp_old, step)
         logp_after, entropy_after = measure(tr.model)
         metrics = {**fractions, **update_metrics(batch.rollout, logp_old, logp_after, None),

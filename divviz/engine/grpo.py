@@ -64,9 +64,13 @@ def make_trainer(cfg: RunConfig) -> Trainer:
     reference = None
     if objective.penalty is not None and objective.penalty.entry.needs_ref:
         reference = copy.deepcopy(model).eval().requires_grad_(False)  # frozen copy of the start policy
-    # foreach: the same updates, bit for bit, as a few multi-tensor ops rather than a loop over parameters
-    optimiser = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0, foreach=True)
-    return Trainer(cfg, task, model, reference, tokenizer, optimiser, objective, device)
+    return Trainer(cfg, task, model, reference, tokenizer, make_optimiser(model, cfg), objective, device)
+
+
+def make_optimiser(model, cfg: RunConfig) -> torch.optim.AdamW:
+    """AdamW without weight decay; foreach: the same updates, bit for bit, as a few multi-tensor ops rather
+    than a loop over parameters."""
+    return torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0, foreach=True)
 
 
 @dataclass
