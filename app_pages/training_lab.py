@@ -7,7 +7,7 @@ import streamlit as st
 from divviz import ui, views
 from divviz.divergences import AGGREGATIONS, BETA, CLIP_TESTS, DUAL_CLIP, PENALTIES
 from divviz.engine import runner, store
-from divviz.engine.config import RUN_PARAMS, RunConfig
+from divviz.engine.config import BACKENDS, RUN_PARAMS, RunConfig
 from divviz.engine.tasks import TASKS
 from divviz.params import Param
 from divviz.urlstate import Control, measure_param_controls
@@ -22,6 +22,7 @@ CONTROLS = [
     Control("c", 3.0, param=DUAL_CLIP),
     Control("agg", "grpo", options=AGGREGATIONS),
     Control("task", "reverse", options=tuple(TASKS)),
+    Control("backend", "divviz", options=BACKENDS),
     Control("device", "auto", options=("auto", "cpu", "cuda")),
     *[Control(p.name, p.default, param=p) for p in SETTINGS],
     *measure_param_controls(("clip", "penalty")),
@@ -59,10 +60,14 @@ with ui.shown_errors():
         model = st.text_input("Model", "builtin", key="lab:model",
                               help="builtin, a local folder with a causal LM, or a hub id (needs the network)")
         task = ui.choice(PAGE, BY_NAME["task"], "Task")
+        backend = ui.choice(PAGE, BY_NAME["backend"], "Backend",
+                            help="divviz: its own GRPO engine; TRL: TRL's GRPOTrainer with the same objective "
+                                 "(DivvizGRPOTrainer), as you would run it at scale",
+                            labels={"divviz": "divviz's engine", "trl": "TRL (DivvizGRPOTrainer)"})
         device = ui.choice(PAGE, BY_NAME["device"], "Device")
         settings = {p.name: ui.number(PAGE, BY_NAME[p.name], p.name) for p in SETTINGS}
     ui.publish_controls(PAGE, CONTROLS)
-    configs = [RunConfig.make(task=task, model=model.strip(), device=device, clip=t.name, clip_params=t.params,
+    configs = [RunConfig.make(task=task, backend=backend, model=model.strip(), device=device, clip=t.name, clip_params=t.params,
                               penalty=pen.name if pen else None, penalty_params=pen.params if pen else {},
                               beta=beta, dual_clip_c=c, aggregation=aggregation, **settings) for t in tests]
 

@@ -3,6 +3,7 @@
     divviz measures [--json]
     divviz bounds --measure NAME [--param k=v]... [--pi-old P] [--json]
     divviz train [--measure NAME] [--param k=v]... [--penalty NAME --beta B] [--task T] [--steps N] ...
+                 [--backend divviz|trl]      (accelerate launch --num_processes N -m divviz train --backend trl …)
     divviz runs [--runs-dir DIR] [--json]
 
 Bad input exits with code 2 and one line on stderr, never a traceback.
@@ -72,37 +73,66 @@ def cmd_bounds(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from tqdm import tqdm
-
     from divviz.engine.config import RunConfig
-    from divviz.engine.grpo import make_trainer
     from divviz.engine.store import read_run, runs_dir
-    from divviz.engine.train import stop_on_sigterm, train
+    from divviz.engine.train import stop_on_sigterm
 
     cfg = RunConfig.make(
-        task=args.task, model=args.model, device=args.device, clip=None if args.measure == "none" else args.measure,
-        clip_params=parse_assignments(args.param), penalty=args.penalty,
-        penalty_params=parse_assignments(args.penalty_param), beta=args.beta, dual_clip_c=args.dual_clip,
-        aggregation=args.aggregation, scale_rewards=not args.no_scale_rewards,
+        task=args.task, backend=args.backend, model=args.model, device=args.device,
+        clip=None if args.measure == "none" else args.measure, clip_params=parse_assignments(args.param),
+        penalty=args.penalty, penalty_params=parse_assignments(args.penalty_param), beta=args.beta,
+        dual_clip_c=args.dual_clip, aggregation=args.aggregation, scale_rewards=not args.no_scale_rewards,
         trust_remote_code=args.trust_remote_code, steps=args.steps, prompts=args.prompts,
         group_size=args.group_size, mu=args.mu, lr=args.lr, temperature=args.temperature,
         max_new_tokens=args.max_new_tokens, seed=args.seed, format_reward=args.format_reward)
-    trainer = make_trainer(cfg)  # a model that will not load is bad input: exit 2 before a run folder exists
     stop_on_sigterm()
-    bar = tqdm(total=cfg.steps, desc=f"{cfg.task} · {cfg.label} · {trainer.device}", unit="step")
-
-    def progress(result):
-        m = result.metrics
-        bar.set_postfix(reward=f"{m['reward']:.3f}", acc=f"{m['accuracy']:.3f}", entropy=f"{m['entropy']:.3f}",
-                        clip=f"{m['clip_ratio/region_mean']:.3f}", tok_s=f"{m['tokens_per_s']:.0f}")
-        bar.update(1)
-
-    folder = train(cfg, runs_dir(args.runs_dir), trainer=trainer, on_step=progress)
-    bar.close()
+    train = _train_with_trl if cfg.backend == "trl" else _train_with_engine
+    folder = train(cfg, runs_dir(args.runs_dir))
+    if folder is None:  # another process of a multi-process TRL run: the main one writes the run folder
+        return 0
     run = read_run(folder)
     print(f"{run.state}: {run.message}" if run.message else run.state)
     print(folder)
     return 0 if run.state in ("done", "stopped") else 1
+
+
+def _progress_bar(cfg, device: str):
+    from tqdm import tqdm
+
+    return tqdm(total=cfg.steps, desc=f"{cfg.task} · {cfg.label} · {device}", unit="step")
+
+
+def _show(bar, metrics: dict) -> None:
+    get = lambda key: metrics.get(key, float("nan"))  # noqa: E731
+    bar.set_postfix(reward=f"{get('reward'):.3f}", acc=f"{get('accuracy'):.3f}", entropy=f"{get('entropy'):.3f}",
+                    clip=f"{get('clip_ratio/region_mean'):.3f}")
+    bar.update(1)
+
+
+def _train_with_engine(cfg, root):
+    from divviz.engine.grpo import make_trainer
+    from divviz.engine.train import train
+
+    trainer = make_trainer(cfg)  # a model that will not load is bad input: exit 2 before a run folder exists
+    bar = _progress_bar(cfg, trainer.device)
+    folder = train(cfg, root, trainer=trainer, on_step=lambda result: _show(bar, result.metrics))
+    bar.close()
+    return folder
+
+
+def _train_with_trl(cfg, root):
+    from divviz.trl.run import process_state, train  # RunConfig.make has checked that TRL is installed
+
+    state = process_state(cfg)
+    bar = _progress_bar(cfg, f"TRL on {state.num_processes} × {state.device}") if state.is_main_process else None
+    folder = train(cfg, root, on_row=lambda row: _show(bar, {**row, "accuracy": row.get("rewards/accuracy/mean")})
+                   if bar else None)
+    if bar:
+        bar.close()
+    else:
+        print(f"divviz: process {state.process_index} of {state.num_processes} trained its share of {cfg.steps} steps",
+              file=sys.stderr)
+    return folder
 
 
 def cmd_runs(args) -> int:
@@ -152,6 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--aggregation", default="grpo", help="grpo, bnpo, dr_grpo or dapo (TRL's loss_type)")
     p.add_argument("--no-scale-rewards", action="store_true", help="do not divide advantages by the group std")
     p.add_argument("--task", default="reverse", help="add, sort, reverse or countdown")
+    p.add_argument("--backend", default="divviz",
+                   help="divviz (its own engine) or trl (TRL's GRPOTrainer; under `accelerate launch` on N processes)")
     p.add_argument("--model", default="builtin", help="builtin, a local model folder or a hub id")
     p.add_argument("--trust-remote-code", action="store_true", help="allow a model's own code (off by default)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")

@@ -7,6 +7,7 @@ Per token t of completion i (shapes (B, T); B completions, T completion tokens):
     ŵ_t      = w_t if C_t(θ) holds, else the violated bound (l or u), detached      (clip_C, §1.2)
     ℓ_t      = −min(w_t A_i, ŵ_t A_i)                                     clipped surrogate
     ℓ_t      = min(ℓ_t, −c A_i)        where A_i < 0                      dual-clip (optional)
+    ℓ_t     *= ρ_t                                                        per-token weight (optional)
     ℓ_t     += β · penalty_t                                              penalty (optional)
     loss     = aggregate(ℓ, mask)                                         grpo / bnpo / dr_grpo / dapo
 
@@ -88,6 +89,11 @@ class LossOutput:
         """TRL's is_region_clipped = is_low_clipped | is_high_clipped."""
         return self.clipped_low | self.clipped_high
 
+    def clip_state(self) -> torch.Tensor:
+        """Each token's clip state as one code, as the run store keeps it: 0 inside (or its gradient kept),
+        1 clipped low, 2 clipped high, 3 dual-clipped."""
+        return self.clipped_low.long() + 2 * self.clipped_high.long() + 3 * self.dual_clipped.long()
+
 
 def policy_loss(
     logp_new: torch.Tensor,
@@ -103,6 +109,7 @@ def policy_loss(
     aggregation: str = "grpo",
     max_completion_length: int | None = None,
     num_items_in_batch: int | None = None,
+    weight: torch.Tensor | None = None,
 ) -> LossOutput:
     """Loss and per-token facts for one batch.
 
@@ -111,6 +118,9 @@ def policy_loss(
     clip: a configured clip test (`divergences.clip_test`), or None for no clipping.
     penalty, beta: a configured penalty and its coefficient β ≥ 0 (TRL's `beta`).
     dual_clip_c: None or c > 1. aggregation: "grpo", "bnpo", "dr_grpo" or "dapo" (see `aggregate`).
+    weight: None, or a detached per-token weight ρ ((B, T) or (B, 1)) of the policy term, applied before the
+    penalty is added, as TRL 1.16's `_compute_loss` applies its off-policy sequence mask, top-entropy token
+    mask and vLLM importance-sampling ratio.
     """
     beta = check_beta(beta)
     dual_clip_c = check_dual_clip(dual_clip_c)
@@ -140,6 +150,8 @@ def policy_loss(
         cap = -dual_clip_c * adv
         dual_clipped = (adv < 0) & (per_token > cap)
         per_token = torch.where(adv < 0, torch.minimum(per_token, cap), per_token)
+    if weight is not None:
+        per_token = per_token * weight.detach()
 
     penalty_value = None
     if penalty is not None:

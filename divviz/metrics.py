@@ -31,7 +31,15 @@ GLOSSARY = {
     "top1_mass": "probability of the currently most likely action",
     "initial_top_mass": "probability mass on the actions that were most likely at the start (top 10%)",
     "mass_shift": "change in probability summed over actions, binned by the probability they had before",
+    "divviz/measure_mean": "mean of the clip test's own measure per token (e.g. k3 for kl3), at each inner step",
+    "divviz/grad_masked_mean": "share of tokens whose gradient through w is masked (clipped or dual-capped)",
+    "divviz/outside_mean": "share of tokens outside the clip test's region, whatever their advantage",
+    "divviz/outside_last_mean": "the same at the last of the μ inner steps (after μ − 1 updates)",
 }
+
+# Where a TRL run logs what the engine calls otherwise: TRL names each reward function's mean
+# rewards/<function>/mean, and divviz's TRL backend passes the task's checker as the function `accuracy`.
+METRIC_ALIASES = {"accuracy": "rewards/accuracy/mean"}
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:

@@ -14,10 +14,10 @@ import pandas as pd
 from divviz import explore, plots, theory
 from divviz.bandit import BanditConfig, BanditRun, run_bandits
 from divviz.divergences import ClipTest, clip_test, penalty
-from divviz.engine.config import RunConfig
+from divviz.engine.config import RunConfig, objective_from
 from divviz.estimators import k3
 from divviz.losses import Objective
-from divviz.metrics import bin_labels
+from divviz.metrics import METRIC_ALIASES, bin_labels
 from divviz.params import DivvizInputError
 
 RATIO_GRID = np.linspace(0.01, 3.0, 600)
@@ -165,7 +165,8 @@ def training_charts(runs: list[tuple[str, list[dict]]], smooth: int = 1) -> dict
     """Metric curves of several runs (label, metrics rows), one chart per panel of TRAINING_PANELS, each
     curve the trailing mean over `smooth` steps (1 = the raw per-step values)."""
     keys = {k for metrics in TRAINING_PANELS.values() for k in metrics}
-    series = [(label, {key: trailing_mean([row.get(key, np.nan) for row in rows], smooth) for key in keys})
+    value = lambda row, key: row.get(key, row.get(METRIC_ALIASES.get(key), np.nan))  # noqa: E731
+    series = [(label, {key: trailing_mean([value(row, key) for row in rows], smooth) for key in keys})
               for label, rows in runs if rows]
     if not series:
         return {}
@@ -203,9 +204,11 @@ def token_scatter(runs: list[tuple[str, dict, dict]]) -> plots.Chart:
 def run_label(run, unique: bool = False) -> str:
     """A legend label for a run: its objective (and the end of its folder name when `unique`)."""
     try:
-        label = RunConfig.from_dict(run.config).label
-    except (DivvizInputError, TypeError):  # a config written by another version, or none
+        label = objective_from(run.config).label
+    except (DivvizInputError, TypeError, AttributeError):  # a config written by another version, or none
         return run.name
+    if run.config.get("backend") == "trl":
+        label = f"{label} (TRL)"
     return f"{label} · {run.name[-6:]}" if unique else label
 
 

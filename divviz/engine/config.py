@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import asdict, dataclass, field, replace
+from typing import Mapping
 
 from divviz.divergences import AGGREGATIONS, clip_test, penalty
 from divviz.engine.tasks import TASKS
@@ -31,11 +33,36 @@ RUN_PARAMS = (
 )
 
 
+BACKENDS = ("divviz", "trl")  # divviz's own engine, or TRL's GRPOTrainer through divviz.trl
+
+
+def objective_from(settings: Mapping) -> Objective:
+    """The objective named by a run config's objective keys (clip, clip_params, penalty, penalty_params, beta,
+    dual_clip_c, aggregation): a `RunConfig`, or a config.json written by the engine or by `divviz.trl`."""
+    clip, pen = settings.get("clip"), settings.get("penalty")
+    return Objective(
+        clip=clip_test(clip, **(settings.get("clip_params") or {})) if clip else None,
+        penalty=penalty(pen, **(settings.get("penalty_params") or {})) if pen else None,
+        beta=settings.get("beta", 0.0) if pen else 0.0, dual_clip_c=settings.get("dual_clip_c"),
+        aggregation=settings.get("aggregation", "grpo"),
+    )
+
+
+def objective_settings(objective: Objective) -> dict:
+    """The inverse of `objective_from`: the objective keys of a config, with checked parameters."""
+    return {"clip": objective.clip.name if objective.clip else None,
+            "clip_params": dict(objective.clip.params) if objective.clip else {},
+            "penalty": objective.penalty.name if objective.penalty else None,
+            "penalty_params": dict(objective.penalty.params) if objective.penalty else {},
+            "beta": objective.beta, "dual_clip_c": objective.dual_clip_c, "aggregation": objective.aggregation}
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """Everything that defines a run. Build with `RunConfig.make(...)`, which checks every field."""
 
     task: str = "reverse"
+    backend: str = "divviz"
     model: str = "builtin"
     device: str = "auto"
     clip: str | None = "ratio"
@@ -72,19 +99,16 @@ class RunConfig:
             raise DivvizInputError(f"unknown task '{cfg.task}'; known: {', '.join(TASKS)}")
         if cfg.aggregation not in AGGREGATIONS:
             raise DivvizInputError(f"unknown aggregation '{cfg.aggregation}'; known: {', '.join(AGGREGATIONS)}")
+        if cfg.backend not in BACKENDS:
+            raise DivvizInputError(f"unknown backend '{cfg.backend}'; choose {' or '.join(BACKENDS)}")
+        if cfg.backend == "trl" and importlib.util.find_spec("trl") is None:
+            raise DivvizInputError("the TRL backend needs TRL, which is not installed: pip install 'divviz[trl]'")
         if cfg.device not in ("auto", "cpu", "cuda", "mps"):
             raise DivvizInputError(f"unknown device '{cfg.device}'; choose auto, cpu, cuda or mps")
-        objective = cfg.objective()  # checks the measure names and their parameters, β and c
-        return replace(cfg, clip_params=dict(objective.clip.params) if objective.clip else {},
-                       penalty_params=dict(objective.penalty.params) if objective.penalty else {},
-                       beta=objective.beta, dual_clip_c=objective.dual_clip_c)
+        return replace(cfg, **objective_settings(cfg.objective()))  # checks the measures, their parameters, β, c
 
     def objective(self) -> Objective:
-        return Objective(
-            clip=clip_test(self.clip, **self.clip_params) if self.clip else None,
-            penalty=penalty(self.penalty, **self.penalty_params) if self.penalty else None,
-            beta=self.beta if self.penalty else 0.0, dual_clip_c=self.dual_clip_c, aggregation=self.aggregation,
-        )
+        return objective_from(asdict(self))
 
     def to_dict(self) -> dict:
         return asdict(self)

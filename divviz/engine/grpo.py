@@ -219,11 +219,10 @@ def _token_sample(rollout: Rollout, logp_old, logp_after, out, adv, seed: int) -
     g = torch.Generator().manual_seed(seed)
     keep = torch.randperm(len(rows), generator=g)[:TOKEN_SAMPLE].sort().values.to(rows.device)
     rows, cols = rows[keep], cols[keep]
-    state = out.clipped_low.long() + 2 * out.clipped_high.long() + 3 * out.dual_clipped.long()
     pick = lambda x: x[rows, cols].detach().float().cpu().numpy()  # noqa: E731
     return {
         "pi_old": pick(logp_old.exp()), "ratio": pick(out.ratio), "pi_new": pick(logp_after.exp()),
-        "adv": adv[rows].detach().float().cpu().numpy(), "state": pick(state).astype(np.int8),
+        "adv": adv[rows].detach().float().cpu().numpy(), "state": pick(out.clip_state()).astype(np.int8),
         "was_argmax": pick(rollout.was_argmax).astype(bool), "completion": rows.cpu().numpy().astype(np.int32),
         "position": cols.cpu().numpy().astype(np.int32),
     }

@@ -162,6 +162,8 @@ def pick_device(name: str = "auto") -> torch.device:
         return torch.device("cpu")
     if name == "cuda" and not torch.cuda.is_available():
         raise DivvizInputError("device 'cuda' was asked for but no CUDA device is available; use --device auto")
+    if name == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise DivvizInputError("device 'mps' was asked for but this machine has no Apple GPU; use --device auto")
     if name not in ("cpu", "cuda", "mps"):
         raise DivvizInputError(f"unknown device '{name}'; choose auto, cpu, cuda or mps")
     return torch.device(name)

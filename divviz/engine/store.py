@@ -5,7 +5,8 @@
         status.json        {"state", "message", "pid", "step", "steps", "device", "started", "updated"}, replaced
                            atomically (write to a temp file, then os.replace)
         metrics.jsonl      one JSON object per step, appended and flushed
-        tokens/step_NNNNNN.npz   a bounded sample of per-token facts per step, each written atomically
+        tokens/step_NNNNNN.npz   a bounded sample of per-token facts per step, each written atomically (runs of
+                           a plain TRL GRPOTrainer have none)
         samples.jsonl      a few (prompt, completion, reward) per step
         checkpoints/step_NNNNNN.safetensors   the weights every `checkpoint_every` steps (small models only)
 
@@ -84,10 +85,11 @@ class RunWriter:
         self.status["device"] = device
         self._write_status()
 
-    def append(self, step: int, metrics: dict, tokens: dict[str, np.ndarray], samples: list) -> None:
-        tmp = self.folder / "tokens" / f".step_{step:06d}.tmp.npz"
-        np.savez_compressed(tmp, **tokens)
-        os.replace(tmp, self.folder / "tokens" / f"step_{step:06d}.npz")
+    def append(self, step: int, metrics: dict, tokens: dict[str, np.ndarray] | None, samples: list) -> None:
+        if tokens is not None:
+            tmp = self.folder / "tokens" / f".step_{step:06d}.tmp.npz"
+            np.savez_compressed(tmp, **tokens)
+            os.replace(tmp, self.folder / "tokens" / f"step_{step:06d}.npz")
         self._samples.write(json.dumps({"step": step, "samples": samples}) + "\n")
         self._metrics.write(json.dumps(metrics) + "\n")
         self._metrics.flush()

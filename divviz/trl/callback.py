@@ -1,0 +1,158 @@
+"""`DivvizRunCallback`: a `transformers.TrainerCallback` that writes a TRL GRPO run as a divviz run folder.
+
+The folder is the engine's contract (`divviz.engine.store`): `config.json`, `metrics.jsonl` appended and flushed,
+`status.json` (running / done / stopped / failed, with a message and the pid), and, with `DivvizGRPOTrainer`,
+per-token facts in `tokens/`. Only the main process writes. The Runs page then shows the run live, overlays it with
+engine runs, exports it, and draws its tokens in the scatter.
+
+One metrics row per GRPO step, as the engine writes them: TRL takes μ = `num_iterations` optimiser steps (times
+`steps_per_generation`) per generation batch and logs every `logging_steps` of them; the callback averages what TRL
+logged during one generation batch into the row of that step (the engine averages its clip fractions over μ too),
+with `trl/global_step` beside it.
+
+How a run ends: done (TRL's `on_train_end`); stopped (Ctrl-C, or SIGTERM in a divviz worker); failed with the
+exception's message (with `DivvizGRPOTrainer` at once, else when the uncaught exception ends the process);
+interrupted (the process died: the readers find its pid gone).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+from divviz.divergences import AGGREGATIONS, clip_test, penalty
+from divviz.engine.config import objective_settings
+from divviz.engine.grpo import TOKEN_SAMPLE
+from divviz.engine.store import RunWriter, new_run_folder, runs_dir
+from divviz.engine.train import StopRequested
+from divviz.losses import Objective
+from divviz.params import DivvizInputError
+
+__all__ = ["DivvizRunCallback", "TOKEN_SAMPLE", "run_end"]
+
+
+def run_end(err: BaseException) -> tuple[str, str]:
+    """(state, message) of a run that ended with `err`: Ctrl-C and SIGTERM stop it, anything else fails it."""
+    if isinstance(err, (KeyboardInterrupt, StopRequested)):
+        return "stopped", ""
+    if isinstance(err, DivvizInputError):
+        return "failed", str(err)
+    return "failed", f"{type(err).__name__}: {err}"
+
+
+def trl_objective(args) -> Objective | None:
+    """The objective a plain `GRPOTrainer` optimises, in the catalogue's words, where it has them: TRL's box
+    [1 − epsilon, 1 + epsilon_high] is `clip_higher`, its `beta` k3 penalty is `k3` (importance-weighted when
+    `use_bias_correction_kl`), its loss_type the aggregation. None for TRL's own losses (cispo, sapo, …)."""
+    if args.loss_type not in AGGREGATIONS:
+        return None
+    try:
+        high = args.epsilon if args.epsilon_high is None else args.epsilon_high
+        k3 = penalty("k3", importance_weight=bool(args.use_bias_correction_kl)) if args.beta else None
+        return Objective(clip=clip_test("clip_higher", eps_low=args.epsilon, eps_high=high), penalty=k3,
+                         beta=args.beta, aggregation=args.loss_type)
+    except DivvizInputError:  # e.g. an epsilon outside the catalogue's range
+        return None
+
+
+class DivvizRunCallback(TrainerCallback):
+    """Writes the run of a TRL `GRPOTrainer` (metrics) or `DivvizGRPOTrainer` (metrics and per-token facts) to a
+    divviz run folder, from the main process only.
+
+    runs_folder: where the run folder is made (default: $DIVVIZ_RUNS_DIR, else ./runs); folder: an existing run
+    folder to write instead (divviz's own worker); config: what config.json holds (default: the run's settings read
+    from the trainer's GRPOConfig and objective); task: a name shown with the run."""
+
+    def __init__(self, runs_folder: str | os.PathLike | None = None, *, folder: Path | None = None,
+                 config: dict | None = None, task: str | None = None, on_row=None):
+        self.root, self.folder, self.config, self.task, self.on_row = runs_dir(runs_folder), folder, config, task, on_row
+        self.objective: Objective | None = None  # DivvizGRPOTrainer sets it before training
+        self.writer: RunWriter | None = None
+        self._pending: list[dict] = []
+        self._tokens = None
+        self._hook = None
+
+    # -- TRL's events --------------------------------------------------------------------------------------------
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if not state.is_world_process_zero:
+            return
+        config = self.config or self._config(args, model)
+        self.per_step = getattr(args, "num_iterations", 1) * (getattr(args, "steps_per_generation", 1) or 1)
+        steps = math.ceil(state.max_steps / self.per_step)
+        label = config.get("clip") or config.get("trl", {}).get("loss_type", "run")
+        self.folder = self.folder or new_run_folder(self.root, f"trl-{config.get('task') or 'grpo'}-{label}")
+        self.writer = RunWriter(self.folder, {**config, "steps": config.get("steps", steps)}, steps)
+        self.writer.set_device(str(args.device))
+        self._hook = sys.excepthook  # a plain GRPOTrainer's exception reaches the callback only this way
+        sys.excepthook = self._excepthook
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.writer is None or not logs or "train_runtime" in logs:  # the last call sums up the whole run
+            return
+        numbers = {k: float(v) for k, v in logs.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+                   and math.isfinite(v) and not k.startswith("eval_")}
+        self._pending.append(numbers)
+        if state.global_step % self.per_step == 0:
+            self._flush(state.global_step)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.writer is not None and self.writer.status["state"] == "running":
+            self._flush(state.global_step)
+            self.end("done", f"{self.writer.status['step']} steps")
+
+    # -- from DivvizGRPOTrainer ----------------------------------------------------------------------------------
+
+    def add_tokens(self, facts: dict) -> None:
+        """The per-token facts of the latest last-inner-step micro-batch, written with the next metrics row."""
+        self._tokens = facts
+
+    def end(self, state: str, message: str = "") -> None:
+        """Record how the run ended (a no-op once it has ended, and on other processes)."""
+        if self.writer is None or self.writer.status["state"] != "running":
+            return
+        if state == "stopped" and not message:
+            message = f"stopped after step {self.writer.status['step']} of {self.writer.status['steps']}"
+        self.writer.finish(state, message)
+        if sys.excepthook == self._excepthook:
+            sys.excepthook = self._hook
+
+    # -- inside --------------------------------------------------------------------------------------------------
+
+    def _flush(self, global_step: int) -> None:
+        if not self._pending:
+            return
+        keys = {k for row in self._pending for k in row}
+        row = {k: sum(r[k] for r in self._pending if k in r) / sum(k in r for r in self._pending) for k in sorted(keys)}
+        step = math.ceil(global_step / self.per_step)
+        row.update({"step": step, "trl/global_step": global_step})
+        self.writer.append(step, row, self._tokens, [])
+        self._pending, self._tokens = [], None
+        if self.on_row:
+            self.on_row(row)
+
+    def _excepthook(self, kind, err, traceback):
+        self.end(*run_end(err))
+        (self._hook or sys.__excepthook__)(kind, err, traceback)
+
+    def _config(self, args, model) -> dict:
+        """config.json of a run started outside divviz: the engine's keys where TRL has the same setting."""
+        objective = self.objective or trl_objective(args)
+        world = args.world_size
+        completions = args.per_device_train_batch_size * world * args.steps_per_generation
+        return {
+            "backend": "trl", "task": self.task,
+            "model": getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__,
+            **(objective_settings(objective) if objective else {"clip": None}),
+            "prompts": completions // args.num_generations, "group_size": args.num_generations,
+            "mu": args.num_iterations, "lr": args.learning_rate, "temperature": args.temperature,
+            "max_new_tokens": args.max_completion_length, "seed": args.seed, "world_size": world,
+            "trl": {name: getattr(args, name) for name in (
+                "loss_type", "epsilon", "epsilon_high", "delta", "beta", "use_bias_correction_kl", "scale_rewards",
+                "per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation", "use_vllm",
+                "bf16", "max_steps")},
+        }

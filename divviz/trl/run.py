@@ -1,0 +1,91 @@
+"""`divviz train --backend trl`: a divviz run configuration trained by `DivvizGRPOTrainer` on TRL's loop.
+
+The same settings mean the same things as in divviz's engine: step s samples the same prompts (the task's batch of
+step s, in order), G completions each; μ → `num_iterations`; the task's exact checker is the reward (and, with
+weight 0, `accuracy`); AdamW without weight decay at a constant learning rate. Under
+`accelerate launch --multi_gpu --num_processes N -m divviz train --backend trl …` (or `torchrun --nproc-per-node N
+-m divviz …`; on CPUs add `--device cpu`: the processes then join a gloo group) each process takes 1/N of the completions
+and TRL gathers what it logs; the main process writes the one run folder.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import torch
+from accelerate import PartialState
+from datasets import Dataset
+from transformers import PrinterCallback
+from trl import GRPOConfig
+
+from divviz.engine.config import RunConfig
+from divviz.engine.model import load_policy, pick_device
+from divviz.engine.tasks import Task, get_task
+from divviz.engine.train import StopRequested
+from divviz.params import DivvizInputError
+from divviz.trl.callback import DivvizRunCallback
+from divviz.trl.trainer import DivvizGRPOTrainer, NonFiniteLoss
+
+
+def prompt_dataset(task: Task, cfg: RunConfig) -> Dataset:
+    """Every step's prompts in step order, as the engine samples them (`make_batch`), with their answers."""
+    rows = [{"prompt": prompt, "answer": answer} for step in range(cfg.steps)
+            for prompt, answer in task.batch(seed=cfg.seed * 1_000_003 + step, n=cfg.prompts)]
+    return Dataset.from_list(rows)
+
+
+def task_rewards(task: Task, format_reward: float) -> list:
+    """TRL reward functions: the task's reward, and its checker's verdict (logged as rewards/accuracy/mean)."""
+
+    def reward(prompts, completions, answer, **_):
+        return [task.reward(p, a, c, format_reward) for p, c, a in zip(prompts, completions, answer)]
+
+    def accuracy(prompts, completions, answer, **_):
+        return [float(task.correct(p, a, c)) for p, c, a in zip(prompts, completions, answer)]
+
+    return [reward, accuracy]
+
+
+def grpo_config(cfg: RunConfig, processes: int, device: torch.device, output_dir: str) -> GRPOConfig:
+    """TRL's settings for `cfg`, with 1/`processes` of each step's completions per process."""
+    completions = cfg.prompts * cfg.group_size
+    if completions % processes:
+        raise DivvizInputError(f"prompts × group_size = {completions} completions per step do not split evenly over "
+                               f"{processes} processes")
+    return GRPOConfig(
+        output_dir=output_dir, per_device_train_batch_size=completions // processes, gradient_accumulation_steps=1,
+        steps_per_generation=1, num_generations=cfg.group_size, num_iterations=cfg.mu, max_steps=cfg.steps * cfg.mu,
+        learning_rate=cfg.lr, lr_scheduler_type="constant", weight_decay=0.0, optim="adamw_torch",
+        max_grad_norm=cfg.max_grad_norm, temperature=cfg.temperature, max_completion_length=cfg.max_new_tokens,
+        seed=cfg.seed, loss_type=cfg.aggregation, scale_rewards="group" if cfg.scale_rewards else "none",
+        shuffle_dataset=False, reward_weights=[1.0, 0.0], use_cpu=device.type == "cpu",
+        bf16=device.type == "cuda" and torch.cuda.is_bf16_supported(), gradient_checkpointing=False,
+        logging_steps=1, report_to="none", save_strategy="no", disable_tqdm=True, dataloader_num_workers=0)
+
+
+def process_state(cfg: RunConfig) -> PartialState:
+    """This process's place in the run (accelerate's state, made once per process): on the CPU, the processes
+    that `accelerate launch --multi_gpu` or `torchrun` started join one gloo group; on GPUs, NCCL."""
+    return PartialState(cpu=pick_device(cfg.device).type == "cpu")
+
+
+def train(cfg: RunConfig, root: Path, *, folder: Path | None = None, on_row=None) -> Path | None:
+    """Train `cfg` with `DivvizGRPOTrainer`; returns the run folder on the main process (None on the others).
+
+    Bad settings and a model that will not load raise `DivvizInputError` before a run folder exists. A run that
+    fails later, or is stopped (Ctrl-C, SIGTERM), ends with that state in its folder, as the engine's do."""
+    task, device, processes = get_task(cfg.task), pick_device(cfg.device), process_state(cfg).num_processes
+    model, tokenizer = load_policy(cfg.model, task, seed=0, trust_remote_code=cfg.trust_remote_code)
+    callback = DivvizRunCallback(root, folder=folder, config=cfg.to_dict(), on_row=on_row)
+    with tempfile.TemporaryDirectory(prefix="divviz-trl-") as output_dir:
+        trainer = DivvizGRPOTrainer(model=model, reward_funcs=task_rewards(task, cfg.format_reward),
+                                    args=grpo_config(cfg, processes, device, output_dir),
+                                    train_dataset=prompt_dataset(task, cfg), processing_class=tokenizer,
+                                    callbacks=[callback], objective=cfg.objective())
+        trainer.remove_callback(PrinterCallback)  # it prints every log line; the CLI shows a progress bar
+        try:
+            trainer.train()
+        except (StopRequested, KeyboardInterrupt, NonFiniteLoss, DivvizInputError):
+            pass  # the run folder says how it ended
+    return callback.folder

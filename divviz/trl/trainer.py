@@ -1,0 +1,268 @@
+"""`DivvizGRPOTrainer`: TRL's `GRPOTrainer` whose policy loss is divviz's one `policy_loss`.
+
+It replaces one method of TRL 1.16's `GRPOTrainer`, `_compute_loss`: TRL writes its loss formula inline, between
+the forward pass and the metrics, so no smaller override can swap it. The new `_compute_loss` keeps, as TRL does
+them, the forward pass (`_get_per_token_logps_and_entropies`, TRL's fused LM head at its temperature), the old
+log-probs (with μ = 1 the current ones, detached), the top-entropy token mask, the off-policy sequence mask and
+vLLM's importance-sampling correction (all three as `policy_loss`'s per-token weight), the MoE auxiliary loss, the
+normalisers for gradient accumulation and processes, and TRL's cross-process gathering of metrics. It replaces
+TRL's clip (`epsilon`, `epsilon_high`, `delta`) and its k3 penalty (`beta`) by the objective's clip test, penalty,
+β and dual-clip cap. `train` is wrapped only to record how a run ended in a `DivvizRunCallback`'s run folder.
+
+Generation (vLLM included), reward functions, the reference model, PEFT, gradient accumulation and DeepSpeed/FSDP
+through accelerate stay TRL's. Not honoured (refused at construction): TRL's own loss types (cispo, sapo, vespo,
+luspo), sequence-level importance sampling (GSPO), the entropy bonus and TRL's `delta` cap.
+
+    trainer = DivvizGRPOTrainer(model=..., reward_funcs=..., args=GRPOConfig(loss_type="dapo", ...),
+                                train_dataset=..., objective=Objective(clip=clip_test("kl3", delta=0.05),
+                                                                       aggregation="dapo"),
+                                callbacks=[DivvizRunCallback()])
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+import torch
+from accelerate.utils import gather_object
+from trl import GRPOConfig, GRPOTrainer
+from trl.trainer.utils import nanmax, nanmin
+
+from divviz.divergences import AGGREGATIONS
+from divviz.estimators import k1, k2, k3
+from divviz.losses import LossOutput, Objective
+from divviz.params import DivvizInputError
+from divviz.trl.callback import TOKEN_SAMPLE, DivvizRunCallback, run_end
+
+# inputs that TRL's forward passes on to multimodal models, by the names `_get_per_token_logps_and_entropies` takes
+_MODEL_INPUTS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes",
+                 "num_tiles", "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids")
+
+
+class NonFiniteLoss(FloatingPointError):
+    """The loss became NaN or infinite: training stops with a message instead of corrupting the weights."""
+
+
+def _default(name: str):
+    return GRPOConfig.__dataclass_fields__[name].default
+
+
+def _same_box(objective: Objective, epsilon: float, epsilon_high: float | None) -> bool:
+    """True if the objective's clip test is TRL's own box [1 − epsilon, 1 + (epsilon_high or epsilon)]."""
+    clip, high = objective.clip, epsilon if epsilon_high is None else epsilon_high
+    if clip is None:
+        return False
+    if clip.name == "ratio":
+        return clip.params["eps"] == epsilon == high
+    return clip.name == "clip_higher" and (clip.params["eps_low"], clip.params["eps_high"]) == (epsilon, high)
+
+
+def trl_args_for(objective: Objective, args: GRPOConfig) -> GRPOConfig:
+    """A copy of `args` that agrees with `objective`, or a `DivvizInputError` naming the conflicting setting.
+
+    A TRL option left at its default defers to the objective; one set to another value must agree with it.
+    TRL's `beta` is set to the objective's β when its penalty needs the reference model, so that TRL loads that
+    model and computes its log-probs (`ref_per_token_logps`); the penalty itself is the objective's."""
+    if args.loss_type not in AGGREGATIONS:
+        raise DivvizInputError(
+            f"GRPOConfig(loss_type='{args.loss_type}') is one of TRL's own losses, which DivvizGRPOTrainer replaces; "
+            f"use GRPOTrainer for it, or a loss_type that aggregates: {', '.join(AGGREGATIONS)}")
+    if args.loss_type != objective.aggregation:
+        raise DivvizInputError(
+            f"GRPOConfig(loss_type='{args.loss_type}') contradicts the objective's aggregation "
+            f"'{objective.aggregation}'; set both to the same")
+    if args.delta is not None:
+        raise DivvizInputError(
+            f"GRPOConfig(delta={args.delta}) is TRL's two-sided ratio cap (INTELLECT-2), which divviz does not apply; "
+            "drop delta (divviz's dual_clip_c caps the loss of negative-advantage tokens instead)")
+    changed = {name: getattr(args, name) for name in ("epsilon", "epsilon_high")
+               if getattr(args, name) != _default(name)}
+    if changed and not _same_box(objective, args.epsilon, args.epsilon_high):
+        names = ", ".join(f"{k}={v}" for k, v in changed.items())
+        raise DivvizInputError(
+            f"GRPOConfig({names}) sets TRL's clip range, which the objective's clip test "
+            f"'{objective.clip.label if objective.clip else 'none'}' replaces; drop {' and '.join(changed)}")
+    penalty, beta = objective.penalty, objective.beta
+    needs_ref = penalty is not None and beta > 0 and penalty.entry.needs_ref
+    if args.beta != 0 and not (needs_ref and args.beta == beta):
+        raise DivvizInputError(
+            f"GRPOConfig(beta={args.beta}) adds TRL's k3 penalty, which the objective replaces; drop beta and put the "
+            f"penalty in the objective, e.g. Objective(penalty=penalty('k3', importance_weight=True), beta={args.beta}) "
+            "for TRL's own (use_bias_correction_kl=True)")
+    if (penalty is not None and penalty.name == "k3" and penalty.params["importance_weight"]
+            and args.use_bias_correction_kl is False):
+        raise DivvizInputError(
+            "GRPOConfig(use_bias_correction_kl=False) contradicts the objective's importance-weighted k3 penalty; "
+            "drop one of them")
+    if args.importance_sampling_level != "token":
+        raise DivvizInputError(
+            f"GRPOConfig(importance_sampling_level='{args.importance_sampling_level}') weights whole sequences (GSPO); "
+            "divviz's clip tests are per token: drop it")
+    if args.entropy_coef != 0 or args.use_adaptive_entropy:
+        raise DivvizInputError("GRPOConfig's entropy bonus (entropy_coef, use_adaptive_entropy) is not part of a divviz "
+                               "objective; drop it")
+    args = copy.copy(args)
+    args.beta = beta if needs_ref else 0.0
+    return args
+
+
+class DivvizGRPOTrainer(GRPOTrainer):
+    """TRL's GRPOTrainer with the policy loss of a divviz `Objective` (see the module docstring).
+
+    Takes every argument of `GRPOTrainer` plus `objective`. Logs TRL's metrics under TRL's names (`entropy`, `kl`,
+    `clip_ratio/low_mean`, `…/high_mean`, `…/region_mean`, `…/low_min`, `…/high_max`), gathered across processes
+    as TRL gathers them, and divviz's per-token ones, which need no extra forward pass:
+
+        kl/k1, kl/k2, kl/k3          k1/k2/k3 of the current ratio w = π_θ/π_old at each inner step
+        divviz/measure_mean          the clip test's own measure (e.g. k3 for kl3)
+        divviz/penalty_mean          the penalty's value (TRL's `kl` too when the penalty is toward the reference)
+        divviz/grad_masked_mean      share of tokens whose gradient through w is masked (clipped or dual-capped)
+        divviz/outside_mean          share of tokens outside the clip test's region, whatever their advantage
+        divviz/outside_last_mean     the same at the last of the μ inner steps only (after μ − 1 updates)
+
+    With a `DivvizRunCallback` among its callbacks it also hands over, at the last inner step, a sample of per-token
+    facts gathered from every process (≤ 256 tokens), which the callback writes as the run's `tokens/`.
+    """
+
+    def __init__(self, *args, objective: Objective, **kwargs):
+        if not isinstance(objective, Objective):
+            raise DivvizInputError(f"objective must be a divviz.losses.Objective, got {type(objective).__name__}")
+        if len(args) >= 3:  # (model, reward_funcs, args, ...) given by position
+            args = (*args[:2], trl_args_for(objective, args[2] or GRPOConfig()), *args[3:])
+        else:
+            kwargs["args"] = trl_args_for(objective, kwargs.get("args") or GRPOConfig())
+        self.objective = objective
+        super().__init__(*args, **kwargs)
+
+    def _run_callbacks(self) -> list[DivvizRunCallback]:
+        return [cb for cb in self.callback_handler.callbacks if isinstance(cb, DivvizRunCallback)]
+
+    def train(self, *args, **kwargs):
+        """TRL's `train`; a `DivvizRunCallback` learns the objective first, and how the run ended if it raised."""
+        callbacks = self._run_callbacks()
+        for callback in callbacks:
+            callback.objective = self.objective
+        try:
+            return super().train(*args, **kwargs)
+        except BaseException as err:
+            for callback in callbacks:
+                callback.end(*run_end(err))
+            raise
+
+    def _compute_loss(self, model, inputs):
+        mode = "train" if self.model.training else "eval"
+        mask = inputs["completion_mask"]
+        if "tool_mask" in inputs:
+            mask = mask * inputs["tool_mask"]
+        prompt_ids, completion_ids = inputs["prompt_ids"], inputs["completion_ids"]
+        logp_new, entropies, aux_loss = self._get_per_token_logps_and_entropies(
+            model, torch.cat([prompt_ids, completion_ids], dim=1),
+            torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1), completion_ids.size(1),
+            compute_entropy=True, compute_aux_loss=self.aux_loss_enabled, **{k: inputs.get(k) for k in _MODEL_INPUTS})
+        adv = inputs["advantages"]
+        adv = adv.unsqueeze(1) if adv.dim() == 1 else adv  # (B, 1), or (B, T) from a subclass
+        logp_old = inputs.get("old_per_token_logps")
+        logp_old = logp_new.detach() if logp_old is None else logp_old
+
+        out = self.objective(logp_new, logp_old, adv, mask, logp_ref=inputs.get("ref_per_token_logps"),
+                             max_completion_length=self.max_completion_length,
+                             num_items_in_batch=self._dapo_normaliser(inputs, mode),
+                             weight=self._token_weight(inputs, adv, logp_new, logp_old, entropies, mask))
+        if not torch.isfinite(out.loss):
+            raise NonFiniteLoss(f"the loss became {out.loss.item()} at step {self.state.global_step + 1}; "
+                                f"try a smaller learning rate (now {self.args.learning_rate:g})")
+        # grpo, bnpo, dr_grpo: TRL divides by the accumulation steps; dapo's normaliser already counts them
+        accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+        loss = out.loss if self.objective.aggregation == "dapo" else out.loss / accumulation
+        if self.aux_loss_enabled:
+            loss = loss + self.router_aux_loss_coef * aux_loss / accumulation
+            self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
+        self._log_facts(mode, out, logp_new.detach() - logp_old, entropies, mask)
+        if mode == "train" and self._last_inner_step():
+            self._hand_over_tokens(out, logp_old, adv, mask)
+        return loss
+
+    def _dapo_normaliser(self, inputs, mode: str):
+        """TRL's dapo normaliser: the generation batch's tokens over all processes, per accumulation window."""
+        if self.objective.aggregation != "dapo":
+            return None
+        normaliser = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
+        if mode == "train":
+            normaliser = normaliser * self.current_gradient_accumulation_steps / self.args.steps_per_generation
+        return normaliser
+
+    def _token_weight(self, inputs, adv, logp_new, logp_old, entropies, mask):
+        """The product of TRL's per-token multipliers of the policy term that this configuration switches on."""
+        weight = None
+        if self.off_policy_mask_threshold is not None:  # vLLM's sampling log-probs where there are any
+            weight = self.get_off_policy_mask(
+                advantages=adv, per_token_logps=logp_new, mask=mask, off_policy_threshold=self.off_policy_mask_threshold,
+                sampling_per_token_logps=inputs.get("sampling_per_token_logps", logp_old))
+        if self.top_entropy_quantile < 1.0:
+            entropy_mask = self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)
+            weight = entropy_mask if weight is None else weight * entropy_mask
+        if self.use_vllm and self.vllm_importance_sampling_correction:
+            ratio = inputs["importance_sampling_ratio"]
+            weight = ratio if weight is None else weight * ratio
+        return weight
+
+    def _global_masked_mean(self, x: torch.Tensor, mask: torch.Tensor) -> float:
+        """TRL's `global_masked_mean`: Σ x·mask / Σ mask over every process."""
+        totals = self.accelerator.reduce(torch.stack([(x * mask).sum(), mask.sum().float()]), reduction="sum")
+        return (totals[0] / totals[1].clamp(min=1.0)).item()
+
+    def _log_facts(self, mode: str, out: LossOutput, log_ratio, entropies, mask) -> None:
+        metrics, mean = self._metrics[mode], lambda x: self._global_masked_mean(x.float(), mask)
+        if out.penalty is not None:
+            metrics["divviz/penalty_mean"].append(mean(out.penalty))
+            if self.objective.penalty.entry.needs_ref:
+                metrics["kl"].append(metrics["divviz/penalty_mean"][-1])
+        metrics["entropy"].append(mean(entropies))
+        for name, clipped in (("low", out.clipped_low), ("high", out.clipped_high), ("region", out.clipped_region)):
+            metrics[f"clip_ratio/{name}_mean"].append(mean(clipped))
+        per_completion = lambda x: (x.float() * mask).sum(-1) / mask.sum(-1)  # noqa: E731 — TRL's masked_seq_mean
+        metrics["clip_ratio/low_min"].append(nanmin(self.accelerator.gather(per_completion(out.clipped_low))).item())
+        metrics["clip_ratio/high_max"].append(nanmax(self.accelerator.gather(per_completion(out.clipped_high))).item())
+        for name, estimator in (("k1", k1), ("k2", k2), ("k3", k3)):
+            metrics[f"kl/{name}"].append(mean(estimator(log_ratio)))
+        if out.measure is not None:
+            metrics["divviz/measure_mean"].append(mean(out.measure))
+        metrics["divviz/grad_masked_mean"].append(mean(out.grad_masked))
+        metrics["divviz/outside_mean"].append(mean(out.outside))
+        if mode == "train" and self._last_inner_step():
+            metrics["divviz/outside_last_mean"].append(metrics["divviz/outside_mean"][-1])
+
+    def _last_inner_step(self) -> bool:
+        """Whether this micro-batch belongs to the last of the μ passes over its generation batch."""
+        per_generation = self.args.steps_per_generation
+        return (self._step % (per_generation * self.num_iterations)) // per_generation == self.num_iterations - 1
+
+    def _hand_over_tokens(self, out: LossOutput, logp_old, adv, mask) -> None:
+        """A sample of this micro-batch's per-token facts from every process, to the run callbacks of the main one.
+
+        Columns as in the engine's `tokens/` (π after the update is not known without another forward, so there is
+        no `pi_new`): pi_old, ratio, adv, state (0 inside, 1 clipped low, 2 clipped high, 3 dual-clipped), measure,
+        completion and position (row and column in this process's micro-batch), rank."""
+        callbacks = self._run_callbacks()
+        if not callbacks:
+            return
+        rows, cols = (mask > 0).nonzero(as_tuple=True)
+        share = math.ceil(TOKEN_SAMPLE / self.accelerator.num_processes)
+        generator = torch.Generator().manual_seed(self.args.seed * 31 + self.state.global_step)
+        keep = torch.randperm(len(rows), generator=generator)[:share].sort().values.to(rows.device)
+        rows, cols = rows[keep], cols[keep]
+        pick = lambda x: x[rows, cols].detach().float().cpu().numpy()  # noqa: E731
+        adv = adv.expand_as(mask)
+        facts = {"pi_old": pick(logp_old.exp()), "ratio": pick(out.ratio), "adv": pick(adv),
+                 "state": pick(out.clip_state()).astype(np.int8), "completion": rows.cpu().numpy().astype(np.int32),
+                 "position": cols.cpu().numpy().astype(np.int32),
+                 "rank": np.full(len(rows), self.accelerator.process_index, dtype=np.int16)}
+        if out.measure is not None:
+            facts["measure"] = pick(out.measure)
+        gathered = gather_object([facts])
+        if self.accelerator.is_main_process:
+            merged = {key: np.concatenate([part[key] for part in gathered]) for key in facts}
+            for callback in callbacks:
+                callback.add_tokens(merged)

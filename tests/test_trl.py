@@ -1,0 +1,327 @@
+"""divviz inside TRL (`divviz.trl`): DivvizGRPOTrainer against TRL 1.16's own `_compute_loss` on the same batch
+(loss, gradients, clip metrics), its refusals, real TRL runs on the built-in model (CLI, callback on a plain
+GRPOTrainer, SIGKILL), and two processes under `accelerate launch`."""
+
+import copy
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("trl")
+
+from datasets import Dataset  # noqa: E402
+from trl import GRPOConfig, GRPOTrainer  # noqa: E402
+
+from divviz import cli, theory  # noqa: E402
+from divviz.divergences import clip_test, penalty  # noqa: E402
+from divviz.engine import store  # noqa: E402
+from divviz.engine.model import builtin_policy  # noqa: E402
+from divviz.engine.tasks import get_task  # noqa: E402
+from divviz.losses import Objective  # noqa: E402
+from divviz.params import DivvizInputError  # noqa: E402
+from divviz.trl import DivvizGRPOTrainer, DivvizRunCallback, trl_args_for  # noqa: E402
+
+APP = Path(__file__).resolve().parents[1] / "app.py"
+TASK = get_task("reverse")
+TRL_METRICS = ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "clip_ratio/low_min",
+               "clip_ratio/high_max", "entropy")
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return builtin_policy(TASK)
+
+
+def config(tmp_path, **settings) -> GRPOConfig:
+    base = dict(output_dir=str(tmp_path), per_device_train_batch_size=8, num_generations=4, max_completion_length=6,
+                bf16=False, use_cpu=True, gradient_checkpointing=False, report_to="none", save_strategy="no",
+                disable_tqdm=True, seed=0, learning_rate=1e-3)
+    return GRPOConfig(**{**base, **settings})
+
+
+def make_trainer(cls, policy, args, **kwargs):
+    model, tokenizer = policy
+    data = Dataset.from_list([{"prompt": p, "answer": a} for p, a in TASK.batch(0, 8)])
+    trainer = cls(model=copy.deepcopy(model), reward_funcs=lambda completions, **_: [0.0] * len(completions),
+                  args=args, train_dataset=data, processing_class=tokenizer, **kwargs)
+    trainer.current_gradient_accumulation_steps = 2  # set by TRL's loop; 2 puts its normalisers to the test
+    trainer.model.train()
+    return trainer
+
+
+def same_batch(policy) -> dict:
+    """8 completions of 2 prompts with padding, advantages, and old/ref log-probs scattered around the current ones
+    so that ratios fall on both sides of every bound (seeded)."""
+    model, tokenizer = policy
+    g = torch.Generator().manual_seed(0)
+    prompts = tokenizer([p for p, _ in TASK.batch(1, 2)], padding=True, return_tensors="pt")
+    prompt_ids = prompts["input_ids"].repeat_interleave(4, dim=0)
+    prompt_mask = prompts["attention_mask"].repeat_interleave(4, dim=0)
+    completion_ids = torch.randint(3, len(tokenizer), (8, 6), generator=g)
+    lengths = torch.tensor([6, 3, 5, 6, 2, 6, 4, 1])
+    completion_mask = (torch.arange(6)[None, :] < lengths[:, None]).long()
+    probe = make_trainer(GRPOTrainer, policy, config("/tmp/divviz-probe"))
+    with torch.no_grad():
+        logp, _, _ = probe._get_per_token_logps_and_entropies(
+            probe.model, torch.cat([prompt_ids, completion_ids], 1), torch.cat([prompt_mask, completion_mask], 1), 6)
+    return {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
+            "completion_mask": completion_mask, "advantages": torch.randn(8, generator=g),
+            "old_per_token_logps": logp + 0.35 * torch.randn(8, 6, generator=g),
+            "ref_per_token_logps": logp + 0.2 * torch.randn(8, 6, generator=g),
+            "num_items_in_batch": completion_mask.sum()}
+
+
+@pytest.fixture(scope="module")
+def batch(policy):
+    return same_batch(policy)
+
+
+def loss_and_grads(trainer, inputs):
+    loss = trainer._compute_loss(trainer.model, dict(inputs))
+    loss.backward()
+    grads = {name: p.grad.clone() for name, p in trainer.model.named_parameters() if p.grad is not None}
+    metrics = {key: values[-1] for key, values in trainer._metrics["train"].items()}
+    return loss.detach(), grads, metrics
+
+
+def assert_same(ours, theirs, metrics=TRL_METRICS, exact=False):
+    """Loss and metrics to 1e-6 relative, the gradient (all parameters as one vector) to 1e-6 of its norm
+    (float32); with `exact`, the loss and every gradient bit for bit."""
+    (loss, grads, logged), (want_loss, want_grads, want_logged) = ours, theirs
+    torch.testing.assert_close(loss, want_loss, rtol=1e-6, atol=1e-9)
+    assert grads.keys() == want_grads.keys()
+    got, want = (torch.cat([g[name].ravel() for name in sorted(g)]) for g in (grads, want_grads))
+    assert (got - want).norm() <= 1e-6 * want.norm()
+    assert not exact or (torch.equal(got, want) and torch.equal(loss, want_loss))
+    for key in metrics:
+        assert logged[key] == pytest.approx(want_logged[key], rel=1e-6, abs=1e-9), key
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.04])
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
+def test_clip_higher_equals_trl(tmp_path, policy, batch, loss_type, beta):
+    """The same batch through TRL's GRPOTrainer (ε_low 0.2, ε_high 0.28, TRL's k3 penalty importance-weighted by
+    default) and through DivvizGRPOTrainer with clip_higher and k3(importance_weight=1): loss, every gradient and
+    TRL's clip metrics agree to float32 rounding; without the penalty, bit for bit (with it, divviz's k3 is
+    expm1(y) − y where TRL writes exp(y) − y − 1)."""
+    theirs = make_trainer(GRPOTrainer, policy, config(tmp_path, loss_type=loss_type, epsilon_high=0.28, beta=beta))
+    objective = Objective(clip=clip_test("clip_higher", eps_low=0.2, eps_high=0.28),
+                          penalty=penalty("k3", importance_weight=True) if beta else None, beta=beta,
+                          aggregation=loss_type)
+    ours = make_trainer(DivvizGRPOTrainer, policy, config(tmp_path, loss_type=loss_type), objective=objective)
+    want, got = loss_and_grads(theirs, batch), loss_and_grads(ours, batch)
+    assert 0 < want[2]["clip_ratio/region_mean"] < 1  # the batch clips some tokens and not others
+    assert_same(got, want, TRL_METRICS + (("kl",) if beta else ()), exact=beta == 0)
+
+
+def test_kl3_equals_trl_box_on_its_interval(tmp_path, policy, batch):
+    """ATR-GRPO's KL3 test at δ is TRL's box with ε_low = 1 − l_δ, ε_high = u_δ − 1 (theory.md §1.3)."""
+    delta = 0.05
+    lower, upper = theory.kl3_bounds(delta)
+    theirs = make_trainer(GRPOTrainer, policy, config(tmp_path, loss_type="dapo", epsilon=1 - lower,
+                                                      epsilon_high=upper - 1))
+    ours = make_trainer(DivvizGRPOTrainer, policy, config(tmp_path, loss_type="dapo"),
+                        objective=Objective(clip=clip_test("kl3", delta=delta), aggregation="dapo"))
+    want, got = loss_and_grads(theirs, batch), loss_and_grads(ours, batch)
+    assert 0 < want[2]["clip_ratio/region_mean"] < 1
+    assert_same(got, want)
+    # divviz's own per-token metrics: k1/k2/k3 of the current ratio, and k3 itself is kl3's measure
+    assert got[2]["divviz/measure_mean"] == pytest.approx(got[2]["kl/k3"], rel=1e-6)
+    assert got[2]["divviz/grad_masked_mean"] == pytest.approx(got[2]["clip_ratio/region_mean"])
+    assert got[2]["divviz/outside_mean"] >= got[2]["clip_ratio/region_mean"]
+
+
+def test_dual_clip_and_trl_weights_enter_the_loss(tmp_path, policy, batch):
+    """What TRL has no counterpart for still trains: dual-clip caps the loss of A < 0 tokens (it changes the loss
+    here), and the top-entropy token mask is honoured (TRL's own mask as the policy term's weight)."""
+    base = Objective(clip=clip_test("kl3", delta=0.02), aggregation="grpo")
+    plain = loss_and_grads(make_trainer(DivvizGRPOTrainer, policy, config(tmp_path, loss_type="grpo"),
+                                        objective=base), batch)
+    capped = loss_and_grads(make_trainer(DivvizGRPOTrainer, policy, config(tmp_path, loss_type="grpo"),
+                                         objective=Objective(clip=base.clip, dual_clip_c=1.05, aggregation="grpo")),
+                            batch)
+    assert capped[0] != plain[0]
+    theirs = make_trainer(GRPOTrainer, policy, config(tmp_path, loss_type="bnpo", top_entropy_quantile=0.5))
+    ours = make_trainer(DivvizGRPOTrainer, policy, config(tmp_path, loss_type="bnpo", top_entropy_quantile=0.5),
+                        objective=Objective(clip=clip_test("ratio"), aggregation="bnpo"))
+    assert_same(loss_and_grads(ours, batch), loss_and_grads(theirs, batch))
+
+
+@pytest.mark.parametrize("settings, objective, says", [
+    (dict(loss_type="dapo"), Objective(clip=clip_test("kl3")), "contradicts the objective's aggregation 'grpo'"),
+    (dict(loss_type="cispo"), Objective(clip=clip_test("kl3")), "is one of TRL's own losses"),
+    (dict(loss_type="grpo", epsilon=0.3), Objective(clip=clip_test("kl3")), "drop epsilon"),
+    (dict(loss_type="grpo", epsilon_high=0.28), Objective(clip=clip_test("ratio")), "drop epsilon_high"),
+    (dict(loss_type="grpo", delta=2.0), Objective(clip=clip_test("kl3")), "drop delta"),
+    (dict(loss_type="grpo", beta=0.04), Objective(clip=clip_test("kl3")), "drop beta"),
+    (dict(loss_type="grpo", beta=0.04), Objective(penalty=penalty("ufkl"), beta=0.04), "drop beta"),
+    (dict(loss_type="grpo", use_bias_correction_kl=False),
+     Objective(penalty=penalty("k3", importance_weight=True), beta=0.1), "use_bias_correction_kl=False"),
+    (dict(loss_type="grpo", importance_sampling_level="sequence"), Objective(), "GSPO"),
+    (dict(loss_type="grpo", entropy_coef=0.01), Objective(), "entropy bonus"),
+])
+def test_a_contradicting_trl_option_is_refused_before_training(tmp_path, settings, objective, says):
+    with pytest.raises(DivvizInputError, match=says.replace("(", r"\(").replace(")", r"\)")):
+        trl_args_for(objective, config(tmp_path, **settings))
+
+
+def test_agreeing_options_are_accepted_and_beta_loads_the_reference(tmp_path):
+    same_box = trl_args_for(Objective(clip=clip_test("clip_higher", eps_low=0.2, eps_high=0.28), aggregation="dapo"),
+                            config(tmp_path, loss_type="dapo", epsilon_high=0.28))
+    assert same_box.beta == 0.0
+    k3 = Objective(clip=clip_test("kl3"), penalty=penalty("k3", importance_weight=True), beta=0.04)
+    assert trl_args_for(k3, config(tmp_path, loss_type="grpo")).beta == 0.04  # TRL then loads the reference model
+    rpg = Objective(penalty=penalty("ufkl"), beta=0.1)  # a penalty to π_old needs no reference model
+    assert trl_args_for(rpg, config(tmp_path, loss_type="grpo")).beta == 0.0
+
+
+def train_cli(tmp_path, *extra) -> dict:
+    code = cli.main(["train", "--backend", "trl", "--steps", "2", "--prompts", "2", "--group-size", "4",
+                     "--max-new-tokens", "6", "--runs-dir", str(tmp_path), *extra])
+    assert code == 0
+    (run,) = store.list_runs(tmp_path)
+    return run
+
+
+@pytest.mark.parametrize("extra", [
+    ("--measure", "kl3", "--param", "delta=0.05"),
+    ("--measure", "kl3", "--penalty", "k3", "--penalty-param", "importance_weight=1", "--beta", "0.04",
+     "--dual-clip", "3", "--aggregation", "dapo"),
+])
+def test_real_trl_steps_on_the_builtin_model(tmp_path, capsys, extra):
+    run = train_cli(tmp_path, *extra, "--mu", "2")
+    assert run.state == "done" and run.config["backend"] == "trl"
+    rows = store.read_metrics(run.folder)
+    assert [r["step"] for r in rows] == [1, 2] and [r["trl/global_step"] for r in rows] == [2, 4]
+    for key in ("reward", "entropy", "clip_ratio/low_mean", "clip_ratio/high_mean", "kl/k3", "divviz/measure_mean",
+                "divviz/outside_last_mean", "rewards/accuracy/mean"):
+        assert all(math.isfinite(r[key]) for r in rows), key
+    assert ("kl" in rows[0]) == ("--penalty" in extra)
+    tokens = store.read_tokens(run.folder, 2)
+    assert tokens is not None and ((tokens["pi_old"] > 0) & (tokens["pi_old"] <= 1)).all()
+    capsys.readouterr()
+    assert cli.main(["runs", "--runs-dir", str(tmp_path), "--json"]) == 0
+    (listed,) = json.loads(capsys.readouterr().out)
+    assert listed["state"] == "done" and listed["clip"] == "kl3"
+
+
+def test_the_callback_writes_a_plain_grpo_trainer_run(tmp_path, policy):
+    """A plain TRL GRPOTrainer with DivvizRunCallback: metrics per GRPO step, TRL's box as the run's objective."""
+    model, tokenizer = policy
+    data = Dataset.from_list([{"prompt": p, "answer": a} for p, a in TASK.batch(0, 8)])
+    reward = lambda prompts, completions, answer, **_: [TASK.reward(p, a, c) for p, c, a in  # noqa: E731
+                                                         zip(prompts, completions, answer)]
+    callback = DivvizRunCallback(tmp_path / "runs", task="reverse")
+    GRPOTrainer(model=copy.deepcopy(model), reward_funcs=reward, train_dataset=data, processing_class=tokenizer,
+                args=config(tmp_path, max_steps=4, num_iterations=2, logging_steps=1, epsilon_high=0.28),
+                callbacks=[callback]).train()
+    (run,) = store.list_runs(tmp_path / "runs")
+    assert run.state == "done" and run.step == 2 == run.steps
+    assert run.config["clip"] == "clip_higher" and run.config["clip_params"] == {"eps_low": 0.2, "eps_high": 0.28}
+    assert [r["step"] for r in store.read_metrics(run.folder)] == [1, 2]
+    assert store.read_tokens(run.folder, 2) is None  # TRL's own loss hands over no per-token facts
+
+
+def test_a_failing_trl_run_reads_failed_with_its_message(tmp_path, policy):
+    def broken(completions, **_):
+        raise RuntimeError("reward server unreachable")
+
+    model, tokenizer = policy
+    callback = DivvizRunCallback(tmp_path)
+    trainer = DivvizGRPOTrainer(model=copy.deepcopy(model), reward_funcs=broken, processing_class=tokenizer,
+                                train_dataset=Dataset.from_list([{"prompt": "rev:abc="}] * 8),
+                                args=config(tmp_path, max_steps=2), callbacks=[callback],
+                                objective=Objective(clip=clip_test("kl3"), aggregation="dapo"))
+    with pytest.raises(RuntimeError):
+        trainer.train()
+    (run,) = store.list_runs(tmp_path)
+    assert run.state == "failed" and "reward server unreachable" in run.message
+
+
+def test_a_sigkilled_trl_run_reads_interrupted_and_a_sigtermed_one_stopped(tmp_path):
+    runs = {}
+    for sig in (signal.SIGKILL, signal.SIGTERM):
+        root = tmp_path / sig.name
+        proc = subprocess.Popen([sys.executable, "-m", "divviz", "train", "--backend", "trl", "--steps", "500",
+                                 "--prompts", "2", "--group-size", "4", "--runs-dir", str(root)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 120
+        while time.time() < deadline and not any(run.step >= 1 for run in store.list_runs(root)):
+            time.sleep(0.2)
+        proc.send_signal(sig)
+        proc.wait(timeout=60)
+        (runs[sig],) = store.list_runs(root)
+    assert runs[signal.SIGKILL].state == "interrupted"
+    assert runs[signal.SIGTERM].state == "stopped" and runs[signal.SIGTERM].step >= 1
+
+
+def test_two_processes_under_accelerate_write_one_gathered_run(tmp_path):
+    """`accelerate launch --multi_gpu --num_processes 2 … --device cpu`: two gloo processes each train their half
+    of the completions; the main one writes the one run folder. Gathered: the per-token facts of the last inner step
+    come from both processes, and the logged share outside the region at that step is the share over both."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines",
+         "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "divviz", "train", "--backend", "trl",
+         "--device", "cpu", "--steps", "2", "--prompts", "2", "--group-size", "4", "--max-new-tokens", "6",
+         "--mu", "2", "--lr", "0.05", "--measure", "kl3", "--param", "delta=0.001", "--runs-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "process 1 of 2 trained" in done.stderr
+    (run,) = store.list_runs(tmp_path)
+    assert run.state == "done" and run.config["backend"] == "trl"
+    last = store.read_metrics(run.folder)[-1]
+    tokens = store.read_tokens(run.folder, 2)
+    assert set(np.unique(tokens["rank"])) == {0, 1}
+    outside = tokens["measure"] > 0.001  # every token of the step is kept at this size (≤ 128 per process)
+    assert last["divviz/outside_last_mean"] == pytest.approx(outside.mean(), abs=1e-6)
+    assert math.isfinite(last["reward"])
+
+
+def test_the_runs_page_lists_and_overlays_a_trl_run_with_an_engine_run(tmp_path, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    from divviz.engine.config import RunConfig
+    from divviz.engine.train import train
+
+    monkeypatch.setenv("DIVVIZ_RUNS_DIR", str(tmp_path))
+    trl_run = train_cli(tmp_path, "--measure", "kl3")
+    train(RunConfig.make(steps=2, prompts=2, group_size=4, max_new_tokens=6, clip="ratio"), tmp_path)
+    at = AppTest.from_file(str(APP), default_timeout=120)
+    at.run()
+    at.switch_page("app_pages/runs.py").run()
+    assert not at.exception, at.exception
+    table = at.dataframe[0].value
+    assert trl_run.name in set(table["run"]) and set(table["state"]) == {"done"}
+    assert "kl3 δ=0.05 (TRL)" in set(table["objective"])
+    assert len(at.get("plotly_chart")) == 6  # both runs overlaid: five metric panels and the mass by π_old
+
+
+def test_the_training_lab_trains_with_the_trl_backend(tmp_path, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("DIVVIZ_RUNS_DIR", str(tmp_path))
+    at = AppTest.from_file(str(APP), default_timeout=120)
+    at.query_params.update({"m": "kl3", "backend": "trl", "steps": "2", "prompts": "2", "group_size": "4"})
+    at.run()
+    at.switch_page("app_pages/training_lab.py").run()
+    assert not at.exception, at.exception
+    next(b for b in at.button if b.label == "Start").click().run()
+    (name,) = at.session_state["lab_runs"]
+    deadline = time.time() + 180
+    while time.time() < deadline and store.read_run(tmp_path / name).state == "running":
+        time.sleep(0.5)
+    run = store.read_run(tmp_path / name)
+    assert run.state == "done", run.message
+    at.run()
+    assert not at.exception, at.exception
+    assert len(at.get("plotly_chart")) == 7  # five metric panels, the mass by π_old and the token scatter
