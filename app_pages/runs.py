@@ -5,12 +5,15 @@ import pandas as pd
 import streamlit as st
 
 from divviz import ui, views
-from divviz.engine import store
+from divviz.engine import runner, store
+from divviz.safetext import literal
 
 st.title("Runs")
 root = store.runs_dir()
-st.write(f"Every run folder in `{root}` (set `DIVVIZ_RUNS_DIR` or `--runs-dir` to use another), including runs "
-         "started with `divviz train` in a terminal. Running ones update live.")
+st.write(f"Every run folder in {literal(str(root))} (set `DIVVIZ_RUNS_DIR` or `--runs-dir` to use another), including runs "
+         "started with `divviz train` in a terminal. Running ones update live. Everyone sees every run; only the "
+         "browser that started a run (or the teacher) can stop or delete it.")
+me = ui.viewer()
 
 
 @st.fragment(run_every=2.0)
@@ -29,6 +32,7 @@ def draw_overview() -> None:
     for run in runs:
         last = (metrics[run.name] or [{}])[-1]
         table.append({"run": run.name, "state": run.state, "step": f"{run.step}/{run.steps}",
+                      "owner": views.owner_label(run.status, me),
                       "task": run.config.get("task", ""), "objective": views.run_label(run),
                       "reward": last.get("reward"), "accuracy": last.get("accuracy"),
                       "entropy": last.get("entropy"), "message": run.message})
@@ -43,21 +47,24 @@ def draw_overview() -> None:
                            mime="text/csv", icon=":material/table:", key="runs:csv", on_click="ignore")
     ui.show_training_charts("runs", data)
     for run in picked:
-        with st.expander(f"{run.name}: config and status"):
+        with st.expander(f"{literal(run.name)}: config and status"):
             st.json({"config": run.config, "status": run.status})
 
 
 overview()
 
-st.subheader("Delete a run")
-runs = store.list_runs(root)
+st.subheader("Stop or delete a run")
 with ui.shown_errors():
+    runs = [run for run in store.list_runs(root) if me.can_manage(run.status)]
+    st.caption("The teacher's browser manages every run." if me.teacher else
+               "Runs this browser started. (The teacher opens the app once with ?teacher=KEY to manage all.)")
     name = st.selectbox("Run", [r.name for r in runs], index=None, key="runs:delete", placeholder="choose a run")
     if name:
         run = store.read_run(root / name)
-        if run.state == "running":
-            st.warning("This run is still running: stop it first (Training lab, or Ctrl-C in its terminal).")
-        elif st.checkbox(f"Yes, delete {name} and all its files", key="runs:confirm"):
+        if run.state in ("queued", "running"):
+            if st.button("Stop", icon=":material/stop:", key="runs:stop_button"):
+                st.info(f"{literal(name)}: {runner.stop_run(root / name, me)}.")
+        elif st.checkbox(f"Yes, delete {literal(name)} and all its files", key="runs:confirm"):
             if st.button("Delete", type="primary", icon=":material/delete:", key="runs:delete_button"):
-                store.delete_run(root / name)
-                st.success(f"Deleted {name}.")
+                runner.delete_run(root / name, me)
+                st.success(f"Deleted {literal(name)}.")

@@ -9,7 +9,8 @@ from divviz.divergences import AGGREGATIONS, BETA, CLIP_TESTS, DUAL_CLIP, PENALT
 from divviz.engine import runner, store
 from divviz.engine.config import BACKENDS, RUN_PARAMS, RunConfig
 from divviz.engine.tasks import TASKS
-from divviz.params import Param
+from divviz.params import DivvizInputError, Param
+from divviz.safetext import literal
 from divviz.urlstate import Control, measure_param_controls
 
 PAGE = "lab"
@@ -31,24 +32,30 @@ BY_NAME = {c.name: c for c in CONTROLS}
 
 st.title("Training lab")
 st.write("Train the built-in model (or your own) with GRPO, one run per chosen clip test, all from the same seed, "
-         "and watch them side by side. Runs live in their own processes: the page stays responsive, Stop is "
-         "immediate, and closing the tab does not end a run (find it again on the Runs page).")
+         "and watch them side by side. Runs train in their own processes, a few at a time on this machine: the "
+         "others wait in a queue, the page stays responsive, Stop is immediate, and closing or reloading the tab "
+         "does not end a run (this browser finds its runs again).")
 
-st.session_state.setdefault("lab_runs", [])
 ui.bind_controls(PAGE, CONTROLS)
 root = store.runs_dir()
+me = ui.viewer()
+with ui.shown_errors():  # this tab's runs, and any this browser still has queued or running (after a reload)
+    st.session_state["lab_runs"] = list(dict.fromkeys([*st.session_state.get("lab_runs", []),
+                                                       *runner.active_runs(root, me.who)]))
+    runner.ensure_pool(root)  # warm: a pool that has imported torch starts a run in well under a second
 
 
 def start(configs: list[RunConfig]) -> None:
     try:
-        st.session_state["lab_runs"] = [runner.start_run(cfg, root).name for cfg in configs]
-    except OSError as err:  # e.g. a runs folder that cannot be written
-        st.session_state["lab_error"] = f"Could not start the runs in {root}: {err}"
+        st.session_state["lab_runs"] = [runner.start_run(cfg, root, owner=me.who).name for cfg in configs]
+    except DivvizInputError as err:  # e.g. a runs folder that cannot be written
+        st.session_state["lab_error"] = str(err)
 
 
 def stop() -> None:
     for name in st.session_state["lab_runs"]:
-        runner.stop_run(root / name)
+        if (root / name).is_dir():
+            runner.stop_run(root / name, me)
 
 
 tests, configs = [], []  # stay empty if a setting is refused below
@@ -72,7 +79,7 @@ with ui.shown_errors():
                               beta=beta, dual_clip_c=c, aggregation=aggregation, **settings) for t in tests]
 
 runs = [store.read_run(root / name) for name in st.session_state["lab_runs"] if (root / name).is_dir()]
-running = any(run.state == "running" for run in runs)
+running = any(run.state in ("queued", "running") for run in runs)
 left, right, _ = st.columns([1, 1, 4])
 left.button("Start", type="primary", icon=":material/play_arrow:", disabled=running or not configs,
             on_click=start, args=(configs,), width="stretch")
@@ -80,7 +87,7 @@ right.button("Stop", icon=":material/stop:", disabled=not running, on_click=stop
 if not tests:
     st.info("Pick at least one clip test in the sidebar.")
 if "lab_error" in st.session_state:
-    st.error(st.session_state.pop("lab_error"), icon=":material/error:")
+    st.error(literal(st.session_state.pop("lab_error")), icon=":material/error:")
 
 
 @st.fragment(run_every=2.0 if running else None)
@@ -101,11 +108,16 @@ def draw_runs() -> None:
         data.append((label, rows, run))
         last = rows[-1] if rows else {}
         elapsed = run.status.get("updated", time.time()) - run.status.get("started", time.time())
-        text = (f"**{label}** — {run.state}, step {run.step}/{run.steps}, {elapsed:.0f} s, "
-                f"{last.get('tokens_per_s', 0):.0f} tokens/s on {run.status.get('device') or '…'}")
+        text = (f"**{literal(label)}** — {run.state}, step {run.step}/{run.steps}, {elapsed:.0f} s, "
+                f"{last.get('tokens_per_s', 0):.0f} tokens/s on {literal(run.status.get('device') or '…')}")
+        if run.state == "queued":
+            ahead, eta = runner.queue_position(run.folder)
+            text = (f"**{literal(label)}** — queued, {ahead} ahead"
+                    + (f", starts in about {views.duration(eta)}" if eta is not None else "")
+                    + f" ({runner.max_runs()} train at once on this machine)")
         st.progress(min(1.0, run.step / max(run.steps, 1)), text=text)
         if run.state in ("failed", "interrupted"):
-            st.error(f"{label}: {run.message}", icon=":material/error:")
+            st.error(literal(f"{label}: {run.message}"), icon=":material/error:")
     if ui.show_training_charts(PAGE, [(label, rows) for label, rows, _ in data]):
         last_step = max(len(rows) for _, rows, _ in data)
         step = st.slider("Step for the token scatter", 1, max(last_step, 2), last_step, key="lab:step",
@@ -113,7 +125,7 @@ def draw_runs() -> None:
         scattered = [(label, run.config, store.read_tokens(run.folder, min(step, len(rows))))
                      for label, rows, run in data if rows]
         ui.show_chart(views.token_scatter([s for s in scattered if s[2] is not None]), "token scatter")
-    if running and not any(run.state == "running" for run in runs):
+    if running and not any(run.state in ("queued", "running") for run in runs):
         st.rerun(scope="app")  # every run has ended: redraw the page once, buttons enabled, polling off
 
 

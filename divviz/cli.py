@@ -77,10 +77,12 @@ def cmd_train(args) -> int:
     from divviz.engine.store import read_run, runs_dir
     from divviz.engine.train import stop_on_sigterm
 
+    if args.beta is not None and not args.penalty:
+        raise DivvizInputError("--beta was given without a penalty (--penalty); choose one or drop --beta")
     cfg = RunConfig.make(
         task=args.task, backend=args.backend, model=args.model, device=args.device,
         clip=None if args.measure == "none" else args.measure, clip_params=parse_assignments(args.param),
-        penalty=args.penalty, penalty_params=parse_assignments(args.penalty_param), beta=args.beta,
+        penalty=args.penalty, penalty_params=parse_assignments(args.penalty_param), beta=0.04 if args.beta is None else args.beta,
         dual_clip_c=args.dual_clip, aggregation=args.aggregation, scale_rewards=not args.no_scale_rewards,
         trust_remote_code=args.trust_remote_code, steps=args.steps, prompts=args.prompts,
         group_size=args.group_size, mu=args.mu, lr=args.lr, temperature=args.temperature,
@@ -177,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--param", action="append", default=[], metavar="K=V", help="a clip-test parameter")
     p.add_argument("--penalty", help="penalty toward the start policy, e.g. k3, prob_l2, ufkl_rf")
     p.add_argument("--penalty-param", action="append", default=[], metavar="K=V", help="a penalty parameter")
-    p.add_argument("--beta", default=0.04, help="penalty coefficient β (with --penalty)")
+    p.add_argument("--beta", default=None, help="penalty coefficient β (with --penalty; default 0.04)")
     p.add_argument("--dual-clip", default=None, metavar="C", help="dual-clip cap c > 1 for A < 0")
     p.add_argument("--aggregation", default="grpo", help="grpo, bnpo, dr_grpo or dapo (TRL's loss_type)")
     p.add_argument("--no-scale-rewards", action="store_true", help="do not divide advantages by the group std")

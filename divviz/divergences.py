@@ -23,6 +23,7 @@ from divviz import theory
 from divviz.estimators import array_ops, k1, k2, k3
 from divviz.mirror import random_mirror_map
 from divviz.params import DivvizInputError, Param, check_params
+from divviz.safetext import quoted
 
 EPS = Param("eps", 0.2, 0.0, 1.0, low_open=True, high_open=False, trl_name="epsilon", typical=(0.01, 0.6, 0.01),
             doc="half-width of the symmetric ratio box [1−ε, 1+ε]")
@@ -353,7 +354,7 @@ def get_entry(name: str, family: str | None = None) -> ClipTestEntry | PenaltyEn
     pool = {"clip": CLIP_TESTS, "penalty": PENALTIES, None: CATALOGUE}[family]
     if name not in pool:
         kind = {"clip": "clip test", "penalty": "penalty", None: "measure"}[family]
-        raise DivvizInputError(f"unknown {kind} '{name}'; known: {', '.join(pool)}")
+        raise DivvizInputError(f"unknown {kind} {quoted(name)}; known: {', '.join(pool)}")
     return pool[name]
 
 
@@ -378,5 +379,5 @@ def check_beta(beta) -> float:
 
 def check_aggregation(name: str) -> str:
     if name not in AGGREGATIONS:
-        raise DivvizInputError(f"unknown aggregation '{name}'; known: {', '.join(AGGREGATIONS)}")
+        raise DivvizInputError(f"unknown aggregation {quoted(name)}; known: {', '.join(AGGREGATIONS)}")
     return name

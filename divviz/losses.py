@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from divviz.divergences import ClipTest, Penalty, check_aggregation, check_beta, check_dual_clip
+from divviz.params import DivvizInputError
 
 
 @dataclass(frozen=True)
@@ -125,11 +126,17 @@ def policy_loss(
     beta = check_beta(beta)
     dual_clip_c = check_dual_clip(dual_clip_c)
     check_aggregation(aggregation)
-    mask = mask.to(logp_new.dtype)
-    adv = adv.to(logp_new.dtype)
+    check_inputs(logp_new, logp_old, adv, mask, logp_ref, weight)
+    active = mask > 0
     if adv.dim() == 1:
         adv = adv.unsqueeze(1)  # (B, 1)
-    logp_old = logp_old.detach()
+    # what the mask drops takes no part: a NaN or -inf there (padding) must not reach the sums as 0 · NaN
+    zero = torch.zeros((), dtype=logp_new.dtype, device=logp_new.device)
+    logp_new, logp_old = torch.where(active, logp_new, zero), torch.where(active, logp_old.detach(), zero)
+    adv = torch.where(active, adv.to(logp_new.dtype), zero)
+    logp_ref = None if logp_ref is None else torch.where(active, logp_ref, zero)
+    weight = None if weight is None else torch.where(active, weight.to(logp_new.dtype), zero)
+    mask = mask.to(logp_new.dtype)
 
     ratio = (logp_new - logp_old).exp()
     if clip is None:
@@ -158,7 +165,6 @@ def policy_loss(
         penalty_value = penalty.value(logp_new, logp_old, logp_ref).detach()
         per_token = per_token + beta * penalty.loss_term(logp_new, logp_old, logp_ref)
 
-    active = mask > 0
     clipped_low = outside & (ratio < 1) & (adv < 0) & active
     clipped_high = outside & (ratio > 1) & (adv > 0) & active
     dual_clipped = dual_clipped & active
@@ -175,6 +181,42 @@ def policy_loss(
         grad_masked=clipped_low | clipped_high | dual_clipped,
         penalty=None if penalty_value is None else penalty_value * mask,
     )
+
+
+def check_inputs(logp_new, logp_old, adv, mask, logp_ref=None, weight=None) -> None:
+    """`policy_loss`'s inputs, or one `DivvizInputError` saying what is wrong: torch tensors; floating-point
+    log-probs and advantages (a weight may also be a bool mask); logp_old, mask and logp_ref shaped like logp_new (B, T) with B, T ≥ 1; adv
+    (B,), (B, 1) or (B, T); weight (B, T) or (B, 1); finite values wherever the mask keeps a token."""
+    given = {"logp_new": logp_new, "logp_old": logp_old, "adv": adv, "mask": mask, "logp_ref": logp_ref,
+             "weight": weight}
+    for name, x in given.items():
+        if x is not None and not isinstance(x, torch.Tensor):
+            raise DivvizInputError(f"policy_loss: {name} is a {type(x).__module__}.{type(x).__name__}; it takes torch "
+                                   "tensors (torch.as_tensor converts an array)")
+        if x is not None and name not in ("mask", "weight") and not x.is_floating_point():
+            raise DivvizInputError(f"policy_loss: {name} must hold floating-point numbers, not {x.dtype}")
+    if logp_new.dim() != 2 or 0 in logp_new.shape:
+        raise DivvizInputError(f"policy_loss: logp_new must be (B, T) with B, T ≥ 1 (completions × tokens); "
+                               f"got shape {tuple(logp_new.shape)}")
+    batch, tokens = logp_new.shape
+    allowed = {"logp_old": [(batch, tokens)], "mask": [(batch, tokens)], "logp_ref": [(batch, tokens)],
+               "adv": [(batch,), (batch, 1), (batch, tokens)], "weight": [(batch, tokens), (batch, 1)]}
+    for name, shapes in allowed.items():
+        x = given[name]
+        if x is not None and tuple(x.shape) not in shapes:
+            raise DivvizInputError(f"policy_loss: {name} has shape {tuple(x.shape)}; with logp_new {(batch, tokens)} "
+                                   f"it must be {' or '.join(map(str, shapes))}")
+    active = mask > 0
+    for name in ("logp_new", "logp_old", "logp_ref", "adv", "weight"):
+        x = given[name]
+        if x is None:
+            continue
+        bad = ~torch.isfinite(x.detach().reshape(batch, -1).expand(batch, tokens)) & active
+        if bool(bad.any()):
+            row, col = (int(i) for i in bad.nonzero()[0])
+            value = x.detach().reshape(batch, -1).expand(batch, tokens)[row, col].item()
+            raise DivvizInputError(f"policy_loss: {name} is {value} at completion {row}, token {col}, which the mask "
+                                   "keeps; only masked positions may hold NaN or inf")
 
 
 @dataclass

@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass
 from typing import Mapping
 
+from divviz.safetext import quoted
+
 
 class DivvizInputError(ValueError):
     """Bad user input: an unknown measure, an unknown or out-of-range parameter, a NaN.
@@ -66,18 +68,18 @@ class Param:
                     return False
             elif isinstance(value, (bool, int, float)) and value in (0, 1):
                 return bool(value)
-            raise DivvizInputError(f"{where} must be {self.range_text()}; got {value!r}")
+            raise DivvizInputError(f"{where} must be {self.range_text()}; got {quoted(value)}")
         try:
             number = float(value)
         except (TypeError, ValueError):
-            raise DivvizInputError(f"{where} must be {self.range_text()}; got {value!r}") from None
+            raise DivvizInputError(f"{where} must be {self.range_text()}; got {quoted(value)}") from None
         ok = math.isfinite(number)
         ok = ok and (number > self.low if self.low_open else number >= self.low)
         ok = ok and (number < self.high if self.high_open else number <= self.high)
         if self.kind == "int":
             ok = ok and number.is_integer()
         if not ok:
-            raise DivvizInputError(f"{where} must be {self.range_text()}; got {value!r}")
+            raise DivvizInputError(f"{where} must be {self.range_text()}; got {quoted(value)}")
         return int(number) if self.kind == "int" else number
 
 
@@ -87,7 +89,7 @@ def check_params(owner: str, spec: tuple[Param, ...], given: Mapping[str, object
     unknown = sorted(set(given) - set(known))
     if unknown:
         names = ", ".join(known) or "none"
-        raise DivvizInputError(f"{owner}: unknown parameter '{unknown[0]}' (its parameters: {names})")
+        raise DivvizInputError(f"{owner}: unknown parameter {quoted(unknown[0])} (its parameters: {names})")
     return {p.name: p.check(given.get(p.name, p.default), owner) for p in spec}
 
 
@@ -97,6 +99,6 @@ def parse_assignments(items: list[str] | tuple[str, ...]) -> dict[str, str]:
     for item in items:
         name, sep, value = item.partition("=")
         if not sep or not name.strip():
-            raise DivvizInputError(f"expected NAME=VALUE, got {item!r}")
+            raise DivvizInputError(f"expected NAME=VALUE, got {quoted(item)}")
         out[name.strip()] = value.strip()
     return out

@@ -4,14 +4,19 @@ and the one place where an error becomes a message instead of a traceback."""
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+import secrets
 
 import streamlit as st
 
 from divviz import views
 from divviz.divergences import CATALOGUE, clip_test, penalty
+from divviz.engine.runner import Viewer
+from divviz.ownership import browser_id, is_teacher_key
 from divviz.params import DivvizInputError
 from divviz.plots import Chart
+from divviz.safetext import literal, shorten
 from divviz.urlstate import Control, read_query, write_query
 
 PLOTLY_CONFIG = {"displaylogo": False, "toImageButtonOptions": {"format": "png", "scale": 2}}
@@ -30,7 +35,7 @@ def bind_controls(page: str, controls: list[Control]) -> None:
         from_link, problems = read_query(controls, st.query_params.to_dict())
         saved.update(from_link)
         for problem in problems:
-            st.warning(f"{problem}. Using the default instead.")
+            st.warning(f"{literal(problem)}. Using the default instead.")  # link text is shown, never rendered
         st.session_state[f"_linked:{page}"] = True
     for control in controls:
         if key(page, control.name) not in st.session_state:
@@ -136,6 +141,31 @@ def shown_errors():
     try:
         yield
     except DivvizInputError as err:
-        st.error(str(err), icon=":material/error:")
+        st.error(literal(str(err)), icon=":material/error:")
     except Exception as err:  # noqa: BLE001 — a page must not show a traceback, whatever failed
-        st.error(f"Something went wrong: {type(err).__name__}: {err}", icon=":material/error:")
+        st.error(f"Something went wrong: {type(err).__name__}: {literal(shorten(str(err), 300))}",
+                 icon=":material/error:")
+
+
+_TEACHERS: set[str] = set()  # browsers that opened a link with the teacher key, for as long as the app runs
+LOCAL_ADDRESSES = ("localhost", "127.0.0.1", "::1")
+
+
+def room_mode() -> bool:
+    """Students own their runs when the app is served beyond this machine, or $DIVVIZ_ROOM=1, or a teacher key is
+    set; an app bound to localhost (the default) has one user, who manages every run."""
+    return (st.get_option("server.address") not in LOCAL_ADDRESSES or os.environ.get("DIVVIZ_ROOM") == "1"
+            or bool(os.environ.get("DIVVIZ_TEACHER_KEY")))
+
+
+def viewer() -> Viewer:
+    """This browser (`ownership.browser_id` of its Streamlit cookie, else this tab's session) and whether it may
+    manage every run: in room mode, the browser that once opened a link with ?teacher=KEY, KEY being
+    $DIVVIZ_TEACHER_KEY when the app was started (the key is then removed from the address bar)."""
+    who = browser_id(st.context.cookies.get("_streamlit_xsrf")) or st.session_state.setdefault(
+        "_tab_identity", secrets.token_hex(8))
+    if "teacher" in st.query_params:
+        if is_teacher_key(st.query_params["teacher"], os.environ.get("DIVVIZ_TEACHER_KEY")):
+            _TEACHERS.add(who)
+        del st.query_params["teacher"]
+    return Viewer(who, teacher=not room_mode() or who in _TEACHERS)

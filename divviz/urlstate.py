@@ -12,6 +12,7 @@ from typing import Mapping
 
 from divviz.divergences import CLIP_TESTS, PENALTIES
 from divviz.params import DivvizInputError, Param
+from divviz.safetext import quoted
 
 
 @dataclass(frozen=True)
@@ -29,12 +30,13 @@ class Control:
             value = self.param.check(text, "link")
             low, high, _ = self.param.slider_range()
             if self.param.kind != "bool" and not low <= value <= high:
-                raise DivvizInputError(f"link: '{self.name}' = {text} is outside the controls' range [{low:g}, {high:g}]")
+                raise DivvizInputError(f"link: '{self.name}' = {quoted(text, 40)} is outside the controls' range "
+                                       f"[{low:g}, {high:g}]")
             return value
-        items = [t for t in text.split(",") if t] if self.multi else [text]
+        items = list(dict.fromkeys(t for t in text.split(",") if t)) if self.multi else [text]  # repeats merged
         unknown = [t for t in items if t not in self.options]
         if unknown:
-            raise DivvizInputError(f"link: '{self.name}' has unknown value '{unknown[0]}'; "
+            raise DivvizInputError(f"link: '{self.name}' has unknown value {quoted(unknown[0], 40)}; "
                                    f"known: {', '.join(self.options)}")
         return items if self.multi else items[0]
 
@@ -57,6 +59,9 @@ def read_query(controls: list[Control], query: Mapping[str, str]) -> tuple[dict,
                 values[control.name] = control.decode(query[control.name])
             except DivvizInputError as err:
                 problems.append(str(err))
+            else:
+                if control.multi and len(values[control.name]) < len([t for t in query[control.name].split(",") if t]):
+                    problems.append(f"link: '{control.name}' names a value more than once; each is shown once")
     return values, problems
 
 

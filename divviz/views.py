@@ -231,3 +231,22 @@ def same_batch(configs: list[RunConfig], step: int, weights=None):
         "shift": plots.probability_shift_scatter([(r.label, r.pi_old, r.pi_new) for r in results]),
     }
     return table, charts
+
+
+def duration(seconds: float) -> str:
+    """"40 s", "3 min", "1 h 5 min"."""
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    minutes = round(seconds / 60)
+    return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60} min"
+
+
+def owner_label(status: dict, viewer) -> str:
+    """Whose run it is, as the Runs page says it: you, another browser, or the terminal (identities stay hidden
+    but for the teacher, who sees their first characters)."""
+    owner = status.get("owner") or ""
+    if not owner:
+        return "terminal"
+    if owner == viewer.who:
+        return "you"
+    return f"browser {owner[:6]}" if viewer.teacher else "another browser"

@@ -64,3 +64,19 @@ def test_training_lab_end_to_end(page, app_url):
     page.get_by_role("link", name="Runs").click()
     page.get_by_text("config and status").first.wait_for(timeout=60_000)
     assert page.get_by_text("-kl3-").count() >= 1
+
+
+def test_a_hostile_link_shows_its_value_as_text(page, app_url):
+    """A link whose value holds Markdown, HTML and bare URLs: the warning shows the characters, and the browser
+    gets no link, image or script from it."""
+    from urllib.parse import quote
+
+    hostile = "[x](http://127.0.0.1:9/a) ![i](http://127.0.0.1:9/i.png) <img src=x> http://127.0.0.1:9/b :smile:"
+    requested = []
+    page.on("request", lambda request: requested.append(request.url))
+    page.goto(f"{app_url}/clipping_regions?m={quote(hostile)}")
+    alert = page.locator('[data-testid="stAlert"]', has_text="unknown value")
+    alert.wait_for(timeout=90_000)
+    assert "[x](http" in alert.inner_text() and ":smile:" in alert.inner_text()
+    assert alert.locator("a").count() == 0 and alert.locator("img").count() == 0
+    assert not [url for url in requested if "127.0.0.1:9" in url]

@@ -318,7 +318,7 @@ def test_the_training_lab_trains_with_the_trl_backend(tmp_path, monkeypatch):
     next(b for b in at.button if b.label == "Start").click().run()
     (name,) = at.session_state["lab_runs"]
     deadline = time.time() + 180
-    while time.time() < deadline and store.read_run(tmp_path / name).state == "running":
+    while time.time() < deadline and store.read_run(tmp_path / name).state in ("queued", "running"):
         time.sleep(0.5)
     run = store.read_run(tmp_path / name)
     assert run.state == "done", run.message

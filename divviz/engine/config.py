@@ -10,6 +10,7 @@ from divviz.divergences import AGGREGATIONS, clip_test, penalty
 from divviz.engine.tasks import TASKS
 from divviz.losses import Objective
 from divviz.params import DivvizInputError, Param, check_params
+from divviz.safetext import quoted
 
 RUN_PARAMS = (
     Param("steps", 60, 1, 100_000, high_open=False, kind="int", typical=(1, 200, 1), doc="GRPO steps"),
@@ -93,18 +94,22 @@ class RunConfig:
         known = set(RunConfig.__dataclass_fields__)
         unknown = sorted(set(values) - known)
         if unknown:
-            raise DivvizInputError(f"run: unknown setting '{unknown[0]}'")
+            raise DivvizInputError(f"run: unknown setting {quoted(unknown[0])}")
         cfg = RunConfig(**values, **checked)
         if cfg.task not in TASKS:
-            raise DivvizInputError(f"unknown task '{cfg.task}'; known: {', '.join(TASKS)}")
+            raise DivvizInputError(f"unknown task {quoted(cfg.task)}; known: {', '.join(TASKS)}")
         if cfg.aggregation not in AGGREGATIONS:
-            raise DivvizInputError(f"unknown aggregation '{cfg.aggregation}'; known: {', '.join(AGGREGATIONS)}")
+            raise DivvizInputError(f"unknown aggregation {quoted(cfg.aggregation)}; known: {', '.join(AGGREGATIONS)}")
         if cfg.backend not in BACKENDS:
-            raise DivvizInputError(f"unknown backend '{cfg.backend}'; choose {' or '.join(BACKENDS)}")
+            raise DivvizInputError(f"unknown backend {quoted(cfg.backend)}; choose {' or '.join(BACKENDS)}")
         if cfg.backend == "trl" and importlib.util.find_spec("trl") is None:
             raise DivvizInputError("the TRL backend needs TRL, which is not installed: pip install 'divviz[trl]'")
         if cfg.device not in ("auto", "cpu", "cuda", "mps"):
-            raise DivvizInputError(f"unknown device '{cfg.device}'; choose auto, cpu, cuda or mps")
+            raise DivvizInputError(f"unknown device {quoted(cfg.device)}; choose auto, cpu, cuda or mps")
+        for measure, given, flag in (("clip test", "clip_params", "--measure"), ("penalty", "penalty_params", "--penalty")):
+            if getattr(cfg, given) and not getattr(cfg, given.removesuffix("_params")):
+                raise DivvizInputError(f"parameters {', '.join(map(quoted, getattr(cfg, given)))} were given without a "
+                                       f"{measure} ({flag}); choose one or drop them")
         return replace(cfg, **objective_settings(cfg.objective()))  # checks the measures, their parameters, β, c
 
     def objective(self) -> Objective:

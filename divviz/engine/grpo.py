@@ -121,6 +121,9 @@ def update(tr: Trainer, batch: Batch, objective: Objective, logp_old, logp_ref, 
     fractions, grad_norms = {}, []
     for inner in range(cfg.mu):
         logp_new = logps(tr.model)
+        if not torch.isfinite(logp_new[mask > 0]).all():  # the policy diverged: say so, not "bad input"
+            raise NonFiniteLoss(f"the loss became nan at step {step + 1} (inner step {inner + 1}): the policy's "
+                                f"log-probs are not finite; try a smaller learning rate (now {cfg.lr:g})")
         if logp_old is None:  # μ = 1: the current policy is the old one (TRL)
             logp_old = logp_new.detach()
         out = objective(logp_new, logp_old, batch.adv, mask, logp_ref=logp_ref, max_completion_length=cfg.max_new_tokens)

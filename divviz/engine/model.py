@@ -22,6 +22,7 @@ import torch
 
 from divviz.engine.tasks import ALPHABET, Task
 from divviz.params import DivvizInputError
+from divviz.safetext import quoted, shorten
 
 SPECIAL = ("<pad>", "<bos>", "<eos>")
 BUILTIN = "builtin"
@@ -125,22 +126,22 @@ def load_policy(model: str, task: Task, seed: int = 0, trust_remote_code: bool =
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     if model.startswith((".", "/", "~")) and not Path(model).expanduser().exists():
-        raise DivvizInputError(f"model folder '{model}' does not exist")
+        raise DivvizInputError(f"model folder {quoted(model)} does not exist")
     model = str(Path(model).expanduser()) if model.startswith("~") else model
     try:
         config = AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code)
     except Exception as err:  # noqa: BLE001 — any loading failure becomes one message
-        raise DivvizInputError(f"could not read a model config from '{model}': {_first_line(err)}") from None
+        raise DivvizInputError(f"could not read a model config from {quoted(model)}: {_first_line(err)}") from None
     if not any(arch.endswith("ForCausalLM") or arch.endswith("LMHeadModel") for arch in config.architectures or []):
-        raise DivvizInputError(f"'{model}' is not a causal language model (its architectures: "
+        raise DivvizInputError(f"{quoted(model)} is not a causal language model (its architectures: "
                                f"{', '.join(config.architectures or ['none'])})")
     try:
         tokenizer = AutoTokenizer.from_pretrained(model, trust_remote_code=trust_remote_code)
         policy = AutoModelForCausalLM.from_pretrained(model, trust_remote_code=trust_remote_code, use_safetensors=True)
     except Exception as err:  # noqa: BLE001
-        raise DivvizInputError(f"could not load '{model}': {_first_line(err)}") from None
+        raise DivvizInputError(f"could not load {quoted(model)}: {_first_line(err)}") from None
     if tokenizer.eos_token_id is None:
-        raise DivvizInputError(f"the tokenizer of '{model}' has no end-of-sequence token")
+        raise DivvizInputError(f"the tokenizer of {quoted(model)} has no end-of-sequence token")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
@@ -149,7 +150,7 @@ def load_policy(model: str, task: Task, seed: int = 0, trust_remote_code: bool =
 
 def _first_line(err: Exception) -> str:
     text = str(err).strip().splitlines()
-    return text[0][:300] if text else type(err).__name__
+    return shorten(text[0], 300) if text else type(err).__name__
 
 
 def pick_device(name: str = "auto") -> torch.device:
@@ -165,5 +166,5 @@ def pick_device(name: str = "auto") -> torch.device:
     if name == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
         raise DivvizInputError("device 'mps' was asked for but this machine has no Apple GPU; use --device auto")
     if name not in ("cpu", "cuda", "mps"):
-        raise DivvizInputError(f"unknown device '{name}'; choose auto, cpu, cuda or mps")
+        raise DivvizInputError(f"unknown device {quoted(name)}; choose auto, cpu, cuda or mps")
     return torch.device(name)

@@ -1,37 +1,78 @@
-"""Start, watch and stop runs in separate processes (the app's and the CLI's API)."""
+"""Queue, watch and stop runs: the app's and the CLI's API. The pool (`pool.py`) trains what is queued.
+
+    folder = start_run(cfg, root, owner)   # queued at once; the pool starts it when a slot and memory are free
+    queue_position(folder)                 # (runs ahead, estimated seconds until it starts or None)
+    stop_run(folder)                       # returns at once: a queued run is stopped, a running one signalled
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from divviz.engine.config import RunConfig
-from divviz.engine.store import new_run_folder, process_alive, read_status, write_status
+from divviz.engine.pool import STOP_GRACE_S, QueueLock, control_dir, max_runs, queued_runs
+from divviz.engine import store
+from divviz.engine.store import list_runs, new_run_folder, process_alive, read_status, write_status
+from divviz.params import DivvizInputError
+from divviz.safetext import quoted
 
-_children: list[subprocess.Popen] = []  # kept so finished workers are reaped, not left as zombies
+@dataclass(frozen=True)
+class Viewer:
+    """Who asks: a browser's identity (`ownership.browser_id`, "" for none) and whether it may manage every run
+    (the teacher, or the one user of an app bound to this machine). A run belongs to the identity that queued
+    it; terminal runs belong to nobody, so only a teacher manages them."""
+
+    who: str
+    teacher: bool = False
+
+    def can_manage(self, status: dict) -> bool:
+        return self.teacher or (bool(self.who) and status.get("owner") == self.who)
 
 
-def start_run(cfg: RunConfig, root: Path) -> Path:
-    """Create the run folder and start a worker process on it; returns at once."""
+def check_may_manage(folder: Path, viewer: Viewer | None) -> None:
+    if viewer is not None and not viewer.can_manage(read_status(folder)):
+        raise DivvizInputError(f"run {quoted(folder.name, 60)} belongs to another browser; only its owner or the "
+                               "teacher can stop or delete it")
+
+
+_children: list[subprocess.Popen] = []  # pools this process started, reaped so they do not linger as zombies
+
+
+def start_run(cfg: RunConfig, root: Path, owner: str = "") -> Path:
+    """Queue `cfg` in a new run folder owned by `owner` (a browser's identity, or "" for the terminal) and make
+    sure a pool serves the runs folder; returns at once."""
     folder = new_run_folder(root, f"{cfg.task}-{cfg.label}")
     (folder / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
-    log = open(folder / "worker.log", "w")
-    # one thread per worker: the app often runs several at once, and oversubscribed threads on a small CPU
-    # spin against each other (three 2-thread workers on 2 cores ran 20× slower than one)
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("DIVVIZ_WORKER_THREADS", "1")}
-    proc = subprocess.Popen([sys.executable, "-m", "divviz.engine.worker", str(folder)], stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True, cwd=os.getcwd(), env=env)
-    _children.append(proc)
-    if not (folder / "status.json").exists():  # until the worker writes its own, say who is running it
-        write_status(folder, {"state": "running", "message": "starting", "pid": proc.pid, "step": 0,
-                              "steps": cfg.steps, "started": time.time()})
-    reap()
+    now = time.time()
+    write_status(folder, {"state": "queued", "message": "", "pid": None, "step": 0, "steps": cfg.steps,
+                          "owner": owner, "queued_at": now, "started": now, "updated": now})
+    ensure_pool(root)
     return folder
+
+
+def ensure_pool(root: Path) -> None:
+    """Start the runs folder's pool unless one holds its lock (a second one started in a race just leaves)."""
+    import fcntl
+
+    with open(control_dir(root) / "pool.lock", "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return  # a pool is serving
+        fcntl.flock(lock, fcntl.LOCK_UN)
+    log = open(control_dir(root) / "pool.log", "a")
+    _children.append(subprocess.Popen([sys.executable, "-m", "divviz.engine.pool", str(root), str(os.getpid())],
+                                      stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=os.getcwd()))
+    reap()
 
 
 def reap() -> None:
@@ -40,36 +81,84 @@ def reap() -> None:
             _children.remove(proc)
 
 
-def stop_run(folder: Path, wait_s: float = 10.0) -> str:
-    """Send SIGTERM to the run's process and wait until it has written its final state; a process that has
-    not ended after `wait_s` is killed and the run marked stopped here."""
-    status = read_status(folder)
+def stop_run(folder: Path, viewer: Viewer | None = None, wait_s: float = STOP_GRACE_S) -> str:
+    """Stop a run and return at once: "stopped" for a queued one; "stopping" for a running one, which gets SIGTERM
+    now and SIGKILL (marked stopped) from a background thread if it is still alive `wait_s` seconds later. With a
+    `viewer`, only a run it may manage (else `DivvizInputError`)."""
+    check_may_manage(folder, viewer)
+    with QueueLock(folder.parent):
+        status = read_status(folder)
+        if status["state"] == "queued":
+            write_status(folder, {**status, "state": "stopped", "message": "stopped before it started",
+                                  "updated": time.time()})
+            return "stopped"
     pid = status.get("pid")
-    if status.get("state") != "running" or not pid:
-        return status.get("state", "failed")
+    if status["state"] != "running" or not pid:
+        return status["state"]
+    (folder / ".stop").write_text(str(time.time()))  # the pool reads it: a child that dies now was stopped
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
-        pass
+        return read_status(folder)["state"]
+    threading.Thread(target=_kill_if_alive, args=(folder, pid, wait_s), daemon=True).start()
+    return "stopping"
+
+
+def _kill_if_alive(folder: Path, pid: int, wait_s: float) -> None:
     deadline = time.time() + wait_s
     while time.time() < deadline:
-        reap()
-        status = read_status(folder)
-        if status.get("state") != "running":
-            return status["state"]
+        if not process_alive(pid) or read_status(folder)["state"] != "running":
+            return
         time.sleep(0.05)
     try:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
-        pass
-    status.update(state="stopped", message=f"killed after step {status.get('step', 0)}: it did not stop within "
-                                           f"{wait_s:g} s of SIGTERM", updated=time.time())
-    write_status(folder, status)
-    reap()
-    return "stopped"
+        return
+    status = read_status(folder)
+    write_status(folder, {**status, "state": "stopped", "updated": time.time(), "message":
+                          f"killed after step {status.get('step', 0)}: it did not stop within {wait_s:g} s of SIGTERM"})
+
+
+def delete_run(folder: Path, viewer: Viewer | None = None) -> None:
+    """Delete a finished run's folder; with a `viewer`, only one it may manage."""
+    check_may_manage(folder, viewer)
+    store.delete_run(folder)
+
+
+def queue_position(folder: Path) -> tuple[int, float | None]:
+    """(queued runs ahead of this one, estimated seconds until it starts, or None while nothing has timed a step).
+    The estimate: the steps still to train ahead of it, at the median seconds per step of the running runs,
+    spread over the pool's slots."""
+    queue = [f for _, f in queued_runs(folder.parent)]
+    ahead = queue.index(folder) if folder in queue else 0
+    running = [run for run in list_runs(folder.parent) if run.state == "running" and run.step > 0]
+    if not running:
+        return ahead, None
+    per_step = statistics.median((run.status["updated"] - run.status["started"]) / run.step for run in running)
+    work = sum(run.steps - run.step for run in running)
+    work += sum(read_status(f).get("steps", 0) for f in queue[:ahead])
+    return ahead, work * per_step / max_runs()
+
+
+def wait_for_slot(root: Path, say) -> None:
+    """For `divviz train`: wait while the runs folder already trains `max_runs()` runs (the pool's limit), saying
+    so once. A terminal run takes the first free slot; it does not join the app's queue order."""
+    said = False
+    while sum(run.state == "running" for run in list_runs(root)) >= max_runs():
+        if not said:
+            say(f"waiting for a free slot: {max_runs()} runs are training in {root} (DIVVIZ_MAX_RUNS sets the limit)")
+            said = True
+        time.sleep(1.0)
+
+
+def active_runs(root: Path, who: str) -> list[str]:
+    """The names of the queued and running runs that `who` queued, oldest first (a reloaded tab finds them)."""
+    mine = [run for run in list_runs(root) if who and run.status.get("owner") == who
+            and run.state in ("queued", "running")]
+    return [run.name for run in reversed(mine)]
 
 
 def is_running(folder: Path) -> bool:
     reap()
     status = read_status(folder)
-    return status.get("state") == "running" and process_alive(status.get("pid"))
+    return status["state"] == "running" and process_alive(status.get("pid"))

@@ -12,7 +12,9 @@
 
 Every write is atomic or append-only, so a folder read while a run writes it, or after a hard kill, is
 readable: a torn last line of metrics.jsonl is skipped. A run whose status says "running" but whose process
-is gone reads as "interrupted".
+is gone reads as "interrupted". Every read is defensive, whoever wrote the folder: a status.json or config.json
+that is not what the contract says (binary junk, a list, text where a number belongs) makes that run read as
+"corrupt" with the reason, and never hides the other runs; metric values that are not numbers are dropped.
 
 The runs folder is `--runs-dir`, else $DIVVIZ_RUNS_DIR, else ./runs (the app uses the same rule).
 """
@@ -20,16 +22,19 @@ The runs folder is `--runs-dir`, else $DIVVIZ_RUNS_DIR, else ./runs (the app use
 from __future__ import annotations
 
 import json
+import math
 import os
 import secrets
 import shutil
 import time
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from divviz.params import DivvizInputError
+from divviz.safetext import quoted, shorten
 
 def runs_dir(given: str | os.PathLike | None = None) -> Path:
     return Path(given or os.environ.get("DIVVIZ_RUNS_DIR") or "runs").expanduser()
@@ -70,9 +75,11 @@ class RunWriter:
     def __init__(self, folder: Path, config: dict, steps: int):
         self.folder = folder
         (folder / "tokens").mkdir(parents=True, exist_ok=True)
+        queued = read_status(folder) if (folder / "status.json").exists() else {}
         _write_atomic(folder / "config.json", json.dumps(config, indent=2))
         self.status = {"state": "running", "message": "", "pid": os.getpid(), "step": 0, "steps": steps,
-                       "device": "", "started": time.time(), "updated": time.time()}
+                       "device": "", "started": time.time(), "updated": time.time(),
+                       **{k: queued[k] for k in ("owner", "queued_at") if k in queued}}  # who queued it, when
         self._write_status()
         self._metrics = open(folder / "metrics.jsonl", "a", buffering=1)
         self._samples = open(folder / "samples.jsonl", "a", buffering=1)
@@ -114,10 +121,20 @@ class RunWriter:
 
 
 def new_run_folder(root: Path, label: str) -> Path:
+    """A new, empty run folder under `root` (made if missing); a runs folder that cannot hold one is a
+    `DivvizInputError`."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    slug = "".join(c if c.isalnum() or c in "-_." else "-" for c in label)[:40].strip("-")
+    slug = "".join(c if c.isascii() and (c.isalnum() or c in "-_.") else "-" for c in label)[:40].strip("-.")
     folder = root / f"{stamp}-{slug}-{secrets.token_hex(3)}"
-    folder.mkdir(parents=True, exist_ok=False)
+    try:
+        folder.mkdir(parents=True, exist_ok=False)
+        probe = folder / ".probe"
+        probe.write_text("")
+        probe.unlink()
+    except (FileExistsError, NotADirectoryError):
+        raise DivvizInputError(f"the runs folder {quoted(str(root))} is a file, not a folder") from None
+    except OSError as err:
+        raise DivvizInputError(f"cannot write a run into {quoted(str(root))} ({err.strerror or err})") from None
     return folder
 
 
@@ -138,14 +155,52 @@ class RunInfo:
         return self.folder.name
 
 
-def read_status(folder: Path) -> dict:
+STATES = ("queued", "running", "done", "stopped", "failed", "interrupted")
+
+
+class CorruptRun(ValueError):
+    """A run folder's file does not hold what the contract says."""
+
+
+def _read_json(path: Path) -> object:
     try:
-        status = json.loads((folder / "status.json").read_text())
-    except FileNotFoundError:
+        return json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+        raise CorruptRun(f"{path.name} is not JSON ({shorten(str(err), 60)})") from None
+    except OSError as err:
+        raise CorruptRun(f"{path.name} cannot be read ({err.strerror or err})") from None
+
+
+def _checked_status(status: object) -> dict:
+    """The status dict if it has the contract's fields and types, else CorruptRun naming the first fault."""
+    if not isinstance(status, dict):
+        raise CorruptRun(f"status.json holds a {type(status).__name__}, not an object")
+    if status.get("state") not in STATES:
+        raise CorruptRun(f"status.json has an unknown state {quoted(status.get('state'), 40)}")
+    for name in ("step", "steps", "pid"):
+        value = status.get(name, 0)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            raise CorruptRun(f"status.json: '{name}' is {quoted(value, 40)}, not a count")
+    for name in ("started", "updated"):
+        value = status.get(name, 0.0)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+            raise CorruptRun(f"status.json: '{name}' is {quoted(value, 40)}, not a time")
+    if not isinstance(status.get("message", ""), str):
+        raise CorruptRun("status.json: 'message' is not text")
+    return status
+
+
+def read_status(folder: Path) -> dict:
+    """The run's status; state "interrupted" if it says running but its process is gone, "corrupt" (with the
+    reason as its message) if status.json is not what the contract says."""
+    path = folder / "status.json"
+    if not path.exists():
         return {"state": "failed", "message": "no status.json in the run folder", "step": 0, "steps": 0}
-    except (OSError, json.JSONDecodeError) as err:
-        return {"state": "failed", "message": f"status.json is unreadable ({err})", "step": 0, "steps": 0}
-    if status.get("state") == "running" and not process_alive(status.get("pid")):
+    try:
+        status = _checked_status(_read_json(path))
+    except CorruptRun as err:
+        return {"state": "corrupt", "message": str(err), "step": 0, "steps": 0}
+    if status["state"] == "running" and not process_alive(status.get("pid")):
         status["state"] = "interrupted"
         status["message"] = status.get("message") or "the training process ended without finishing the run"
     return status
@@ -153,30 +208,39 @@ def read_status(folder: Path) -> dict:
 
 def read_run(folder: Path) -> RunInfo:
     status = read_status(folder)
-    try:
-        config = json.loads((folder / "config.json").read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        config = {}
-        if status.get("state") != "failed":
-            status = {**status, "message": f"config.json is unreadable ({err})"}
-    return RunInfo(folder, status.get("state", "failed"), status.get("message", ""), int(status.get("step", 0)),
-                   int(status.get("steps", 0)), config, status)
+    config = {}
+    if (folder / "config.json").exists() or status["state"] != "corrupt":
+        try:
+            config = _read_json(folder / "config.json")
+            if not isinstance(config, dict):
+                raise CorruptRun(f"config.json holds a {type(config).__name__}, not an object")
+        except CorruptRun as err:
+            config = {}
+            if status["state"] != "corrupt":
+                status = {**status, "state": "corrupt", "message": str(err)}
+    return RunInfo(folder, status["state"], status.get("message", ""), status.get("step") or 0,
+                   status.get("steps") or 0, config, status)
+
+
+def _numbers(row: dict) -> dict:
+    return {k: v for k, v in row.items() if isinstance(k, str) and isinstance(v, (int, float))
+            and not isinstance(v, bool) and math.isfinite(v)}
 
 
 def read_metrics(folder: Path) -> list[dict]:
-    """All complete, readable lines of metrics.jsonl (a torn or corrupt line is skipped)."""
+    """All complete, readable lines of metrics.jsonl, numbers only (a torn or corrupt line is skipped)."""
     rows = []
     try:
-        lines = (folder / "metrics.jsonl").read_text().splitlines()
-    except FileNotFoundError:
+        lines = (folder / "metrics.jsonl").read_bytes().decode("utf-8", errors="replace").splitlines()
+    except OSError:
         return rows
     for line in lines:
         try:
             row = json.loads(line)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             continue
-        if isinstance(row, dict):
-            rows.append(row)
+        if isinstance(row, dict) and isinstance(row.get("step"), int):
+            rows.append(_numbers(row))
     return rows
 
 
@@ -189,20 +253,34 @@ def checkpoint_path(folder: Path, step: int) -> Path:
     return folder / "checkpoints" / f"step_{step:06d}.safetensors"
 
 
+TOKEN_COLUMNS = ("pi_old", "ratio", "adv", "state")  # what every writer writes and the scatter needs
+
+
 def read_tokens(folder: Path, step: int) -> dict[str, np.ndarray] | None:
+    """The step's per-token facts, or None if there are none or they are not numeric columns of one length."""
     path = folder / "tokens" / f"step_{step:06d}.npz"
     try:
-        with np.load(path) as data:
-            return {k: data[k] for k in data.files}
-    except (OSError, ValueError, EOFError):
+        with np.load(path, allow_pickle=False) as data:
+            tokens = {k: data[k] for k in data.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile):
         return None
+    lengths = {v.shape for v in tokens.values()}
+    numeric = all(v.dtype.kind in "biuf" and v.ndim == 1 for v in tokens.values())
+    return tokens if numeric and len(lengths) == 1 and all(k in tokens for k in TOKEN_COLUMNS) else None
 
 
 def list_runs(root: Path) -> list[RunInfo]:
-    """Every run folder under `root`, newest first."""
+    """Every run folder under `root`, newest first (a folder is a run if it has a status.json or config.json).
+    A runs folder that is not a readable folder is a `DivvizInputError`."""
     if not root.exists():
         return []
-    folders = [p for p in root.iterdir() if p.is_dir() and ((p / "status.json").exists() or (p / "config.json").exists())]
+    try:
+        folders = [p for p in root.iterdir() if not p.name.startswith(".") and p.is_dir()
+                   and ((p / "status.json").exists() or (p / "config.json").exists())]
+    except NotADirectoryError:
+        raise DivvizInputError(f"the runs folder {quoted(str(root))} is a file, not a folder") from None
+    except OSError as err:
+        raise DivvizInputError(f"the runs folder {quoted(str(root))} cannot be read ({err.strerror or err})") from None
     return [read_run(p) for p in sorted(folders, key=lambda p: p.name, reverse=True)]
 
 

@@ -161,6 +161,9 @@ class DivvizGRPOTrainer(GRPOTrainer):
             model, torch.cat([prompt_ids, completion_ids], dim=1),
             torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1), completion_ids.size(1),
             compute_entropy=True, compute_aux_loss=self.aux_loss_enabled, **{k: inputs.get(k) for k in _MODEL_INPUTS})
+        if not torch.isfinite(logp_new.detach()[mask > 0]).all():  # the policy diverged: say so, not "bad input"
+            raise NonFiniteLoss(f"the loss became nan at step {self.state.global_step + 1}: the policy's log-probs "
+                                f"are not finite; try a smaller learning rate (now {self.args.learning_rate:g})")
         adv = inputs["advantages"]
         adv = adv.unsqueeze(1) if adv.dim() == 1 else adv  # (B, 1), or (B, T) from a subclass
         logp_old = inputs.get("old_per_token_logps")

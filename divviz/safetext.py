@@ -1,0 +1,33 @@
+"""Text from outside divviz — a link's values, a run folder's files, a model's completions — shown as text.
+
+Streamlit renders alerts, captions, progress texts and expander labels as Markdown (links, images the browser
+fetches, emoji and colour directives, LaTeX). `literal` makes any string render as itself there: every ASCII
+punctuation character is backslash-escaped (CommonMark renders an escaped character literally), and an invisible
+word joiner (U+2060) breaks the triggers of GitHub's bare autolinks (`://`, `www.`, `@`), which escaping alone
+does not stop (seen in chromium with Streamlit 1.67). `shorten` keeps a message readable whatever it quotes.
+"""
+
+from __future__ import annotations
+
+import re
+
+_PUNCTUATION = re.compile(r"([!-/:-@\[-`{-~])")  # every ASCII punctuation character
+_AUTOLINK = re.compile(r"(?<=:)(?=//)|(?<=www)(?=\.)|(?<=@)", re.IGNORECASE)
+WORD_JOINER = "\u2060"
+
+
+def shorten(text: str, limit: int = 80) -> str:
+    """`text` as it is if short, else its start and how long it was."""
+    text = str(text)
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
+
+
+def quoted(value, limit: int = 80) -> str:
+    """A value quoted in a message: repr, cut to `limit` characters."""
+    return shorten(repr(value), limit)
+
+
+def literal(text: str) -> str:
+    """Markdown that Streamlit renders as exactly `text` (plus invisible word joiners in URLs)."""
+    joined = _AUTOLINK.sub(WORD_JOINER, str(text))
+    return _PUNCTUATION.sub(r"\\\1", joined).replace("\n", "  \n")
