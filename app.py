@@ -6,6 +6,8 @@ falls back to listing that folder's file names whenever a live fragment reruns (
 
 import streamlit as st
 
+from divviz import ui
+
 st.set_page_config(page_title="divviz", page_icon=":material/insights:", layout="wide")
 
 pages = [
@@ -17,4 +19,5 @@ pages = [
     st.Page("app_pages/runs.py", title="Runs", icon=":material/folder_open:"),
     st.Page("app_pages/catalogue.py", title="Catalogue", icon=":material/menu_book:"),
 ]
+ui.viewer()  # on whichever page a link opens: a teacher key in it is taken and removed from the address bar
 st.navigation(pages).run()

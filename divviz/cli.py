@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 
 import numpy as np
@@ -88,8 +89,14 @@ def cmd_train(args) -> int:
         group_size=args.group_size, mu=args.mu, lr=args.lr, temperature=args.temperature,
         max_new_tokens=args.max_new_tokens, seed=args.seed, format_reward=args.format_reward)
     stop_on_sigterm()
+    root = runs_dir(args.runs_dir)
+    if not args.now and os.environ.get("RANK", "0") == "0":  # the runs folder's limit, as the app's pool keeps it
+        # (under accelerate/torchrun only the first process waits; the others wait for it as they join)
+        from divviz.engine.runner import wait_for_slot
+
+        wait_for_slot(root, lambda text: print(f"divviz: {text}; --now starts anyway", file=sys.stderr))
     train = _train_with_trl if cfg.backend == "trl" else _train_with_engine
-    folder = train(cfg, runs_dir(args.runs_dir))
+    folder = train(cfg, root)
     if folder is None:  # another process of a multi-process TRL run: the main one writes the run folder
         return 0
     run = read_run(folder)
@@ -190,6 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trust-remote-code", action="store_true", help="allow a model's own code (off by default)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
     p.add_argument("--runs-dir", help="runs folder (default: $DIVVIZ_RUNS_DIR, else ./runs)")
+    p.add_argument("--now", action="store_true",
+                   help="start even if the runs folder already trains its limit of runs ($DIVVIZ_MAX_RUNS)")
     for param in RUN_PARAMS:
         p.add_argument(f"--{param.name.replace('_', '-')}", default=param.default, help=f"{param.doc} ({param.range_text()})")
     p.set_defaults(run=cmd_train)

@@ -71,12 +71,14 @@ def test_a_hostile_link_shows_its_value_as_text(page, app_url):
     gets no link, image or script from it."""
     from urllib.parse import quote
 
-    hostile = "[x](http://127.0.0.1:9/a) ![i](http://127.0.0.1:9/i.png) <img src=x> http://127.0.0.1:9/b :smile:"
+    hostile = {"m": ":smile: ![i](http://127.0.0.1:9/i.png)", "pen": "[x](http://127.0.0.1:9/a) <img src=x>",
+               "kl3.delta": "http://127.0.0.1:9/b **b**"}  # each shorter than the 40 characters a message quotes
     requested = []
     page.on("request", lambda request: requested.append(request.url))
-    page.goto(f"{app_url}/clipping_regions?m={quote(hostile)}")
-    alert = page.locator('[data-testid="stAlert"]', has_text="unknown value")
-    alert.wait_for(timeout=90_000)
-    assert "[x](http" in alert.inner_text() and ":smile:" in alert.inner_text()
-    assert alert.locator("a").count() == 0 and alert.locator("img").count() == 0
+    page.goto(f"{app_url}/training_lab?" + "&".join(f"{k}={quote(v)}" for k, v in hostile.items()))
+    alerts = page.locator('[data-testid="stAlert"]')
+    alerts.filter(has_text="delta").wait_for(timeout=90_000)
+    text = " ".join(alerts.all_inner_texts()).replace("\u2060", "")
+    assert all(value in text for value in hostile.values()), text
+    assert alerts.locator("a").count() == 0 and alerts.locator("img").count() == 0 and alerts.locator("b").count() == 0
     assert not [url for url in requested if "127.0.0.1:9" in url]
