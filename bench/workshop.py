@@ -8,7 +8,9 @@ the runs are ended by pid at the end.
 
 Prints: the most runs training at once, the peak memory of the server, the pool and its runs together (PSS), p50 /
 p95 of a new visitor's page (connect → page drawn) and of a live update (fragment rerun → drawn), Start → first
-metrics line, Stop (click → page answered, and → every run of that student stopped), and runs lost or failed.
+metrics line (with 2 runs a student and a few slots, most of it is the wait in the queue), Stop (click → page
+answered, and → every run of that student stopped), runs lost or failed, the server's CPU, the GRPO steps trained
+per second by all runs together, and live updates the server never answered.
 Targets at S = 30: memory under the cap, no run lost, p95 live update ≤ 2 s, a new visitor's page ≤ 2 s.
 
     python bench/workshop.py [--students 10 30] [--watch 60]
@@ -25,6 +27,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -44,7 +47,7 @@ class Session:
     """One browser: a websocket, a cookie, the last widget ids seen, the fragment the server asks to rerun."""
 
     def __init__(self, url: str):
-        self.url, self.buttons, self.fragment, self.interval = url, {}, None, None
+        self.url, self.buttons, self.fragment, self.interval, self.cached = url, {}, None, None, set()
         mask, token = secrets.token_hex(4), secrets.token_hex(16)
         self.cookie = f"2|{mask}|{token}|{int(time.time())}"
         self.identity = browser_id(self.cookie)
@@ -63,27 +66,39 @@ class Session:
         return the seconds until the server says the script finished."""
         msg = BackMsg()
         msg.rerun_script.page_name = page
+        msg.rerun_script.cached_message_hashes.extend(self.cached)  # as the browser does: the server sends a reference
         if trigger:
             widget = msg.rerun_script.widget_states.widgets.add()
             widget.id, widget.trigger_value = self.buttons[trigger], True
         if fragment:
             msg.rerun_script.fragment_id, msg.rerun_script.is_auto_rerun = fragment, True
+        while True:  # first what the server sent on its own (an app rerun that a fragment asked for)
+            try:
+                self.read(await asyncio.wait_for(self.ws.recv(), 0.001))
+            except asyncio.TimeoutError:
+                break
         start = time.perf_counter()
         await self.ws.send(msg.SerializeToString())
         while True:
-            reply = ForwardMsg()
-            reply.ParseFromString(await asyncio.wait_for(self.ws.recv(), 120))
-            kind = reply.WhichOneof("type")
-            if kind == "delta" and reply.delta.WhichOneof("type") == "new_element":
-                element = reply.delta.new_element
-                if element.WhichOneof("type") == "button":
-                    self.buttons[element.button.label] = element.button.id
-            elif kind == "auto_rerun":
-                self.fragment, self.interval = reply.auto_rerun.fragment_id, reply.auto_rerun.interval
-            elif kind == "stop_auto_rerun":
-                self.fragment = None
-            elif kind == "script_finished":
+            if self.read(await asyncio.wait_for(self.ws.recv(), 60)) == "script_finished":
                 return time.perf_counter() - start
+
+    def read(self, data: bytes) -> str:
+        """Take one message from the server: remember buttons, cacheable messages, the fragment to rerun."""
+        reply = ForwardMsg()
+        reply.ParseFromString(data)
+        kind = reply.WhichOneof("type")
+        if reply.metadata.cacheable:
+            self.cached.add(reply.hash)
+        if kind == "delta" and reply.delta.WhichOneof("type") == "new_element":
+            element = reply.delta.new_element
+            if element.WhichOneof("type") == "button":
+                self.buttons[element.button.label] = element.button.id
+        elif kind == "auto_rerun":
+            self.fragment, self.interval = reply.auto_rerun.fragment_id, reply.auto_rerun.interval
+        elif kind == "stop_auto_rerun":
+            self.fragment = None
+        return kind
 
 
 class Room:
@@ -91,10 +106,28 @@ class Room:
         self.url, self.runs, self.watch = url, runs, watch
         self.visitor, self.live, self.first_line, self.stop_click, self.stop_done = [], [], [], [], []
         self.identities: list[str] = []
+        self.unanswered: list[str] = []  # live updates the server never answered, and when
         self.errors: list[str] = []
 
-    def runs_of(self, identity: str) -> list[store.RunInfo]:
-        return [run for run in store.list_runs(self.runs) if run.status.get("owner") == identity]
+        self.by_owner: dict[str, list[tuple[str, bool]]] = {}  # identity → [(state, has a metrics line)]
+        self.peaks = {"memory": 0.0, "training": 0}
+
+    def runs_of(self, identity: str) -> list[tuple[str, bool]]:
+        return self.by_owner.get(identity, [])
+
+    def watch_folder(self, server: int, until: float) -> None:
+        """In a thread of its own (file reads would stall the sessions' event loop and so their timings): who
+        owns which runs in what state, the most runs training at once, and the peak memory."""
+        while time.time() < until:
+            runs = store.list_runs(self.runs)
+            by_owner: dict[str, list] = {}
+            for run in runs:
+                by_owner.setdefault(run.status.get("owner"), []).append(
+                    (run.state, (run.folder / "metrics.jsonl").exists() and (run.folder / "metrics.jsonl").stat().st_size > 0))
+            self.by_owner = by_owner
+            self.peaks["training"] = max(self.peaks["training"], sum(run.state == "running" for run in runs))
+            self.peaks["memory"] = max(self.peaks["memory"], sum(pss_mb(pid) for pid in descendants(server)))
+            time.sleep(0.5)
 
     async def student(self, arrive: float) -> None:
         await asyncio.sleep(arrive)
@@ -107,14 +140,21 @@ class Room:
                 seen_line, until = False, time.time() + self.watch
                 while time.time() < until:
                     await asyncio.sleep(me.interval or 2.0)
+                    if me.fragment and not any(s in ("queued", "running") for s, _ in self.runs_of(me.identity)):
+                        await asyncio.sleep(0.5)  # the page reruns itself once every run has ended
                     if me.fragment:
-                        self.live.append(await me.rerun("training_lab", fragment=me.fragment))
-                    if not seen_line and any(store.read_metrics(run.folder) for run in self.runs_of(me.identity)):
+                        try:
+                            self.live.append(await me.rerun("training_lab", fragment=me.fragment))
+                        except asyncio.TimeoutError:  # counted: an update that never came back
+                            ended = not any(s in ("queued", "running") for s, _ in self.runs_of(me.identity))
+                            self.unanswered.append("after its runs ended" if ended else "while runs were active")
+                    if not seen_line and any(line for _, line in self.runs_of(me.identity)):
                         self.first_line.append(time.time() - clicked)
                         seen_line = True
                 clicked = time.time()
                 self.stop_click.append(await me.rerun("training_lab", trigger="Stop"))
-                while any(r.state in ("queued", "running") for r in self.runs_of(me.identity)):
+                await asyncio.sleep(0.6)  # the watcher's next look
+                while any(state in ("queued", "running") for state, _ in self.runs_of(me.identity)):
                     if time.time() - clicked > 60:
                         break
                     await asyncio.sleep(0.1)
@@ -149,11 +189,10 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-async def monitor(server: int, runs: Path, peaks: dict, until: float) -> None:
-    while time.time() < until:
-        peaks["memory"] = max(peaks["memory"], sum(pss_mb(pid) for pid in descendants(server)))
-        peaks["training"] = max(peaks["training"], sum(run.state == "running" for run in store.list_runs(runs)))
-        await asyncio.sleep(0.5)
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds the process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def free_port() -> int:
@@ -179,18 +218,23 @@ def room(students: int, watch: float) -> dict:
                 time.sleep(0.3)
         url = f"ws://127.0.0.1:{port}"
         result = Room(url, runs, watch)
-        peaks = {"memory": 0.0, "training": 0}
+        until = time.time() + 10 + watch + 30
+        watcher = threading.Thread(target=result.watch_folder, args=(server.pid, until), daemon=True)
+        watcher.start()
+        cpu_before = cpu_seconds(server.pid)
 
         async def everyone():
             arrive = [i * 10.0 / students for i in range(students)]  # they arrive over 10 s
-            until = time.time() + 10 + watch + 20
-            await asyncio.wait_for(asyncio.gather(
-                *(result.student(t) for t in arrive), result.visitors(until),
-                monitor(server.pid, runs, peaks, until)), timeout=watch + 240)
+            await asyncio.wait_for(asyncio.gather(*(result.student(t) for t in arrive), result.visitors(until - 20)),
+                                   timeout=watch + 240)
 
+        started = time.time()
         asyncio.run(everyone())
+        server_cores = (cpu_seconds(server.pid) - cpu_before) / (time.time() - started)
         ended = [run for run in store.list_runs(runs) if run.status.get("owner") in result.identities]
-        return {"students": students, "peaks": peaks, "room": result, "runs": ended,
+        steps = sum(len(store.read_metrics(run.folder)) for run in ended)
+        return {"students": students, "peaks": result.peaks, "room": result, "runs": ended, "server_cores": server_cores,
+                "steps_per_s": steps / (time.time() - started),
                 "lost": len(result.identities) * 2 - len(ended) + sum(r.state in ("queued", "running") for r in ended),
                 "failed": sum(r.state in ("failed", "interrupted", "corrupt") for r in ended)}
     finally:
@@ -231,7 +275,9 @@ def main():
         for run in r["runs"]:
             states[run.state] = states.get(run.state, 0) + 1
         print(f"    {len(r['runs'])} runs: {json.dumps(states)}; {len(room_.live)} live updates, "
-              f"{len(room_.visitor)} visitors")
+              f"{len(room_.visitor)} visitors; the server kept {r['server_cores']:.2f} cores busy; "
+              f"{r['steps_per_s']:.1f} GRPO steps trained per s; live updates never answered: "
+              + (json.dumps({w: room_.unanswered.count(w) for w in set(room_.unanswered)}) or "none"))
 
 
 if __name__ == "__main__":
