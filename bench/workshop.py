@@ -111,6 +111,11 @@ class Room:
 
         self.by_owner: dict[str, list[tuple[str, bool]]] = {}  # identity → [(state, has a metrics line)]
         self.peaks = {"memory": 0.0, "training": 0}
+        self.seen: dict[str, dict[str, float]] = {}  # run → when the watcher first saw it running / with a step
+
+    def dequeue_to_step(self) -> list[float]:
+        """Seconds from a run leaving the queue to its first step, for runs seen queued first (±0.25 s)."""
+        return [s["stepped"] - s["running"] for s in self.seen.values() if "running" in s and "stepped" in s]
 
     def runs_of(self, identity: str) -> list[tuple[str, bool]]:
         return self.by_owner.get(identity, [])
@@ -122,12 +127,17 @@ class Room:
             runs = store.list_runs(self.runs)
             by_owner: dict[str, list] = {}
             for run in runs:
-                by_owner.setdefault(run.status.get("owner"), []).append(
-                    (run.state, (run.folder / "metrics.jsonl").exists() and (run.folder / "metrics.jsonl").stat().st_size > 0))
+                stepped = (run.folder / "metrics.jsonl").exists() and (run.folder / "metrics.jsonl").stat().st_size > 0
+                by_owner.setdefault(run.status.get("owner"), []).append((run.state, stepped))
+                seen = self.seen.setdefault(run.name, {})
+                if run.state == "running":
+                    seen.setdefault("running", time.time())
+                if stepped:
+                    seen.setdefault("stepped", time.time())
             self.by_owner = by_owner
             self.peaks["training"] = max(self.peaks["training"], sum(run.state == "running" for run in runs))
             self.peaks["memory"] = max(self.peaks["memory"], sum(pss_mb(pid) for pid in descendants(server)))
-            time.sleep(0.5)
+            time.sleep(0.25)
 
     async def student(self, arrive: float) -> None:
         await asyncio.sleep(arrive)
@@ -276,7 +286,8 @@ def main():
             states[run.state] = states.get(run.state, 0) + 1
         print(f"    {len(r['runs'])} runs: {json.dumps(states)}; {len(room_.live)} live updates, "
               f"{len(room_.visitor)} visitors; the server kept {r['server_cores']:.2f} cores busy; "
-              f"{r['steps_per_s']:.1f} GRPO steps trained per s; live updates never answered: "
+              f"{r['steps_per_s']:.1f} GRPO steps trained per s; dequeued → first step p50/p95 "
+              f"{quantiles(room_.dequeue_to_step())} s; live updates never answered: "
               + (json.dumps({w: room_.unanswered.count(w) for w in set(room_.unanswered)}) or "none"))
 
 

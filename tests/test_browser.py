@@ -82,3 +82,19 @@ def test_a_hostile_link_shows_its_value_as_text(page, app_url):
     assert all(value in text for value in hostile.values()), text
     assert alerts.locator("a").count() == 0 and alerts.locator("img").count() == 0 and alerts.locator("b").count() == 0
     assert not [url for url in requested if "127.0.0.1:9" in url]
+
+
+def test_a_reloaded_tab_finds_its_runs_and_stops_them(page, app_url):
+    """The run belongs to this browser (its Streamlit cookie), not to the tab's session: after a reload the lab
+    shows it again, and its Stop works."""
+    page.goto(f"{app_url}/training_lab?m=kl3&steps=400&prompts=8&group_size=4")
+    start = page.get_by_role("button", name="Start")
+    start.wait_for(timeout=90_000)
+    start.click()
+    page.get_by_text("running, step").first.wait_for(timeout=120_000)
+    page.reload()
+    page.get_by_text("running, step").first.wait_for(timeout=90_000)  # found again, without Start
+    stop = page.get_by_role("button", name="Stop")
+    stop.wait_for(timeout=30_000)
+    stop.click()
+    page.get_by_text("stopped, step").first.wait_for(timeout=60_000)
