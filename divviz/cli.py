@@ -22,6 +22,7 @@ import numpy as np
 from divviz.divergences import CATALOGUE, DUAL_CLIP, clip_test, get_entry
 from divviz.engine.config import RUN_PARAMS
 from divviz.params import DivvizInputError, Param, parse_assignments
+from divviz.safetext import shorten
 
 
 class _Parser(argparse.ArgumentParser):
@@ -162,7 +163,8 @@ def cmd_runs(args) -> int:
         print(f"no runs in {runs_dir(args.runs_dir)}")
     for r in rows:
         acc = "" if r["accuracy"] is None else f"acc {r['accuracy']:.3f}"
-        print(f"{r['name']:<60} {r['state']:<11} {r['step']:>4}/{r['steps']:<4} {acc}")
+        why = f"  {shorten(r['message'], 100)}" if r["state"] in ("failed", "corrupt", "interrupted") else ""
+        print(f"{r['name']:<60} {r['state']:<11} {r['step']:>4}/{r['steps']:<4} {acc}{why}")
     return 0
 
 
