@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -61,8 +62,6 @@ def start_run(cfg: RunConfig, root: Path, owner: str = "") -> Path:
 
 def ensure_pool(root: Path) -> None:
     """Start the runs folder's pool unless one holds its lock (a second one started in a race just leaves)."""
-    import fcntl
-
     with open(control_dir(root) / "pool.lock", "a") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
