@@ -87,7 +87,7 @@ def test_a_hostile_link_shows_its_value_as_text(page, app_url):
 def test_a_reloaded_tab_finds_its_runs_and_stops_them(page, app_url):
     """The run belongs to this browser (its Streamlit cookie), not to the tab's session: after a reload the lab
     shows it again, and its Stop works."""
-    page.goto(f"{app_url}/training_lab?m=kl3&steps=5000&prompts=8&group_size=4")  # minutes: still running at Stop
+    page.goto(f"{app_url}/training_lab?m=kl3&steps=200&prompts=16&group_size=8")  # ~1 min: still running at Stop
     start = page.get_by_role("button", name="Start")
     start.wait_for(timeout=90_000)
     start.click()
