@@ -114,7 +114,7 @@ def draw_runs() -> None:
             ahead, eta = runner.queue_position(run.folder)
             text = (f"**{literal(label)}** — queued, {ahead} ahead"
                     + (f", starts in about {views.duration(eta)}" if eta is not None else "")
-                    + f" ({runner.max_runs()} train at once on this machine)")
+                    + f" (this machine trains {runner.max_runs()} run{'s' if runner.max_runs() != 1 else ''} at a time)")
         st.progress(min(1.0, run.step / max(run.steps, 1)), text=text)
         if run.state in ("failed", "interrupted"):
             st.error(literal(f"{label}: {run.message}"), icon=":material/error:")

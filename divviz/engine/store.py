@@ -124,7 +124,7 @@ def new_run_folder(root: Path, label: str) -> Path:
     """A new, empty run folder under `root` (made if missing); a runs folder that cannot hold one is a
     `DivvizInputError`."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    slug = "".join(c if c.isascii() and (c.isalnum() or c in "-_.") else "-" for c in label)[:40].strip("-.")
+    slug = "".join(c if c.isalnum() or c in "-_." else "-" for c in label)[:40].strip("-.")
     folder = root / f"{stamp}-{slug}-{secrets.token_hex(3)}"
     try:
         folder.mkdir(parents=True, exist_ok=False)
