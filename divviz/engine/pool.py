@@ -122,8 +122,7 @@ class Pool:
     def serve(self) -> None:
         while True:
             self.reap()
-            self.start_queued()
-            if self.children or queued_runs(self.root):
+            if self.start_queued() or self.children:
                 self.idle_since = time.time()
             elif time.time() - self.idle_since > IDLE_EXIT_S:
                 return
@@ -136,14 +135,16 @@ class Pool:
     def run_estimate_mb(self) -> float:
         return max([pss_mb(pid) for pid in self.children] + [RUN_ESTIMATE_MB])
 
-    def start_queued(self) -> None:
-        while len(self.children) < self.limit:
-            if self.memory_used_mb() + self.run_estimate_mb() > self.cap:
-                return  # a run would exceed the cap: it waits, queued, until one ends
+    def start_queued(self) -> bool:
+        """Start queued runs while a slot and the memory cap allow; returns whether runs are still queued. Memory
+        is read only when a run is queued and a slot is free (reading it costs more than the rest of a poll)."""
+        while True:
             with QueueLock(self.root) as queue_lock:
                 queue = queued_runs(self.root)
-                if not queue:
-                    return
+                if not queue or len(self.children) >= self.limit:
+                    return bool(queue)
+                if self.memory_used_mb() + self.run_estimate_mb() > self.cap:
+                    return True  # a run would exceed the cap: it waits, queued, until one ends
                 folder = queue[0][1]
                 status = read_status(folder)
                 pid = os.fork()
