@@ -142,7 +142,8 @@ def test_kl3_equals_trl_box_on_its_interval(tmp_path, policy, batch):
 
 def test_dual_clip_and_trl_weights_enter_the_loss(tmp_path, policy, batch):
     """What TRL has no counterpart for still trains: dual-clip caps the loss of A < 0 tokens (it changes the loss
-    here), and the top-entropy token mask is honoured (TRL's own mask as the policy term's weight)."""
+    here). TRL's top-entropy token mask and off-policy sequence mask are honoured, bit for bit (TRL's own masks as
+    the policy term's weight)."""
     base = Objective(clip=clip_test("kl3", delta=0.02), aggregation="grpo")
     plain = loss_and_grads(make_trainer(DivvizGRPOTrainer, policy, config(tmp_path, loss_type="grpo"),
                                         objective=base), batch)
@@ -150,10 +151,11 @@ def test_dual_clip_and_trl_weights_enter_the_loss(tmp_path, policy, batch):
                                          objective=Objective(clip=base.clip, dual_clip_c=1.05, aggregation="grpo")),
                             batch)
     assert capped[0] != plain[0]
-    theirs = make_trainer(GRPOTrainer, policy, config(tmp_path, loss_type="bnpo", top_entropy_quantile=0.5))
-    ours = make_trainer(DivvizGRPOTrainer, policy, config(tmp_path, loss_type="bnpo", top_entropy_quantile=0.5),
-                        objective=Objective(clip=clip_test("ratio"), aggregation="bnpo"))
-    assert_same(loss_and_grads(ours, batch), loss_and_grads(theirs, batch))
+    for weighting in ({"top_entropy_quantile": 0.5}, {"off_policy_mask_threshold": 0.01}):
+        theirs = make_trainer(GRPOTrainer, policy, config(tmp_path, loss_type="bnpo", **weighting))
+        ours = make_trainer(DivvizGRPOTrainer, policy, config(tmp_path, loss_type="bnpo", **weighting),
+                            objective=Objective(clip=clip_test("ratio"), aggregation="bnpo"))
+        assert_same(loss_and_grads(ours, batch), loss_and_grads(theirs, batch), exact=True)
 
 
 @pytest.mark.parametrize("settings, objective, says", [
