@@ -224,6 +224,7 @@ def run_bandits(cfg: BanditConfig, objectives: list[Objective]) -> list[BanditRu
     logps[0], probs[0] = logp_ref, p_ref
     sampled_rewards = np.empty((cfg.iterations, runs, cfg.groups * cfg.group_size))
     clipped_low, clipped_high = np.zeros((runs, cfg.iterations)), np.zeros((runs, cfg.iterations))
+    overshot = np.zeros((runs, cfg.iterations))
     for it in range(cfg.iterations):
         batch, sampled_rewards[it] = sample_batch(cfg, rng, gradient, logps[it], probs[it], logp_ref, rewards, mask)
         theta = logps[it].copy()
@@ -240,10 +241,11 @@ def run_bandits(cfg: BanditConfig, objectives: list[Objective]) -> list[BanditRu
             raise DivvizInputError(f"bandit diverged to NaN/inf at iteration {it + 1} ({label}); "
                                    f"lower lr (now {cfg.lr:g})")
         logps[it + 1], probs[it + 1] = softmax(theta)
+        overshot[:, it] = gradient.overshoot(logps[it + 1].reshape(-1)[batch.flat_actions]).sum(axis=(1, 2))
     sampled_reward, tokens = sampled_rewards.mean(axis=2).T, cfg.mu * sampled_rewards.shape[2]
     return [BanditRun(o.label, np.ascontiguousarray(probs[:, i]), rewards,
                       history(logps[:, i], probs[:, i], rewards, sampled_reward[i], clipped_low[i], clipped_high[i],
-                              tokens))
+                              tokens, overshot[i] / sampled_rewards.shape[2]))
             for i, o in enumerate(objectives)]
 
 
@@ -253,11 +255,13 @@ def run_bandit(cfg: BanditConfig, objective: Objective) -> BanditRun:
 
 
 def history(logps: np.ndarray, probs: np.ndarray, rewards: np.ndarray, sampled_reward: np.ndarray,
-            clipped_low: np.ndarray, clipped_high: np.ndarray, tokens: int) -> dict[str, np.ndarray]:
+            clipped_low: np.ndarray, clipped_high: np.ndarray, tokens: int,
+            overshoot: np.ndarray) -> dict[str, np.ndarray]:
     """Per-iteration metrics of a run from its distributions π_0 … π_T (rows of `logps`/`probs`): exact
     entropy, top-1 mass, mass on the initially likely actions (the top tenth: actions are ranked by π_0),
     exact KL(π_old‖π_new) of each update, expected reward; TRL's clip fractions from the clip counts over
-    `tokens` = μ × samples per iteration; `reward`, the sampled actions' mean reward."""
+    `tokens` = μ × samples per iteration; `reward`, the sampled actions' mean reward; `overshoot`, the share of
+    the iteration's samples the update carried past the bound their advantage pushes toward (after the μ steps)."""
     new, old = probs[1:], probs[:-1]
     return {
         "reward": sampled_reward,
@@ -269,4 +273,5 @@ def history(logps: np.ndarray, probs: np.ndarray, rewards: np.ndarray, sampled_r
         "clip_ratio/low_mean": clipped_low / tokens,
         "clip_ratio/high_mean": clipped_high / tokens,
         "clip_ratio/region_mean": (clipped_low + clipped_high) / tokens,
+        "clip_ratio/overshoot_mean": overshoot,
     }

@@ -311,6 +311,14 @@ class PolicyLossGradient:
             slope[rows] += weight * penalty.slope(logp_new[rows], self.logp_old[rows], ref)
         return LossGradient(slope, clipped_low, clipped_high)
 
+    def overshoot(self, logp_after) -> np.ndarray:
+        """The tokens an update carried past the bound their advantage pushes toward (`metrics.overshoot`): w
+        after the update above u where A > 0, below l where A < 0; (R, B, T) bool, all False without a clip."""
+        if not self.clips:
+            return np.zeros(self.surrogate_slope.shape, dtype=bool)
+        w = np.exp(logp_after - self.logp_old)
+        return ((w > self.upper) & self.positive) | ((w < self.lower) & self.negative)
+
 
 def aggregation_weights(mask: np.ndarray, how: str) -> np.ndarray:
     """∂loss/∂ℓ_t of `aggregate` (no max_completion_length or num_items_in_batch: their defaults)."""

@@ -21,6 +21,8 @@ GLOSSARY = {
     "clip_ratio/low_mean": "share of tokens with w < l and A < 0: the lower clip binds (TRL)",
     "clip_ratio/high_mean": "share of tokens with w > u and A > 0: the upper clip binds (TRL)",
     "clip_ratio/region_mean": "low + high: share of tokens whose gradient the clip removes (TRL)",
+    "clip_ratio/overshoot_mean": "share of tokens the update carried past the bound their advantage pushes toward "
+                                 "(A > 0 above u, A < 0 below l), measured after the update: what the clip did not stop",
     "accuracy": "share of completions the task's checker accepts",
     "kl": "exact KL(π_old ‖ π_new) of the update, summed over actions",
     "kl/k1": "mean −log w over completion tokens, w = π_new/π_old after the update",
@@ -54,6 +56,19 @@ def clip_fractions(out: LossOutput, mask: torch.Tensor) -> dict[str, float]:
     low = float(out.clipped_low.sum()) / tokens
     high = float(out.clipped_high.sum()) / tokens
     return {"clip_ratio/low_mean": low, "clip_ratio/high_mean": high, "clip_ratio/region_mean": low + high}
+
+
+def overshoot(ratio_after: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, clip, pi_old: torch.Tensor) -> float:
+    """Share of completion tokens that the update carried past the bound their advantage pushes toward: w =
+    π_after/π_old above u where A > 0, below l where A < 0 ([l, u] = the clip test's interval at π_old; 0 without
+    a test). TRL's clip fractions count the tokens the clip stopped during the μ inner steps (the first of which
+    has w = 1); this counts where they ended. (B, T) tensors; adv (B,) or (B, T)."""
+    if clip is None:
+        return 0.0
+    lower, upper = clip.bounds(pi_old) if clip.entry.needs_pi_old else clip.bounds()
+    adv = adv.unsqueeze(1) if adv.dim() == 1 else adv
+    past = ((ratio_after > upper) & (adv > 0)) | ((ratio_after < lower) & (adv < 0))
+    return float((past & (mask > 0)).sum()) / max(float(mask.sum()), 1.0)
 
 
 def mass_shift_by_bin(pi_before: np.ndarray, pi_after: np.ndarray, edges=PI_OLD_BINS) -> np.ndarray:

@@ -131,8 +131,9 @@ def mass_reallocation(runs: list[BanditRun]) -> dict[str, plots.Chart]:
         "mass": plots.mass_shift_chart(runs),
         "history": plots.history_chart(series, ("expected_reward", "entropy", "top1_mass", "initial_top_mass"),
                                        "iteration", "Expected reward, entropy, and where the mass sits"),
-        "clipping": plots.history_chart(series, ("clip_ratio/low_mean", "clip_ratio/high_mean", "kl"), "iteration",
-                                        "How often each clip binds, and how far each update moves π"),
+        "clipping": plots.history_chart(series, ("clip_ratio/low_mean", "clip_ratio/high_mean",
+                                                 "clip_ratio/overshoot_mean", "kl"), "iteration",
+                                        "How often each clip binds, how many samples end past it, how far π moves"),
     }
 
 
@@ -144,7 +145,7 @@ def default_tests() -> list[ClipTest]:
 TRAINING_PANELS = {
     "reward": ("reward", "accuracy"),
     "entropy": ("entropy", "top1_mass"),
-    "clipping": ("clip_ratio/low_mean", "clip_ratio/high_mean"),
+    "clipping": ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/overshoot_mean"),
     "kl": ("kl/k1", "kl/k2", "kl/k3"),
     "update": ("mass_to_argmax", "grad_norm"),
 }
@@ -171,7 +172,7 @@ def training_charts(runs: list[tuple[str, list[dict]]], smooth: int = 1) -> dict
     if not series:
         return {}
     titles = {"reward": "Reward and accuracy", "entropy": "Entropy of the sampling distribution and top-1 mass",
-              "clipping": "Clip fractions (TRL: clip_ratio/low_mean, high_mean)",
+              "clipping": "Clip fractions (TRL: clip_ratio/low_mean, high_mean) and the share past the bound after the update",
               "kl": "KL of each update, new vs old (k1, k2, k3 of w = π_new/π_old)",
               "update": "Share of the mass gained that went to argmax tokens, and the gradient's norm"}
     return {name: plots.history_chart(series, metrics, "step", titles[name]) for name, metrics in TRAINING_PANELS.items()}

@@ -24,6 +24,7 @@ from divviz.params import DivvizInputError
 
 TINY = dict(steps=2, prompts=2, group_size=4, max_new_tokens=6, mu=2)
 METRICS = ("reward", "reward_std", "accuracy", "entropy", "clip_ratio/low_mean", "clip_ratio/high_mean",
+           "clip_ratio/overshoot_mean",
            "clip_ratio/region_mean", "kl/k1", "kl/k2", "kl/k3", "top1_mass", "mass_to_argmax", "grad_norm",
            "step_time", "tokens_per_s", "mass_shift/0–0.01", "mass_shift/0.8–1")
 

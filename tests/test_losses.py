@@ -277,3 +277,34 @@ def test_bad_arguments_are_refused_with_the_typed_error():
         policy_loss(logp_new, logp_old, adv, mask, dual_clip_c=0.5)
     with pytest.raises(dv.DivvizInputError, match="needs reference log-probs"):
         policy_loss(logp_new, logp_old, adv, mask, penalty=dv.penalty("k3"), beta=0.1)
+
+
+def test_overshoot_counts_tokens_past_the_bound_their_advantage_pushes_toward():
+    """By hand, ratio ε = 0.2 ([0.8, 1.2]): A > 0 ending at w = 1.3 overshot; A > 0 at 0.7 did not (it went the other
+    way); A < 0 at 0.7 overshot; A < 0 at 1.3 did not; a padded token never counts."""
+    from divviz.metrics import overshoot
+
+    ratio = torch.tensor([[1.3, 0.7, 2.0], [0.7, 1.3, 1.0]], dtype=torch.float64)
+    adv = torch.tensor([[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0]], dtype=torch.float64)
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]], dtype=torch.float64)
+    assert overshoot(ratio, adv, mask, dv.clip_test("ratio", eps=0.2), ratio) == 2 / 4
+    assert overshoot(ratio, adv, mask, None, ratio) == 0.0
+
+
+@pytest.mark.parametrize("clip", [*dv.CLIP_TESTS, None])
+def test_the_bandits_overshoot_equals_the_engines(clip):
+    """PolicyLossGradient.overshoot (numpy, the bandit) against metrics.overshoot (torch, the engine) on the same
+    random tokens, for every clip test (prob_tv's bounds depend on π_old)."""
+    from divviz.metrics import overshoot
+
+    g = np.random.default_rng(3)
+    logp_old = np.log(g.uniform(0.01, 1.0, (1, 64, 1)))
+    logp_after = logp_old + g.normal(0, 0.4, logp_old.shape)
+    adv = g.normal(size=(1, 64))
+    test = None if clip is None else dv.clip_test(clip)
+    gradient = PolicyLossGradient([Objective(clip=test)], aggregation_weights(np.ones((64, 1)), "grpo")[None])
+    counted = gradient.batch(logp_old, adv).overshoot(logp_after).mean()
+    t = lambda x: torch.as_tensor(x[0])  # noqa: E731
+    want = overshoot(t(np.exp(logp_after - logp_old)), t(adv), torch.ones(64, 1, dtype=torch.float64), test,
+                     t(np.exp(logp_old)))
+    assert counted == pytest.approx(want) and (clip is None) == (want == 0)

@@ -26,7 +26,7 @@ from divviz.engine.rollout import Rollout, completion_logps, decode_completions,
 from divviz.engine.tasks import Task, get_task
 from divviz.estimators import k1, k2, k3
 from divviz.losses import Objective, group_advantages
-from divviz.metrics import PI_OLD_BINS, bin_labels, clip_fractions
+from divviz.metrics import PI_OLD_BINS, bin_labels, clip_fractions, overshoot
 
 TOKEN_SAMPLE = 256  # per-token facts kept per step for the scatter plots
 AFTER_ROWS = 256  # completions re-scored after the update for the KL and mass metrics (all, in small batches)
@@ -174,6 +174,8 @@ def grpo_step(tr: Trainer, step: int) -> StepResult:
         "completions/mean_length": float(rollout.completion_mask.sum(1).mean()),
         **fractions,
         **update_metrics(seen, logp_old[rows], logp_after, None if logp_ref is None else logp_ref[rows]),
+        "clip_ratio/overshoot_mean": overshoot((logp_after - logp_old[rows]).exp(), batch.adv[rows],
+                                               seen.completion_mask, tr.objective.clip, logp_old[rows].exp()),
         "entropy": _masked_mean(rollout.entropy, rollout.completion_mask),  # over every completion
         "top1_mass": _masked_mean(rollout.top1, rollout.completion_mask),
         "loss": float(out.loss.detach()),
