@@ -10,9 +10,9 @@ from divviz.safetext import literal
 
 st.title("Runs")
 root = store.runs_dir()
-st.write(f"Every run folder in {literal(str(root))} (set `DIVVIZ_RUNS_DIR` or `--runs-dir` to use another), including runs "
-         "started with `divviz train` in a terminal. Running ones update live. Everyone sees every run; only the "
-         "browser that started a run (or the teacher) can stop or delete it.")
+st.write(f"Every run folder in {literal(str(root))} (set `DIVVIZ_RUNS_DIR` or `--runs-dir` to use another), "
+         "including runs started with `divviz train` in a terminal. Running ones update live. Everyone sees every "
+         "run; only the browser that started a run (or the teacher) can stop or delete it.")
 me = ui.viewer()
 
 

@@ -74,7 +74,8 @@ with ui.shown_errors():
         device = ui.choice(PAGE, BY_NAME["device"], "Device")
         settings = {p.name: ui.number(PAGE, BY_NAME[p.name], p.name) for p in SETTINGS}
     ui.publish_controls(PAGE, CONTROLS)
-    configs = [RunConfig.make(task=task, backend=backend, model=model.strip(), device=device, clip=t.name, clip_params=t.params,
+    configs = [RunConfig.make(task=task, backend=backend, model=model.strip(), device=device, clip=t.name,
+                              clip_params=t.params,
                               penalty=pen.name if pen else None, penalty_params=pen.params if pen else {},
                               beta=beta, dual_clip_c=c, aggregation=aggregation, **settings) for t in tests]
 
@@ -112,9 +113,10 @@ def draw_runs() -> None:
                 f"{last.get('tokens_per_s', 0):.0f} tokens/s on {literal(run.status.get('device') or '…')}")
         if run.state == "queued":
             ahead, eta = runner.queue_position(run.folder)
+            slots = runner.max_runs()
             text = (f"**{literal(label)}** — queued, {ahead} ahead"
                     + (f", starts in about {views.duration(eta)}" if eta is not None else "")
-                    + f" (this machine trains {runner.max_runs()} run{'s' if runner.max_runs() != 1 else ''} at a time)")
+                    + f" (this machine trains {slots} run{'s' if slots != 1 else ''} at a time)")
         st.progress(min(1.0, run.step / max(run.steps, 1)), text=text)
         if run.state in ("failed", "interrupted"):
             st.error(literal(f"{label}: {run.message}"), icon=":material/error:")

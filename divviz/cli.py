@@ -3,7 +3,8 @@
     divviz measures [--json]
     divviz bounds --measure NAME [--param k=v]... [--pi-old P] [--json]
     divviz train [--measure NAME] [--param k=v]... [--penalty NAME --beta B] [--task T] [--steps N] ...
-                 [--backend divviz|trl]      (accelerate launch --num_processes N -m divviz train --backend trl …)
+                 [--backend divviz|trl]
+    accelerate launch --multi_gpu --num_processes N -m divviz train --backend trl ...
     divviz runs [--runs-dir DIR] [--json]
 
 Bad input exits with code 2 and one line on stderr, never a traceback.
@@ -84,8 +85,9 @@ def cmd_train(args) -> int:
     cfg = RunConfig.make(
         task=args.task, backend=args.backend, model=args.model, device=args.device,
         clip=None if args.measure == "none" else args.measure, clip_params=parse_assignments(args.param),
-        penalty=args.penalty, penalty_params=parse_assignments(args.penalty_param), beta=0.04 if args.beta is None else args.beta,
-        dual_clip_c=args.dual_clip, aggregation=args.aggregation, scale_rewards=not args.no_scale_rewards,
+        penalty=args.penalty, penalty_params=parse_assignments(args.penalty_param),
+        beta=0.04 if args.beta is None else args.beta, dual_clip_c=args.dual_clip, aggregation=args.aggregation,
+        scale_rewards=not args.no_scale_rewards,
         trust_remote_code=args.trust_remote_code, steps=args.steps, prompts=args.prompts,
         group_size=args.group_size, mu=args.mu, lr=args.lr, temperature=args.temperature,
         max_new_tokens=args.max_new_tokens, seed=args.seed, format_reward=args.format_reward)
@@ -113,9 +115,10 @@ def _progress_bar(cfg, device: str):
 
 
 def _show(bar, metrics: dict) -> None:
-    get = lambda key: metrics.get(key, float("nan"))  # noqa: E731
-    bar.set_postfix(reward=f"{get('reward'):.3f}", acc=f"{get('accuracy'):.3f}", entropy=f"{get('entropy'):.3f}",
-                    clip=f"{get('clip_ratio/region_mean'):.3f}")
+    from divviz.metrics import metric
+
+    bar.set_postfix(reward=f"{metric(metrics, 'reward'):.3f}", acc=f"{metric(metrics, 'accuracy'):.3f}",
+                    entropy=f"{metric(metrics, 'entropy'):.3f}", clip=f"{metric(metrics, 'clip_ratio/region_mean'):.3f}")
     bar.update(1)
 
 
@@ -135,8 +138,7 @@ def _train_with_trl(cfg, root):
 
     state = process_state(cfg)
     bar = _progress_bar(cfg, f"TRL on {state.num_processes} × {state.device}") if state.is_main_process else None
-    folder = train(cfg, root, on_row=lambda row: _show(bar, {**row, "accuracy": row.get("rewards/accuracy/mean")})
-                   if bar else None)
+    folder = train(cfg, root, on_row=lambda row: _show(bar, row) if bar else None)
     if bar:
         bar.close()
     else:

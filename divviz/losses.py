@@ -183,10 +183,20 @@ def policy_loss(
     )
 
 
+class NonFiniteInput(DivvizInputError):
+    """An input of `policy_loss` is NaN or infinite where the mask keeps a token; `name` says which. Training
+    rewords it for logp_new: there it means the policy diverged, not that the caller passed bad numbers."""
+
+    def __init__(self, message: str, name: str):
+        super().__init__(message)
+        self.name = name
+
+
 def check_inputs(logp_new, logp_old, adv, mask, logp_ref=None, weight=None) -> None:
     """`policy_loss`'s inputs, or one `DivvizInputError` saying what is wrong: torch tensors; floating-point
-    log-probs and advantages (a weight may also be a bool mask); logp_old, mask and logp_ref shaped like logp_new (B, T) with B, T ≥ 1; adv
-    (B,), (B, 1) or (B, T); weight (B, T) or (B, 1); finite values wherever the mask keeps a token."""
+    log-probs and advantages (a weight may also be a bool mask); logp_old, mask and logp_ref shaped like logp_new,
+    (B, T) with B, T ≥ 1; adv (B,), (B, 1) or (B, T); weight (B, T) or (B, 1); finite values wherever the mask
+    keeps a token (else `NonFiniteInput`)."""
     given = {"logp_new": logp_new, "logp_old": logp_old, "adv": adv, "mask": mask, "logp_ref": logp_ref,
              "weight": weight}
     for name, x in given.items():
@@ -215,8 +225,8 @@ def check_inputs(logp_new, logp_old, adv, mask, logp_ref=None, weight=None) -> N
         if bool(bad.any()):
             row, col = (int(i) for i in bad.nonzero()[0])
             value = x.detach().reshape(batch, -1).expand(batch, tokens)[row, col].item()
-            raise DivvizInputError(f"policy_loss: {name} is {value} at completion {row}, token {col}, which the mask "
-                                   "keeps; only masked positions may hold NaN or inf")
+            raise NonFiniteInput(f"policy_loss: {name} is {value} at completion {row}, token {col}, which the mask "
+                                 "keeps; only masked positions may hold NaN or inf", name)
 
 
 @dataclass

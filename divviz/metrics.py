@@ -44,6 +44,11 @@ GLOSSARY = {
 METRIC_ALIASES = {"accuracy": "rewards/accuracy/mean"}
 
 
+def metric(row: dict, key: str, default=float("nan")):
+    """A metrics row's value of `key`, under its TRL name where the row has that instead (`METRIC_ALIASES`)."""
+    return row.get(key, row.get(METRIC_ALIASES.get(key), default))
+
+
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     """H = −Σ_a π(a) log π(a) over the last dimension, stable for very negative logits."""
     logp = torch.log_softmax(logits, dim=-1)

@@ -17,7 +17,7 @@ from divviz.divergences import ClipTest, clip_test, penalty
 from divviz.engine.config import RunConfig, objective_from
 from divviz.estimators import k3
 from divviz.losses import Objective
-from divviz.metrics import METRIC_ALIASES, bin_labels
+from divviz.metrics import bin_labels, metric
 from divviz.params import DivvizInputError
 
 RATIO_GRID = np.linspace(0.01, 3.0, 600)
@@ -166,13 +166,13 @@ def training_charts(runs: list[tuple[str, list[dict]]], smooth: int = 1) -> dict
     """Metric curves of several runs (label, metrics rows), one chart per panel of TRAINING_PANELS, each
     curve the trailing mean over `smooth` steps (1 = the raw per-step values)."""
     keys = {k for metrics in TRAINING_PANELS.values() for k in metrics}
-    value = lambda row, key: row.get(key, row.get(METRIC_ALIASES.get(key), np.nan))  # noqa: E731
-    series = [(label, {key: trailing_mean([value(row, key) for row in rows], smooth) for key in keys})
+    series = [(label, {key: trailing_mean([metric(row, key) for row in rows], smooth) for key in keys})
               for label, rows in runs if rows]
     if not series:
         return {}
     titles = {"reward": "Reward and accuracy", "entropy": "Entropy of the sampling distribution and top-1 mass",
-              "clipping": "Clip fractions (TRL: clip_ratio/low_mean, high_mean) and the share past the bound after the update",
+              "clipping": "Clip fractions (TRL: clip_ratio/low_mean, high_mean) and the share past the bound after "
+                          "the update",
               "kl": "KL of each update, new vs old (k1, k2, k3 of w = π_new/π_old)",
               "update": "Share of the mass gained that went to argmax tokens, and the gradient's norm"}
     return {name: plots.history_chart(series, metrics, "step", titles[name]) for name, metrics in TRAINING_PANELS.items()}

@@ -106,7 +106,8 @@ class RunConfig:
             raise DivvizInputError("the TRL backend needs TRL, which is not installed: pip install 'divviz[trl]'")
         if cfg.device not in ("auto", "cpu", "cuda", "mps"):
             raise DivvizInputError(f"unknown device {quoted(cfg.device)}; choose auto, cpu, cuda or mps")
-        for measure, given, flag in (("clip test", "clip_params", "--measure"), ("penalty", "penalty_params", "--penalty")):
+        for measure, given, flag in (("clip test", "clip_params", "--measure"),
+                                     ("penalty", "penalty_params", "--penalty")):
             if getattr(cfg, given) and not getattr(cfg, given.removesuffix("_params")):
                 raise DivvizInputError(f"parameters {', '.join(map(quoted, getattr(cfg, given)))} were given without a "
                                        f"{measure} ({flag}); choose one or drop them")

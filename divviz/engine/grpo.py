@@ -25,7 +25,7 @@ from divviz.engine.model import load_policy, pick_device
 from divviz.engine.rollout import Rollout, completion_logps, decode_completions, encode_prompts, sample
 from divviz.engine.tasks import Task, get_task
 from divviz.estimators import k1, k2, k3
-from divviz.losses import Objective, group_advantages
+from divviz.losses import NonFiniteInput, Objective, group_advantages
 from divviz.metrics import PI_OLD_BINS, bin_labels, clip_fractions, overshoot
 
 TOKEN_SAMPLE = 256  # per-token facts kept per step for the scatter plots
@@ -121,12 +121,16 @@ def update(tr: Trainer, batch: Batch, objective: Objective, logp_old, logp_ref, 
     fractions, grad_norms = {}, []
     for inner in range(cfg.mu):
         logp_new = logps(tr.model)
-        if not torch.isfinite(logp_new[mask > 0]).all():  # the policy diverged: say so, not "bad input"
-            raise NonFiniteLoss(f"the loss became nan at step {step + 1} (inner step {inner + 1}): the policy's "
-                                f"log-probs are not finite; try a smaller learning rate (now {cfg.lr:g})")
         if logp_old is None:  # μ = 1: the current policy is the old one (TRL)
             logp_old = logp_new.detach()
-        out = objective(logp_new, logp_old, batch.adv, mask, logp_ref=logp_ref, max_completion_length=cfg.max_new_tokens)
+        try:
+            out = objective(logp_new, logp_old, batch.adv, mask, logp_ref=logp_ref,
+                            max_completion_length=cfg.max_new_tokens)
+        except NonFiniteInput as err:
+            if err.name != "logp_new":
+                raise
+            raise NonFiniteLoss(f"the loss became nan at step {step + 1} (inner step {inner + 1}): the policy's "
+                                f"log-probs are not finite; try a smaller learning rate (now {cfg.lr:g})") from None
         if not torch.isfinite(out.loss):
             raise NonFiniteLoss(f"the loss became {out.loss.item()} at step {step + 1} (inner step {inner + 1}); "
                                 f"try a smaller learning rate (now {cfg.lr:g})")

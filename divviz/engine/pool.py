@@ -170,8 +170,8 @@ class Pool:
                 how = (f"signal {os.WTERMSIG(code)}" if os.WIFSIGNALED(code) else f"exit code {os.WEXITSTATUS(code)}")
                 stop = folder / ".stop"
                 state = "stopped" if stop.exists() else "failed"
-                write_status(folder, {**status, "state": state, "updated": time.time(),
-                                      "message": f"the training process ended ({how}) after step {status.get('step', 0)}"})
+                message = f"the training process ended ({how}) after step {status.get('step', 0)}"
+                write_status(folder, {**status, "state": state, "updated": time.time(), "message": message})
 
 
 def train_child(folder: Path) -> int:

@@ -131,7 +131,7 @@ def new_run_folder(root: Path, label: str) -> Path:
         probe = folder / ".probe"
         probe.write_text("")
         probe.unlink()
-    except (FileExistsError, NotADirectoryError):
+    except NotADirectoryError:
         raise DivvizInputError(f"the runs folder {quoted(str(root))} is a file, not a folder") from None
     except OSError as err:
         raise DivvizInputError(f"cannot write a run into {quoted(str(root))} ({err.strerror or err})") from None

@@ -28,7 +28,7 @@ from divviz.divergences import AGGREGATIONS, clip_test, penalty
 from divviz.engine.config import objective_settings
 from divviz.engine.grpo import TOKEN_SAMPLE
 from divviz.engine.store import RunWriter, new_run_folder, runs_dir
-from divviz.engine.train import StopRequested
+from divviz.engine.train import StopRequested, writing
 from divviz.losses import Objective
 from divviz.params import DivvizInputError
 
@@ -69,7 +69,8 @@ class DivvizRunCallback(TrainerCallback):
 
     def __init__(self, runs_folder: str | os.PathLike | None = None, *, folder: Path | None = None,
                  config: dict | None = None, task: str | None = None, on_row=None):
-        self.root, self.folder, self.config, self.task, self.on_row = runs_dir(runs_folder), folder, config, task, on_row
+        self.root, self.folder, self.config = runs_dir(runs_folder), folder, config
+        self.task, self.on_row = task, on_row
         self.objective: Objective | None = None  # DivvizGRPOTrainer sets it before training
         self.writer: RunWriter | None = None
         self._pending: list[dict] = []
@@ -130,7 +131,8 @@ class DivvizRunCallback(TrainerCallback):
         row = {k: sum(r[k] for r in self._pending if k in r) / sum(k in r for r in self._pending) for k in sorted(keys)}
         step = math.ceil(global_step / self.per_step)
         row.update({"step": step, "trl/global_step": global_step})
-        self.writer.append(step, row, self._tokens, [])
+        with writing():  # a SIGTERM waits for the write to end (engine.train)
+            self.writer.append(step, row, self._tokens, [])
         self._pending, self._tokens = [], None
         if self.on_row:
             self.on_row(row)

@@ -20,12 +20,13 @@ from transformers import PrinterCallback
 from trl import GRPOConfig
 
 from divviz.engine.config import RunConfig
+from divviz.engine.grpo import NonFiniteLoss
 from divviz.engine.model import load_policy, pick_device
 from divviz.engine.tasks import Task, get_task
 from divviz.engine.train import StopRequested
 from divviz.params import DivvizInputError
 from divviz.trl.callback import DivvizRunCallback
-from divviz.trl.trainer import DivvizGRPOTrainer, NonFiniteLoss
+from divviz.trl.trainer import DivvizGRPOTrainer
 
 
 def prompt_dataset(task: Task, cfg: RunConfig) -> Dataset:

@@ -32,17 +32,14 @@ from trl.trainer.utils import nanmax, nanmin
 
 from divviz.divergences import AGGREGATIONS
 from divviz.estimators import k1, k2, k3
-from divviz.losses import LossOutput, Objective
+from divviz.engine.grpo import NonFiniteLoss
+from divviz.losses import LossOutput, NonFiniteInput, Objective
 from divviz.params import DivvizInputError
 from divviz.trl.callback import TOKEN_SAMPLE, DivvizRunCallback, run_end
 
 # inputs that TRL's forward passes on to multimodal models, by the names `_get_per_token_logps_and_entropies` takes
 _MODEL_INPUTS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes",
                  "num_tiles", "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids")
-
-
-class NonFiniteLoss(FloatingPointError):
-    """The loss became NaN or infinite: training stops with a message instead of corrupting the weights."""
 
 
 def _default(name: str):
@@ -161,18 +158,21 @@ class DivvizGRPOTrainer(GRPOTrainer):
             model, torch.cat([prompt_ids, completion_ids], dim=1),
             torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1), completion_ids.size(1),
             compute_entropy=True, compute_aux_loss=self.aux_loss_enabled, **{k: inputs.get(k) for k in _MODEL_INPUTS})
-        if not torch.isfinite(logp_new.detach()[mask > 0]).all():  # the policy diverged: say so, not "bad input"
-            raise NonFiniteLoss(f"the loss became nan at step {self.state.global_step + 1}: the policy's log-probs "
-                                f"are not finite; try a smaller learning rate (now {self.args.learning_rate:g})")
         adv = inputs["advantages"]
         adv = adv.unsqueeze(1) if adv.dim() == 1 else adv  # (B, 1), or (B, T) from a subclass
         logp_old = inputs.get("old_per_token_logps")
         logp_old = logp_new.detach() if logp_old is None else logp_old
 
-        out = self.objective(logp_new, logp_old, adv, mask, logp_ref=inputs.get("ref_per_token_logps"),
-                             max_completion_length=self.max_completion_length,
-                             num_items_in_batch=self._dapo_normaliser(inputs, mode),
-                             weight=self._token_weight(inputs, adv, logp_new, logp_old, entropies, mask))
+        try:
+            out = self.objective(logp_new, logp_old, adv, mask, logp_ref=inputs.get("ref_per_token_logps"),
+                                 max_completion_length=self.max_completion_length,
+                                 num_items_in_batch=self._dapo_normaliser(inputs, mode),
+                                 weight=self._token_weight(inputs, adv, logp_new, logp_old, entropies, mask))
+        except NonFiniteInput as err:
+            if err.name != "logp_new":
+                raise
+            raise NonFiniteLoss(f"the loss became nan at step {self.state.global_step + 1}: the policy's log-probs "
+                                f"are not finite; try a smaller learning rate (now {self.args.learning_rate:g})") from None
         if not torch.isfinite(out.loss):
             raise NonFiniteLoss(f"the loss became {out.loss.item()} at step {self.state.global_step + 1}; "
                                 f"try a smaller learning rate (now {self.args.learning_rate:g})")
@@ -201,8 +201,8 @@ class DivvizGRPOTrainer(GRPOTrainer):
         weight = None
         if self.off_policy_mask_threshold is not None:  # vLLM's sampling log-probs where there are any
             weight = self.get_off_policy_mask(
-                advantages=adv, per_token_logps=logp_new, mask=mask, off_policy_threshold=self.off_policy_mask_threshold,
-                sampling_per_token_logps=inputs.get("sampling_per_token_logps", logp_old))
+                advantages=adv, per_token_logps=logp_new, mask=mask, sampling_per_token_logps=inputs.get(
+                    "sampling_per_token_logps", logp_old), off_policy_threshold=self.off_policy_mask_threshold)
         if self.top_entropy_quantile < 1.0:
             entropy_mask = self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)
             weight = entropy_mask if weight is None else weight * entropy_mask
