@@ -208,16 +208,14 @@ def read_status(folder: Path) -> dict:
 
 def read_run(folder: Path) -> RunInfo:
     status = read_status(folder)
-    config = {}
-    if (folder / "config.json").exists() or status["state"] != "corrupt":
-        try:
-            config = _read_json(folder / "config.json")
-            if not isinstance(config, dict):
-                raise CorruptRun(f"config.json holds a {type(config).__name__}, not an object")
-        except CorruptRun as err:
-            config = {}
-            if status["state"] != "corrupt":
-                status = {**status, "state": "corrupt", "message": str(err)}
+    try:
+        config = _read_json(folder / "config.json")
+        if not isinstance(config, dict):
+            raise CorruptRun(f"config.json holds a {type(config).__name__}, not an object")
+    except CorruptRun as err:
+        config = {}
+        if status["state"] != "corrupt":  # the first fault found is the one reported
+            status = {**status, "state": "corrupt", "message": str(err)}
     return RunInfo(folder, status["state"], status.get("message", ""), status.get("step") or 0,
                    status.get("steps") or 0, config, status)
 
