@@ -3,20 +3,19 @@
 import streamlit as st
 
 from divviz import ui, views
-from divviz.divergences import CLIP_TESTS, DUAL_CLIP
+from divviz.divergences import DUAL_CLIP
 from divviz.params import Param
 from divviz.presets import CLIPPING_PRESETS
-from divviz.urlstate import Control, measure_param_controls
+from divviz.urlstate import Control
 
 PAGE = "regions"
 CONTROLS = [
-    Control("m", ["ratio", "clip_higher", "kl3"], options=tuple(CLIP_TESTS), multi=True),
+    Control("m", ["ratio", "clip_higher", "kl3"], family="clip"),
     Control("pi_old", 0.3, param=Param("pi_old", 0.3, 0.0, 1.0, low_open=True, high_open=False,
                                        typical=(0.01, 1.0, 0.01), doc="the probability π_old gave the token; "
                                        "only probability-space tests (prob_tv) depend on it")),
     Control("dual", False, param=Param("dual", False, kind="bool", doc="cap the loss of A < 0 tokens at −c·A")),
     Control("c", 3.0, param=DUAL_CLIP),
-    *measure_param_controls(("clip",)),
 ]
 BY_NAME = {c.name: c for c in CONTROLS}
 
@@ -27,12 +26,11 @@ st.write("Pick clip tests and move their parameters: each chart below is the tra
 
 ui.bind_controls(PAGE, CONTROLS)
 ui.preset_buttons(PAGE, CLIPPING_PRESETS)
-with st.sidebar:
-    st.subheader("Clip tests")
-    names = ui.choice(PAGE, BY_NAME["m"], "Tests to compare", help="any clip test from the catalogue")
 with ui.shown_errors():
     with st.sidebar:
-        tests = ui.measures_from_widgets(PAGE, names, BY_NAME)
+        st.subheader("Clip tests")
+        tests = ui.measure_list(PAGE, BY_NAME["m"], "Tests to compare: any clip test of the catalogue, the same one "
+                                                    "as often as you like with other parameters")
         pi_old = ui.number(PAGE, BY_NAME["pi_old"], "π_old of the token (for the surrogate and prob_tv)")
         dual = ui.number(PAGE, BY_NAME["dual"], "Dual-clip for A < 0")
         c = ui.number(PAGE, BY_NAME["c"], "dual-clip c") if dual else None

@@ -4,14 +4,14 @@ import streamlit as st
 
 from divviz import ui, views
 from divviz.bandit import BANDIT_PARAMS, INIT_SHAPES, REWARDS
-from divviz.divergences import AGGREGATIONS, BETA, CLIP_TESTS, DUAL_CLIP, PENALTIES
+from divviz.divergences import AGGREGATIONS, BETA, DUAL_CLIP, PENALTIES
 from divviz.params import Param
 from divviz.presets import BANDIT_PRESETS
 from divviz.urlstate import Control, measure_param_controls
 
 PAGE = "bandit"
 CONTROLS = [
-    Control("m", ["ratio", "clip_higher", "kl3"], options=tuple(CLIP_TESTS), multi=True),
+    Control("m", ["ratio", "clip_higher", "kl3"], family="clip"),
     Control("pen", "none", options=("none", *PENALTIES)),
     Control("beta", 0.05, param=BETA),
     Control("dual", False, param=Param("dual", False, kind="bool", doc="cap the loss of A < 0 tokens at −c·A")),
@@ -20,7 +20,7 @@ CONTROLS = [
     Control("init", "zipf", options=INIT_SHAPES),
     Control("reward", "top_k", options=REWARDS),
     *[Control(p.name, p.default, param=p) for p in BANDIT_PARAMS],
-    *measure_param_controls(("clip", "penalty")),
+    *measure_param_controls(("penalty",)),
 ]
 BY_NAME = {c.name: c for c in CONTROLS}
 REWARD_LABELS = {"one_correct": "one correct action (at a rank)", "top_k": "the top k actions are correct",

@@ -5,7 +5,7 @@ import time
 import streamlit as st
 
 from divviz import ui, views
-from divviz.divergences import AGGREGATIONS, BETA, CLIP_TESTS, DUAL_CLIP, PENALTIES
+from divviz.divergences import AGGREGATIONS, BETA, DUAL_CLIP, PENALTIES
 from divviz.engine import runner, store
 from divviz.engine.config import BACKENDS, RUN_PARAMS, RunConfig
 from divviz.engine.tasks import TASKS
@@ -16,7 +16,7 @@ from divviz.urlstate import Control, measure_param_controls
 PAGE = "lab"
 SETTINGS = [p for p in RUN_PARAMS if p.name not in ("format_reward", "max_grad_norm")]
 CONTROLS = [
-    Control("m", ["ratio", "kl3"], options=tuple(CLIP_TESTS), multi=True),
+    Control("m", ["ratio", "kl3"], family="clip"),
     Control("pen", "none", options=("none", *PENALTIES)),
     Control("beta", 0.04, param=BETA),
     Control("dual", False, param=Param("dual", False, kind="bool", doc="cap the loss of A < 0 tokens at −c·A")),
@@ -26,7 +26,7 @@ CONTROLS = [
     Control("backend", "divviz", options=BACKENDS),
     Control("device", "auto", options=("auto", "cpu", "cuda")),
     *[Control(p.name, p.default, param=p) for p in SETTINGS],
-    *measure_param_controls(("clip", "penalty")),
+    *measure_param_controls(("penalty",)),
 ]
 BY_NAME = {c.name: c for c in CONTROLS}
 

@@ -1,8 +1,8 @@
 """`divviz` on the command line: the same catalogue and engine as the app, headless.
 
     divviz measures [--json]
-    divviz bounds --measure NAME [--param k=v]... [--pi-old P] [--json]
-    divviz train [--measure NAME] [--param k=v]... [--penalty NAME --beta B] [--task T] [--steps N] ...
+    divviz bounds --measure NAME[:k=v...] [--measure …]... [--param k=v]... [--pi-old P] [--json]
+    divviz train [--measure NAME[:k=v...]] [--param k=v]... [--penalty NAME --beta B] [--task T] [--steps N] ...
                  [--backend divviz|trl]
     accelerate launch --multi_gpu --num_processes N -m divviz train --backend trl ...
     divviz runs [--runs-dir DIR] [--json]
@@ -20,7 +20,8 @@ import sys
 
 import numpy as np
 
-from divviz.divergences import CATALOGUE, DUAL_CLIP, clip_test, get_entry
+from divviz import instances
+from divviz.divergences import CATALOGUE, DUAL_CLIP, get_entry
 from divviz.engine.config import RUN_PARAMS
 from divviz.params import DivvizInputError, Param, parse_assignments
 from divviz.safetext import shorten
@@ -55,23 +56,37 @@ def cmd_measures(args) -> int:
     return 0
 
 
+def clip_measure(spec: str, params: list[str]):
+    """A `--measure NAME[:k=v…]` with its `--param k=v`s, as a configured clip test."""
+    test_name = spec.split(":")[0]
+    if get_entry(test_name).family != "clip":
+        raise DivvizInputError(f"'{test_name}' is a penalty; only clip tests have a feasible ratio interval")
+    return instances.parse(":".join([spec, *params]))
+
+
 def cmd_bounds(args) -> int:
-    entry = get_entry(args.measure)
-    if entry.family != "clip":
-        raise DivvizInputError(f"'{args.measure}' is a penalty; only clip tests have a feasible ratio interval")
-    test = clip_test(args.measure, **parse_assignments(args.param))
+    specs = args.measure or []
+    if not specs:
+        raise DivvizInputError("give a clip test: --measure NAME (see `divviz measures`), e.g. --measure kl3:delta=0.05")
+    if args.param and len(specs) > 1:
+        raise DivvizInputError("--param belongs to a single --measure; with several, write NAME:k=v, "
+                               "e.g. --measure kl3:delta=0.0177 --measure kl3:delta=0.05")
+    tests = [clip_measure(spec, args.param) for spec in specs]
     pi_old = None
     if args.pi_old is not None:
         pi_old = Param("pi_old", 0.5, 0.0, 1.0, low_open=True, high_open=False).check(args.pi_old, "bounds")
-    if test.entry.needs_pi_old and pi_old is None:
-        raise DivvizInputError(f"{test.name}: its interval depends on π_old; pass --pi-old P with P in (0, 1]")
-    lower, upper = (float(b) for b in test.bounds(None if pi_old is None else np.asarray(pi_old)))
-    if args.json:
-        print(json.dumps({"measure": test.name, "params": test.params, "lower": lower,
-                          "upper": None if math.isinf(upper) else upper}))
-    else:
-        where = f" at π_old = {pi_old:g}" if pi_old is not None else ""
-        print(f"{test.name} {test.params}{where}: {lower:.10g} <= w <= {upper:.10g}")
+    rows = []
+    for test in tests:
+        if test.entry.needs_pi_old and pi_old is None:
+            raise DivvizInputError(f"{test.name}: its interval depends on π_old; pass --pi-old P with P in (0, 1]")
+        lower, upper = (float(b) for b in test.bounds(None if pi_old is None else np.asarray(pi_old)))
+        rows.append({"measure": test.name, "params": test.params, "lower": lower,
+                     "upper": None if math.isinf(upper) else upper})
+        if not args.json:
+            where = f" at π_old = {pi_old:g}" if pi_old is not None else ""
+            print(f"{test.name} {test.params}{where}: {lower:.10g} <= w <= {upper:.10g}")
+    if args.json:  # one object for one measure, a list for several
+        print(json.dumps(rows[0] if len(rows) == 1 else rows))
     return 0
 
 
@@ -84,7 +99,7 @@ def cmd_train(args) -> int:
         raise DivvizInputError("--beta was given without a penalty (--penalty); choose one or drop --beta")
     cfg = RunConfig.make(
         task=args.task, backend=args.backend, model=args.model, device=args.device,
-        clip=None if args.measure == "none" else args.measure, clip_params=parse_assignments(args.param),
+        **measure_settings(args.measure, args.param),
         penalty=args.penalty, penalty_params=parse_assignments(args.penalty_param),
         beta=0.04 if args.beta is None else args.beta, dual_clip_c=args.dual_clip, aggregation=args.aggregation,
         scale_rewards=not args.no_scale_rewards,
@@ -106,6 +121,14 @@ def cmd_train(args) -> int:
     print(f"{run.state}: {run.message}" if run.message else run.state)
     print(folder)
     return 0 if run.state in ("done", "stopped") else 1
+
+
+def measure_settings(spec: str, params: list[str]) -> dict:
+    """`--measure NAME[:k=v…]` (or none) and `--param k=v`s as a run config's clip and clip_params."""
+    if spec == "none":
+        return {"clip": None, "clip_params": parse_assignments(params)}
+    test = clip_measure(spec, params)
+    return {"clip": test.name, "clip_params": test.params}
 
 
 def _progress_bar(cfg, device: str):
@@ -179,14 +202,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=cmd_measures)
 
     p = sub.add_parser("bounds", help="feasible ratio interval [l, u] of a clip test")
-    p.add_argument("--measure", required=True, help="clip test name, e.g. kl3 (see `divviz measures`)")
-    p.add_argument("--param", action="append", default=[], metavar="K=V", help="a parameter, e.g. delta=0.05")
+    p.add_argument("--measure", action="append", metavar="NAME[:K=V…]",
+                   help="clip test, e.g. kl3 or kl3:delta=0.0177 (see `divviz measures`); repeat to compare several")
+    p.add_argument("--param", action="append", default=[], metavar="K=V",
+                   help="a parameter of a single --measure, e.g. delta=0.05")
     p.add_argument("--pi-old", help="π_old of the token, for tests that depend on it (prob_tv)")
-    p.add_argument("--json", action="store_true", help='print {"measure", "params", "lower", "upper"}')
+    p.add_argument("--json", action="store_true",
+                   help='print {"measure", "params", "lower", "upper"} (a list of them for several measures)')
     p.set_defaults(run=cmd_bounds)
 
     p = sub.add_parser("train", help="run GRPO on the built-in model (or --model) and write a run folder")
-    p.add_argument("--measure", default="ratio", help="clip test (see `divviz measures`), or none")
+    p.add_argument("--measure", default="ratio", metavar="NAME[:K=V…]",
+                   help="clip test, e.g. kl3:delta=0.0231 (see `divviz measures`), or none")
     p.add_argument("--param", action="append", default=[], metavar="K=V", help="a clip-test parameter")
     p.add_argument("--penalty", help="penalty toward the start policy, e.g. k3, prob_l2, ufkl_rf")
     p.add_argument("--penalty-param", action="append", default=[], metavar="K=V", help="a penalty parameter")

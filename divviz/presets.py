@@ -1,17 +1,18 @@
-"""Named starting points a teacher can click: each maps a page's control names to values."""
+"""Named starting points a teacher can click: each maps a page's control names to values; measures are spelled
+as `divviz.instances` spells them."""
 
 from divviz.theory import kl3_delta_at_ratio
 
+DELTA_LOW_EDGE = round(float(kl3_delta_at_ratio(0.8)), 7)  # KL3 through PPO ε = 0.2's lower edge: 0.0231
+DELTA_HIGH_EDGE = round(float(kl3_delta_at_ratio(1.2)), 7)  # … through its upper edge: 0.0177
+
 CLIPPING_PRESETS: dict[str, dict] = {
     "PPO ε=0.2 vs DAPO (0.2, 0.28) vs KL3 δ=0.05": {
-        "m": ["ratio", "clip_higher", "kl3"], "ratio.eps": 0.2, "clip_higher.eps_low": 0.2,
-        "clip_higher.eps_high": 0.28, "kl3.delta": 0.05},
-    "KL3 with PPO's lower edge (δ = k3(0.8) = 0.0231)": {
-        "m": ["ratio", "kl3"], "ratio.eps": 0.2, "kl3.delta": round(float(kl3_delta_at_ratio(0.8)), 7)},
-    "KL1 vs KL2 vs KL3 at δ = 0.05": {
-        "m": ["kl1", "kl2", "kl3"], "kl1.delta": 0.05, "kl2.delta": 0.05, "kl3.delta": 0.05},
-    "Ratio space vs probability space (rare tokens)": {
-        "m": ["ratio", "prob_tv"], "ratio.eps": 0.2, "prob_tv.delta": 0.1, "pi_old": 0.05},
+        "m": ["ratio", "clip_higher", "kl3"]},
+    "KL3 through PPO's lower edge, its upper edge, and wide (δ = 0.0231, 0.0177, 0.05)": {
+        "m": ["ratio", f"kl3:delta={DELTA_LOW_EDGE}", f"kl3:delta={DELTA_HIGH_EDGE}", "kl3"]},
+    "KL1 vs KL2 vs KL3 at δ = 0.05": {"m": ["kl1:delta=0.05", "kl2:delta=0.05", "kl3"]},
+    "Ratio space vs probability space (rare tokens)": {"m": ["ratio", "prob_tv:delta=0.1"], "pi_old": 0.05},
 }
 
 BANDIT_PRESETS: dict[str, dict] = {

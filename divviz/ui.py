@@ -10,11 +10,11 @@ import secrets
 
 import streamlit as st
 
-from divviz import views
-from divviz.divergences import CATALOGUE, clip_test, penalty
+from divviz import instances, views
+from divviz.divergences import CLIP_TESTS, PENALTIES, penalty
 from divviz.engine.runner import Viewer
 from divviz.ownership import browser_id, is_teacher_key
-from divviz.params import DivvizInputError
+from divviz.params import DivvizInputError, Param
 from divviz.plots import Chart
 from divviz.safetext import literal, shorten
 from divviz.urlstate import Control, read_query, write_query
@@ -55,6 +55,7 @@ def apply_preset(page: str, values: dict) -> None:
     """Set several controls at once (an `on_click`/`on_change` callback, so it runs before the widgets)."""
     for name, value in values.items():
         st.session_state[key(page, name)] = value
+    _renew_measure_widgets(page)
 
 
 def preset_buttons(page: str, presets: dict[str, dict]) -> None:
@@ -67,13 +68,17 @@ def preset_buttons(page: str, presets: dict[str, dict]) -> None:
 
 def number(page: str, control: Control, label: str, help: str | None = None, where=st):
     """A slider (or toggle) for a numeric control, with the range of its `Param`."""
-    p = control.param
+    return slider_for(control.param, key(page, control.name), label, help, where)
+
+
+def slider_for(p: Param, widget_key: str, label: str, help: str | None = None, where=st):
+    """A slider (or toggle) with the range of `p`, bound to session key `widget_key`."""
     if p.kind == "bool":
-        return where.toggle(label, key=key(page, control.name), help=help or p.doc)
+        return where.toggle(label, key=widget_key, help=help or p.doc)
     low, high, step = p.slider_range()
     if p.kind == "int":
-        return where.slider(label, int(low), int(high), step=int(step), key=key(page, control.name), help=help or p.doc)
-    return where.slider(label, float(low), float(high), step=float(step), key=key(page, control.name),
+        return where.slider(label, int(low), int(high), step=int(step), key=widget_key, help=help or p.doc)
+    return where.slider(label, float(low), float(high), step=float(step), key=widget_key,
                         help=help or p.doc, format="%.4f" if step < 0.001 else "%.3f")
 
 
@@ -84,26 +89,73 @@ def choice(page: str, control: Control, label: str, help: str | None = None, whe
     return where.selectbox(label, control.options, key=key(page, control.name), help=help, format_func=fmt)
 
 
-def measures_from_widgets(page: str, names: list[str], controls: dict[str, Control], where=st) -> list:
-    """For each chosen catalogue entry, sliders for its parameters (in an expander), then the configured
-    clip test or penalty."""
-    measures = []
-    for name in names:
-        entry = CATALOGUE[name]
-        with where.expander(f"{name}: {entry.title}", expanded=len(names) <= 3):
-            values = {p.name: number(page, controls[f"{name}.{p.name}"], p.name, where=st) for p in entry.params}
-            st.caption(entry.doc)
-        measures.append((clip_test if entry.family == "clip" else penalty)(name, **values))
-    return measures
+def _renew_measure_widgets(page: str) -> None:
+    """After the list of measures changed shape: new widget keys, which take their values from the list."""
+    st.session_state[key(page, "m_version")] = st.session_state.get(key(page, "m_version"), 0) + 1
+
+
+def _edit_measures(page: str, name: str, action: str, index: int | None = None) -> None:
+    """Add (from the "Add a measure" box), duplicate or remove one measure of the list (a widget callback)."""
+    specs = list(st.session_state[key(page, name)])
+    if action == "add":
+        added = st.session_state.pop(key(page, "m_add"), None)
+        if added:
+            specs.append(added)
+    elif action == "duplicate":
+        specs.insert(index + 1, specs[index])
+    else:
+        del specs[index]
+    st.session_state[key(page, name)] = specs
+    _renew_measure_widgets(page)
+
+
+def measure_list(page: str, control: Control, title: str) -> list:
+    """The page's list of clip tests, each with its parameters: one expander per measure with its sliders,
+    Duplicate and Remove, then a box to add another. The same measure may appear several times. The list
+    lives in the session as spelled measures (`instances.spell`); the returned tests carry the sliders' values."""
+    specs = st.session_state[key(page, control.name)]
+    version = st.session_state.get(key(page, "m_version"), 0)
+    chosen = [instances.parse(spec, control.family) for spec in specs]
+    widget = [{p.name: f"{page}:m{version}.{i}.{p.name}" for p in m.entry.params} for i, m in enumerate(chosen)]
+    for measure, keys in zip(chosen, widget):  # a slider's value, else the list's
+        for p in measure.entry.params:
+            st.session_state.setdefault(keys[p.name], measure.params[p.name])
+    current = [instances.configure(m.name, {p: st.session_state[k] for p, k in keys.items()}, control.family)
+               for m, keys in zip(chosen, widget)]
+    labels = instances.unique_labels([m.label for m in current])
+    st.caption(title)
+    for i, (measure, keys, label) in enumerate(zip(current, widget, labels)):
+        with st.expander(label, expanded=len(current) <= 3):
+            for p in measure.entry.params:
+                slider_for(p, keys[p.name], p.name)
+            st.caption(measure.entry.doc)
+            row = st.container(horizontal=True)
+            row.button("Duplicate", key=f"{page}:m{version}.{i}:dup", icon=":material/content_copy:",
+                       on_click=_edit_measures, args=(page, control.name, "duplicate", i))
+            row.button("Remove", key=f"{page}:m{version}.{i}:del", icon=":material/close:",
+                       on_click=_edit_measures, args=(page, control.name, "remove", i))
+    st.selectbox("Add a measure", list(CLIP_TESTS if control.family == "clip" else PENALTIES), index=None,
+                 key=key(page, "m_add"), placeholder="add a measure…", on_change=_edit_measures,
+                 args=(page, control.name, "add"), help="the same measure may be added again with other parameters")
+    st.session_state[key(page, control.name)] = [instances.spell(m) for m in current]
+    return current
+
+
+def penalty_widgets(page: str, name: str, controls: dict[str, Control]):
+    """Sliders for the chosen penalty's parameters (in an expander), then the configured penalty."""
+    entry = PENALTIES[name]
+    with st.expander(f"{name}: {entry.title}", expanded=True):
+        values = {p.name: number(page, controls[f"{name}.{p.name}"], p.name) for p in entry.params}
+        st.caption(entry.doc)
+    return penalty(name, **values)
 
 
 def objective_widgets(page: str, controls: dict[str, Control]):
     """The sidebar block shared by the bandit and the lab: clip tests (one run each), a penalty with its β,
     dual-clip and the aggregation. Returns (tests, penalty or None, beta, c or None, aggregation)."""
-    names = choice(page, controls["m"], "Clip tests (one run each)")
-    tests = measures_from_widgets(page, names, controls)
+    tests = measure_list(page, controls["m"], "Clip tests (one run each)")
     pen_name = choice(page, controls["pen"], "Penalty toward the start policy")
-    pen = measures_from_widgets(page, [pen_name], controls)[0] if pen_name != "none" else None
+    pen = penalty_widgets(page, pen_name, controls) if pen_name != "none" else None
     beta = number(page, controls["beta"], "β") if pen else 0.0
     c = number(page, controls["c"], "dual-clip c") if number(page, controls["dual"], "Dual-clip") else None
     aggregation = choice(page, controls["agg"], "Aggregation (TRL loss_type)")

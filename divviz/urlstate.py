@@ -1,8 +1,12 @@
 """A page's controls as URL query parameters, so that a view can be shared as a link.
 
-Every control value is a string in the URL (`?m=ratio,kl3&kl3.delta=0.05`). Decoding checks the value the
-same way the catalogue does (a `Param`'s range, or the list of options); a bad value is reported and
+Every control value is a string in the URL (`?m=ratio,kl3:delta=0.0177,kl3:delta=0.05`). Decoding checks the
+value the same way the catalogue does (a `Param`'s range, or the list of options); a bad value is reported and
 replaced by the default, never raised into the page. No Streamlit here: `divviz/ui.py` binds it.
+
+A list of measures is spelled as `divviz.instances` spells one, comma-separated. Links made before measures
+could repeat wrote `m=ratio,kl3&kl3.delta=0.05`; such a `NAME.PARAM` still sets the parameter of a bare `NAME`
+in the list, so old links open as they did.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
+from divviz import instances
 from divviz.divergences import CLIP_TESTS, PENALTIES
 from divviz.params import DivvizInputError, Param
 from divviz.safetext import quoted
@@ -17,21 +22,22 @@ from divviz.safetext import quoted
 
 @dataclass(frozen=True)
 class Control:
-    """One control: a number (`param`), one of `options`, or several of them (`multi`)."""
+    """One control: a number (`param`), one of `options`, several of them (`multi`), or a list of measures of a
+    catalogue `family` ("clip"), each spelled as `instances.spell` writes it."""
 
     name: str
     default: object
     param: Param | None = None
     options: tuple[str, ...] | None = None
     multi: bool = False
+    family: str | None = None
 
     def decode(self, text: str):
+        if self.family is not None:
+            return list(dict.fromkeys(instances.spell(m) for m in decode_measures(self.name, text, self.family)))
         if self.param is not None:
             value = self.param.check(text, "link")
-            low, high, _ = self.param.slider_range()
-            if self.param.kind != "bool" and not low <= value <= high:
-                raise DivvizInputError(f"link: '{self.name}' = {quoted(text, 40)} is outside the controls' range "
-                                       f"[{low:g}, {high:g}]")
+            in_range(self, value, text)
             return value
         items = list(dict.fromkeys(t for t in text.split(",") if t)) if self.multi else [text]  # repeats merged
         unknown = [t for t in items if t not in self.options]
@@ -41,13 +47,35 @@ class Control:
         return items if self.multi else items[0]
 
     def encode(self, value) -> str:
-        if self.multi:
+        if self.multi or self.family is not None:
             return ",".join(value)
         if isinstance(value, bool):
             return "1" if value else "0"
         if isinstance(value, float):
             return f"{value:.10g}"
         return str(value)
+
+
+def decode_measures(name: str, text: str, family: str) -> list:
+    """The measures of a link's list, each parameter also within its slider's range (what the page can show)."""
+    measures = []
+    for item in (t for t in text.split(",") if t):
+        try:
+            measure = instances.parse(item, family)
+        except DivvizInputError as err:
+            raise DivvizInputError(f"link: '{name}' has {quoted(item, 40)}, which is refused: {err}") from None
+        for p in measure.entry.params:
+            in_range(Control(f"{measure.name}:{p.name}", p.default, param=p), measure.params[p.name],
+                     measure.params[p.name])
+        measures.append(measure)
+    return measures
+
+
+def in_range(control: Control, value, text) -> None:
+    low, high, _ = control.param.slider_range()
+    if control.param.kind != "bool" and not low <= value <= high:
+        raise DivvizInputError(f"link: '{control.name}' = {quoted(text, 40)} is outside the controls' range "
+                               f"[{low:g}, {high:g}]")
 
 
 def read_query(controls: list[Control], query: Mapping[str, str]) -> tuple[dict, list[str]]:
@@ -60,9 +88,32 @@ def read_query(controls: list[Control], query: Mapping[str, str]) -> tuple[dict,
             except DivvizInputError as err:
                 problems.append(str(err))
             else:
-                if control.multi and len(values[control.name]) < len([t for t in query[control.name].split(",") if t]):
+                if (control.multi or control.family) and len(values[control.name]) < len(
+                        [t for t in query[control.name].split(",") if t]):
                     problems.append(f"link: '{control.name}' names a value more than once; each is shown once")
+        if control.family is not None:
+            legacy = read_legacy_params(control, values.get(control.name, control.default), query, problems)
+            if legacy != values.get(control.name, control.default):
+                values[control.name] = legacy
     return values, problems
+
+
+def read_legacy_params(control: Control, spelled: list[str], query: Mapping[str, str], problems: list[str]) -> list:
+    """An old link's `NAME.PARAM=value` applied to each bare `NAME` of the list (see the module docstring)."""
+    out = []
+    for spec in spelled:
+        if ":" in spec:
+            out.append(spec)
+            continue
+        given = {}
+        for legacy in measure_param_controls((control.family,)):
+            if legacy.name.startswith(f"{spec}.") and legacy.name in query:
+                try:
+                    given[legacy.param.name] = legacy.decode(query[legacy.name])
+                except DivvizInputError as err:
+                    problems.append(str(err))
+        out.append(instances.spell(instances.configure(spec, given, control.family)))
+    return out
 
 
 def write_query(controls: list[Control], values: Mapping[str, object]) -> dict[str, str]:

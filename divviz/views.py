@@ -16,6 +16,7 @@ from divviz.bandit import BanditConfig, BanditRun, run_bandits
 from divviz.divergences import ClipTest, clip_test, penalty
 from divviz.engine.config import RunConfig, objective_from
 from divviz.estimators import k3
+from divviz.instances import unique_labels
 from divviz.losses import Objective
 from divviz.metrics import bin_labels, metric
 from divviz.params import DivvizInputError
@@ -25,23 +26,27 @@ PI_OLD_GRID = np.linspace(0.001, 1.0, 400)
 
 
 def clipping_regions(tests: list[ClipTest], pi_old: float, dual_clip_c: float | None) -> dict[str, plots.Chart]:
-    """Intervals now, intervals as the parameter moves, the (π_old, π_new) region, surrogate/gradient, logit room."""
+    """Intervals now, intervals as the parameter moves, the (π_old, π_new) region, surrogate/gradient, logit room.
+    The same test may come several times (its labels are made distinct)."""
+    labels = unique_labels([t.label for t in tests])
     sweeps = []
-    for test in tests:
+    for test, label in zip(tests, labels):
         param = test.entry.params[-1]
         low, high, _ = param.slider_range()
         values = np.linspace(low, high, 120)
         lower, upper = explore.interval_sweep(test, param.name, values, pi_old)
-        sweeps.append({"label": test.label, "param": param.name, "values": values, "lower": lower,
+        sweeps.append({"label": label, "param": param.name, "values": values, "lower": lower,
                        "upper": upper, "current": test.params[param.name]})
-    intervals = [(t.label, *(float(b) for b in t.bounds(np.asarray(pi_old)))) for t in tests]
+    labelled = list(zip(labels, tests))
+    intervals = [(label, *(float(b) for b in t.bounds(np.asarray(pi_old)))) for label, t in labelled]
     return {
         "intervals": plots.interval_chart(intervals),
         "sweeps": plots.sweep_chart(sweeps),
-        "region": plots.region_chart(PI_OLD_GRID, [(t.label, *explore.feasible_region(t, PI_OLD_GRID)) for t in tests]),
+        "region": plots.region_chart(PI_OLD_GRID, [(label, *explore.feasible_region(t, PI_OLD_GRID))
+                                                   for label, t in labelled]),
         "surrogate": plots.surrogate_chart(
-            [(t.label, explore.ratio_curves(t, RATIO_GRID, pi_old, dual_clip_c)) for t in tests]),
-        "logit": plots.logit_chart(PI_OLD_GRID, [(t.label, *explore.logit_room(t, PI_OLD_GRID)) for t in tests]),
+            [(label, explore.ratio_curves(t, RATIO_GRID, pi_old, dual_clip_c)) for label, t in labelled]),
+        "logit": plots.logit_chart(PI_OLD_GRID, [(label, *explore.logit_room(t, PI_OLD_GRID)) for label, t in labelled]),
     }
 
 

@@ -1,5 +1,7 @@
 """End to end in a real browser: Debian's chromium, driven by Playwright, against `streamlit run app.py`."""
 
+from urllib.parse import unquote
+
 import pytest
 
 pytestmark = pytest.mark.browser
@@ -32,7 +34,7 @@ def test_moving_a_slider_redraws_and_updates_the_link(page, app_url):
     thumb.focus()
     for _ in range(10):  # 10 steps of 0.0005: δ 0.05 → 0.055
         thumb.press("ArrowRight")
-    page.wait_for_url("**kl3.delta=0.055**", timeout=30_000)
+    page.wait_for_url(lambda url: "m=ratio,clip_higher,kl3:delta=0.055" in unquote(url), timeout=30_000)
     page.locator(".js-plotly-plot").first.locator("text", has_text="[0.7039, 1.3693]").wait_for(timeout=30_000)
 
 

@@ -43,6 +43,18 @@ def test_bounds_json_kl3(capsys):
     assert data["upper"] == pytest.approx(1.350403255977, rel=1e-12)
 
 
+def test_bounds_of_the_same_measure_at_several_settings(capsys):
+    code, out, _ = run(capsys, "bounds", "--measure", "kl3:delta=0.0177", "--measure", "kl3:delta=0.0231",
+                       "--measure", "ratio", "--json")
+    rows = json.loads(out)
+    assert code == 0 and [r["params"] for r in rows] == [{"delta": 0.0177}, {"delta": 0.0231}, {"eps": 0.2}]
+    assert rows[0]["upper"] == pytest.approx(1.2001293059, abs=1e-9)  # through PPO's upper edge
+    assert rows[1]["lower"] == pytest.approx(0.8001743002, abs=1e-9)  # through its lower edge
+    _, one, _ = run(capsys, "bounds", "--measure", "kl3:delta=0.05", "--json")
+    _, same, _ = run(capsys, "bounds", "--measure", "kl3", "--param", "delta=0.05", "--json")
+    assert json.loads(one) == json.loads(same)
+
+
 def test_bounds_unbounded_and_pi_old(capsys):
     _, out, _ = run(capsys, "bounds", "--measure", "kl1", "--param", "delta=0.1", "--json")
     assert json.loads(out)["upper"] is None
@@ -61,7 +73,11 @@ def test_bounds_unbounded_and_pi_old(capsys):
     (["bounds", "--measure", "k3"], "'k3' is a penalty; only clip tests have a feasible ratio interval"),
     (["bounds", "--measure", "prob_tv"], "pass --pi-old P with P in (0, 1]"),
     (["bounds", "--measure", "prob_tv", "--pi-old", "0"], "parameter 'pi_old' must be a finite number in (0, 1]"),
-    (["bounds"], "the following arguments are required: --measure"),
+    (["bounds"], "give a clip test: --measure NAME"),
+    (["bounds", "--measure", "kl3:delta=7e9"], "kl3: parameter 'delta' must be a finite number in (0, 50]"),
+    (["bounds", "--measure", "kl3:delta=0.1", "--measure", "ratio", "--param", "eps=0.1"],
+     "--param belongs to a single --measure"),
+    (["train", "--measure", "kl3:eps=0.2"], "kl3: unknown parameter 'eps'"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
     ([], "the following arguments are required: command"),
 ])

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from divviz.divergences import CLIP_TESTS
 from divviz.safetext import WORD_JOINER
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
@@ -50,6 +51,20 @@ def test_catalogue_page_lists_every_measure():
         assert f"`{name}`" in text
 
 
+def measure_labels(at) -> list[str]:
+    return [e.label for e in at.expander if e.label.split(" ")[0] in CLIP_TESTS]
+
+
+def click(at, label, nth=0):
+    [b for b in at.button if b.label == label][nth].click().run()
+    assert not at.exception, at.exception
+
+
+def add_measure(at, name):
+    next(s for s in at.selectbox if s.label == "Add a measure").set_value(name).run()
+    assert not at.exception, at.exception
+
+
 def test_clipping_regions_page_reacts_and_shares():
     at = open_page("app_pages/clipping_regions.py")
     before = specs(at)
@@ -58,25 +73,51 @@ def test_clipping_regions_page_reacts_and_shares():
     assert not at.exception
     after = specs(at)
     assert all(a != b for a, b in zip(before, after))  # every figure followed δ
-    assert at.query_params["kl3.delta"] == "0.1"
+    assert at.query_params["m"] == "ratio,clip_higher,kl3:delta=0.1"
     # choose other tests; the URL follows
-    at.multiselect[0].set_value(["kl2", "prob_tv"]).run()
-    assert not at.exception and at.query_params["m"] == "kl2,prob_tv"
+    for _ in range(3):
+        click(at, "Remove")
+    add_measure(at, "kl2")
+    add_measure(at, "prob_tv")
+    assert at.query_params["m"] == "kl2,prob_tv"
     assert json.loads(specs(at)[0])["data"][0]["name"].startswith("kl2")
 
 
+def test_the_same_measure_twice_with_its_own_parameters():
+    at = open_page("app_pages/clipping_regions.py", {"m": "kl3"})
+    click(at, "Duplicate")
+    assert measure_labels(at) == ["kl3 δ=0.05", "kl3 δ=0.05 (2)"]  # distinct labels, even when equal
+    [s for s in at.slider if s.label == "delta"][1].set_value(0.0177).run()
+    assert measure_labels(at) == ["kl3 δ=0.05", "kl3 δ=0.0177"]
+    assert at.query_params["m"] == "kl3,kl3:delta=0.0177"
+    names = [trace["name"] for trace in json.loads(specs(at)[0])["data"]]
+    assert "kl3 δ=0.05" in names and "kl3 δ=0.0177" in names
+    # the link opens the same two, each with its own δ
+    again = open_page("app_pages/clipping_regions.py", {"m": at.query_params["m"]})
+    assert [s.value for s in again.slider if s.label == "delta"] == pytest.approx([0.05, 0.0177])
+    click(again, "Remove", 1)
+    assert measure_labels(again) == ["kl3 δ=0.05"] and again.query_params["m"] == "kl3"
+
+
 def test_clipping_regions_link_restores_controls():
-    at = open_page("app_pages/clipping_regions.py", {"m": "ratio,kl3", "kl3.delta": "0.02", "dual": "1", "c": "2"})
-    assert at.multiselect[0].value == ["ratio", "kl3"]
+    at = open_page("app_pages/clipping_regions.py", {"m": "ratio,kl3:delta=0.02", "dual": "1", "c": "2"})
+    assert measure_labels(at) == ["ratio ε=0.2", "kl3 δ=0.02"]
     assert slider(at, "delta").value == pytest.approx(0.02)
     assert slider(at, "dual-clip c").value == pytest.approx(2.0)
     assert "[0.8131, 1.2135]" in specs(at)[0]  # the interval chart shows δ = 0.02's interval
 
 
+def test_links_made_before_measures_could_repeat_still_open():
+    at = open_page("app_pages/clipping_regions.py", {"m": "ratio,kl3", "kl3.delta": "0.02"})
+    assert not at.warning and measure_labels(at) == ["ratio ε=0.2", "kl3 δ=0.02"]
+    assert "[0.8131, 1.2135]" in specs(at)[0]
+    assert at.query_params["m"] == "ratio,kl3:delta=0.02" and "kl3.delta" not in at.query_params
+
+
 def test_bad_link_values_warn_and_fall_back():
     at = open_page("app_pages/clipping_regions.py", {"kl3.delta": "nan", "m": "ratio,bogus"})
     warnings = " ".join(shown(w) for w in at.warning)
-    assert "'delta' must be a finite number" in warnings and "unknown value 'bogus'" in warnings
+    assert "'delta' must be a finite number" in warnings and "unknown clip test 'bogus'" in warnings
     assert slider(at, "delta").value == pytest.approx(0.05)
     assert len(specs(at)) == 5
 
@@ -84,8 +125,9 @@ def test_bad_link_values_warn_and_fall_back():
 def test_clipping_regions_preset_and_empty_selection():
     at = open_page("app_pages/clipping_regions.py")
     next(b for b in at.button if b.label.startswith("KL1 vs KL2")).click().run()
-    assert at.multiselect[0].value == ["kl1", "kl2", "kl3"]
-    at.multiselect[0].set_value([]).run()
+    assert measure_labels(at) == ["kl1 δ=0.05", "kl2 δ=0.05", "kl3 δ=0.05"]
+    for _ in range(3):
+        click(at, "Remove")
     assert not at.exception and "Pick at least one clip test" in at.info[0].value
 
 
