@@ -3,13 +3,16 @@
 import streamlit as st
 
 from divviz import ui, views
-from divviz.bandit import BANDIT_PARAMS, INIT_SHAPES, REWARDS
+from divviz.bandit import BANDIT_PARAMS, DEFAULT_LR, INIT_SHAPES, OPTIMIZERS, REWARDS
 from divviz.divergences import AGGREGATIONS, BETA, DUAL_CLIP, PENALTIES
 from divviz.params import Param
 from divviz.presets import BANDIT_PRESETS
+from divviz.safetext import literal
 from divviz.urlstate import Control, measure_param_controls
 
 PAGE = "bandit"
+SEEDS = Param("seeds", 8, 1, 64, high_open=False, kind="int", typical=(1, 64, 1),
+              doc="runs per measure, seeds seed, seed + 1, …: curves show their mean with a 95% band")
 CONTROLS = [
     Control("m", ["ratio", "clip_higher", "kl3"], family="clip"),
     Control("pen", "none", options=("none", *PENALTIES)),
@@ -19,20 +22,32 @@ CONTROLS = [
     Control("agg", "grpo", options=AGGREGATIONS),
     Control("init", "zipf", options=INIT_SHAPES),
     Control("reward", "top_k", options=REWARDS),
+    Control("optimizer", "sgd", options=OPTIMIZERS),
+    Control("seeds", SEEDS.default, param=SEEDS),
+    Control("base", 0, param=Param("base", 0, 0, 63, high_open=False, kind="int", typical=(0, 63, 1))),
     *[Control(p.name, p.default, param=p) for p in BANDIT_PARAMS],
     *measure_param_controls(("penalty",)),
 ]
 BY_NAME = {c.name: c for c in CONTROLS}
 REWARD_LABELS = {"one_correct": "one correct action (at a rank)", "top_k": "the top k actions are correct",
-                 "graded": "graded: 1 − rank/(K−1)", "random": "random rewards in [0, 1]"}
+                 "graded": "graded: 1 − rank/(K−1)", "random": "random rewards in [0, 1]",
+                 "random_correct": "a random k% of the actions are correct"}
+OPTIMIZER_LABELS = {"sgd": "SGD (the loss's own step)", "adam": "Adam, its state kept across iterations"}
+PAST_HIGH_WARNING = 0.05  # share of A > 0 samples above u after one inner step, over the first iterations
+
+
+def optimizer_changed() -> None:
+    """A new optimiser starts from its own default learning rate (SGD's 0.5 would throw Adam far past any clip)."""
+    st.session_state[ui.key(PAGE, "lr")] = DEFAULT_LR[st.session_state[ui.key(PAGE, "optimizer")]]
 
 
 st.title("Mass reallocation")
-st.write("A softmax policy over K actions, trained by GRPO with each clip test from the same start and seed. "
-         "Everything is exact here: the whole distribution, its entropy, and where the probability mass goes — "
-         "toward actions that were already likely, or toward rare ones. Each step is the gradient of the training "
-         "loss, `policy_loss`, written in closed form (equal to autograd's to 1e-12, tested); tick *autograd* to "
-         "take it through torch autograd as training does, about ten times slower.")
+st.write("A softmax policy over K actions, trained by GRPO with each clip test from the same start, with several "
+         "seeds each. Everything is exact here: the whole distribution, its entropy, and where the probability mass "
+         "goes — toward actions that were already likely, or toward rare ones. Curves are the mean over the seeds "
+         "with a 95% band; the paired differences below say whether an effect holds, and in how many seeds it "
+         "reverses. Each step is the gradient of the training loss, `policy_loss`, in closed form (equal to "
+         "autograd's to 1e-12, tested); tick *autograd* to take it through torch autograd as training does.")
 
 ui.bind_controls(PAGE, CONTROLS)
 ui.preset_buttons(PAGE, BANDIT_PRESETS)
@@ -41,24 +56,54 @@ with ui.shown_errors():
         st.subheader("Objectives")
         tests, pen, beta, c, aggregation = ui.objective_widgets(PAGE, BY_NAME)
         st.subheader("Bandit")
+        seeds = ui.number(PAGE, BY_NAME["seeds"], "Seeds per measure")
         cfg = {"init": ui.choice(PAGE, BY_NAME["init"], "Initial distribution π_0"),
-               "reward": ui.choice(PAGE, BY_NAME["reward"], "Reward", labels=REWARD_LABELS)}
+               "reward": ui.choice(PAGE, BY_NAME["reward"], "Reward", labels=REWARD_LABELS),
+               "optimizer": st.selectbox("Optimiser", OPTIMIZERS, key=ui.key(PAGE, "optimizer"),
+                                         format_func=OPTIMIZER_LABELS.get, on_change=optimizer_changed)}
         for p in BANDIT_PARAMS:
             cfg[p.name] = ui.number(PAGE, BY_NAME[p.name], p.name)
     ui.publish_controls(PAGE, CONTROLS)
 
     specs = [(t.name, t.params) for t in tests] or [None]
     with st.spinner("Training the bandit…"):
-        runs = views.bandit_runs(cfg, specs, (pen.name, pen.params) if pen else None, beta, c, aggregation)
-    charts = views.mass_reallocation(runs)
+        groups = views.bandit_runs(cfg, specs, (pen.name, pen.params) if pen else None, beta, c, aggregation, seeds)
+    charts = views.mass_reallocation(groups)
 
-    cols = st.columns(len(runs))
-    for col, run in zip(cols, runs):
-        final = {k: v[-1] for k, v in run.history.items()}
-        col.metric(run.label, f"E[r] = {final['expected_reward']:.3f}",
-                   f"entropy {run.initial_entropy:.2f} → {final['entropy']:.2f}", delta_color="off",
-                   delta_arrow="off")
+    cols = st.columns(len(groups))
+    for col, runs in zip(cols, groups):
+        reward = views.across_seeds(runs, "expected_reward")
+        entropy = views.across_seeds(runs, "entropy")
+        spread = f" ± {reward.high[-1] - reward.mean[-1]:.3f}" if reward.n > 1 else ""
+        col.metric(runs[0].label, f"E[r] = {reward.mean[-1]:.3f}{spread}",
+                   f"entropy {runs[0].initial_entropy:.2f} → {entropy.mean[-1]:.2f} (n = {reward.n})",
+                   delta_color="off", delta_arrow="off")
+    early = min(10, cfg["iterations"])
+    past_high = max(float(views.across_seeds(runs, "clip_ratio/first_step_past_high").mean[:early].mean())
+                    for runs in groups)
+    if past_high > PAST_HIGH_WARNING:
+        st.warning(f"At this learning rate, {past_high:.0%} of the positive-advantage samples are already above u "
+                   f"after the first inner step (mean of the first {early} iterations, worst measure): one step jumps "
+                   "past the box before the clip can act, so differences between boxes here mostly measure how far "
+                   "each lets that step overshoot. Lower lr to compare the constraints themselves.",
+                   icon=":material/warning:")
     ui.show_chart(charts["distribution"], "distribution before and after")
     ui.show_chart(charts["mass"], "mass reallocation by initial probability")
     ui.show_chart(charts["history"], "reward entropy and mass over iterations")
     ui.show_chart(charts["clipping"], "clip fractions and kl over iterations")
+
+    st.subheader("Paired differences")
+    labels = [runs[0].label for runs in groups]
+    if len(groups) < 2:
+        st.info("Add a second measure to compare it with the first, seed by seed.")
+    else:
+        left, right = st.columns(2)
+        st.session_state[ui.key(PAGE, "base")] = min(st.session_state[ui.key(PAGE, "base")], len(groups) - 1)
+        baseline = left.selectbox("Baseline measure", range(len(groups)), key=ui.key(PAGE, "base"),
+                                  format_func=lambda i: labels[i])
+        metric = right.selectbox("Metric over the iterations", views.BANDIT_MEASURES, key=ui.key(PAGE, "diff_metric"))
+        st.write(f"Each measure minus {literal(labels[baseline])} on the same seeds, at the last iteration: the "
+                 "mean difference, its 95% interval (Student t), n, and in how many seeds one run alone would have "
+                 "shown the opposite order.")
+        st.dataframe(views.paired_differences(groups, baseline), hide_index=True, width="stretch")
+        ui.show_chart(views.paired_difference_chart(groups, baseline, metric), "paired difference")

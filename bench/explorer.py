@@ -1,6 +1,8 @@
 """How long the explorer pages take to recompute every figure after one control change.
 
-Target (issue: explorer pages): under 50 ms per change, on the machine it runs on. Each page is timed
+Target (issue: explorer pages): under 50 ms per change, on the machine it runs on; the bandit page at its defaults
+now trains 8 seeds × 3 measures and draws their means, bands and paired differences, within the same budget as
+one seed did (issue #11). Each page is timed
 as the app runs it — `divviz.views` computes with the training loss and builds the figures — with a
 different control value each repetition so that nothing is served from a cache. The last column adds
 what Streamlit then does with each figure (`to_dict` and plotly's JSON encoding, the page's message to the
@@ -50,40 +52,49 @@ def main():
     cfg = BanditConfig().to_dict()
     measures = lambda delta: [("ratio", {}), ("clip_higher", {}), ("kl3", {"delta": delta})]  # noqa: E731
 
-    def bandit(shared: bool, **changes):
-        """A change of KL3's δ (only its run re-trains) or, `shared`, of a setting all runs share (the seed):
-        all three re-train, side by side."""
+    def page(groups):
+        """Everything the bandit page computes from its runs: figures, paired table and paired chart."""
+        return {**views.mass_reallocation(groups), "table": views.paired_differences(groups, 0),
+                "paired": views.paired_difference_chart(groups, 0, "entropy")}
+
+    def bandit(shared: bool, seeds: int = 8, **changes):
+        """A change of KL3's δ (only its runs re-train) or, `shared`, of a setting all runs share (the first seed):
+        all of them re-train, side by side."""
         def change(delta):
             setting = {**cfg, **changes, **({"seed": round(delta * 1000)} if shared else {})}
-            return views.mass_reallocation(views.bandit_runs(setting, measures(delta), None, 0.0, None, "grpo"))
+            return page(views.bandit_runs(setting, measures(delta), None, 0.0, None, "grpo", seeds))
         return change
 
-    def one_at_a_time(**changes):  # baseline: the same shared change, the three runs stepped one after another
+    def one_at_a_time(seeds: int = 8, **changes):  # baseline: the same shared change, each run stepped alone
         def change(delta):
-            setting = BanditConfig.make(**{**cfg, **changes, "seed": round(delta * 1000)})
-            return views.mass_reallocation([run_bandit(setting, Objective(clip=clip_test(name, **params)))
-                                            for name, params in measures(delta)])
+            first = round(delta * 1000)
+            return page([[run_bandit(BanditConfig.make(**{**cfg, **changes, "seed": first + s}),
+                                     Objective(clip=clip_test(name, **params))) for s in range(seeds)]
+                         for name, params in measures(delta)])
         return change
 
-    kept = views.bandit_runs(cfg, measures(0.05), None, 0.0, None, "grpo")
+    kept = views.bandit_runs(cfg, measures(0.05), None, 0.0, None, "grpo", 8)
 
-    def redraw(delta):  # a change that only redraws (e.g. the page reopened)
-        return views.mass_reallocation(kept)
+    def redraw(delta):  # a change that only redraws (e.g. the page reopened, or another baseline chosen)
+        return page(kept)
 
     large = {"k": 1000, "iterations": 200}
     regions(0.05), kl3(0.05), bandit(True)(0.05)  # warm-up: imports, first SciPy call
-    print(f"{'page (one control change)':<50} {'median ms':>10} {'/ 50 ms':>8} {'+ sent to browser ms':>21}")
+    print(f"{'page (one control change)':<58} {'median ms':>10} {'/ 50 ms':>8} {'+ sent to browser ms':>21}")
     for name, fn in (("clipping regions (3 tests, 5 figures)", regions), ("KL3 ⇔ asymmetric clipping (2 figures)", kl3),
-                     ("mass reallocation: δ change, 1 of 3 runs re-trains", bandit(False)),
-                     ("mass reallocation: shared setting, 3 runs re-train", bandit(True)),
-                     ("  δ change at K = 1000 and 200 iterations", bandit(False, **large)),
-                     ("  shared setting at K = 1000 and 200 iterations", bandit(True, **large)),
-                     ("  same, runs stepped one at a time (baseline)", one_at_a_time(**large)),
-                     ("  shared at K = 50, by autograd (baseline)", bandit(True, autograd=True)),
-                     ("mass reallocation: redraw only (4 figures)", redraw)):
+                     ("mass reallocation, 8 seeds × 3: δ change, 8 of 24 re-train", bandit(False)),
+                     ("mass reallocation, 8 seeds × 3: shared setting, 24 re-train", bandit(True)),
+                     ("  one seed × 3, δ change (before seeds; baseline)", bandit(False, seeds=1)),
+                     ("  one seed × 3, shared setting (before seeds; baseline)", bandit(True, seeds=1)),
+                     ("  8 × 3, shared, runs stepped one at a time (baseline)", one_at_a_time()),
+                     ("  8 × 3, shared, by autograd (baseline)", bandit(True, autograd=True)),
+                     ("  8 × 3, δ change at K = 1000 and 200 iterations", bandit(False, **large)),
+                     ("  8 × 3, shared at K = 1000 and 200 iterations", bandit(True, **large)),
+                     ("mass reallocation: redraw only (5 figures and the table)", redraw)):
         ms, charts = timed(fn, deltas)
-        sent, _ = timed(lambda _: [pio.to_json(c.figure.to_dict(), validate=False) for c in charts.values()], deltas[:5])
-        print(f"{name:<50} {ms:>10.1f} {ms / BUDGET_MS:>8.2f} {ms + sent:>21.1f}")
+        figures = [c.figure for c in charts.values() if hasattr(c, "figure")]
+        sent, _ = timed(lambda _: [pio.to_json(f.to_dict(), validate=False) for f in figures], deltas[:5])
+        print(f"{name:<58} {ms:>10.1f} {ms / BUDGET_MS:>8.2f} {ms + sent:>21.1f}")
 
 
 if __name__ == "__main__":

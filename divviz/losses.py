@@ -329,6 +329,12 @@ class PolicyLossGradient:
         w = np.exp(logp_after - self.logp_old)
         return ((w > self.upper) & self.positive) | ((w < self.lower) & self.negative)
 
+    def past_upper(self, logp) -> np.ndarray:
+        """The positive-advantage tokens whose ratio is above u at `logp`; (R, B, T) bool, all False without a clip."""
+        if not self.clips:
+            return np.zeros(self.surrogate_slope.shape, dtype=bool)
+        return (np.exp(logp - self.logp_old) > self.upper) & self.positive
+
 
 def aggregation_weights(mask: np.ndarray, how: str) -> np.ndarray:
     """∂loss/∂ℓ_t of `aggregate` (no max_completion_length or num_items_in_batch: their defaults)."""

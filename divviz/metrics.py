@@ -23,6 +23,8 @@ GLOSSARY = {
     "clip_ratio/region_mean": "low + high: share of tokens whose gradient the clip removes (TRL)",
     "clip_ratio/overshoot_mean": "share of tokens the update carried past the bound their advantage pushes toward "
                                  "(A > 0 above u, A < 0 below l), measured after the update: what the clip did not stop",
+    "clip_ratio/first_step_past_high": "share of the A > 0 samples already above u after the first inner step: "
+                                       "when it is large, the learning rate decides more than the clip test",
     "accuracy": "share of completions the task's checker accepts",
     "kl": "exact KL(π_old ‖ π_new) of the update, summed over actions",
     "kl/k1": "mean −log w over completion tokens, w = π_new/π_old after the update",

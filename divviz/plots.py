@@ -19,9 +19,9 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from divviz.bandit import BanditRun
+from divviz.evidence import Summary
 from divviz.explore import RatioCurves, masked_spans
-from divviz.metrics import GLOSSARY, bin_labels, mass_shift_by_bin
+from divviz.metrics import GLOSSARY, bin_labels
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
 BASE_LAYOUT = {"margin": {"l": 60, "r": 20, "t": 60, "b": 50}, "font": {"size": 14},
@@ -277,19 +277,22 @@ def k3_level_chart(ratio: np.ndarray, k3_values: np.ndarray, delta: float, bound
     return Chart(_figure(traces, layout, shapes), pd.DataFrame({"ratio": ratio, "k3": k3_values}))
 
 
-def bandit_distribution_chart(runs: list[BanditRun], max_actions: int = 60) -> Chart:
-    """π_0 and each objective's final π over actions (sorted by π_0); rewarded actions marked."""
-    k = len(runs[0].rewards)
+def bandit_distribution_chart(initial: np.ndarray, rewards: np.ndarray, finals: list[tuple[str, Summary]],
+                              max_actions: int = 60) -> Chart:
+    """π_0 and each objective's final π over actions (sorted by π_0), the mean over seeds with its interval as
+    error bars; rewarded actions (of the first seed, where rewards are random) marked."""
+    k = len(rewards)
     shown = np.arange(min(k, max_actions))
-    rewards = runs[0].rewards[shown]
-    traces = [{"type": "bar", "x": shown, "y": runs[0].probs[0][shown], "name": "π_0 (start)",
-               "marker": {"color": "lightgrey"}}]
-    data = {"action (rank under π_0)": shown, "reward": rewards, "pi_0": runs[0].probs[0][shown]}
-    for i, run in enumerate(runs):
-        traces.append({"type": "scatter", "x": shown, "y": run.probs[-1][shown], "mode": "lines+markers",
-                       "name": f"{run.label}: final", "line": {"color": color(i)}})
-        data[f"{run.label} final"] = run.probs[-1][shown]
-    rewarded = shown[rewards >= 0.5]
+    traces = [{"type": "bar", "x": shown, "y": initial[shown], "name": "π_0 (start)", "marker": {"color": "lightgrey"}}]
+    data = {"action (rank under π_0)": shown, "reward": rewards[shown], "pi_0": initial[shown]}
+    for i, (label, final) in enumerate(finals):
+        trace = {"type": "scatter", "x": shown, "y": final.mean[shown], "mode": "lines+markers",
+                 "name": f"{label}: final" + (f" (mean of {final.n})" if final.n > 1 else ""), "line": {"color": color(i)}}
+        if final.n > 1:
+            trace["error_y"] = _error_bars(final, shown)
+        traces.append(trace)
+        data.update(_summary_columns(f"{label} final", final, shown))
+    rewarded = shown[rewards[shown] >= 0.5]
     traces.append({"type": "scatter", "x": rewarded, "y": np.zeros(len(rewarded)), "mode": "markers",
                    "name": "reward ≥ 0.5", "marker": {"symbol": "star", "size": 13, "color": "gold",
                                                       "line": {"color": "black", "width": 1}}})
@@ -299,21 +302,47 @@ def bandit_distribution_chart(runs: list[BanditRun], max_actions: int = 60) -> C
     return Chart(_figure(traces, layout), pd.DataFrame(data))
 
 
-def history_chart(series: list[tuple[str, dict[str, np.ndarray]]], metrics: tuple[str, ...], x_title: str,
-                  title: str) -> Chart:
-    """Metrics over steps, one panel per metric, one line per run: [(label, {metric: values})]."""
+def _error_bars(summary: Summary, pick=slice(None)) -> dict:
+    """Plotly's asymmetric error bars from a summary's interval."""
+    return {"type": "data", "symmetric": False, "array": summary.high[pick] - summary.mean[pick],
+            "arrayminus": summary.mean[pick] - summary.low[pick], "thickness": 1.2, "width": 3}
+
+
+def _summary_columns(name: str, summary: Summary, pick=slice(None)) -> dict:
+    """CSV columns of a summary: the mean, and with several seeds its interval and n."""
+    if summary.n < 2:
+        return {name: summary.mean[pick]}
+    return {name: summary.mean[pick], f"{name} low": summary.low[pick], f"{name} high": summary.high[pick],
+            f"{name} n": summary.n}
+
+
+def history_chart(series: list[tuple[str, dict[str, np.ndarray | Summary]]], metrics: tuple[str, ...], x_title: str,
+                  title: str, members: dict[str, list[dict[str, np.ndarray]]] | None = None) -> Chart:
+    """Metrics over steps, one panel per metric, one line per run or measure: [(label, {metric: values})]. A
+    `Summary` is drawn as its mean with a shaded 95% band; `members` ({label: [one run's {metric: values}]}) are
+    drawn thin under their label's line."""
     layout, refs = _panels(1, len(metrics), list(metrics), gap=0.05)
     traces, frames = [], []
     for i, (label, history) in enumerate(series):
-        columns = {metric: np.asarray(history[metric], dtype=np.float64) for metric in metrics}
-        steps = np.arange(1, len(columns[metrics[0]]) + 1)
+        columns, steps = {}, None
         for j, metric in enumerate(metrics):
             xref, yref = refs[0][j]
-            traces.append({"type": "scatter", "x": steps, "y": columns[metric], "mode": "lines", "name": label,
-                           "legendgroup": label, "showlegend": j == 0, "xaxis": xref, "yaxis": yref,
-                           "line": {"color": color(i), "width": 2.5},
+            value = history[metric]
+            summary = value if isinstance(value, Summary) else None
+            mean = np.asarray(summary.mean if summary else value, dtype=np.float64)
+            steps = np.arange(1, len(mean) + 1)
+            axes = {"xaxis": xref, "yaxis": yref, "legendgroup": label}
+            for member in (members or {}).get(label, []):
+                traces.append({"type": "scatter", "x": steps, "y": np.asarray(member[metric], dtype=np.float64),
+                               "mode": "lines", "showlegend": False, "hoverinfo": "skip", **axes,
+                               "line": {"color": _rgba(i, 0.35), "width": 1}})
+            if summary is not None and summary.n > 1:
+                traces += _band(steps, summary, i, axes)
+            traces.append({"type": "scatter", "x": steps, "y": mean, "mode": "lines", "name": label,
+                           "showlegend": j == 0, **axes, "line": {"color": color(i), "width": 2.5},
                            "hovertemplate": f"{metric}: %{{y:.4f}}<br>{GLOSSARY.get(metric, '')}"
                                             f"<extra>{label}</extra>"})
+            columns.update(_summary_columns(metric, summary) if summary else {metric: mean})
         frames.append(pd.DataFrame({"run": label, x_title: steps, **columns}))
     for xref, _ in refs[0]:
         layout[f"xaxis{xref[1:]}"]["title"] = {"text": x_title}
@@ -321,10 +350,17 @@ def history_chart(series: list[tuple[str, dict[str, np.ndarray]]], metrics: tupl
     return Chart(_figure(traces, layout), _concat(frames))
 
 
-def mass_shift_chart(runs: list[BanditRun]) -> Chart:
-    """Where probability mass went: Σ(π_final − π_0) over actions binned by their π_0."""
-    return mass_bins_chart([(run.label, mass_shift_by_bin(run.probs[0], run.probs[-1])) for run in runs],
-                           "Mass reallocation: Σ Δπ over actions, by the probability they started with",
+def _band(x: np.ndarray, summary: Summary, i: int, axes: dict) -> list[dict]:
+    """A shaded band between a summary's low and high (two traces: the upper edge, then the lower filled to it)."""
+    edge = {"type": "scatter", "x": x, "mode": "lines", "line": {"width": 0}, "showlegend": False,
+            "hoverinfo": "skip", **axes}
+    return [{**edge, "y": summary.high},
+            {**edge, "y": summary.low, "fill": "tonexty", "fillcolor": _rgba(i, 0.18)}]
+
+
+def mass_shift_chart(series: list[tuple[str, Summary]]) -> Chart:
+    """Where probability mass went: Σ(π_final − π_0) over actions binned by their π_0 (mean and interval)."""
+    return mass_bins_chart(series, "Mass reallocation: Σ Δπ over actions, by the probability they started with",
                            x_title="π_0 of the action", y_title="Σ (π_final − π_0)", bin_column="pi_0 bin",
                            height=400)
 
@@ -361,16 +397,23 @@ def token_scatter(runs: list[tuple[str, dict, tuple[np.ndarray, np.ndarray, np.n
     return Chart(_figure(traces, layout, [_hline(1.0)]), _concat(frames))
 
 
-def mass_bins_chart(series: list[tuple[str, np.ndarray]], title: str, x_title: str = "π_old of the sampled token",
-                    y_title: str = "Δπ per token", bin_column: str = "pi_old bin", height: int = 380) -> Chart:
-    """Bars of a per-π_old-bin quantity, one group per run: [(label, values per bin)]."""
+def mass_bins_chart(series: list[tuple[str, np.ndarray | Summary]], title: str,
+                    x_title: str = "π_old of the sampled token", y_title: str = "Δπ per token",
+                    bin_column: str = "pi_old bin", height: int = 380) -> Chart:
+    """Bars of a per-π_old-bin quantity, one group per run: [(label, values per bin)]; a `Summary` gets error bars."""
     labels = bin_labels()
-    traces = [{"type": "bar", "x": labels, "y": values, "name": label, "marker": {"color": color(i)}}
-              for i, (label, values) in enumerate(series)]
+    traces, data = [], {bin_column: labels}
+    for i, (label, values) in enumerate(series):
+        summary = values if isinstance(values, Summary) else None
+        trace = {"type": "bar", "x": labels, "y": summary.mean if summary else values, "name": label,
+                 "marker": {"color": color(i)}}
+        if summary is not None and summary.n > 1:
+            trace["error_y"] = _error_bars(summary)
+        traces.append(trace)
+        data.update(_summary_columns(label, summary) if summary else {label: values})
     layout = {"height": height, "barmode": "group", "title": {"text": title},
               "xaxis": {"title": {"text": x_title}}, "yaxis": {"title": {"text": y_title}}}
-    data = pd.DataFrame({bin_column: labels, **{label: values for label, values in series}})
-    return Chart(_figure(traces, layout, [_hline(0.0, color="grey")]), data)
+    return Chart(_figure(traces, layout, [_hline(0.0, color="grey")]), pd.DataFrame(data))
 
 
 def probability_shift_scatter(series: list[tuple[str, np.ndarray, np.ndarray]]) -> Chart:

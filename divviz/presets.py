@@ -17,10 +17,18 @@ CLIPPING_PRESETS: dict[str, dict] = {
 
 BANDIT_PRESETS: dict[str, dict] = {
     "PPO vs DAPO vs KL3, three correct actions": {
-        "m": ["ratio", "clip_higher", "kl3"], "k": 50, "reward": "top_k", "correct_rank": 2, "mu": 4, "lr": 2.0},
+        "m": ["ratio", "clip_higher", "kl3"], "k": 50, "reward": "top_k", "correct_rank": 2, "mu": 4,
+        "optimizer": "sgd", "lr": 0.5},
+    "KL3 through PPO's edges, and wide": {
+        "m": ["ratio", f"kl3:delta={DELTA_LOW_EDGE}", f"kl3:delta={DELTA_HIGH_EDGE}", "kl3"], "k": 50,
+        "reward": "top_k", "correct_rank": 2, "mu": 4, "optimizer": "sgd", "lr": 0.5},
     "A rare correct action (rank 10)": {
         "m": ["ratio", "clip_higher", "kl3"], "k": 50, "reward": "one_correct", "correct_rank": 10, "mu": 4,
-        "lr": 2.0},
+        "optimizer": "sgd", "lr": 0.5},
     "Ratio vs probability-space clipping, 1000 actions": {
-        "m": ["ratio", "prob_tv"], "k": 1000, "reward": "top_k", "correct_rank": 49, "mu": 4, "lr": 5.0},
+        "m": ["ratio", "prob_tv"], "k": 1000, "reward": "top_k", "correct_rank": 49, "mu": 4, "optimizer": "sgd",
+        "lr": 0.5},
+    "With Adam, as a trainer runs": {
+        "m": ["ratio", "clip_higher", "kl3"], "k": 50, "reward": "top_k", "correct_rank": 2, "mu": 4,
+        "optimizer": "adam", "lr": 0.05},
 }

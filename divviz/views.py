@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -16,9 +16,10 @@ from divviz.bandit import BanditConfig, BanditRun, run_bandits
 from divviz.divergences import ClipTest, clip_test, penalty
 from divviz.engine.config import RunConfig, objective_from
 from divviz.estimators import k3
+from divviz.evidence import Summary, paired, summarize
 from divviz.instances import unique_labels
 from divviz.losses import Objective
-from divviz.metrics import bin_labels, metric
+from divviz.metrics import bin_labels, mass_shift_by_bin, metric
 from divviz.params import DivvizInputError
 
 RATIO_GRID = np.linspace(0.01, 3.0, 600)
@@ -99,47 +100,99 @@ def matching_table(facts: KL3Facts, eps: float, eps_low: float, eps_high: float)
     return pd.DataFrame(rows)
 
 
-BANDIT_CACHE_BYTES = 256 * 2**20  # of kept distributions: a run holds (iterations + 1) × K floats, ≤ 16 MB
+BANDIT_CACHE_RUNS = 4096  # a run keeps two distributions and its metrics: at most ~0.2 MB at K = 1000
 _bandit_cache: OrderedDict[str, BanditRun] = OrderedDict()  # the latest runs, by their plain values (JSON)
 _bandit_cache_lock = threading.Lock()  # Streamlit runs each session's page in its own thread
+BANDIT_MEASURES = ("expected_reward", "entropy", "top1_mass", "initial_top_mass")
+BANDIT_CLIPPING = ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/overshoot_mean",
+                   "clip_ratio/first_step_past_high", "kl")
 
 
 def bandit_runs(cfg: dict, clips: list[tuple[str, dict] | None], penalty_spec: tuple[str, dict] | None, beta: float,
-                dual_clip_c: float | None, aggregation: str) -> list[BanditRun]:
-    """One bandit run per clip test (None: no clip), all with the same penalty, β, dual-clip and aggregation,
-    from plain values. The latest runs are kept: a change to one test's parameter re-trains that run only,
-    and the runs not kept are trained side by side (`run_bandits`; a run is the same alone or together)."""
-    keys = [json.dumps([cfg, clip, penalty_spec, beta, dual_clip_c, aggregation], sort_keys=True) for clip in clips]
+                dual_clip_c: float | None, aggregation: str, seeds: int = 1) -> list[list[BanditRun]]:
+    """For each clip test (None: no clip), its runs with seeds cfg["seed"], cfg["seed"] + 1, … (`seeds` of them),
+    all with the same penalty, β, dual-clip and aggregation, from plain values; labels made distinct.
+
+    The latest runs are kept: a change to one test's parameter re-trains that test's runs only, more seeds train
+    only the new seeds, and what is not kept trains side by side (`run_bandits`; a run is the same alone or
+    together)."""
+    first = cfg.get("seed", 0)
+    seed_list = list(range(first, first + seeds))
+    shared = {**cfg, "seed": 0}
+    key = lambda clip, seed: json.dumps([shared, seed, clip, penalty_spec, beta, dual_clip_c, aggregation],  # noqa: E731
+                                        sort_keys=True)
+    keys = [[key(clip, seed) for seed in seed_list] for clip in clips]
     with _bandit_cache_lock:
-        runs = {key: _bandit_cache[key] for key in keys if key in _bandit_cache}
-    missing = [i for i, key in enumerate(keys) if key not in runs]
-    if missing:
+        runs = {k: _bandit_cache[k] for row in keys for k in row if k in _bandit_cache}
+    missing_tests = [i for i, row in enumerate(keys) if any(k not in runs for k in row)]
+    missing_seeds = sorted({s for i in missing_tests for s, k in zip(seed_list, keys[i]) if k not in runs})
+    if missing_tests:
         pen = penalty(penalty_spec[0], **penalty_spec[1]) if penalty_spec else None
         objectives = [Objective(clip=clip_test(clips[i][0], **clips[i][1]) if clips[i] else None, penalty=pen,
-                                beta=beta, dual_clip_c=dual_clip_c, aggregation=aggregation) for i in missing]
-        runs.update(zip((keys[i] for i in missing), run_bandits(BanditConfig.make(**cfg), objectives)))
+                                beta=beta, dual_clip_c=dual_clip_c, aggregation=aggregation) for i in missing_tests]
+        trained = run_bandits(BanditConfig.make(**cfg), objectives, missing_seeds)
+        for r, run in enumerate(trained):  # the product of missing tests and seeds: keep what was kept
+            runs.setdefault(key(clips[missing_tests[r % len(objectives)]], run.seed), run)
     with _bandit_cache_lock:
-        for key in keys:
-            _bandit_cache[key] = runs[key]
-            _bandit_cache.move_to_end(key)
-        kept_bytes = sum(run.probs.nbytes for run in _bandit_cache.values())
-        while len(_bandit_cache) > len(keys) and kept_bytes > BANDIT_CACHE_BYTES:
-            kept_bytes -= _bandit_cache.popitem(last=False)[1].probs.nbytes
-    return [runs[key] for key in keys]
+        for k in (k for row in keys for k in row):
+            _bandit_cache[k] = runs[k]
+            _bandit_cache.move_to_end(k)
+        while len(_bandit_cache) > max(BANDIT_CACHE_RUNS, len(clips) * seeds):
+            _bandit_cache.popitem(last=False)
+    labels = unique_labels([runs[row[0]].label for row in keys])
+    return [[replace(runs[k], label=label) for k in row] for label, row in zip(labels, keys)]
 
 
-def mass_reallocation(runs: list[BanditRun]) -> dict[str, plots.Chart]:
-    """Figures of the bandit page from already computed runs."""
-    series = [(run.label, run.history) for run in runs]
+def across_seeds(runs: list[BanditRun], metric: str) -> Summary:
+    """A history metric's mean and 95% interval over the seeds, at every iteration."""
+    return summarize(np.stack([run.history[metric] for run in runs]))
+
+
+def mass_reallocation(groups: list[list[BanditRun]]) -> dict[str, plots.Chart]:
+    """Figures of the bandit page from already computed runs (one list over seeds per measure): means with 95%
+    bands when there are several seeds."""
+    labels = [runs[0].label for runs in groups]
+    series = lambda metrics: [(label, {m: across_seeds(runs, m) for m in metrics})  # noqa: E731
+                              for label, runs in zip(labels, groups)]
+    first = groups[0][0]
     return {
-        "distribution": plots.bandit_distribution_chart(runs),
-        "mass": plots.mass_shift_chart(runs),
-        "history": plots.history_chart(series, ("expected_reward", "entropy", "top1_mass", "initial_top_mass"),
-                                       "iteration", "Expected reward, entropy, and where the mass sits"),
-        "clipping": plots.history_chart(series, ("clip_ratio/low_mean", "clip_ratio/high_mean",
-                                                 "clip_ratio/overshoot_mean", "kl"), "iteration",
-                                        "How often each clip binds, how many samples end past it, how far π moves"),
+        "distribution": plots.bandit_distribution_chart(
+            np.mean([run.initial for run in groups[0]], axis=0), first.rewards,
+            [(label, summarize([run.final for run in runs])) for label, runs in zip(labels, groups)]),
+        "mass": plots.mass_shift_chart([(label, summarize([mass_shift_by_bin(run.initial, run.final) for run in runs]))
+                                        for label, runs in zip(labels, groups)]),
+        "history": plots.history_chart(series(BANDIT_MEASURES), BANDIT_MEASURES, "iteration",
+                                       "Expected reward, entropy, and where the mass sits"),
+        "clipping": plots.history_chart(series(BANDIT_CLIPPING), BANDIT_CLIPPING, "iteration",
+                                        "How often each clip binds, how many samples end past it (after the update, "
+                                        "and after one inner step), how far π moves"),
     }
+
+
+def paired_differences(groups: list[list[BanditRun]], baseline: int, metrics=BANDIT_MEASURES,
+                       iteration: int = -1) -> pd.DataFrame:
+    """Each measure minus the baseline measure, seed by seed, at one iteration (default the last): the mean
+    difference, its 95% interval, n, and in how many seeds the order is reversed."""
+    rows = []
+    for i, runs in enumerate(groups):
+        if i == baseline:
+            continue
+        for metric in metrics:
+            d = paired([run.history[metric][iteration] for run in runs],
+                       [run.history[metric][iteration] for run in groups[baseline]])
+            rows.append({"measure": runs[0].label, "metric": metric, "difference": d.mean, "95% low": d.low,
+                         "95% high": d.high, "n": d.n, "seeds reversed": f"{d.reversed} of {d.n}"})
+    return pd.DataFrame(rows)
+
+
+def paired_difference_chart(groups: list[list[BanditRun]], baseline: int, metric: str) -> plots.Chart:
+    """A metric's paired difference to the baseline measure over the iterations: mean and 95% band per measure."""
+    base = np.stack([run.history[metric] for run in groups[baseline]])
+    series = [(runs[0].label, {metric: summarize(np.stack([run.history[metric] for run in runs]) - base)})
+              for i, runs in enumerate(groups) if i != baseline]
+    return plots.history_chart(series, (metric,), "iteration",
+                               f"{metric}: each measure minus {groups[baseline][0].label}, seed by seed "
+                               f"(mean and 95% band, n = {len(base)})")
 
 
 def default_tests() -> list[ClipTest]:

@@ -29,6 +29,8 @@ def test_defaults_agree_between_params_and_dataclass():
     ({"init": "gaussian"}, "unknown initial shape 'gaussian'; known: zipf, uniform, random"),
     ({"reward": "bonus"}, "unknown reward 'bonus'"),
     ({"momentum": 0.9}, "bandit: unknown parameter 'momentum'"),
+    ({"optimizer": "rmsprop"}, "bandit: unknown optimizer 'rmsprop'; known: sgd, adam"),
+    ({"correct_percent": 0}, "parameter 'correct_percent' must be an integer in [1, 100]"),
 ])
 def test_bad_config(values, message):
     with pytest.raises(DivvizInputError) as err:
@@ -64,8 +66,8 @@ def test_closed_form_run_equals_autograd_run(objective):
     give the same run: same samples, same clip fractions, the same distribution at every iteration."""
     fast = run_bandit(BanditConfig.make(**SMALL, reward="graded", lr=4.0), objective)
     slow = run_bandit(BanditConfig.make(**SMALL, reward="graded", lr=4.0, autograd=True), objective)
-    assert np.abs(fast.probs - slow.probs).max() < 1e-12
-    assert np.abs(fast.probs[-1] - fast.probs[0]).max() > 0.05  # the policy moved
+    assert np.abs(fast.final - slow.final).max() < 1e-12
+    assert np.abs(fast.final - fast.initial).max() > 0.05  # the policy moved
     for key in fast.history:
         assert np.allclose(fast.history[key], slow.history[key], rtol=0, atol=1e-12), key
     if objective.clip is not None:
@@ -84,7 +86,7 @@ def test_runs_side_by_side_are_each_run_alone(autograd):
     for objective, run in zip(objectives, together):
         alone = run_bandit(cfg, objective)
         assert run.label == alone.label
-        assert np.abs(run.probs - alone.probs).max() < 1e-14
+        assert np.abs(run.final - alone.final).max() < 1e-14
         for key in run.history:
             assert np.allclose(run.history[key], alone.history[key], rtol=0, atol=1e-14), key
     assert together[0].history["reward"][0] == together[1].history["reward"][0]  # the same first samples
@@ -94,13 +96,18 @@ def test_reproducible_and_exact_bookkeeping():
     cfg = BanditConfig.make(**SMALL)
     objective = Objective(clip=clip_test("kl3"))
     a, b = run_bandit(cfg, objective), run_bandit(cfg, objective)
-    assert np.array_equal(a.probs, b.probs)
-    assert np.allclose(a.probs.sum(axis=1), 1.0, atol=1e-12)
-    p = a.probs[1:]
-    assert np.allclose(a.history["entropy"], -(p * np.log(p)).sum(axis=1), atol=1e-10)
-    assert np.allclose(a.history["expected_reward"], p @ a.rewards)
-    assert np.allclose(a.history["top1_mass"], p.max(axis=1))
-    assert a.initial_entropy == pytest.approx(-(a.probs[0] * np.log(a.probs[0])).sum())
+    assert np.array_equal(a.final, b.final) and a.history.keys() == b.history.keys()
+    assert all(np.array_equal(a.history[k], b.history[k]) for k in a.history)
+    assert a.final.sum() == pytest.approx(1.0, abs=1e-12)
+    p = a.final
+    assert a.history["entropy"][-1] == pytest.approx(-(p * np.log(p)).sum(), abs=1e-10)
+    assert a.history["expected_reward"][-1] == pytest.approx(p @ a.rewards)
+    assert a.history["top1_mass"][-1] == pytest.approx(p.max())
+    assert a.initial_entropy == pytest.approx(-(a.initial * np.log(a.initial)).sum())
+    # the KL of each update, summed over the run, against the distributions one iteration at a time
+    shorter = run_bandit(BanditConfig.make(**{**SMALL, "iterations": SMALL["iterations"] - 1}), objective)
+    q = shorter.final
+    assert a.history["kl"][-1] == pytest.approx((q * (np.log(q) - np.log(p))).sum(), abs=1e-12)
     for key, values in a.history.items():
         assert np.isfinite(values).all(), key
 
@@ -111,7 +118,7 @@ def test_clipping_binds_and_measures_differ_at_the_defaults():
     for run in runs.values():
         assert run.history["clip_ratio/region_mean"].max() > 0
         assert run.history["expected_reward"][-1] > run.history["expected_reward"][0]
-    assert not np.array_equal(runs["ratio"].probs, runs["kl3"].probs)
+    assert not np.array_equal(runs["ratio"].final, runs["kl3"].final)
     # same start and seed: the first iteration's samples are shared, so the runs start together
     assert runs["ratio"].history["reward"][0] == runs["kl3"].history["reward"][0]
 
@@ -125,7 +132,7 @@ def test_mu_one_never_clips():
 def test_penalty_toward_start_slows_the_policy():
     cfg = BanditConfig.make(**SMALL)
     free = run_bandit(cfg, Objective(clip=clip_test("ratio")))
-    drift = lambda run: np.abs(run.probs[-1] - run.probs[0]).sum()  # noqa: E731
+    drift = lambda run: np.abs(run.final - run.initial).sum()  # noqa: E731
     for name in ("k3", "prob_l2"):
         held = run_bandit(cfg, Objective(clip=clip_test("ratio"), penalty=penalty(name), beta=1.0))
         assert drift(held) < 0.8 * drift(free), name
@@ -148,3 +155,64 @@ def test_mass_shift_by_bin_conserves_mass():
     assert len(shift) == len(PI_OLD_BINS) - 1
     assert shift.sum() == pytest.approx(0.0, abs=1e-12)
     assert shift[0] == pytest.approx(-0.004) and shift[5] == pytest.approx(0.2)  # 0.5 falls in [0.4, 0.6)
+
+
+@pytest.mark.parametrize("autograd", [False, True])
+def test_seeds_times_measures_are_each_run_alone(autograd):
+    """Several seeds × several measures in one (R, K) array: each run equals that measure alone with that seed,
+    even where π_0 and the rewards are drawn from the seed."""
+    objectives = [Objective(clip=clip_test("kl3", delta=0.02)), Objective(clip=clip_test("ratio"))]
+    cfg = BanditConfig.make(**SMALL, init="random", reward="random_correct", correct_percent=20, lr=1.0,
+                            autograd=autograd, optimizer="adam" if autograd else "sgd")
+    together = run_bandits(cfg, objectives, seeds=[3, 4, 9])
+    assert [(run.seed, run.label) for run in together] == [(s, o.label) for s in (3, 4, 9) for o in objectives]
+    for run in together:
+        alone = run_bandit(BanditConfig.make(**{**cfg.to_dict(), "seed": run.seed}),
+                           objectives[[o.label for o in objectives].index(run.label)])
+        assert np.array_equal(run.initial, alone.initial) and np.array_equal(run.rewards, alone.rewards)
+        assert np.abs(run.final - alone.final).max() < 1e-14
+        for key in run.history:
+            assert np.allclose(run.history[key], alone.history[key], rtol=0, atol=1e-14), key
+    assert not np.array_equal(together[0].rewards, together[2].rewards)  # each seed draws its correct actions
+
+
+def test_random_correct_rewards_a_share_of_the_actions():
+    cfg = BanditConfig.make(k=200, reward="random_correct", correct_percent=15)
+    from divviz.bandit import reward_vector
+
+    r = reward_vector(cfg, seed=7)
+    assert r.sum() == 30 and set(np.unique(r)) == {0.0, 1.0}
+    assert np.array_equal(r, reward_vector(cfg, seed=7)) and not np.array_equal(r, reward_vector(cfg, seed=8))
+
+
+def test_adam_equals_torch_adam():
+    from divviz.bandit import Adam
+
+    rng = np.random.default_rng(0)
+    theta = rng.normal(size=(3, 7))
+    mine, param = Adam(theta.shape, lr=0.05), torch.nn.Parameter(torch.from_numpy(theta.copy()))
+    theirs = torch.optim.Adam([param], lr=0.05)
+    for _ in range(25):
+        grad = rng.normal(size=theta.shape) * rng.uniform(0.01, 10)
+        mine(theta, grad.copy())
+        param.grad = torch.from_numpy(grad.copy())
+        theirs.step()
+        assert np.abs(theta - param.detach().numpy()).max() < 1e-12
+
+
+def test_adam_in_the_bandit_equals_autograd_with_adam():
+    objective = Objective(clip=clip_test("clip_higher"), penalty=penalty("k3"), beta=0.1)
+    fast = run_bandit(BanditConfig.make(**SMALL, optimizer="adam", lr=0.05), objective)
+    slow = run_bandit(BanditConfig.make(**SMALL, optimizer="adam", lr=0.05, autograd=True), objective)
+    assert np.abs(fast.final - slow.final).max() < 1e-10 and np.abs(fast.final - fast.initial).max() > 0.05
+
+
+def test_first_step_past_high_warns_at_a_large_step_only():
+    """The share of A > 0 samples above u after the first inner step: none at the default lr (the clip acts
+    from the second inner step on, as designed), a large share when one step leaps past the box."""
+    objective = Objective(clip=clip_test("ratio"))
+    calm = run_bandits(BanditConfig.make(), [objective], seeds=range(4))
+    leap = run_bandits(BanditConfig.make(lr=5.0), [objective], seeds=range(4))
+    early = lambda runs: np.mean([run.history["clip_ratio/first_step_past_high"][:10] for run in runs])  # noqa: E731
+    assert early(calm) == 0 and early(leap) > 0.2
+    assert run_bandit(BanditConfig.make(lr=5.0), Objective()).history["clip_ratio/first_step_past_high"].max() == 0

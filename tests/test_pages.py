@@ -144,10 +144,32 @@ def test_kl3_page_check_and_reaction():
 
 def test_mass_reallocation_page():
     at = open_page("app_pages/mass_reallocation.py", {"iterations": "20", "k": "20"})
-    assert len(specs(at)) == 4 and len(at.metric) == 3
+    assert len(specs(at)) == 5 and len(at.metric) == 3 and "(n = 8)" in at.metric[0].delta
+    assert not at.warning  # at the default lr no sample passes u in the first inner step
     before = specs(at)
     slider(at, "delta").set_value(0.2).run()
     assert not at.exception and specs(at) != before
+    table = at.dataframe[0].value
+    assert set(table.measure) == {"clip_higher ε_low=0.2 ε_high=0.28", "kl3 δ=0.2"} and (table.n == 8).all()
+    # Adam starts from its own learning rate
+    next(s for s in at.selectbox if s.label == "Optimiser").set_value("adam").run()
+    assert not at.exception and slider(at, "lr").value == pytest.approx(0.05)
+    # a large step is flagged
+    slider(at, "lr").set_value(20.0).run()
+    next(s for s in at.selectbox if s.label == "Optimiser").set_value("sgd").run()
+    slider(at, "lr").set_value(8.0).run()
+    assert not at.exception and "already above u after the first inner step" in at.warning[0].value
     # an impossible combination is a message in the page, not a traceback
     slider(at, "correct_rank").set_value(30).run()
     assert not at.exception and "'correct_rank' must be below k = 20" in shown(at.error[0])
+
+
+def test_mass_reallocation_the_same_measure_twice_and_one_seed():
+    at = open_page("app_pages/mass_reallocation.py",
+                   {"iterations": "15", "k": "20", "m": "kl3:delta=0.0177,kl3", "seeds": "3"})
+    table = at.dataframe[0].value
+    assert list(table.measure.unique()) == ["kl3 δ=0.05"] and (table.n == 3).all()
+    assert [m.label for m in at.metric] == ["kl3 δ=0.0177", "kl3 δ=0.05"]
+    slider(at, "Seeds per measure").set_value(1).run()
+    assert not at.exception and "(n = 1)" in at.metric[0].delta
+

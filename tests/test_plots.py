@@ -3,6 +3,7 @@ the table it was drawn from."""
 
 import numpy as np
 import plotly.graph_objects as go
+import pytest
 
 from divviz import views
 from divviz.bandit import BanditConfig, run_bandit
@@ -39,22 +40,38 @@ def test_kl3_page_figures_and_table():
 
 
 def test_bandit_figures():
-    runs = views.bandit_runs(BanditConfig.make(k=30, iterations=10).to_dict(), [("kl3", {"delta": 0.05}), None],
-                             ("k3", {"importance_weight": False}), 0.1, 3.0, "dr_grpo")
-    assert [run.label for run in runs] == ["kl3 δ=0.05 + 0.1·k3 c=3", "no clip + 0.1·k3 c=3"]
-    for chart in views.mass_reallocation(runs).values():
-        validated(chart)
+    for seeds in (1, 4):
+        groups = views.bandit_runs(BanditConfig.make(k=30, iterations=10).to_dict(), [("kl3", {"delta": 0.05}), None],
+                                   ("k3", {"importance_weight": False}), 0.1, 3.0, "dr_grpo", seeds)
+        assert [runs[0].label for runs in groups] == ["kl3 δ=0.05 + 0.1·k3 c=3", "no clip + 0.1·k3 c=3"]
+        assert [[run.seed for run in runs] for runs in groups] == [list(range(seeds))] * 2
+        for chart in [*views.mass_reallocation(groups).values(), views.paired_difference_chart(groups, 1, "entropy")]:
+            validated(chart)
 
 
 def test_bandit_runs_are_kept_and_only_a_changed_run_retrains():
     cfg = BanditConfig.make(k=20, iterations=10).to_dict()
-    first = views.bandit_runs(cfg, [("ratio", {}), ("kl3", {"delta": 0.05})], None, 0.0, None, "grpo")
-    second = views.bandit_runs(cfg, [("ratio", {}), ("kl3", {"delta": 0.07})], None, 0.0, None, "grpo")
-    assert second[0] is first[0] and second[1] is not first[1]
-    alone = run_bandit(BanditConfig.make(**cfg), Objective(clip=clip_test("kl3", delta=0.07)))
-    assert np.array_equal(second[1].probs, alone.probs) and second[1].label == alone.label
+    first = views.bandit_runs(cfg, [("ratio", {}), ("kl3", {"delta": 0.05})], None, 0.0, None, "grpo", 2)
+    second = views.bandit_runs(cfg, [("ratio", {}), ("kl3", {"delta": 0.07})], None, 0.0, None, "grpo", 3)
+    assert second[0][0].final is first[0][0].final and second[1][0].final is not first[1][0].final
+    for seed in range(3):
+        alone = run_bandit(BanditConfig.make(**{**cfg, "seed": seed}), Objective(clip=clip_test("kl3", delta=0.07)))
+        assert np.array_equal(second[1][seed].final, alone.final) and second[1][seed].label == alone.label
     other_seed = views.bandit_runs({**cfg, "seed": 1}, [("ratio", {})], None, 0.0, None, "grpo")
-    assert not np.array_equal(other_seed[0].probs, first[0].probs)
+    assert other_seed[0][0].final is second[0][1].final  # seed 1 was trained already, as the second seed
+
+
+def test_the_same_measure_twice_gets_two_labels_and_paired_differences():
+    cfg = BanditConfig.make(k=20, iterations=12).to_dict()
+    groups = views.bandit_runs(cfg, [("kl3", {"delta": 0.05}), ("kl3", {"delta": 0.05}), ("ratio", {})], None, 0.0,
+                               None, "grpo", 5)
+    assert [runs[0].label for runs in groups] == ["kl3 δ=0.05", "kl3 δ=0.05 (2)", "ratio ε=0.2"]
+    table = views.paired_differences(groups, 0)
+    same = table[table.measure == "kl3 δ=0.05 (2)"]
+    assert (same.difference == 0).all() and (same["seeds reversed"] == "0 of 5").all()
+    other = table[(table.measure == "ratio ε=0.2") & (table.metric == "entropy")].iloc[0]
+    diffs = [r.history["entropy"][-1] - b.history["entropy"][-1] for r, b in zip(groups[2], groups[0])]
+    assert other.difference == pytest.approx(np.mean(diffs)) and other.n == 5
 
 
 def test_trailing_mean_smoothing():

@@ -1,0 +1,83 @@
+"""Evidence over seeds: means with 95% intervals, paired differences, and verdicts computed from them.
+
+A view of one seed is an anecdote; these turn n seeds into a statement with its uncertainty. Intervals are
+Student-t intervals of the mean, mean ± t_{(1+level)/2, n−1} · s / √n with the sample standard deviation s
+(ddof = 1), the interval `scipy.stats.ttest_1samp(x).confidence_interval()` gives (tests/test_evidence.py
+checks both against each other and against a textbook case). A comparison of two measures is *paired*: both
+ran with the same seeds, so the difference is taken seed by seed before averaging, and the share of seeds whose
+difference has the other sign says how often one seed alone would have told the opposite story.
+
+A verdict is never typed: `verdict` reads it off the interval of the paired difference and the sign a claim
+predicts — "holds" (the interval lies on the predicted side of 0), "reversed" (on the other side), "not resolved"
+(it contains 0) — and `identity_verdict` says "exact" when two computations agree to a tolerance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats
+
+LEVEL = 0.95
+HOLDS, REVERSED, NOT_RESOLVED, EXACT, NOT_EXACT = "holds", "reversed", "not resolved", "exact", "not exact"
+
+
+@dataclass(frozen=True)
+class Summary:
+    """The mean over seeds (axis 0) with its interval; arrays shaped like one seed's values."""
+
+    mean: np.ndarray
+    low: np.ndarray
+    high: np.ndarray
+    n: int
+
+
+def summarize(values, level: float = LEVEL) -> Summary:
+    """Mean and Student-t interval over axis 0 (the seeds). With one seed the interval is undefined (NaN)."""
+    values = np.asarray(values, dtype=np.float64)
+    n = values.shape[0]
+    mean = values.mean(axis=0)
+    if n < 2:
+        nan = np.full_like(mean, np.nan)
+        return Summary(mean, nan, nan, n)
+    half = stats.t.ppf((1 + level) / 2, n - 1) * values.std(axis=0, ddof=1) / np.sqrt(n)
+    return Summary(mean, mean - half, mean + half, n)
+
+
+@dataclass(frozen=True)
+class Paired:
+    """candidate − baseline, seed by seed: its mean, interval, n, and in how many seeds its sign is the other one."""
+
+    mean: float
+    low: float
+    high: float
+    n: int
+    reversed: int
+
+    def text(self, digits: int = 4) -> str:
+        """"+0.0123 [0.0051, 0.0195], n = 20, 2 of 20 seeds reversed"."""
+        interval = "" if np.isnan(self.low) else f" [{self.low:.{digits}f}, {self.high:.{digits}f}]"
+        return (f"{self.mean:+.{digits}f}{interval}, n = {self.n}, "
+                f"{self.reversed} of {self.n} seed{'s' if self.n != 1 else ''} reversed")
+
+
+def paired(candidate, baseline, level: float = LEVEL) -> Paired:
+    """The paired difference of two measures' values over the same seeds (1-D arrays, seed i in both)."""
+    diff = np.asarray(candidate, dtype=np.float64) - np.asarray(baseline, dtype=np.float64)
+    s = summarize(diff, level)
+    sign = np.sign(s.mean)
+    flipped = int((np.sign(diff) == -sign).sum()) if sign != 0 else 0
+    return Paired(float(s.mean), float(s.low), float(s.high), s.n, flipped)
+
+
+def verdict(low: float, high: float, predicted_sign: int) -> str:
+    """What a paired difference's interval says of a claim that predicts its sign (+1 or −1)."""
+    if np.isnan(low) or np.isnan(high) or low <= 0 <= high:
+        return NOT_RESOLVED
+    return HOLDS if (low > 0) == (predicted_sign > 0) else REVERSED
+
+
+def identity_verdict(max_abs_difference: float, tolerance: float) -> str:
+    """For a claimed identity: "exact" when the largest difference found is within `tolerance`."""
+    return EXACT if max_abs_difference <= tolerance else NOT_EXACT
