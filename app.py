@@ -15,6 +15,7 @@ pages = [
     st.Page("app_pages/clipping_regions.py", title="Clipping regions", icon=":material/straighten:"),
     st.Page("app_pages/kl3_equivalence.py", title="KL3 ⇔ asymmetric clipping", icon=":material/function:"),
     st.Page("app_pages/mass_reallocation.py", title="Mass reallocation", icon=":material/bar_chart:"),
+    st.Page("app_pages/claims.py", title="Claims", icon=":material/fact_check:"),
     st.Page("app_pages/training_lab.py", title="Training lab", icon=":material/model_training:"),
     st.Page("app_pages/runs.py", title="Runs", icon=":material/folder_open:"),
     st.Page("app_pages/catalogue.py", title="Catalogue", icon=":material/menu_book:"),

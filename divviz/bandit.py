@@ -303,7 +303,7 @@ def run_bandits(cfg: BanditConfig, objectives: list[Objective], seeds: list[int]
         new_logp, new_p = softmax(theta)
         overshot = gradient.overshoot(new_logp.reshape(-1)[batch.flat_actions]).sum(axis=(1, 2))
         positive = np.maximum((batch.adv > 0).sum(axis=1), 1)
-        record(history, it, logp, p, new_logp, new_p, rewards, sampled.mean(axis=1), low_count.sum(axis=(1, 2)),
+        record(history, it, initial, logp, p, new_logp, new_p, rewards, sampled.mean(axis=1), low_count.sum(axis=(1, 2)),
                high_count.sum(axis=(1, 2)), cfg.mu * n, overshot / n, first_past_high / positive)
         logp, p = new_logp, new_p
     return [BanditRun(o.label, seeds[r // each], initial[r], p[r], rewards[r],
@@ -317,10 +317,11 @@ def run_bandit(cfg: BanditConfig, objective: Objective) -> BanditRun:
 
 HISTORY = ("reward", "entropy", "top1_mass", "initial_top_mass", "kl", "expected_reward", "clip_ratio/low_mean",
            "clip_ratio/high_mean", "clip_ratio/region_mean", "clip_ratio/overshoot_mean",
-           "clip_ratio/first_step_past_high")
+           "clip_ratio/first_step_past_high", "initial_top_moved", "initial_rare_moved")
 
 
-def record(history: dict[str, np.ndarray], it: int, old_logp: np.ndarray, old: np.ndarray, logp: np.ndarray,
+def record(history: dict[str, np.ndarray], it: int, initial: np.ndarray, old_logp: np.ndarray, old: np.ndarray,
+           logp: np.ndarray,
            new: np.ndarray, rewards: np.ndarray, sampled_reward: np.ndarray, clipped_low: np.ndarray,
            clipped_high: np.ndarray, tokens: int, overshoot: np.ndarray, first_past_high: np.ndarray) -> None:
     """Iteration `it`'s metrics of every run, from π_old and π_new (R, K): exact entropy, top-1 mass, mass on
@@ -329,8 +330,13 @@ def record(history: dict[str, np.ndarray], it: int, old_logp: np.ndarray, old: n
     `reward`, the sampled actions' mean reward; `overshoot`, the share of the iteration's samples the update
     carried past the bound their advantage pushes toward (after the μ steps); `first_step_past_high`, the share
     of positive-advantage samples already above u after the first inner step (a warning: a step that large makes
-    a comparison of boxes mostly a comparison of how far each lets one step overshoot)."""
+    a comparison of boxes mostly a comparison of how far each lets one step overshoot); how far π moved from π_0
+    (Σ |π − π_0|) on the initially likely actions (top tenth) and on the initially rare ones (bottom half)."""
+    k = new.shape[1]
+    moved = np.abs(new - initial)
     values = {
+        "initial_top_moved": moved[:, : max(1, k // 10)].sum(axis=1),
+        "initial_rare_moved": moved[:, k // 2:].sum(axis=1),
         "reward": sampled_reward,
         "entropy": -(new * logp).sum(axis=1),
         "top1_mass": new.max(axis=1),

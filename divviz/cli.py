@@ -6,6 +6,7 @@
                  [--backend divviz|trl]
     accelerate launch --multi_gpu --num_processes N -m divviz train --backend trl ...
     divviz runs [--runs-dir DIR] [--json]
+    divviz claims [--quick] [--seeds N] [--json] [--out report.html]
 
 Bad input exits with code 2 and one line on stderr, never a traceback.
 """
@@ -193,6 +194,34 @@ def cmd_runs(args) -> int:
     return 0
 
 
+def cmd_claims(args) -> int:
+    from tqdm import tqdm
+
+    from divviz import claims
+
+    seeds = claims.QUICK_SEEDS if args.quick else claims.SEEDS
+    if args.seeds is not None:
+        seeds = Param("seeds", seeds, 2, 256, high_open=False, kind="int").check(args.seeds, "claims")
+    bar = tqdm(total=100, desc="claims", unit="%", file=sys.stderr, disable=args.json and not sys.stderr.isatty())
+
+    def progress(fraction: float, text: str) -> None:
+        bar.set_postfix_str(text)
+        bar.update(round(100 * fraction) - bar.n)
+
+    try:  # opened first, so that a path that cannot be written is refused before the work
+        out = open(args.out, "w", encoding="utf-8") if args.out else None
+    except OSError as err:
+        raise DivvizInputError(f"cannot write {args.out}: {err.strerror}") from None
+    report = claims.evaluate(seeds, progress=progress)
+    bar.close()
+    if out:
+        with out:
+            out.write(claims.to_html(report))
+    print(json.dumps([{k: v for k, v in row.items() if k != "claim_key"} for row in report.rows], indent=1)
+          if args.json else claims.to_text(report))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="divviz", description="See what a policy-divergence constraint does to GRPO.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -233,6 +262,14 @@ def build_parser() -> argparse.ArgumentParser:
     for param in RUN_PARAMS:
         p.add_argument(f"--{param.name.replace('_', '-')}", default=param.default, help=f"{param.doc} ({param.range_text()})")
     p.set_defaults(run=cmd_train)
+
+    p = sub.add_parser("claims", help="test the seed papers' claims on a fixed grid, with computed verdicts")
+    p.add_argument("--quick", action="store_true", help="fewer seeds (20 instead of 64): well under 2 minutes on 2 cores")
+    p.add_argument("--seeds", default=None, help="seeds per measure (2 to 256), instead of the default")
+    p.add_argument("--json", action="store_true",
+                   help="print every cell: claim, condition, metric, mean, low, high, n, verdict, …")
+    p.add_argument("--out", metavar="FILE", help="also write the report as one self-contained HTML page")
+    p.set_defaults(run=cmd_claims)
 
     p = sub.add_parser("runs", help="list the runs in the runs folder with their state")
     p.add_argument("--runs-dir", help="runs folder (default: $DIVVIZ_RUNS_DIR, else ./runs)")

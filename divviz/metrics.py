@@ -25,6 +25,8 @@ GLOSSARY = {
                                  "(A > 0 above u, A < 0 below l), measured after the update: what the clip did not stop",
     "clip_ratio/first_step_past_high": "share of the A > 0 samples already above u after the first inner step: "
                                        "when it is large, the learning rate decides more than the clip test",
+    "initial_top_moved": "Σ |π − π_0| over the actions most likely at the start (top 10%): how far they moved",
+    "initial_rare_moved": "Σ |π − π_0| over the actions least likely at the start (bottom half)",
     "accuracy": "share of completions the task's checker accepts",
     "kl": "exact KL(π_old ‖ π_new) of the update, summed over actions",
     "kl/k1": "mean −log w over completion tokens, w = π_new/π_old after the update",

@@ -6,7 +6,7 @@ import pytest
 
 pytestmark = pytest.mark.browser
 
-PAGES = {"": 1, "clipping_regions": 5, "kl3_equivalence": 2, "mass_reallocation": 4}
+PAGES = {"": 1, "clipping_regions": 5, "kl3_equivalence": 2, "mass_reallocation": 5}
 
 
 @pytest.fixture
@@ -52,6 +52,14 @@ ENTROPY_POINTS = """() => {
   }
   return 0;
 }"""
+
+
+def test_claims_page_shows_computed_verdicts(page, app_url):
+    page.goto(f"{app_url}/claims")
+    page.get_by_text("Not testable here").wait_for(timeout=120_000)
+    grids = page.locator('[data-testid="stDataFrame"]')
+    assert grids.count() >= 6 and not page.locator('[data-testid="stException"]').count()
+    page.get_by_role("button", name="Report (HTML)").wait_for()
 
 
 def test_training_lab_end_to_end(page, app_url):

@@ -1,0 +1,278 @@
+"""The seed papers' claims that divviz can test, tested: each on a pre-declared grid of conditions, with a verdict
+computed from a paired 95% interval (or, for an identity, from the largest difference found).
+
+A claim names its source and provenance (theory.md's tags), the metric that stands for its words, the measures it
+compares and the sign it predicts. Nothing here is tuned to a result: the grid below is fixed before running, every
+cell is reported, and `evidence.verdict` says holds / reversed / not resolved from the numbers alone.
+
+Bandit grid (`divviz.bandit`, exact distributions, the same seeds for every measure):
+    correct actions likely (the top 3 of π_0) / rare (one, at rank K/5) / random (10%, drawn per seed)
+    × K = 50 / 1000 × SGD (lr 0.5) / Adam (lr 0.05, state kept) × early (iteration 10) / late (80) readings.
+Measures: PPO ε = 0.2; KL3 with δ through PPO's lower edge (0.0231), through its upper edge (0.0177), and wide
+(0.05); the one-edge ablations of the wide δ, [l_δ, 1.2] and [0.8, u_δ], which tell KL3's shape from a wider box;
+DAPO (0.2, 0.28); PPO with 0.1·ProbL2 and with 0.1·k3 toward π_0.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+
+from divviz import evidence, explore, theory
+from divviz.bandit import BanditConfig, run_bandits
+from divviz.divergences import _RPG, clip_test, penalty
+from divviz.losses import Objective, policy_loss
+
+EARLY, LATE = 10, 80
+DELTA_LOW_EDGE, DELTA_HIGH_EDGE, DELTA_WIDE = (float(theory.kl3_delta_at_ratio(0.8)),
+                                              float(theory.kl3_delta_at_ratio(1.2)), 0.05)
+WIDE_LOW, WIDE_HIGH = theory.kl3_bounds(DELTA_WIDE)
+BETA = 0.1
+
+
+def _objectives() -> dict[str, Objective]:
+    return {
+        "PPO ε=0.2": Objective(clip=clip_test("ratio", eps=0.2)),
+        f"KL3 δ={DELTA_LOW_EDGE:.4f} (PPO's lower edge)": Objective(clip=clip_test("kl3", delta=DELTA_LOW_EDGE)),
+        f"KL3 δ={DELTA_HIGH_EDGE:.4f} (PPO's upper edge)": Objective(clip=clip_test("kl3", delta=DELTA_HIGH_EDGE)),
+        f"KL3 δ={DELTA_WIDE:g} (wide)": Objective(clip=clip_test("kl3", delta=DELTA_WIDE)),
+        f"box [{WIDE_LOW:.3f}, 1.2] (KL3 δ={DELTA_WIDE:g}'s lower edge only)":
+            Objective(clip=clip_test("clip_higher", eps_low=1 - WIDE_LOW, eps_high=0.2)),
+        f"box [0.8, {WIDE_HIGH:.3f}] (KL3 δ={DELTA_WIDE:g}'s upper edge only)":
+            Objective(clip=clip_test("clip_higher", eps_low=0.2, eps_high=WIDE_HIGH - 1)),
+        "DAPO clip-higher (0.2, 0.28)": Objective(clip=clip_test("clip_higher", eps_low=0.2, eps_high=0.28)),
+        f"PPO + {BETA:g}·ProbL2": Objective(clip=clip_test("ratio"), penalty=penalty("prob_l2"), beta=BETA),
+        f"PPO + {BETA:g}·k3": Objective(clip=clip_test("ratio"), penalty=penalty("k3"), beta=BETA),
+    }
+
+
+OBJECTIVES = _objectives()
+PPO, DAPO, PROBL2, K3 = "PPO ε=0.2", "DAPO clip-higher (0.2, 0.28)", f"PPO + {BETA:g}·ProbL2", f"PPO + {BETA:g}·k3"
+KL3_AND_ABLATIONS = [name for name in OBJECTIVES if name.startswith(("KL3", "box"))]
+
+
+@dataclass(frozen=True)
+class Comparison:
+    candidate: str
+    baseline: str
+    metric: str
+    sign: int  # the sign of candidate − baseline the claim predicts
+
+
+@dataclass(frozen=True)
+class Claim:
+    key: str
+    text: str
+    source: str
+    provenance: str
+    operational: str  # what stands for the claim's words here
+    comparisons: tuple[Comparison, ...] = ()
+    identity: Callable[[], list[dict]] | None = None  # for identities: cells of largest differences
+
+
+def _kl3_identity_cells() -> list[dict]:
+    cells = []
+    for delta in (DELTA_HIGH_EDGE, DELTA_LOW_EDGE, DELTA_WIDE, 0.2):
+        for seed in range(5):
+            check = explore.kl3_equivalence_check(delta, seed=seed)
+            cells.append({"condition": f"δ = {delta:.4f}, random batch {seed} ({check.tokens} tokens, "
+                                       f"{check.outside} outside)", "candidate": f"KL3 δ={delta:.4f}",
+                          "baseline": "ratio box [l_δ, u_δ]",
+                          "max_difference": max(check.max_abs_loss_diff, check.max_abs_grad_diff)})
+    return cells
+
+
+def _rpg_identity_cells() -> list[dict]:
+    cells = []
+    for name in _RPG:
+        for seed in range(5):
+            logp_new, logp_old, adv, mask = explore.random_token_batch(seed)
+            grads = []
+            for form in (name, f"{name}_rf"):
+                x = logp_new.clone().requires_grad_()
+                out = policy_loss(x, logp_old, adv, mask, clip=clip_test("ratio"), penalty=penalty(form), beta=0.5)
+                grads.append(torch.autograd.grad(out.loss, x)[0])
+            cells.append({"condition": f"random batch {seed}, β = 0.5, PPO clip", "candidate": f"{name}_rf",
+                          "baseline": name, "max_difference": float((grads[0] - grads[1]).abs().max())})
+    return cells
+
+
+CLAIMS = (
+    Claim("kl3_is_clipping", "The KL3 test equals ratio clipping on [l_δ, u_δ] (loss and gradient)",
+          "KL3 / ATR-GRPO paper (arXiv 2602.05494), theory.md §1.3", "[3P] statement; [INF] closed form",
+          "largest |difference| of the loss and of its gradient on random token batches, tolerance 1e-12",
+          identity=_kl3_identity_cells),
+    Claim("kl3_mass_to_confident", "KL3 reallocates probability mass toward high-confidence actions",
+          "KL3 / ATR-GRPO paper, theory.md §1.5", "[3P] claims only: the theorem's statement was not found",
+          "initial_top_mass: the probability on the actions most likely under π_0 (top 10%), KL3 minus PPO",
+          tuple(Comparison(name, PPO, "initial_top_mass", +1) for name in KL3_AND_ABLATIONS)),
+    Claim("kl3_entropy", "KL3 keeps entropy higher than PPO (entropy-driven exploration)",
+          "KL3 / ATR-GRPO paper, theory.md §1.5", "[3P] claims only",
+          "entropy of the whole policy (exact), KL3 minus PPO",
+          tuple(Comparison(name, PPO, "entropy", +1) for name in KL3_AND_ABLATIONS)),
+    Claim("dapo_entropy", "Clip-higher keeps entropy higher than symmetric clipping",
+          "DAPO (Yu et al. 2025), as RPG App. I.2.1 reads it; RPG §5 says the opposite (theory.md §3.7)",
+          "[PAPER] (RPG's text; internally inconsistent)", "entropy of the whole policy, DAPO (0.2, 0.28) minus PPO 0.2",
+          (Comparison(DAPO, PPO, "entropy", +1),)),
+    Claim("probl2_anchors", "ProbL2 anchors confident tokens and leaves rare ones free",
+          "GBMPO (arXiv 2602.04380), theory.md §2.3", "[CODE] penalty; [INF] its slope 2p(p − p_ref) ∝ p²",
+          "initial_top_moved (Σ|π − π_0| on the top 10% of π_0): ProbL2 minus no penalty, predicted < 0; "
+          "initial_rare_moved (bottom half): ProbL2 minus k3 at the same β, predicted > 0",
+          (Comparison(PROBL2, PPO, "initial_top_moved", -1), Comparison(PROBL2, K3, "initial_rare_moved", +1))),
+    Claim("rpg_same_gradient", "RPG's REINFORCE-style and differentiable losses have the same gradient",
+          "RPG (arXiv 2505.17508) Proposition 4.1, theory.md §3.4", "[PAPER]",
+          "largest |difference| of the gradient of policy_loss with each KL loss in its two forms, tolerance 1e-12",
+          identity=_rpg_identity_cells),
+)
+IDENTITY_TOLERANCE = 1e-12
+SEEDS, QUICK_SEEDS = 64, 20
+
+UNTESTED = (
+    "Accuracy on math benchmarks (AIME, MATH500, AMC) of the papers' Qwen3 1.7B/8B models: the models, the data "
+    "and the compute are not here.",
+    "The KL3 paper's theorems on the logit difference and on entropy: their exact statements and assumptions were "
+    "not found (theory.md §1.5), so their operational readings above are divviz's.",
+    "GBMPO's learned (ES-trained) mirror maps and its reported gains over Dr. GRPO.",
+    "RPG's benchmark numbers and its claim that the REINFORCE-style forms train better: only the gradient identity "
+    "is testable exactly; training quality would need their tasks.",
+)
+
+
+@dataclass(frozen=True)
+class Condition:
+    reward: str
+    k: int
+    optimizer: str
+
+    def config(self, iterations: int) -> BanditConfig:
+        rewards = {"likely": {"reward": "top_k", "correct_rank": 2},
+                   "rare": {"reward": "one_correct", "correct_rank": self.k // 5},
+                   "random": {"reward": "random_correct", "correct_percent": 10}}[self.reward]
+        return BanditConfig.make(k=self.k, optimizer=self.optimizer, lr={"sgd": 0.5, "adam": 0.05}[self.optimizer],
+                                 iterations=iterations, **rewards)
+
+    @property
+    def text(self) -> str:
+        where = {"likely": "correct actions likely", "rare": "one rare correct action",
+                 "random": "a random 10% correct"}[self.reward]
+        return f"{where} · K = {self.k} · {'SGD' if self.optimizer == 'sgd' else 'Adam'}"
+
+
+GRID = tuple(Condition(r, k, o) for r in ("likely", "rare", "random") for k in (50, 1000) for o in ("sgd", "adam"))
+
+
+@dataclass
+class Report:
+    rows: list[dict]
+    seeds: int
+    untested: tuple[str, ...] = UNTESTED
+    claims: tuple[Claim, ...] = field(default=CLAIMS)
+
+    def summary(self) -> list[dict]:
+        """Per claim and compared measure: how many cells hold, reverse, are not resolved or exact."""
+        out: dict[tuple, dict] = {}
+        for row in self.rows:
+            entry = out.setdefault((row["claim_key"], row["candidate"], row["metric"]),
+                                   {"claim": row["claim"], "candidate": row["candidate"], "baseline": row["baseline"],
+                                    "metric": row["metric"], "cells": 0, **{v: 0 for v in VERDICTS}})
+            entry["cells"] += 1
+            entry[row["verdict"]] += 1
+        return list(out.values())
+
+
+VERDICTS = (evidence.HOLDS, evidence.REVERSED, evidence.NOT_RESOLVED, evidence.EXACT, evidence.NOT_EXACT)
+
+
+def evaluate(seeds: int = 20, grid=GRID, progress: Callable[[float, str], None] | None = None) -> Report:
+    """Every claim on every cell: identities on random batches, the bandit claims on the grid with `seeds` seeds."""
+    rows = []
+    for claim in CLAIMS:
+        if claim.identity is not None:
+            for cell in claim.identity():
+                rows.append(_row(claim, cell["condition"], "max |difference|", cell["candidate"], cell["baseline"],
+                                 "", cell["max_difference"], cell["max_difference"], cell["max_difference"], 1, 0,
+                                 evidence.identity_verdict(cell["max_difference"], IDENTITY_TOLERANCE)))
+    names = list(OBJECTIVES)
+    for done, condition in enumerate(grid):
+        if progress:
+            progress(done / len(grid), f"bandit: {condition.text}")
+        runs = run_bandits(condition.config(LATE), list(OBJECTIVES.values()), seeds=range(seeds))
+        by_name = {name: runs[i::len(names)] for i, name in enumerate(names)}
+        for claim in CLAIMS:
+            for c in claim.comparisons:
+                for reading, iteration in (("early", EARLY), ("late", LATE)):
+                    d = evidence.paired([run.history[c.metric][iteration - 1] for run in by_name[c.candidate]],
+                                        [run.history[c.metric][iteration - 1] for run in by_name[c.baseline]])
+                    rows.append(_row(claim, f"{condition.text} · {reading} (iteration {iteration})", c.metric,
+                                     c.candidate, c.baseline, "+" if c.sign > 0 else "−", d.mean, d.low, d.high, d.n,
+                                     d.reversed, evidence.verdict(d.low, d.high, c.sign)))
+    if progress:
+        progress(1.0, "done")
+    return Report(rows, seeds)
+
+
+def _row(claim: Claim, condition: str, metric: str, candidate: str, baseline: str, predicted: str, mean: float,
+         low: float, high: float, n: int, reversed_seeds: int, verdict: str) -> dict:
+    finite = lambda x: None if x is None or not math.isfinite(x) else float(x)  # noqa: E731 — JSON has no NaN
+    return {"claim": claim.text, "claim_key": claim.key, "source": claim.source, "provenance": claim.provenance,
+            "condition": condition, "metric": metric, "candidate": candidate, "baseline": baseline,
+            "predicted_sign": predicted, "mean": finite(mean), "low": finite(low), "high": finite(high), "n": n,
+            "seeds_reversed": reversed_seeds, "verdict": verdict}
+
+
+def to_text(report: Report) -> str:
+    """The summary per claim and compared measure, then what could not be tested."""
+    lines = [f"divviz claims: {len(report.rows)} cells, bandit with {report.seeds} seeds per measure "
+             "(verdict from the paired 95% interval: holds / reversed / not resolved; identities: exact)", ""]
+    for claim in report.claims:
+        lines.append(f"{claim.text}  [{claim.source}; {claim.provenance}]")
+        lines.append(f"  measured as: {claim.operational}")
+        for s in (s for s in report.summary() if s["claim"] == claim.text):
+            counts = ", ".join(f"{s[v]} {v}" for v in VERDICTS if s[v])
+            lines.append(f"  {s['candidate']} vs {s['baseline']} ({s['metric']}): {counts} of {s['cells']} cells")
+        lines.append("")
+    lines.append("Not testable here:")
+    lines += [f"  - {text}" for text in report.untested]
+    return "\n".join(lines)
+
+
+VERDICT_COLOURS = {evidence.HOLDS: "#d9f2d9", evidence.REVERSED: "#f8d7d7", evidence.NOT_RESOLVED: "#eeeeee",
+                   evidence.EXACT: "#d9f2d9", evidence.NOT_EXACT: "#f8d7d7"}
+
+
+def to_html(report: Report) -> str:
+    """One self-contained HTML page (no script, no outside file): the summary, every cell, what was not tested."""
+    e = lambda x: html.escape(str(x))  # noqa: E731
+    num = lambda x: "" if x is None else f"{x:.3g}" if abs(x) < 1e-3 and x != 0 else f"{x:.4f}"  # noqa: E731
+    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>divviz claims report</title><style>",
+             "body{font-family:sans-serif;margin:2em;max-width:1400px}table{border-collapse:collapse;font-size:13px}"
+             "td,th{border:1px solid #ccc;padding:3px 6px;text-align:left}th{background:#f4f4f4}",
+             "</style></head><body><h1>divviz claims report</h1>",
+             f"<p>{len(report.rows)} cells; the bandit grid with {report.seeds} seeds per measure, every measure on the "
+             "same seeds. Each cell: candidate − baseline seed by seed, its mean and 95% Student-t interval, n, how "
+             "many seeds had the other sign, and the verdict read off the interval.</p><h2>Summary</h2><table>",
+             "<tr><th>claim</th><th>candidate</th><th>baseline</th><th>metric</th><th>cells</th>"
+             + "".join(f"<th>{e(v)}</th>" for v in VERDICTS) + "</tr>"]
+    for s in report.summary():
+        parts.append("<tr>" + "".join(f"<td>{e(s[k])}</td>" for k in ("claim", "candidate", "baseline", "metric",
+                                                                      "cells", *VERDICTS)) + "</tr>")
+    parts.append("</table><h2>Claims</h2><ul>")
+    for claim in report.claims:
+        parts.append(f"<li><b>{e(claim.text)}</b>: {e(claim.source)}; {e(claim.provenance)}. "
+                     f"Measured as {e(claim.operational)}.</li>")
+    parts.append("</ul><h2>Every cell</h2><table><tr>" + "".join(
+        f"<th>{h}</th>" for h in ("claim", "condition", "metric", "candidate", "baseline", "predicted", "mean",
+                                  "95% low", "95% high", "n", "seeds reversed", "verdict")) + "</tr>")
+    for r in report.rows:
+        parts.append(f"<tr style='background:{VERDICT_COLOURS[r['verdict']]}'>" + "".join(
+            f"<td>{e(x)}</td>" for x in (r["claim"], r["condition"], r["metric"], r["candidate"], r["baseline"],
+                                         r["predicted_sign"], num(r["mean"]), num(r["low"]), num(r["high"]), r["n"],
+                                         r["seeds_reversed"], r["verdict"])) + "</tr>")
+    parts.append("</table><h2>Not testable here</h2><ul>" + "".join(f"<li>{e(t)}</li>" for t in report.untested)
+                 + "</ul></body></html>")
+    return "".join(parts)
