@@ -38,9 +38,14 @@ def draw_overview() -> None:
                       "entropy": last.get("entropy"), "message": run.message})
     st.dataframe(pd.DataFrame(table), hide_index=True, width="stretch")
     names = [run.name for run in runs]
-    chosen = st.multiselect("Runs to overlay", names, default=names[:2], key="runs:chosen")
+    left, right = st.columns([4, 1])
+    chosen = left.multiselect("Runs to overlay", names, default=names[:2], key="runs:chosen")
+    group = right.toggle("Group by measure", key="runs:group",
+                         help="runs of the same measure and task (e.g. several seeds) drawn thinly, under their mean "
+                              "and its 95% band")
     picked = [run for run in runs if run.name in chosen]
-    data = [(views.run_label(run, unique=True), metrics[run.name]) for run in picked]
+    data = [(f"{run.config.get('task', '')} · {views.run_label(run)}" if group else views.run_label(run, unique=True),
+             metrics[run.name]) for run in picked]
     if any(rows for _, rows in data):
         export = pd.concat([pd.DataFrame(metrics[run.name]).assign(run=run.name) for run in picked])
         st.download_button("Metrics of these runs (CSV)", export.to_csv(index=False), file_name="divviz_metrics.csv",

@@ -15,6 +15,9 @@ from divviz.urlstate import Control, measure_param_controls
 
 PAGE = "lab"
 SETTINGS = [p for p in RUN_PARAMS if p.name not in ("format_reward", "max_grad_norm")]
+SEEDS = Param("seeds", 1, 1, 8, high_open=False, kind="int", typical=(1, 8, 1),
+              doc="runs per measure with seeds seed, seed + 1, …; the charts show each thinly and their mean with a "
+                  "95% band. They queue with everyone's runs, within this machine's limit")
 CONTROLS = [
     Control("m", ["ratio", "kl3"], family="clip"),
     Control("pen", "none", options=("none", *PENALTIES)),
@@ -25,14 +28,16 @@ CONTROLS = [
     Control("task", "reverse", options=tuple(TASKS)),
     Control("backend", "divviz", options=BACKENDS),
     Control("device", "auto", options=("auto", "cpu", "cuda")),
+    Control("seeds", SEEDS.default, param=SEEDS),
     *[Control(p.name, p.default, param=p) for p in SETTINGS],
     *measure_param_controls(("penalty",)),
 ]
 BY_NAME = {c.name: c for c in CONTROLS}
 
 st.title("Training lab")
-st.write("Train the built-in model (or your own) with GRPO, one run per chosen clip test, all from the same seed, "
-         "and watch them side by side. Runs train in their own processes, a few at a time on this machine: the "
+st.write("Train the built-in model (or your own) with GRPO, one run per chosen clip test and seed, and watch them side "
+         "by side: with several seeds per measure, each run is drawn thinly under the mean and its 95% band, so a "
+         "difference between measures can be told from a difference between seeds. Runs train in their own processes, a few at a time on this machine: the "
          "others wait in a queue, the page stays responsive, Stop is immediate, and closing or reloading the tab "
          "does not end a run (this browser finds its runs again).")
 
@@ -73,11 +78,14 @@ with ui.shown_errors():
                             labels={"divviz": "divviz's engine", "trl": "TRL (DivvizGRPOTrainer)"})
         device = ui.choice(PAGE, BY_NAME["device"], "Device")
         settings = {p.name: ui.number(PAGE, BY_NAME[p.name], p.name) for p in SETTINGS}
+        seeds = ui.number(PAGE, BY_NAME["seeds"], "Seeds per measure")
     ui.publish_controls(PAGE, CONTROLS)
     configs = [RunConfig.make(task=task, backend=backend, model=model.strip(), device=device, clip=t.name,
                               clip_params=t.params,
                               penalty=pen.name if pen else None, penalty_params=pen.params if pen else {},
-                              beta=beta, dual_clip_c=c, aggregation=aggregation, **settings) for t in tests]
+                              beta=beta, dual_clip_c=c, aggregation=aggregation,
+                              **{**settings, "seed": settings["seed"] + s})
+               for t in tests for s in range(seeds)]
 
 runs = [store.read_run(root / name) for name in st.session_state["lab_runs"] if (root / name).is_dir()]
 running = any(run.state in ("queued", "running") for run in runs)
@@ -109,6 +117,7 @@ def draw_runs() -> None:
         data.append((label, rows, run))
         last = rows[-1] if rows else {}
         elapsed = run.status.get("updated", time.time()) - run.status.get("started", time.time())
+        label = f"{label} · seed {run.config.get('seed')}"
         text = (f"**{literal(label)}** — {run.state}, step {run.step}/{run.steps}, {elapsed:.0f} s, "
                 f"{last.get('tokens_per_s', 0):.0f} tokens/s on {literal(run.status.get('device') or '…')}")
         if run.state == "queued":
@@ -124,8 +133,8 @@ def draw_runs() -> None:
         last_step = max(len(rows) for _, rows, _ in data)
         step = st.slider("Step for the token scatter", 1, max(last_step, 2), last_step, key="lab:step",
                          disabled=last_step < 2)
-        scattered = [(label, run.config, store.read_tokens(run.folder, min(step, len(rows))))
-                     for label, rows, run in data if rows]
+        scattered = [(f"{label} · seed {run.config.get('seed')}", run.config,
+                      store.read_tokens(run.folder, min(step, len(rows)))) for label, rows, run in data if rows]
         ui.show_chart(views.token_scatter([s for s in scattered if s[2] is not None]), "token scatter")
     if running and not any(run.state in ("queued", "running") for run in runs):
         st.rerun(scope="app")  # every run has ended: redraw the page once, buttons enabled, polling off
@@ -149,10 +158,11 @@ with ui.shown_errors():
     start_from = left.selectbox("Starting weights", list(starts), key="lab:compare_from")
     batch_step = right.number_input("Batch of step", 1, 100_000, 1, key="lab:compare_step",
                                     help="the prompts and sampling seed of this step of a run with these settings")
+    first_seed = [cfg for cfg in configs if cfg.seed == configs[0].seed]  # one update per measure
     if st.button("Compare on the same batch", icon=":material/compare_arrows:", disabled=not configs,
                  key="lab:compare"):
         with st.spinner("Sampling once, then one update per measure…"):
-            st.session_state["lab_compare"] = views.same_batch(configs, int(batch_step) - 1, starts[start_from])
+            st.session_state["lab_compare"] = views.same_batch(first_seed, int(batch_step) - 1, starts[start_from])
     if "lab_compare" in st.session_state:
         table, charts = st.session_state["lab_compare"]
         st.dataframe(table, hide_index=True, width="stretch")

@@ -222,10 +222,20 @@ def trailing_mean(values, window: int) -> np.ndarray:
 
 def training_charts(runs: list[tuple[str, list[dict]]], smooth: int = 1) -> dict[str, plots.Chart]:
     """Metric curves of several runs (label, metrics rows), one chart per panel of TRAINING_PANELS, each
-    curve the trailing mean over `smooth` steps (1 = the raw per-step values)."""
+    curve the trailing mean over `smooth` steps (1 = the raw per-step values). Runs that share a label (one
+    measure with several seeds) are drawn thin, under their mean and its 95% band over the steps all of them
+    have reached, labelled with their n."""
     keys = {k for metrics in TRAINING_PANELS.values() for k in metrics}
-    series = [(label, {key: trailing_mean([metric(row, key) for row in rows], smooth) for key in keys})
-              for label, rows in runs if rows]
+    curves = lambda rows: {key: trailing_mean([metric(row, key) for row in rows], smooth) for key in keys}  # noqa: E731
+    series, members = [], {}
+    for label, group in grouped(runs):
+        if len(group) == 1:
+            series.append((label, curves(group[0])))
+            continue
+        label = f"{label} (n = {len(group)})"
+        members[label] = [curves(rows) for rows in group]
+        reached = min(len(rows) for rows in group)
+        series.append((label, {key: summarize([m[key][:reached] for m in members[label]]) for key in keys}))
     if not series:
         return {}
     titles = {"reward": "Reward and accuracy", "entropy": "Entropy of the sampling distribution and top-1 mass",
@@ -233,17 +243,27 @@ def training_charts(runs: list[tuple[str, list[dict]]], smooth: int = 1) -> dict
                           "the update",
               "kl": "KL of each update, new vs old (k1, k2, k3 of w = π_new/π_old)",
               "update": "Share of the mass gained that went to argmax tokens, and the gradient's norm"}
-    return {name: plots.history_chart(series, metrics, "step", titles[name]) for name, metrics in TRAINING_PANELS.items()}
+    return {name: plots.history_chart(series, metrics, "step", titles[name], members=members)
+            for name, metrics in TRAINING_PANELS.items()}
+
+
+def grouped(runs: list[tuple[str, list[dict]]]) -> list[tuple[str, list[list[dict]]]]:
+    """Runs with metrics, gathered by label in order of first appearance."""
+    groups: dict[str, list[list[dict]]] = {}
+    for label, rows in runs:
+        if rows:
+            groups.setdefault(label, []).append(rows)
+    return list(groups.items())
 
 
 def mass_shift(runs: list[tuple[str, list[dict]]], last: int = 10) -> plots.Chart:
-    """Δπ per token by π_old bin, averaged over each run's last `last` steps."""
+    """Δπ per token by π_old bin, averaged over each run's last `last` steps (and over a label's runs, with their
+    95% interval)."""
     series = []
-    for label, rows in runs:
-        recent = rows[-last:]
-        if recent:
-            series.append((label, np.array([np.mean([r.get(f"mass_shift/{b}", 0.0) for r in recent])
-                                            for b in bin_labels()])))
+    for label, group in grouped(runs):
+        per_run = [np.array([np.mean([r.get(f"mass_shift/{b}", 0.0) for r in rows[-last:]]) for b in bin_labels()])
+                   for rows in group]
+        series.append((label, per_run[0]) if len(group) == 1 else (f"{label} (n = {len(group)})", summarize(per_run)))
     return plots.mass_bins_chart(series, f"Mass reallocation: Δπ of sampled tokens by π_old (last {last} steps)")
 
 
@@ -281,7 +301,9 @@ def same_batch(configs: list[RunConfig], step: int, weights=None):
     checkpoint file): a table and two charts."""
     from divviz.engine.compare import same_batch as compare
 
-    results = compare(configs[0], [(cfg.label, cfg.objective()) for cfg in configs], step, weights=weights)
+    labels = unique_labels([cfg.label for cfg in configs])
+    results = compare(configs[0], [(label, cfg.objective()) for label, cfg in zip(labels, configs)], step,
+                      weights=weights)
     table = pd.DataFrame([{"objective": r.label, **{name: r.metrics[key] for key, name in COMPARISON_COLUMNS.items()}}
                           for r in results])
     charts = {

@@ -168,3 +168,28 @@ def test_checkpoints_feed_the_same_batch_comparison(tmp_path):
     assert from_start.pi_old.tolist() != from_step_4.pi_old.tolist()  # the trained weights sample and score anew
     none = RunConfig.make(steps=2, prompts=2, group_size=2, checkpoint_every=0)
     assert store.checkpoint_steps(train(none, tmp_path / "none")) == []
+
+
+def test_seeds_per_measure_and_the_same_measure_twice(runs_root):
+    """Two settings of one measure × two seeds: four runs, and charts with each measure's mean, band and runs;
+    the Runs page groups them the same way."""
+    import json
+
+    at = lab({"m": "kl3:delta=0.0177,kl3", "seeds": "2", "steps": "3", "prompts": "2", "group_size": "2"})
+    button(at, "Start").click().run()
+    names = at.session_state["lab_runs"]
+    configs = [store.read_run(runs_root / n).config for n in names]
+    assert [(c["clip_params"]["delta"], c["seed"]) for c in configs] == [(0.0177, 0), (0.0177, 1), (0.05, 0), (0.05, 1)]
+    wait_for(at, lambda at: all(store.read_run(runs_root / n).state == "done" for n in names))
+    at.run()
+    traces = [t.get("name") for t in json.loads(at.get("plotly_chart")[0].proto.spec)["data"]]
+    assert "kl3 δ=0.0177 (n = 2)" in traces and "kl3 δ=0.05 (n = 2)" in traces
+    fills = [t for t in json.loads(at.get("plotly_chart")[0].proto.spec)["data"] if t.get("fill") == "tonexty"]
+    assert len(fills) == 2 * 2  # a band per measure in each of the panel's two metrics
+
+    at.switch_page("app_pages/runs.py").run()
+    at.multiselect[0].set_value(names).run()
+    at.toggle(key="runs:group").set_value(True).run()
+    assert not at.exception
+    traces = [t.get("name") for t in json.loads(at.get("plotly_chart")[0].proto.spec)["data"]]
+    assert "reverse · kl3 δ=0.0177 (n = 2)" in traces
