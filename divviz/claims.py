@@ -20,7 +20,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
-import numpy as np
 import torch
 
 from divviz import evidence, explore, theory

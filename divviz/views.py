@@ -177,10 +177,10 @@ def paired_differences(groups: list[list[BanditRun]], baseline: int, metrics=BAN
     for i, runs in enumerate(groups):
         if i == baseline:
             continue
-        for metric in metrics:
-            d = paired([run.history[metric][iteration] for run in runs],
-                       [run.history[metric][iteration] for run in groups[baseline]])
-            rows.append({"measure": runs[0].label, "metric": metric, "difference": d.mean, "95% low": d.low,
+        for name in metrics:
+            d = paired([run.history[name][iteration] for run in runs],
+                       [run.history[name][iteration] for run in groups[baseline]])
+            rows.append({"measure": runs[0].label, "metric": name, "difference": d.mean, "95% low": d.low,
                          "95% high": d.high, "n": d.n, "seeds reversed": f"{d.reversed} of {d.n}"})
     return pd.DataFrame(rows)
 
