@@ -97,13 +97,18 @@ with ui.shown_errors():
     if len(groups) < 2:
         st.info("Add a second measure to compare it with the first, seed by seed.")
     else:
-        left, right = st.columns(2)
+        left, middle, right = st.columns(3)
         st.session_state[ui.key(PAGE, "base")] = min(st.session_state[ui.key(PAGE, "base")], len(groups) - 1)
         baseline = left.selectbox("Baseline measure", range(len(groups)), key=ui.key(PAGE, "base"),
                                   format_func=lambda i: labels[i])
+        iterations = len(groups[0][0].history["entropy"])
+        at_key = ui.key(PAGE, "diff_at")
+        st.session_state[at_key] = min(st.session_state.get(at_key, iterations), iterations)
+        at = middle.slider("At iteration", 1, max(iterations, 2), key=at_key, disabled=iterations < 2)
         metric = right.selectbox("Metric over the iterations", views.BANDIT_MEASURES, key=ui.key(PAGE, "diff_metric"))
-        st.write(f"Each measure minus {literal(labels[baseline])} on the same seeds, at the last iteration: the "
-                 "mean difference, its 95% interval (Student t), n, and in how many seeds one run alone would have "
+        st.write(f"Each measure minus {literal(labels[baseline])} on the same seeds, at iteration {min(at, iterations)}: "
+                 "the mean difference, its 95% interval (Student t), n, and in how many seeds one run alone would have "
                  "shown the opposite order.")
-        st.dataframe(views.paired_differences(groups, baseline), hide_index=True, width="stretch")
+        st.dataframe(views.paired_differences(groups, baseline, iteration=min(at, iterations) - 1), hide_index=True,
+                     width="stretch")
         ui.show_chart(views.paired_difference_chart(groups, baseline, metric), "paired difference")

@@ -151,6 +151,8 @@ def test_mass_reallocation_page():
     assert not at.exception and specs(at) != before
     table = at.dataframe[0].value
     assert set(table.measure) == {"clip_higher ε_low=0.2 ε_high=0.28", "kl3 δ=0.2"} and (table.n == 8).all()
+    slider(at, "At iteration").set_value(5).run()
+    assert not at.exception and not at.dataframe[0].value.difference.equals(table.difference)
     # Adam starts from its own learning rate
     next(s for s in at.selectbox if s.label == "Optimiser").set_value("adam").run()
     assert not at.exception and slider(at, "lr").value == pytest.approx(0.05)
