@@ -37,9 +37,9 @@ BY_NAME = {c.name: c for c in CONTROLS}
 st.title("Training lab")
 st.write("Train the built-in model (or your own) with GRPO, one run per chosen clip test and seed, and watch them side "
          "by side: with several seeds per measure, each run is drawn thinly under the mean and its 95% band, so a "
-         "difference between measures can be told from a difference between seeds. Runs train in their own processes, a few at a time on this machine: the "
-         "others wait in a queue, the page stays responsive, Stop is immediate, and closing or reloading the tab "
-         "does not end a run (this browser finds its runs again).")
+         "difference between measures can be told from a difference between seeds. Runs train in their own "
+         "processes, a few at a time on this machine: the others wait in a queue, the page stays responsive, Stop "
+         "is immediate, and closing or reloading the tab does not end a run (this browser finds its runs again).")
 
 ui.bind_controls(PAGE, CONTROLS)
 root = store.runs_dir()

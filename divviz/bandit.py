@@ -17,9 +17,9 @@ Many seeds run side by side as easily as many objectives: a page shows means wit
 The step's gradient is the chain rule through the softmax, ∂/∂θ Σ_i g_i log π(a_i) = Σ_i g_i (e_{a_i} − π),
 with g = ∂loss/∂log π(a_i) from `PolicyLossGradient`, the loss's closed-form gradient. Several objectives
 and seeds run side by side as one (R, K) array of logits (`run_bandits`), so a step of all the page's runs
-costs far less than one step per run (bench/explorer.py prints the figures). With `autograd` the same step goes through
-`policy_loss` and torch autograd, as training does (about 10× slower); tests/test_bandit.py checks that
-all give the same runs.
+costs far less than one step per run (bench/explorer.py prints the figures). With `autograd` the same step
+goes through `policy_loss` and torch autograd, as training does (about 10× slower); tests/test_bandit.py
+checks that all give the same runs.
 """
 
 from __future__ import annotations
@@ -253,7 +253,8 @@ def sample_batch(cfg: BanditConfig, u: np.ndarray, gradient: PolicyLossGradient,
     """`groups` × G actions from each run's π_old (R, K) by inverse CDF of its uniform numbers u (R, n), with
     their group-relative advantages; also the rewards (R, n). The runs' `gradient` is set to this batch."""
     runs, n = len(p_old), cfg.groups * cfg.group_size
-    actions = np.array([np.searchsorted(cdf, row * cdf[-1], side="right") for cdf, row in zip(np.cumsum(p_old, 1), u)])
+    actions = np.array([np.searchsorted(cdf, row * cdf[-1], side="right")
+                        for cdf, row in zip(np.cumsum(p_old, 1), u)])
     np.minimum(actions, cfg.k - 1, out=actions)
     flat_actions = (actions + cfg.k * np.arange(runs)[:, None])[..., None]
     r = np.take_along_axis(rewards, actions, 1)
@@ -303,8 +304,9 @@ def run_bandits(cfg: BanditConfig, objectives: list[Objective], seeds: list[int]
         new_logp, new_p = softmax(theta)
         overshot = gradient.overshoot(new_logp.reshape(-1)[batch.flat_actions]).sum(axis=(1, 2))
         positive = np.maximum((batch.adv > 0).sum(axis=1), 1)
-        record(history, it, initial, logp, p, new_logp, new_p, rewards, sampled.mean(axis=1), low_count.sum(axis=(1, 2)),
-               high_count.sum(axis=(1, 2)), cfg.mu * n, overshot / n, first_past_high / positive)
+        record(history, it, initial, logp, p, new_logp, new_p, rewards, sampled.mean(axis=1),
+               low_count.sum(axis=(1, 2)), high_count.sum(axis=(1, 2)), cfg.mu * n, overshot / n,
+               first_past_high / positive)
         logp, p = new_logp, new_p
     return [BanditRun(o.label, seeds[r // each], initial[r], p[r], rewards[r],
                       {name: values[r] for name, values in history.items()}) for r, o in enumerate(rows)]
@@ -321,9 +323,9 @@ HISTORY = ("reward", "entropy", "top1_mass", "initial_top_mass", "kl", "expected
 
 
 def record(history: dict[str, np.ndarray], it: int, initial: np.ndarray, old_logp: np.ndarray, old: np.ndarray,
-           logp: np.ndarray,
-           new: np.ndarray, rewards: np.ndarray, sampled_reward: np.ndarray, clipped_low: np.ndarray,
-           clipped_high: np.ndarray, tokens: int, overshoot: np.ndarray, first_past_high: np.ndarray) -> None:
+           logp: np.ndarray, new: np.ndarray, rewards: np.ndarray, sampled_reward: np.ndarray,
+           clipped_low: np.ndarray, clipped_high: np.ndarray, tokens: int, overshoot: np.ndarray,
+           first_past_high: np.ndarray) -> None:
     """Iteration `it`'s metrics of every run, from π_old and π_new (R, K): exact entropy, top-1 mass, mass on
     the initially likely actions (the top tenth: actions are ranked by π_0), exact KL(π_old‖π_new) of the update,
     expected reward; TRL's clip fractions from the clip counts over `tokens` = μ × samples per iteration;

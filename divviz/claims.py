@@ -24,7 +24,7 @@ import torch
 
 from divviz import evidence, explore, theory
 from divviz.bandit import BanditConfig, run_bandits
-from divviz.divergences import _RPG, clip_test, penalty
+from divviz.divergences import PENALTIES, clip_test, penalty
 from divviz.losses import Objective, policy_loss
 
 EARLY, LATE = 10, 80
@@ -88,7 +88,7 @@ def _kl3_identity_cells() -> list[dict]:
 
 def _rpg_identity_cells() -> list[dict]:
     cells = []
-    for name in _RPG:
+    for name in (n.removesuffix("_rf") for n in PENALTIES if n.endswith("_rf")):  # RPG's four KL losses
         for seed in range(5):
             logp_new, logp_old, adv, mask = explore.random_token_batch(seed)
             grads = []
