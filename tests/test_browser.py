@@ -57,8 +57,9 @@ ENTROPY_POINTS = """() => {
 def test_claims_page_shows_computed_verdicts(page, app_url):
     page.goto(f"{app_url}/claims")
     page.get_by_text("Not testable here").wait_for(timeout=120_000)
-    grids = page.locator('[data-testid="stDataFrame"]')
-    assert grids.count() >= 6 and not page.locator('[data-testid="stException"]').count()
+    tables = page.locator('[data-testid="stDataFrame"]')  # per claim, its summary and (in an expander) every cell
+    tables.nth(2 * 6 - 1).wait_for(state="attached", timeout=60_000)
+    assert not page.locator('[data-testid="stException"]').count()
     page.get_by_role("button", name="Report (HTML)").wait_for()
 
 

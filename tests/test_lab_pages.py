@@ -103,13 +103,14 @@ def test_two_sessions_do_not_interfere(runs_root):
 
 
 def test_same_batch_comparison_on_the_page(runs_root):
-    at = lab({"m": "ratio,kl3,prob_tv", "prompts": "4", "group_size": "4", "mu": "4", "lr": "0.005"})
+    at = lab({"m": "ratio,kl3,kl3:delta=0.1,prob_tv", "prompts": "4", "group_size": "4", "mu": "4",
+              "lr": "0.005"})
     at.button(key="lab:compare").click().run()
     assert not at.exception
     table = at.dataframe[0].value
-    assert list(table["objective"]) == ["ratio ε=0.2", "kl3 δ=0.05", "prob_tv δ=0.1"]
+    assert list(table["objective"]) == ["ratio ε=0.2", "kl3 δ=0.05", "kl3 δ=0.1", "prob_tv δ=0.1"]
     assert (table["gradient masked"] > 0).any()
-    assert table["KL k3 of the update"].nunique() == 3  # the measures moved the policy differently
+    assert table["KL k3 of the update"].nunique() == 4  # the measures moved the policy differently
     assert len(at.get("plotly_chart")) == 2
 
 
