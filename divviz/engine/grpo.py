@@ -25,7 +25,7 @@ from divviz.engine.model import load_policy, pick_device
 from divviz.engine.rollout import Rollout, completion_logps, decode_completions, encode_prompts, sample
 from divviz.engine.tasks import Task, get_task
 from divviz.estimators import k1, k2, k3
-from divviz.losses import NonFiniteInput, Objective, group_advantages
+from divviz.losses import LossOutput, NonFiniteInput, Objective, group_advantages
 from divviz.metrics import PI_OLD_BINS, bin_labels, clip_fractions, overshoot
 
 TOKEN_SAMPLE = 256  # per-token facts kept per step for the scatter plots
@@ -34,6 +34,21 @@ AFTER_ROWS = 256  # completions re-scored after the update for the KL and mass m
 
 class NonFiniteLoss(RuntimeError):
     """The loss or the weights became NaN/inf: the run stops as failed, keeping the metrics so far."""
+
+
+def finite_loss(objective: Objective, where: str, lr: float, *args, **kwargs) -> LossOutput:
+    """`objective(*args, **kwargs)`, or NonFiniteLoss naming `where` ("step 3 (inner step 2)") and the learning rate
+    when the policy's log-probs or the loss are not finite (divviz's engine and its TRL trainer alike)."""
+    try:
+        out = objective(*args, **kwargs)
+    except NonFiniteInput as err:
+        if err.name != "logp_new":
+            raise
+        raise NonFiniteLoss(f"the loss became nan at {where}: the policy's log-probs are not finite; try a smaller "
+                            f"learning rate (now {lr:g})") from None
+    if not torch.isfinite(out.loss):
+        raise NonFiniteLoss(f"the loss became {out.loss.item()} at {where}; try a smaller learning rate (now {lr:g})")
+    return out
 
 
 @dataclass
@@ -123,17 +138,8 @@ def update(tr: Trainer, batch: Batch, objective: Objective, logp_old, logp_ref, 
         logp_new = logps(tr.model)
         if logp_old is None:  # μ = 1: the current policy is the old one (TRL)
             logp_old = logp_new.detach()
-        try:
-            out = objective(logp_new, logp_old, batch.adv, mask, logp_ref=logp_ref,
-                            max_completion_length=cfg.max_new_tokens)
-        except NonFiniteInput as err:
-            if err.name != "logp_new":
-                raise
-            raise NonFiniteLoss(f"the loss became nan at step {step + 1} (inner step {inner + 1}): the policy's "
-                                f"log-probs are not finite; try a smaller learning rate (now {cfg.lr:g})") from None
-        if not torch.isfinite(out.loss):
-            raise NonFiniteLoss(f"the loss became {out.loss.item()} at step {step + 1} (inner step {inner + 1}); "
-                                f"try a smaller learning rate (now {cfg.lr:g})")
+        out = finite_loss(objective, f"step {step + 1} (inner step {inner + 1})", cfg.lr, logp_new, logp_old,
+                          batch.adv, mask, logp_ref=logp_ref, max_completion_length=cfg.max_new_tokens)
         tr.optimiser.zero_grad(set_to_none=True)
         out.loss.backward()
         grad_norms.append(float(torch.nn.utils.clip_grad_norm_(tr.model.parameters(), cfg.max_grad_norm)))

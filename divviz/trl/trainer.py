@@ -32,8 +32,8 @@ from trl.trainer.utils import nanmax, nanmin
 
 from divviz.divergences import AGGREGATIONS
 from divviz.estimators import k1, k2, k3
-from divviz.engine.grpo import NonFiniteLoss
-from divviz.losses import LossOutput, NonFiniteInput, Objective
+from divviz.engine.grpo import finite_loss
+from divviz.losses import LossOutput, Objective
 from divviz.params import DivvizInputError
 from divviz.trl.callback import TOKEN_SAMPLE, DivvizRunCallback, run_end
 
@@ -163,19 +163,11 @@ class DivvizGRPOTrainer(GRPOTrainer):
         logp_old = inputs.get("old_per_token_logps")
         logp_old = logp_new.detach() if logp_old is None else logp_old
 
-        try:
-            out = self.objective(logp_new, logp_old, adv, mask, logp_ref=inputs.get("ref_per_token_logps"),
-                                 max_completion_length=self.max_completion_length,
-                                 num_items_in_batch=self._dapo_normaliser(inputs, mode),
-                                 weight=self._token_weight(inputs, adv, logp_new, logp_old, entropies, mask))
-        except NonFiniteInput as err:
-            if err.name != "logp_new":
-                raise
-            raise NonFiniteLoss(f"the loss became nan at step {self.state.global_step + 1}: the policy's log-probs "
-                                f"are not finite; try a smaller learning rate (now {self.args.learning_rate:g})") from None
-        if not torch.isfinite(out.loss):
-            raise NonFiniteLoss(f"the loss became {out.loss.item()} at step {self.state.global_step + 1}; "
-                                f"try a smaller learning rate (now {self.args.learning_rate:g})")
+        out = finite_loss(self.objective, f"step {self.state.global_step + 1}", self.args.learning_rate,
+                          logp_new, logp_old, adv, mask, logp_ref=inputs.get("ref_per_token_logps"),
+                          max_completion_length=self.max_completion_length,
+                          num_items_in_batch=self._dapo_normaliser(inputs, mode),
+                          weight=self._token_weight(inputs, adv, logp_new, logp_old, entropies, mask))
         # grpo, bnpo, dr_grpo: TRL divides by the accumulation steps; dapo's normaliser already counts them
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
         loss = out.loss if self.objective.aggregation == "dapo" else out.loss / accumulation
