@@ -6,11 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from divviz import claims
-from divviz.params import Param
 from divviz.safetext import literal
-
-SEEDS = Param("seeds", claims.QUICK_SEEDS, 2, 64, high_open=False, kind="int", typical=(2, 64, 1),
-              doc="seeds per measure in every bandit cell (the same seeds for every measure)")
 
 
 @st.cache_data(show_spinner=False, max_entries=4)
@@ -28,8 +24,9 @@ st.write("What the three seed papers claim and divviz can test, tested on a grid
          "95% interval, n, and a verdict computed from the interval — *holds*, *reversed*, or *not resolved* (the "
          "interval contains 0); identities are *exact* when the largest difference is below 1e-12. Nothing here is "
          "typed by hand: `divviz claims` prints the same report.")
-seeds = st.slider("Seeds per measure", int(SEEDS.low), int(SEEDS.high), int(SEEDS.default), key="claims:seeds",
-                  help=SEEDS.doc)
+low, high, _ = claims.SEEDS_PARAM.slider_range()
+seeds = st.slider("Seeds per measure", int(low), int(high), claims.QUICK_SEEDS, key="claims:seeds",
+                  help=claims.SEEDS_PARAM.doc)
 result = report(seeds)
 summary = pd.DataFrame(result.summary())
 cells = pd.DataFrame(result.rows).drop(columns=["claim_key"])

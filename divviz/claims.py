@@ -23,9 +23,10 @@ from typing import Callable
 import torch
 
 from divviz import evidence, explore, theory
-from divviz.bandit import BanditConfig, run_bandits
+from divviz.bandit import DEFAULT_LR, BanditConfig, run_bandits
 from divviz.divergences import PENALTIES, clip_test, penalty
 from divviz.losses import Objective, policy_loss
+from divviz.params import Param
 
 EARLY, LATE = 10, 80
 DELTA_LOW_EDGE, DELTA_HIGH_EDGE, DELTA_WIDE = (float(theory.kl3_delta_at_ratio(0.8)),
@@ -130,6 +131,8 @@ CLAIMS = (
 )
 IDENTITY_TOLERANCE = 1e-12
 SEEDS, QUICK_SEEDS = 64, 20
+SEEDS_PARAM = Param("seeds", QUICK_SEEDS, 2, 256, high_open=False, kind="int", typical=(2, 64, 1),
+                    doc="seeds per measure in every bandit cell (the same seeds for every measure)")
 
 UNTESTED = (
     "Accuracy on math benchmarks (AIME, MATH500, AMC) of the papers' Qwen3 1.7B/8B models: the models, the data "
@@ -152,7 +155,7 @@ class Condition:
         rewards = {"likely": {"reward": "top_k", "correct_rank": 2},
                    "rare": {"reward": "one_correct", "correct_rank": self.k // 5},
                    "random": {"reward": "random_correct", "correct_percent": 10}}[self.reward]
-        return BanditConfig.make(k=self.k, optimizer=self.optimizer, lr={"sgd": 0.5, "adam": 0.05}[self.optimizer],
+        return BanditConfig.make(k=self.k, optimizer=self.optimizer, lr=DEFAULT_LR[self.optimizer],
                                  iterations=iterations, **rewards)
 
     @property
@@ -228,10 +231,11 @@ def to_text(report: Report) -> str:
     """The summary per claim and compared measure, then what could not be tested."""
     lines = [f"divviz claims: {len(report.rows)} cells, bandit with {report.seeds} seeds per measure "
              "(verdict from the paired 95% interval: holds / reversed / not resolved; identities: exact)", ""]
+    summary = report.summary()
     for claim in report.claims:
         lines.append(f"{claim.text}  [{claim.source}; {claim.provenance}]")
         lines.append(f"  measured as: {claim.operational}")
-        for s in (s for s in report.summary() if s["claim"] == claim.text):
+        for s in (s for s in summary if s["claim"] == claim.text):
             counts = ", ".join(f"{s[v]} {v}" for v in VERDICTS if s[v])
             lines.append(f"  {s['candidate']} vs {s['baseline']} ({s['metric']}): {counts} of {s['cells']} cells")
         lines.append("")

@@ -201,7 +201,7 @@ def cmd_claims(args) -> int:
 
     seeds = claims.QUICK_SEEDS if args.quick else claims.SEEDS
     if args.seeds is not None:
-        seeds = Param("seeds", seeds, 2, 256, high_open=False, kind="int").check(args.seeds, "claims")
+        seeds = claims.SEEDS_PARAM.check(args.seeds, "claims")
     bar = tqdm(total=100, desc="claims", unit="%", file=sys.stderr, disable=args.json and not sys.stderr.isatty())
 
     def progress(fraction: float, text: str) -> None:

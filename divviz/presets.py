@@ -1,6 +1,7 @@
 """Named starting points a teacher can click: each maps a page's control names to values; measures are spelled
 as `divviz.instances` spells them."""
 
+from divviz.bandit import DEFAULT_LR
 from divviz.theory import kl3_delta_at_ratio
 
 DELTA_LOW_EDGE = round(float(kl3_delta_at_ratio(0.8)), 7)  # KL3 through PPO ε = 0.2's lower edge: 0.0231
@@ -18,17 +19,17 @@ CLIPPING_PRESETS: dict[str, dict] = {
 BANDIT_PRESETS: dict[str, dict] = {
     "PPO vs DAPO vs KL3, three correct actions": {
         "m": ["ratio", "clip_higher", "kl3"], "k": 50, "reward": "top_k", "correct_rank": 2, "mu": 4,
-        "optimizer": "sgd", "lr": 0.5},
+        "optimizer": "sgd", "lr": DEFAULT_LR["sgd"]},
     "KL3 through PPO's edges, and wide": {
         "m": ["ratio", f"kl3:delta={DELTA_LOW_EDGE}", f"kl3:delta={DELTA_HIGH_EDGE}", "kl3"], "k": 50,
-        "reward": "top_k", "correct_rank": 2, "mu": 4, "optimizer": "sgd", "lr": 0.5},
+        "reward": "top_k", "correct_rank": 2, "mu": 4, "optimizer": "sgd", "lr": DEFAULT_LR["sgd"]},
     "A rare correct action (rank 10)": {
         "m": ["ratio", "clip_higher", "kl3"], "k": 50, "reward": "one_correct", "correct_rank": 10, "mu": 4,
-        "optimizer": "sgd", "lr": 0.5},
+        "optimizer": "sgd", "lr": DEFAULT_LR["sgd"]},
     "Ratio vs probability-space clipping, 1000 actions": {
         "m": ["ratio", "prob_tv"], "k": 1000, "reward": "top_k", "correct_rank": 49, "mu": 4, "optimizer": "sgd",
-        "lr": 0.5},
+        "lr": DEFAULT_LR["sgd"]},
     "With Adam, as a trainer runs": {
         "m": ["ratio", "clip_higher", "kl3"], "k": 50, "reward": "top_k", "correct_rank": 2, "mu": 4,
-        "optimizer": "adam", "lr": 0.05},
+        "optimizer": "adam", "lr": DEFAULT_LR["adam"]},
 }

@@ -90,8 +90,12 @@ def choice(page: str, control: Control, label: str, help: str | None = None, whe
 
 
 def _renew_measure_widgets(page: str) -> None:
-    """After the list of measures changed shape: new widget keys, which take their values from the list."""
-    st.session_state[key(page, "m_version")] = st.session_state.get(key(page, "m_version"), 0) + 1
+    """After the list of measures changed shape: new widget keys, which take their values from the list (the old
+    version's keys are dropped)."""
+    old = st.session_state.get(key(page, "m_version"), 0)
+    for stale in [k for k in st.session_state if str(k).startswith(f"{page}:m{old}.")]:
+        del st.session_state[stale]
+    st.session_state[key(page, "m_version")] = old + 1
 
 
 def _edit_measures(page: str, name: str, action: str, index: int | None = None) -> None:
@@ -110,7 +114,7 @@ def _edit_measures(page: str, name: str, action: str, index: int | None = None) 
 
 
 def measure_list(page: str, control: Control, title: str) -> list:
-    """The page's list of clip tests, each with its parameters: one expander per measure with its sliders,
+    """The page's list of clip tests (a `Control` of family "clip"), each with its parameters: one expander per measure with its sliders,
     Duplicate and Remove, then a box to add another. The same measure may appear several times. The list
     lives in the session as spelled measures (`instances.spell`); the returned tests carry the sliders' values."""
     specs = st.session_state[key(page, control.name)]
@@ -134,7 +138,7 @@ def measure_list(page: str, control: Control, title: str) -> list:
                        on_click=_edit_measures, args=(page, control.name, "duplicate", i))
             row.button("Remove", key=f"{page}:m{version}.{i}:del", icon=":material/close:",
                        on_click=_edit_measures, args=(page, control.name, "remove", i))
-    st.selectbox("Add a measure", list(CLIP_TESTS if control.family == "clip" else PENALTIES), index=None,
+    st.selectbox("Add a measure", list(CLIP_TESTS), index=None,
                  key=key(page, "m_add"), placeholder="add a measure…", on_change=_edit_measures,
                  args=(page, control.name, "add"), help="the same measure may be added again with other parameters")
     st.session_state[key(page, control.name)] = [instances.spell(m) for m in current]

@@ -100,14 +100,14 @@ def read_query(controls: list[Control], query: Mapping[str, str]) -> tuple[dict,
 
 def read_legacy_params(control: Control, spelled: list[str], query: Mapping[str, str], problems: list[str]) -> list:
     """An old link's `NAME.PARAM=value` applied to each bare `NAME` of the list (see the module docstring)."""
-    out = []
+    out, legacy_controls = [], [c for c in measure_param_controls((control.family,)) if c.name in query]
     for spec in spelled:
         if ":" in spec:
             out.append(spec)
             continue
         given = {}
-        for legacy in measure_param_controls((control.family,)):
-            if legacy.name.startswith(f"{spec}.") and legacy.name in query:
+        for legacy in legacy_controls:
+            if legacy.name.startswith(f"{spec}."):
                 try:
                     given[legacy.param.name] = legacy.decode(query[legacy.name])
                 except DivvizInputError as err:
