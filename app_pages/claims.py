@@ -5,7 +5,9 @@ import json
 import pandas as pd
 import streamlit as st
 
-from divviz import claims
+from divviz import claims, claims_lm, ui
+from divviz.engine import store
+from divviz.params import DivvizInputError
 from divviz.safetext import literal
 
 
@@ -15,6 +17,13 @@ def report(seeds: int) -> claims.Report:
     result = claims.evaluate(seeds, progress=lambda fraction, text: bar.progress(fraction, text=literal(text)))
     bar.empty()
     return result
+
+
+def queue_lm_runs(plan: claims_lm.LMPlan, owner: str) -> None:
+    try:
+        plan.queue_missing(owner)
+    except DivvizInputError as err:  # e.g. a runs folder that cannot be written
+        st.session_state["claims_error"] = str(err)
 
 
 st.title("Claims")
@@ -28,6 +37,43 @@ low, high, _ = claims.SEEDS_PARAM.slider_range()
 seeds = st.slider("Seeds per measure", int(low), int(high), claims.QUICK_SEEDS, key="claims:seeds",
                   help=claims.SEEDS_PARAM.doc)
 result = report(seeds)
+
+st.subheader("On the built-in LM")
+st.write("Three of the claims are also tested by training the built-in model: PPO, KL3 at two δ and DAPO, several "
+         "seeds each, on the same seeds. The runs queue with everyone's in the runs folder (they show on the Runs "
+         "page), and a finished run is kept: the next time, this page reads it instead of training it again.")
+lm_plan = None
+with ui.shown_errors():
+    left, right = st.columns(2)
+    lm_seeds = left.slider("Seeds per measure", *map(int, claims_lm.SEEDS_PARAM.slider_range()[:2]),
+                           claims_lm.SEEDS_PARAM.default, key="claims:lm_seeds", help=claims_lm.SEEDS_PARAM.doc)
+    lm_steps = right.number_input("Steps per run", int(claims_lm.STEPS_PARAM.low), int(claims_lm.STEPS_PARAM.high),
+                                  claims_lm.STEPS_PARAM.default, key="claims:lm_steps", help=claims_lm.STEPS_PARAM.doc)
+    lm_plan = claims_lm.LMPlan.read(store.runs_dir(), lm_seeds, lm_steps)
+if lm_plan is not None and lm_plan.finished:
+    result = lm_plan.report(result)
+    st.success(literal(f"Included: {lm_plan.text}."), icon=":material/check:")
+elif lm_plan is not None:
+    pending = any(run is not None and run.state not in claims_lm.FINAL for run in lm_plan.runs.values())
+    st.button(f"Train the {len(lm_plan.missing)} missing runs" if lm_plan.missing else "All runs are queued",
+              icon=":material/play_arrow:", disabled=not lm_plan.missing, key="claims:lm_start",
+              on_click=queue_lm_runs, args=(lm_plan, ui.viewer().who))
+    if "claims_error" in st.session_state:
+        st.error(literal(st.session_state.pop("claims_error")), icon=":material/error:")
+
+    @st.fragment(run_every=2.0 if pending else None)
+    def lm_progress() -> None:
+        with ui.shown_errors():
+            plan = lm_plan.refreshed()
+            done = sum(run is not None and run.state in claims_lm.FINAL for run in plan.runs.values())
+            st.progress(plan.progress, text=f"{done} of {len(plan.runs)} runs finished ({plan.text})")
+            if plan.finished:
+                st.rerun(scope="app")
+
+    lm_progress()
+for line in lm_plan.failed if lm_plan is not None else ():
+    st.warning(literal(f"A run failed and drops out of its pairs: {line}"), icon=":material/warning:")
+
 summary = pd.DataFrame(result.summary())
 cells = pd.DataFrame(result.rows).drop(columns=["claim_key"])
 

@@ -11,6 +11,8 @@ Bandit grid (`divviz.bandit`, exact distributions, the same seeds for every meas
 Measures: PPO ε = 0.2; KL3 with δ through PPO's lower edge (0.0231), through its upper edge (0.0177), and wide
 (0.05); the one-edge ablations of the wide δ, [l_δ, 1.2] and [0.8, u_δ], which tell KL3's shape from a wider box;
 DAPO (0.2, 0.28); PPO with 0.1·ProbL2 and with 0.1·k3 toward π_0.
+
+Built-in LM (`divviz.claims_lm`, optional: it trains runs): the comparisons a claim lists in `lm_comparisons`.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ def _objectives() -> dict[str, Objective]:
 OBJECTIVES = _objectives()
 PPO, DAPO, PROBL2, K3 = "PPO ε=0.2", "DAPO clip-higher (0.2, 0.28)", f"PPO + {BETA:g}·ProbL2", f"PPO + {BETA:g}·k3"
 KL3_AND_ABLATIONS = [name for name in OBJECTIVES if name.startswith(("KL3", "box"))]
+KL3_HIGH_EDGE, KL3_WIDE = KL3_AND_ABLATIONS[1], KL3_AND_ABLATIONS[2]
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,8 @@ class Claim:
     operational: str  # what stands for the claim's words here
     comparisons: tuple[Comparison, ...] = ()
     identity: Callable[[], list[dict]] | None = None  # for identities: cells of largest differences
+    lm_operational: str = ""  # on the built-in LM (`divviz.claims_lm`), where the claim is tested there too
+    lm_comparisons: tuple[Comparison, ...] = ()
 
 
 def _kl3_identity_cells() -> list[dict]:
@@ -110,15 +115,24 @@ CLAIMS = (
     Claim("kl3_mass_to_confident", "KL3 reallocates probability mass toward high-confidence actions",
           "KL3 / ATR-GRPO paper, theory.md §1.5", "[3P] claims only: the theorem's statement was not found",
           "initial_top_mass: the probability on the actions most likely under π_0 (top 10%), KL3 minus PPO",
-          tuple(Comparison(name, PPO, "initial_top_mass", +1) for name in KL3_AND_ABLATIONS)),
+          tuple(Comparison(name, PPO, "initial_top_mass", +1) for name in KL3_AND_ABLATIONS),
+          lm_operational="mass_to_argmax: the share of the probability gained in an update that went to tokens that "
+                         "were already the argmax, KL3 minus PPO",
+          lm_comparisons=(Comparison(KL3_HIGH_EDGE, PPO, "mass_to_argmax", +1),
+                          Comparison(KL3_WIDE, PPO, "mass_to_argmax", +1))),
     Claim("kl3_entropy", "KL3 keeps entropy higher than PPO (entropy-driven exploration)",
           "KL3 / ATR-GRPO paper, theory.md §1.5", "[3P] claims only",
           "entropy of the whole policy (exact), KL3 minus PPO",
-          tuple(Comparison(name, PPO, "entropy", +1) for name in KL3_AND_ABLATIONS)),
+          tuple(Comparison(name, PPO, "entropy", +1) for name in KL3_AND_ABLATIONS),
+          lm_operational="entropy: the mean token entropy of the sampled completions, KL3 minus PPO",
+          lm_comparisons=(Comparison(KL3_HIGH_EDGE, PPO, "entropy", +1), Comparison(KL3_WIDE, PPO, "entropy", +1))),
     Claim("dapo_entropy", "Clip-higher keeps entropy higher than symmetric clipping",
           "DAPO (Yu et al. 2025), as RPG App. I.2.1 reads it; RPG §5 says the opposite (theory.md §3.7)",
-          "[PAPER] (RPG's text; internally inconsistent)", "entropy of the whole policy, DAPO (0.2, 0.28) minus PPO 0.2",
-          (Comparison(DAPO, PPO, "entropy", +1),)),
+          "[PAPER] (RPG's text; internally inconsistent)",
+          "entropy of the whole policy, DAPO (0.2, 0.28) minus PPO 0.2",
+          (Comparison(DAPO, PPO, "entropy", +1),),
+          lm_operational="entropy: the mean token entropy of the sampled completions, DAPO minus PPO",
+          lm_comparisons=(Comparison(DAPO, PPO, "entropy", +1),)),
     Claim("probl2_anchors", "ProbL2 anchors confident tokens and leaves rare ones free",
           "GBMPO (arXiv 2602.04380), theory.md §2.3", "[CODE] penalty; [INF] its slope 2p(p − p_ref) ∝ p²",
           "initial_top_moved (Σ|π − π_0| on the top 10% of π_0): ProbL2 minus no penalty, predicted < 0; "
@@ -172,19 +186,27 @@ GRID = tuple(Condition(r, k, o) for r in ("likely", "rare", "random") for k in (
 class Report:
     rows: list[dict]
     seeds: int
+    lm: str = ""  # what the built-in LM's cells are ("" when the report has none): `claims_lm.LMPlan.text`
     untested: tuple[str, ...] = UNTESTED
     claims: tuple[Claim, ...] = field(default=CLAIMS)
 
     def summary(self) -> list[dict]:
-        """Per claim and compared measure: how many cells hold, reverse, are not resolved or exact."""
+        """Per claim, setting and compared measure: how many cells hold, reverse, are not resolved or exact."""
         out: dict[tuple, dict] = {}
         for row in self.rows:
-            entry = out.setdefault((row["claim_key"], row["candidate"], row["metric"]),
-                                   {"claim": row["claim"], "candidate": row["candidate"], "baseline": row["baseline"],
-                                    "metric": row["metric"], "cells": 0, **{v: 0 for v in VERDICTS}})
+            entry = out.setdefault((row["claim_key"], row["setting"], row["candidate"], row["metric"]),
+                                   {"claim": row["claim"], "setting": row["setting"], "candidate": row["candidate"],
+                                    "baseline": row["baseline"], "metric": row["metric"], "cells": 0,
+                                    **{v: 0 for v in VERDICTS}})
             entry["cells"] += 1
             entry[row["verdict"]] += 1
         return list(out.values())
+
+    @property
+    def scope(self) -> str:
+        """One line: how many cells, and on what."""
+        return (f"{len(self.rows)} cells: the bandit grid with {self.seeds} seeds per measure, every measure on the "
+                f"same seeds" + (f"; {self.lm}" if self.lm else "; the built-in LM not included"))
 
 
 VERDICTS = (evidence.HOLDS, evidence.REVERSED, evidence.NOT_RESOLVED, evidence.EXACT, evidence.NOT_EXACT)
@@ -196,8 +218,9 @@ def evaluate(seeds: int = 20, grid=GRID, progress: Callable[[float, str], None] 
     for claim in CLAIMS:
         if claim.identity is not None:
             for cell in claim.identity():
-                rows.append(_row(claim, cell["condition"], "max |difference|", cell["candidate"], cell["baseline"],
-                                 "", cell["max_difference"], cell["max_difference"], cell["max_difference"], 1, 0,
+                rows.append(_row(claim, "random batches", cell["condition"], "max |difference|", cell["candidate"],
+                                 cell["baseline"], "", cell["max_difference"], cell["max_difference"],
+                                 cell["max_difference"], 1, 0,
                                  evidence.identity_verdict(cell["max_difference"], IDENTITY_TOLERANCE)))
     names = list(OBJECTIVES)
     for done, condition in enumerate(grid):
@@ -210,34 +233,45 @@ def evaluate(seeds: int = 20, grid=GRID, progress: Callable[[float, str], None] 
                 for reading, iteration in (("early", EARLY), ("late", LATE)):
                     d = evidence.paired([run.history[c.metric][iteration - 1] for run in by_name[c.candidate]],
                                         [run.history[c.metric][iteration - 1] for run in by_name[c.baseline]])
-                    rows.append(_row(claim, f"{condition.text} · {reading} (iteration {iteration})", c.metric,
-                                     c.candidate, c.baseline, "+" if c.sign > 0 else "−", d.mean, d.low, d.high, d.n,
-                                     d.reversed, evidence.verdict(d.low, d.high, c.sign)))
+                    rows.append(comparison_row(claim, BANDIT, f"{condition.text} · {reading} (iteration {iteration})",
+                                               c, d))
     if progress:
         progress(1.0, "done")
     return Report(rows, seeds)
 
 
-def _row(claim: Claim, condition: str, metric: str, candidate: str, baseline: str, predicted: str, mean: float,
-         low: float, high: float, n: int, reversed_seeds: int, verdict: str) -> dict:
+BANDIT, LM = "bandit", "built-in LM"  # a row's setting
+
+
+def comparison_row(claim: Claim, setting: str, condition: str, c: Comparison, d: evidence.Paired) -> dict:
+    """One cell of a compared claim: the paired difference candidate − baseline and the verdict its interval gives."""
+    return _row(claim, setting, condition, c.metric, c.candidate, c.baseline, "+" if c.sign > 0 else "−", d.mean,
+                d.low, d.high, d.n, d.reversed, evidence.verdict(d.low, d.high, c.sign))
+
+
+def _row(claim: Claim, setting: str, condition: str, metric: str, candidate: str, baseline: str, predicted: str,
+         mean: float, low: float, high: float, n: int, reversed_seeds: int, verdict: str) -> dict:
     finite = lambda x: None if x is None or not math.isfinite(x) else float(x)  # noqa: E731 — JSON has no NaN
     return {"claim": claim.text, "claim_key": claim.key, "source": claim.source, "provenance": claim.provenance,
-            "condition": condition, "metric": metric, "candidate": candidate, "baseline": baseline,
-            "predicted_sign": predicted, "mean": finite(mean), "low": finite(low), "high": finite(high), "n": n,
-            "seeds_reversed": reversed_seeds, "verdict": verdict}
+            "setting": setting, "condition": condition, "metric": metric, "candidate": candidate,
+            "baseline": baseline, "predicted_sign": predicted, "mean": finite(mean), "low": finite(low),
+            "high": finite(high), "n": n, "seeds_reversed": reversed_seeds, "verdict": verdict}
 
 
 def to_text(report: Report) -> str:
     """The summary per claim and compared measure, then what could not be tested."""
-    lines = [f"divviz claims: {len(report.rows)} cells, bandit with {report.seeds} seeds per measure "
-             "(verdict from the paired 95% interval: holds / reversed / not resolved; identities: exact)", ""]
+    lines = [f"divviz claims: {report.scope}", "(verdict from the paired 95% interval: holds / reversed / not "
+             "resolved; identities: exact)", ""]
     summary = report.summary()
     for claim in report.claims:
         lines.append(f"{claim.text}  [{claim.source}; {claim.provenance}]")
         lines.append(f"  measured as: {claim.operational}")
+        if claim.lm_operational and report.lm:
+            lines.append(f"  on the built-in LM: {claim.lm_operational}")
         for s in (s for s in summary if s["claim"] == claim.text):
             counts = ", ".join(f"{s[v]} {v}" for v in VERDICTS if s[v])
-            lines.append(f"  {s['candidate']} vs {s['baseline']} ({s['metric']}): {counts} of {s['cells']} cells")
+            lines.append(f"  [{s['setting']}] {s['candidate']} vs {s['baseline']} ({s['metric']}): {counts} of "
+                         f"{s['cells']} cells")
         lines.append("")
     lines.append("Not testable here:")
     lines += [f"  - {text}" for text in report.untested]
@@ -256,25 +290,25 @@ def to_html(report: Report) -> str:
              "body{font-family:sans-serif;margin:2em;max-width:1400px}table{border-collapse:collapse;font-size:13px}"
              "td,th{border:1px solid #ccc;padding:3px 6px;text-align:left}th{background:#f4f4f4}",
              "</style></head><body><h1>divviz claims report</h1>",
-             f"<p>{len(report.rows)} cells; the bandit grid with {report.seeds} seeds per measure, every measure on the "
-             "same seeds. Each cell: candidate − baseline seed by seed, its mean and 95% Student-t interval, n, how "
-             "many seeds had the other sign, and the verdict read off the interval.</p><h2>Summary</h2><table>",
-             "<tr><th>claim</th><th>candidate</th><th>baseline</th><th>metric</th><th>cells</th>"
-             + "".join(f"<th>{e(v)}</th>" for v in VERDICTS) + "</tr>"]
+             f"<p>{e(report.scope)}. Each cell: candidate − baseline seed by seed, its mean and 95% Student-t "
+             "interval, n, how many seeds had the other sign, and the verdict read off the interval.</p>"
+             "<h2>Summary</h2><table><tr><th>claim</th><th>setting</th><th>candidate</th><th>baseline</th>"
+             "<th>metric</th><th>cells</th>" + "".join(f"<th>{e(v)}</th>" for v in VERDICTS) + "</tr>"]
     for s in report.summary():
-        parts.append("<tr>" + "".join(f"<td>{e(s[k])}</td>" for k in ("claim", "candidate", "baseline", "metric",
-                                                                      "cells", *VERDICTS)) + "</tr>")
+        parts.append("<tr>" + "".join(f"<td>{e(s[k])}</td>" for k in ("claim", "setting", "candidate", "baseline",
+                                                                      "metric", "cells", *VERDICTS)) + "</tr>")
     parts.append("</table><h2>Claims</h2><ul>")
     for claim in report.claims:
+        lm = f" On the built-in LM: {e(claim.lm_operational)}." if claim.lm_operational and report.lm else ""
         parts.append(f"<li><b>{e(claim.text)}</b>: {e(claim.source)}; {e(claim.provenance)}. "
-                     f"Measured as {e(claim.operational)}.</li>")
+                     f"Measured as {e(claim.operational)}.{lm}</li>")
     parts.append("</ul><h2>Every cell</h2><table><tr>" + "".join(
-        f"<th>{h}</th>" for h in ("claim", "condition", "metric", "candidate", "baseline", "predicted", "mean",
-                                  "95% low", "95% high", "n", "seeds reversed", "verdict")) + "</tr>")
+        f"<th>{h}</th>" for h in ("claim", "setting", "condition", "metric", "candidate", "baseline", "predicted",
+                                  "mean", "95% low", "95% high", "n", "seeds reversed", "verdict")) + "</tr>")
     for r in report.rows:
         parts.append(f"<tr style='background:{VERDICT_COLOURS[r['verdict']]}'>" + "".join(
-            f"<td>{e(x)}</td>" for x in (r["claim"], r["condition"], r["metric"], r["candidate"], r["baseline"],
-                                         r["predicted_sign"], num(r["mean"]), num(r["low"]), num(r["high"]), r["n"],
+            f"<td>{e(x)}</td>" for x in (r["claim"], r["setting"], r["condition"], r["metric"], r["candidate"],
+                                         r["baseline"], r["predicted_sign"], num(r["mean"]), num(r["low"]), num(r["high"]), r["n"],
                                          r["seeds_reversed"], r["verdict"])) + "</tr>")
     parts.append("</table><h2>Not testable here</h2><ul>" + "".join(f"<li>{e(t)}</li>" for t in report.untested)
                  + "</ul></body></html>")

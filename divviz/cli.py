@@ -6,7 +6,7 @@
                  [--backend divviz|trl]
     accelerate launch --multi_gpu --num_processes N -m divviz train --backend trl ...
     divviz runs [--runs-dir DIR] [--json]
-    divviz claims [--quick] [--seeds N] [--json] [--out report.html]
+    divviz claims [--quick] [--seeds N] [--lm [--lm-seeds N] [--lm-steps N]] [--json] [--out report.html]
 
 Bad input exits with code 2 and one line on stderr, never a traceback.
 """
@@ -202,24 +202,72 @@ def cmd_claims(args) -> int:
     seeds = claims.QUICK_SEEDS if args.quick else claims.SEEDS
     if args.seeds is not None:
         seeds = claims.SEEDS_PARAM.check(args.seeds, "claims")
-    bar = tqdm(total=100, desc="claims", unit="%", file=sys.stderr, disable=args.json and not sys.stderr.isatty())
+    if not args.lm and (args.lm_seeds or args.lm_steps or args.runs_dir):
+        raise DivvizInputError("--lm-seeds, --lm-steps and --runs-dir are for the built-in LM's cells: add --lm")
+    quiet = args.json and not sys.stderr.isatty()
+    try:  # opened first, so that a path that cannot be written is refused before the work
+        out = open(args.out, "w", encoding="utf-8") if args.out else None
+    except OSError as err:
+        raise DivvizInputError(f"cannot write {args.out}: {err.strerror}") from None
+    plan = _queue_lm_cells(args) if args.lm else None  # the pool trains them while the bandit grid runs here
+    bar = tqdm(total=100, desc="claims: bandit", unit="%", file=sys.stderr, disable=quiet)
 
     def progress(fraction: float, text: str) -> None:
         bar.set_postfix_str(text)
         bar.update(round(100 * fraction) - bar.n)
 
-    try:  # opened first, so that a path that cannot be written is refused before the work
-        out = open(args.out, "w", encoding="utf-8") if args.out else None
-    except OSError as err:
-        raise DivvizInputError(f"cannot write {args.out}: {err.strerror}") from None
     report = claims.evaluate(seeds, progress=progress)
     bar.close()
+    if plan is not None:
+        report = _wait_for_lm_cells(plan, quiet).report(report)
     if out:
         with out:
             out.write(claims.to_html(report))
     print(json.dumps([{k: v for k, v in row.items() if k != "claim_key"} for row in report.rows], indent=1)
           if args.json else claims.to_text(report))
     return 0
+
+
+def _queue_lm_cells(args):
+    from divviz import claims_lm
+    from divviz.engine.store import runs_dir
+
+    seeds, steps = (param.check(given or param.default, "claims") for param, given in
+                    ((claims_lm.SEEDS_PARAM, args.lm_seeds), (claims_lm.STEPS_PARAM, args.lm_steps)))
+    plan = claims_lm.LMPlan.read(runs_dir(args.runs_dir), seeds, steps)
+    found = len(plan.runs) - len(plan.missing)
+    queued = plan.queue_missing()
+    print(f"divviz: built-in LM: {found} of {len(plan.runs)} runs already in {plan.root}, {len(queued)} queued",
+          file=sys.stderr)
+    return plan.refreshed()
+
+
+def _wait_for_lm_cells(plan, quiet: bool):
+    """Wait for the pool to finish the plan's runs; Ctrl-C stops those still queued or running (the finished ones
+    stay, and the next `--lm` reads them)."""
+    import time
+
+    from tqdm import tqdm
+
+    from divviz.engine.runner import stop_run
+
+    bar = tqdm(total=100, desc="claims: built-in LM", unit="%", file=sys.stderr, disable=quiet)
+    try:
+        while not plan.finished:
+            bar.update(round(100 * plan.progress) - bar.n)
+            time.sleep(1.0)
+            plan = plan.refreshed()
+    except KeyboardInterrupt:
+        for run in plan.runs.values():
+            if run is not None and run.state in ("queued", "running"):
+                stop_run(run.folder)
+        raise DivvizInputError("stopped: the built-in LM runs that finished are kept in the runs folder, and the "
+                               "next --lm reads them instead of training them again") from None
+    bar.update(100 - bar.n)
+    bar.close()
+    for line in plan.failed:
+        print(f"divviz: built-in LM run failed and drops out of its pairs: {line}", file=sys.stderr)
+    return plan
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -269,6 +317,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true",
                    help="print every cell: claim, condition, metric, mean, low, high, n, verdict, …")
     p.add_argument("--out", metavar="FILE", help="also write the report as one self-contained HTML page")
+    p.add_argument("--lm", action="store_true",
+                   help="add the built-in LM's cells: runs queued to the runs folder's pool (about 5 minutes on 2 "
+                        "cores at the defaults), and read from there the next time")
+    p.add_argument("--lm-seeds", default=None, help="runs per measure on the built-in LM (2 to 64; default 8)")
+    p.add_argument("--lm-steps", default=None, help="GRPO steps per built-in LM run (2 to 1000; default 60)")
+    p.add_argument("--runs-dir", help="runs folder for --lm (default: $DIVVIZ_RUNS_DIR, else ./runs)")
     p.set_defaults(run=cmd_claims)
 
     p = sub.add_parser("runs", help="list the runs in the runs folder with their state")

@@ -3,14 +3,18 @@ computed alone, the CLI's JSON contract, the self-contained HTML, and the Claims
 
 import json
 import re
+import shutil
+import time
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
-from divviz import claims, evidence
+from divviz import claims, claims_lm, evidence
 from divviz.bandit import BanditConfig, run_bandit
 from divviz.cli import main
+from divviz.engine.store import read_status, write_status
 
 SMALL_GRID = (claims.Condition("likely", 50, "sgd"), claims.Condition("random", 50, "adam"))
 
@@ -80,6 +84,113 @@ def test_claims_page_renders():
     at.switch_page("app_pages/claims.py").run()
     assert not at.exception
     headers = [h.value for h in at.subheader]
-    assert len(headers) == len(claims.CLAIMS) + 1 and "Not testable here" in headers[-1]
+    assert len(headers) == len(claims.CLAIMS) + 2 and "Not testable here" in headers[-1]
     at.slider[0].set_value(3).run()
     assert not at.exception and len(at.dataframe) == 2 * len(claims.CLAIMS)
+
+
+# --- the built-in LM's cells: runs of the runs folder, trained by its pool, read back as the cache ---------------
+
+LM_SEEDS, LM_STEPS = 3, 3
+
+
+def wait_until_finished(plan, timeout=300):
+    deadline = time.time() + timeout
+    while not plan.finished:
+        assert time.time() < deadline, "the pool did not finish the built-in LM runs"
+        time.sleep(0.5)
+        plan = plan.refreshed()
+    return plan
+
+
+@pytest.fixture(scope="module")
+def lm_plan(tmp_path_factory):
+    plan = claims_lm.LMPlan.read(tmp_path_factory.mktemp("lm_runs"), LM_SEEDS, LM_STEPS)
+    assert len(plan.missing) == len(claims_lm.measures()) * LM_SEEDS and not plan.finished
+    assert len(plan.queue_missing("a-browser")) == len(plan.missing)
+    return wait_until_finished(plan.refreshed())
+
+
+def test_lm_cells_equal_their_runs_metrics(lm_plan):
+    rows = lm_plan.rows()
+    assert len(rows) == 2 * sum(len(c.lm_comparisons) for c in claims.CLAIMS)
+    assert {r["setting"] for r in rows} == {claims.LM}
+    row = next(r for r in rows if r["claim_key"] == "kl3_entropy" and r["candidate"] == claims.KL3_WIDE
+               and "late" in r["condition"])
+
+    def entropy(measure, seed):  # read straight from metrics.jsonl: the late window of 3 steps is step 3
+        lines = (lm_plan.runs[(measure, seed)].folder / "metrics.jsonl").read_text().splitlines()
+        return next(json.loads(line)["entropy"] for line in lines if json.loads(line)["step"] == LM_STEPS)
+
+    d = evidence.paired([entropy(claims.KL3_WIDE, s) for s in range(LM_SEEDS)],
+                        [entropy(claims.PPO, s) for s in range(LM_SEEDS)])
+    assert (row["mean"], row["low"], row["high"], row["n"]) == pytest.approx((d.mean, d.low, d.high, LM_SEEDS))
+    assert row["verdict"] == evidence.verdict(d.low, d.high, +1)
+    report = lm_plan.report(claims.evaluate(seeds=2, grid=SMALL_GRID[:1]))
+    assert "built-in LM" in report.scope and any(s["setting"] == claims.LM for s in report.summary())
+
+
+def test_finished_runs_are_read_not_trained_again(lm_plan, capsys):
+    folders = sorted(p.name for p in lm_plan.root.iterdir())
+    assert claims_lm.LMPlan.read(lm_plan.root, LM_SEEDS, LM_STEPS).finished
+    argv = ["claims", "--seeds", "2", "--lm", "--lm-seeds", str(LM_SEEDS), "--lm-steps", str(LM_STEPS),
+            "--runs-dir", str(lm_plan.root), "--json"]
+    assert main(argv) == 0
+    out = capsys.readouterr()
+    assert f"{len(lm_plan.runs)} of {len(lm_plan.runs)} runs already" in out.err and "0 queued" in out.err
+    assert sum(r["setting"] == claims.LM for r in json.loads(out.out)) == len(lm_plan.rows())
+    assert sorted(p.name for p in lm_plan.root.iterdir()) == folders
+
+
+def test_a_stopped_run_is_queued_again_and_a_failed_one_drops_out(lm_plan, tmp_path):
+    root = tmp_path / "runs"
+    shutil.copytree(lm_plan.root, root, ignore=shutil.ignore_patterns(".divviz"))
+    plan = claims_lm.LMPlan.read(root, LM_SEEDS, LM_STEPS)
+    failed, stopped = plan.runs[(claims.PPO, 0)].folder, plan.runs[(claims.DAPO, 1)].folder
+    write_status(failed, {**read_status(failed), "state": "failed", "message": "metric 'loss' became nan"})
+    plan = plan.refreshed()
+    assert plan.finished and plan.failed == [f"{claims.PPO} · seed 0: metric 'loss' became nan"]
+    assert {r["n"] for r in plan.rows()} == {LM_SEEDS - 1}  # every comparison is against PPO
+    write_status(stopped, {**read_status(stopped), "state": "stopped"})
+    plan = plan.refreshed()
+    assert plan.missing == [(claims.DAPO, 1)] and not plan.finished
+
+
+def test_cli_refuses_lm_options_without_lm(capsys):
+    assert main(["claims", "--lm-seeds", "4"]) == 2
+    assert main(["claims", "--lm", "--lm-seeds", "1"]) == 2
+    assert "add --lm" in capsys.readouterr().err
+
+
+def test_claims_page_trains_and_then_includes_the_lm_cells(tmp_path, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("DIVVIZ_RUNS_DIR", str(tmp_path))
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[1] / "app.py"), default_timeout=300)
+    at.run()
+    at.switch_page("app_pages/claims.py").run()
+    at.slider(key="claims:seeds").set_value(2)
+    at.slider(key="claims:lm_seeds").set_value(2)
+    at.number_input(key="claims:lm_steps").set_value(LM_STEPS).run()
+    button = at.button(key="claims:lm_start")
+    assert not at.exception and button.label == f"Train the {2 * len(claims_lm.measures())} missing runs"
+    button.click().run()
+    plan = claims_lm.LMPlan.read(tmp_path, 2, LM_STEPS)
+    assert not plan.missing and {run.status["owner"] for run in plan.runs.values()} != {""}
+    wait_until_finished(plan)
+    at.run()
+    assert not at.exception and any("Included" in s.value for s in at.success)
+    cells = pd.concat([d.value for d in at.dataframe if "condition" in d.value.columns])
+    assert (cells.setting == claims.LM).sum() == len(plan.rows())
+
+
+def test_claims_page_says_when_the_runs_folder_is_unusable(tmp_path, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    (tmp_path / "a-file").write_text("not a folder")
+    monkeypatch.setenv("DIVVIZ_RUNS_DIR", str(tmp_path / "a-file"))
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[1] / "app.py"), default_timeout=300)
+    at.run()
+    at.switch_page("app_pages/claims.py").run()
+    assert not at.exception and any("is a file" in e.value for e in at.error)
+    assert len(at.subheader) == len(claims.CLAIMS) + 2  # the bandit report is still there
