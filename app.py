@@ -18,6 +18,7 @@ pages = [
     st.Page("app_pages/claims.py", title="Claims", icon=":material/fact_check:"),
     st.Page("app_pages/training_lab.py", title="Training lab", icon=":material/model_training:"),
     st.Page("app_pages/runs.py", title="Runs", icon=":material/folder_open:"),
+    st.Page("app_pages/step_inspector.py", title="Step inspector", icon=":material/text_select_start:"),
     st.Page("app_pages/catalogue.py", title="Catalogue", icon=":material/menu_book:"),
 ]
 ui.viewer()  # on whichever page a link opens: a teacher key in it is taken and removed from the address bar

@@ -4,7 +4,7 @@ import time
 
 import streamlit as st
 
-from divviz import ui, views
+from divviz import token_view, ui, views
 from divviz.divergences import AGGREGATIONS, BETA, DUAL_CLIP, PENALTIES
 from divviz.engine import runner, store
 from divviz.engine.config import BACKENDS, RUN_PARAMS, RunConfig
@@ -164,10 +164,31 @@ with ui.shown_errors():
         with st.spinner("Sampling once, then one update per measure…"):
             st.session_state["lab_compare"] = views.same_batch(first_seed, int(batch_step) - 1, starts[start_from])
     if "lab_compare" in st.session_state:
-        table, charts = st.session_state["lab_compare"]
+        table, charts, records = st.session_state["lab_compare"]
         st.dataframe(table, hide_index=True, width="stretch")
         left, right = st.columns(2)
         with left:
             ui.show_chart(charts["mass"], "same batch mass reallocation")
         with right:
             ui.show_chart(charts["shift"], "same batch probability shift")
+        st.markdown("**The same completions under each measure**: which tokens each one masks, and how far it "
+                    "moved them (hover a token for its facts).")
+        left, right = st.columns(2)
+        colour_by = left.selectbox("Colour tokens by", list(token_view.COLOUR_BY), key="lab:compare_colour")
+        first = records[0][1]
+        choices = [(g, c) for g, group in enumerate(first["groups"]) for c in range(len(group["completions"]))]
+        g, c = right.selectbox("Completion", choices, key="lab:compare_completion",
+                               format_func=lambda gc: f"prompt {gc[0] + 1} · completion {gc[1] + 1}") \
+            if choices else (None, None)
+        if g is not None:
+            st.caption(literal(f"prompt: {first['groups'][g]['prompt']} · reward "
+                               f"{first['groups'][g]['completions'][c]['reward']:.3g} · A "
+                               f"{first['groups'][g]['completions'][c]['advantage']:+.3g}"))
+            scale = max(token_view.scale_of(record, colour_by) for _, record in records)  # one scale for all
+            st.html(token_view.STYLE + token_view.legend_html(colour_by, scale))
+            for column, (label, record) in zip(st.columns(len(records)), records):
+                tokens = record["groups"][g]["completions"][c]["tokens"]
+                with column:
+                    st.markdown(f"**{literal(label)}**")
+                    st.html(token_view.completion_html(tokens, token_view.colours(tokens, colour_by, scale)))
+                    st.caption(token_view.state_counts(tokens))

@@ -104,9 +104,7 @@ def cmd_train(args) -> int:
         penalty=args.penalty, penalty_params=parse_assignments(args.penalty_param),
         beta=0.04 if args.beta is None else args.beta, dual_clip_c=args.dual_clip, aggregation=args.aggregation,
         scale_rewards=not args.no_scale_rewards,
-        trust_remote_code=args.trust_remote_code, steps=args.steps, prompts=args.prompts,
-        group_size=args.group_size, mu=args.mu, lr=args.lr, temperature=args.temperature,
-        max_new_tokens=args.max_new_tokens, seed=args.seed, format_reward=args.format_reward)
+        trust_remote_code=args.trust_remote_code, **{p.name: getattr(args, p.name) for p in RUN_PARAMS})
     stop_on_sigterm()
     root = runs_dir(args.runs_dir)
     if not args.now and os.environ.get("RANK", "0") == "0":  # the runs folder's limit, as the app's pool keeps it

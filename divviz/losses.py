@@ -65,6 +65,9 @@ class Objective:
                            **kwargs)
 
 
+TOKEN_STATES = ("inside", "masked low", "masked high", "dual-clip", "outside, pulled back")  # token_state's codes
+
+
 @dataclass
 class LossOutput:
     """The scalar loss and per-token facts (all (B, T), detached, zero/False on padding)."""
@@ -78,6 +81,7 @@ class LossOutput:
     clipped_high: torch.Tensor  # w > u and A > 0 (TRL's is_high_clipped)
     dual_clipped: torch.Tensor  # A < 0 and the cap −c·A binds
     grad_masked: torch.Tensor  # no gradient through w: clipped_low | clipped_high | dual_clipped
+    pulled_back: torch.Tensor  # fails the test where A ≠ 0 pulls it back toward the region (gradient kept)
     penalty: torch.Tensor | None  # the penalty's value per token, None without a penalty
 
     def rows(self, index: torch.Tensor) -> "LossOutput":
@@ -94,6 +98,13 @@ class LossOutput:
         """Each token's clip state as one code, as the run store keeps it: 0 inside (or its gradient kept),
         1 clipped low, 2 clipped high, 3 dual-clipped."""
         return self.clipped_low.long() + 2 * self.clipped_high.long() + 3 * self.dual_clipped.long()
+
+    def token_state(self) -> torch.Tensor:
+        """`clip_state` with the outside tokens that keep their gradient told apart: code 4 when the token fails
+        the test on the side its advantage pulls it back from (A > 0 with w < l, A < 0 with w > u; theory.md
+        §1.4), so that the gradient moves it toward the region (an outside token with A = 0 stays 0: nothing
+        pulls it). Names in `TOKEN_STATES`."""
+        return self.clip_state() + 4 * self.pulled_back.long()
 
 
 def policy_loss(
@@ -179,6 +190,7 @@ def policy_loss(
         clipped_high=clipped_high,
         dual_clipped=dual_clipped,
         grad_masked=clipped_low | clipped_high | dual_clipped,
+        pulled_back=outside & active & (adv != 0) & ~(clipped_low | clipped_high | dual_clipped),
         penalty=None if penalty_value is None else penalty_value * mask,
     )
 
@@ -336,15 +348,15 @@ class PolicyLossGradient:
         return (np.exp(logp - self.logp_old) > self.upper) & self.positive
 
 
-def aggregation_weights(mask: np.ndarray, how: str) -> np.ndarray:
-    """∂loss/∂ℓ_t of `aggregate` (no max_completion_length or num_items_in_batch: their defaults)."""
+def aggregation_weights(mask: np.ndarray, how: str, max_completion_length: int | None = None) -> np.ndarray:
+    """∂loss/∂ℓ_t of `aggregate` (num_items_in_batch at its default): each token's weight in the loss."""
     mask = np.asarray(mask, dtype=np.float64)
     if how == "grpo":
         return mask / np.maximum(mask.sum(-1, keepdims=True), 1) / mask.shape[0]
     if how in ("bnpo", "dapo"):
         return mask / max(mask.sum(), 1)
     if how == "dr_grpo":
-        return mask / mask.size
+        return mask / (mask.shape[0] * (max_completion_length or mask.shape[-1]))
     raise ValueError(f"unknown aggregation {how!r}")
 
 

@@ -170,8 +170,10 @@ def sweep_chart(sweeps: list[dict]) -> Chart:
     return Chart(_figure(traces, layout, shapes), pd.DataFrame(rows))
 
 
-def region_chart(pi_old: np.ndarray, regions: list[tuple[str, np.ndarray, np.ndarray]]) -> Chart:
-    """Feasible band π_new ∈ [l·π_old, min(1, u·π_old)] for each test in the (π_old, π_new) plane."""
+def region_chart(pi_old: np.ndarray, regions: list[tuple[str, np.ndarray, np.ndarray]],
+                 marks: list[tuple[str, float, float]] = ()) -> Chart:
+    """Feasible band π_new ∈ [l·π_old, min(1, u·π_old)] for each test in the (π_old, π_new) plane, and points
+    (label, π_old, π_new) marked on it."""
     traces, data = [], {"pi_old": pi_old}
     for i, (label, lo, hi) in enumerate(regions):
         traces.append({"type": "scatter", "x": pi_old, "y": lo, "mode": "lines", "legendgroup": label,
@@ -182,6 +184,10 @@ def region_chart(pi_old: np.ndarray, regions: list[tuple[str, np.ndarray, np.nda
         data[f"{label} lower"], data[f"{label} upper"] = lo, hi
     traces.append({"type": "scatter", "x": [0, 1], "y": [0, 1], "mode": "lines", "name": "π_new = π_old",
                    "line": {"color": "grey", "dash": "dash"}})
+    for j, (label, x, y) in enumerate(marks):
+        traces.append({"type": "scatter", "x": [x], "y": [y], "mode": "markers", "name": label,
+                       "marker": {"symbol": ("star", "circle-open")[j % 2], "size": 14, "color": "black"},
+                       "hovertemplate": f"{label}<br>π_old = %{{x:.4g}}<br>π_new = %{{y:.4g}}<extra></extra>"})
     layout = {"title": {"text": "Feasible region in probability space"}, "height": 520,
               "xaxis": {"title": {"text": "π_old(a|s)"}, "range": [0, 1]},
               "yaxis": {"title": {"text": "π_new(a|s)"}, "range": [0, 1], "scaleanchor": "x"}}

@@ -298,7 +298,7 @@ COMPARISON_COLUMNS = {"clip_ratio/low_mean": "clipped low", "clip_ratio/high_mea
 
 def same_batch(configs: list[RunConfig], step: int, weights=None):
     """Every config's objective on step `step`'s batch from the same weights (the start model, or a run's
-    checkpoint file): a table and two charts."""
+    checkpoint file): a table, two charts, and each objective's (label, record of whole completions)."""
     from divviz.engine.compare import same_batch as compare
 
     labels = unique_labels([cfg.label for cfg in configs])
@@ -311,7 +311,27 @@ def same_batch(configs: list[RunConfig], step: int, weights=None):
                                        for r in results], "Same batch: Δπ of sampled tokens by π_old"),
         "shift": plots.probability_shift_scatter([(r.label, r.pi_old, r.pi_new) for r in results]),
     }
-    return table, charts
+    return table, charts, [(r.label, r.record) for r in results]
+
+
+def explained_objectives(config: dict, extra: list[ClipTest]) -> list[tuple[str, Objective]]:
+    """The run's own objective, then the same objective with each of `extra` as its clip test (its penalty, β,
+    dual-clip and aggregation kept): the measures the token explainer puts a token's numbers into."""
+    own = objective_from(config)
+    objectives = [own, *(replace(own, clip=test) for test in extra)]
+    labels = unique_labels([f"{o.label} (this run)" if i == 0 else o.label for i, o in enumerate(objectives)])
+    return list(zip(labels, objectives))
+
+
+def token_region(objectives: list[tuple[str, Objective]], pi_old: float, ratio: float, pi_after: float | None):
+    """The Clipping regions picture (π_old, π_new) of the objectives' clip tests, with the token on it: at the
+    last inner step (π_old·w) and after the update."""
+    tests = [(label, o.clip) for label, o in objectives if o.clip is not None]
+    marks = [("token at the last inner step", pi_old, pi_old * ratio)]
+    if pi_after is not None:
+        marks.append(("token after the update", pi_old, pi_after))
+    return plots.region_chart(PI_OLD_GRID, [(label, *explore.feasible_region(t, PI_OLD_GRID)) for label, t in tests],
+                              marks)
 
 
 def duration(seconds: float) -> str:

@@ -24,10 +24,16 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def app_url(tmp_path_factory):
+def app_runs_dir(tmp_path_factory) -> Path:
+    """The runs folder of the app that `app_url` serves."""
+    return tmp_path_factory.mktemp("runs")
+
+
+@pytest.fixture(scope="session")
+def app_url(tmp_path_factory, app_runs_dir):
     """Start the app as a user would (bound to localhost) and yield its URL."""
     port = free_port()
-    env = {**os.environ, "DIVVIZ_RUNS_DIR": str(tmp_path_factory.mktemp("runs"))}
+    env = {**os.environ, "DIVVIZ_RUNS_DIR": str(app_runs_dir)}
     log = open(tmp_path_factory.mktemp("log") / "streamlit.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.port", str(port),
                              "--server.address", "127.0.0.1", "--server.headless", "true"],

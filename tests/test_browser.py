@@ -109,3 +109,40 @@ def test_a_reloaded_tab_finds_its_runs_and_stops_them(page, app_url):
     stop.wait_for(timeout=30_000)
     stop.click()
     page.get_by_text("stopped, step").first.wait_for(timeout=60_000)
+
+
+def test_step_inspector_colours_tokens_and_explains_one(page, app_url, app_runs_dir):
+    """Open a run in the inspector, pick a step, colour by clip state, select a token, see the explainer; the
+    run's hostile completion text shows as text."""
+    import json
+
+    from divviz.engine import store
+    from divviz.engine.config import RunConfig
+    from divviz.engine.train import train
+    from tests.test_inspector import hostile_record
+
+    folder = train(RunConfig.make(steps=2, prompts=2, group_size=4, clip="kl3", lr=0.05, max_new_tokens=6),
+                   app_runs_dir)
+    (folder / "completions" / "step_000001.json").write_text(
+        json.dumps(hostile_record(store.read_completions(folder, 1))))
+    page.goto(f"{app_url}/step_inspector")
+    page.get_by_text("step 2").first.wait_for(timeout=90_000)
+    page.get_by_role("slider").first.press("Home")  # step 1
+    page.get_by_text("step 1").first.wait_for(timeout=30_000)
+
+    def choose(label: str, option: str) -> None:
+        page.locator('[data-testid="stSelectbox"]').filter(has=page.get_by_text(label, exact=True)).first.click()
+        page.get_by_role("option", name=option).first.click()
+
+    choose("Colour tokens by", "ratio")
+    page.locator(".dv-legend").filter(has_text="w = 1").wait_for(timeout=30_000)
+    choose("Colour tokens by", "clip state")
+    page.locator(".dv-legend").filter(has_text="masked high").wait_for(timeout=30_000)
+    choose("Token", "1:")
+    page.locator(".dv-sel").first.wait_for(timeout=30_000)
+    page.get_by_text("the min").first.wait_for(timeout=30_000)
+    assert page.get_by_text("kl3(w) =").count() >= 1
+    shown = page.locator(".dv-c").first.inner_text()
+    assert "<script>alert('x')</script>" in shown
+    assert page.locator(".dv-c script, .dv-c img, .dv-c a").count() == 0
+    assert not page.locator('[data-testid="stException"]').count()

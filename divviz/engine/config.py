@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Mapping
 
 from divviz.divergences import AGGREGATIONS, clip_test, penalty
+from divviz.engine.completions import BYTE_CAP, MAX_BYTES
 from divviz.engine.tasks import TASKS
 from divviz.losses import Objective
 from divviz.params import DivvizInputError, Param, check_params
@@ -31,6 +32,11 @@ RUN_PARAMS = (
     Param("max_grad_norm", 1.0, 0.0, low_open=True, typical=(0.1, 10.0, 0.1), doc="gradient clipping"),
     Param("checkpoint_every", 10, 0, 100_000, high_open=False, kind="int", typical=(0, 100, 1),
           doc="save the weights every N steps for the same-batch comparison (0: never; models ≤ 50M parameters)"),
+    Param("inspect_prompts", 2, 0, 4096, high_open=False, kind="int", typical=(0, 16, 1),
+          doc="prompts per step whose G completions are kept whole, every token's facts, for the step inspector "
+              "(0: none)"),
+    Param("inspect_bytes", BYTE_CAP, 1_024, MAX_BYTES, high_open=False, kind="int", typical=(1_024, 4_194_304, 1_024),
+          doc="the most bytes of one step's kept completions (the later completions are left out)"),
 )
 
 
@@ -86,6 +92,8 @@ class RunConfig:
     format_reward: float = 0.0
     max_grad_norm: float = 1.0
     checkpoint_every: int = 10
+    inspect_prompts: int = 2
+    inspect_bytes: int = BYTE_CAP
 
     @staticmethod
     def make(**values) -> "RunConfig":

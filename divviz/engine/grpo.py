@@ -20,12 +20,13 @@ from functools import partial
 import numpy as np
 import torch
 
+from divviz.engine.completions import step_record
 from divviz.engine.config import RunConfig
 from divviz.engine.model import load_policy, pick_device
 from divviz.engine.rollout import Rollout, completion_logps, decode_completions, encode_prompts, sample
 from divviz.engine.tasks import Task, get_task
 from divviz.estimators import k1, k2, k3
-from divviz.losses import LossOutput, NonFiniteInput, Objective, group_advantages
+from divviz.losses import LossOutput, NonFiniteInput, Objective, aggregation_weights, group_advantages
 from divviz.metrics import PI_OLD_BINS, bin_labels, clip_fractions, overshoot
 
 TOKEN_SAMPLE = 256  # per-token facts kept per step for the scatter plots
@@ -93,6 +94,7 @@ class StepResult:
     metrics: dict[str, float]
     tokens: dict[str, np.ndarray]  # a bounded sample of per-token facts
     completions: list[tuple[str, str, float]]  # a few (prompt, completion, reward) for display
+    inspected: dict | None = None  # whole completions with every token's facts (`completions.step_record`)
 
 
 @dataclass
@@ -165,8 +167,7 @@ def grpo_step(tr: Trainer, step: int) -> StepResult:
     # one no-grad forward after the update, on at most AFTER_ROWS completions (a seeded subset): the only
     # cost divviz adds to a bare GRPO step, kept bounded for large batches; its log-probs feed metrics only,
     # never autograd, hence inference mode (no autograd bookkeeping at all)
-    rows = torch.randperm(len(rewards), generator=torch.Generator().manual_seed(step))[:AFTER_ROWS].sort().values
-    rows = rows.to(tr.device)
+    rows = after_rows(len(rewards), inspected_rows(cfg), step).to(tr.device)
     seen = rollout.rows(rows)
     with torch.inference_mode():
         logp_after = completion_logps(tr.model, seen, cfg.temperature, tr.autocast)
@@ -195,7 +196,32 @@ def grpo_step(tr: Trainer, step: int) -> StepResult:
     }
     tokens = _token_sample(seen, logp_old[rows], logp_after, out.rows(rows), batch.adv[rows], seed=cfg.seed * 31 + step)
     shown = [(batch.prompts[i], batch.texts[i], float(rewards[i])) for i in range(0, len(rewards), cfg.group_size)][:8]
-    return StepResult(metrics, tokens, shown)
+    return StepResult(metrics, tokens, shown, inspected_record(tr, batch, out, logp_old, logp_after, logp_ref, step))
+
+
+def inspected_rows(cfg: RunConfig) -> int:
+    """How many completions the step inspector keeps whole: the first `inspect_prompts` prompts' groups."""
+    return min(cfg.inspect_prompts, cfg.prompts) * cfg.group_size
+
+
+def after_rows(n: int, inspected: int, step: int) -> torch.Tensor:
+    """The completions re-scored after the update: the inspected ones (rows 0 … inspected − 1), then a subset of
+    the others seeded by the step, AFTER_ROWS in all (every row when the batch is that small)."""
+    others = torch.randperm(n - inspected, generator=torch.Generator().manual_seed(step))
+    return torch.cat([torch.arange(inspected), inspected + others[:max(AFTER_ROWS - inspected, 0)].sort().values])
+
+
+def inspected_record(tr: Trainer, batch: Batch, out: LossOutput, logp_old, logp_after, logp_ref, step: int):
+    """The step inspector's record of this step (`completions.step_record`), or None when none is kept."""
+    cfg, rows = tr.cfg, inspected_rows(tr.cfg)
+    if not rows:
+        return None
+    mask = batch.rollout.completion_mask
+    weight = aggregation_weights(mask.cpu().numpy(), tr.objective.aggregation, cfg.max_new_tokens)
+    return step_record(step=step + 1, tokenizer=tr.tokenizer, prompts=batch.prompts, texts=batch.texts,
+                       rewards=batch.rewards, adv=batch.adv, completion_ids=batch.rollout.completion_ids, mask=mask,
+                       out=out, logp_old=logp_old, logp_after=logp_after[:rows], logp_ref=logp_ref, weight=weight,
+                       group_size=cfg.group_size, byte_cap=cfg.inspect_bytes)
 
 
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:

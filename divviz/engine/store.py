@@ -92,11 +92,15 @@ class RunWriter:
         self.status["device"] = device
         self._write_status()
 
-    def append(self, step: int, metrics: dict, tokens: dict[str, np.ndarray] | None, samples: list) -> None:
+    def append(self, step: int, metrics: dict, tokens: dict[str, np.ndarray] | None, samples: list,
+               inspected: dict | None = None) -> None:
         if tokens is not None:
             tmp = self.folder / "tokens" / f".step_{step:06d}.tmp.npz"
             np.savez_compressed(tmp, **tokens)
             os.replace(tmp, self.folder / "tokens" / f"step_{step:06d}.npz")
+        if inspected is not None:
+            (self.folder / "completions").mkdir(exist_ok=True)
+            _write_atomic(self.folder / "completions" / f"step_{step:06d}.json", json.dumps(inspected))
         self._samples.write(json.dumps({"step": step, "samples": samples}) + "\n")
         self._metrics.write(json.dumps(metrics) + "\n")
         self._metrics.flush()
@@ -265,6 +269,28 @@ def read_tokens(folder: Path, step: int) -> dict[str, np.ndarray] | None:
     lengths = {v.shape for v in tokens.values()}
     numeric = all(v.dtype.kind in "biuf" and v.ndim == 1 for v in tokens.values())
     return tokens if numeric and len(lengths) == 1 and all(k in tokens for k in TOKEN_COLUMNS) else None
+
+
+def completion_steps(folder: Path) -> list[int]:
+    """The steps whose whole completions the run kept (for the step inspector)."""
+    names = (folder / "completions").glob("step_*.json")
+    return sorted(int(p.stem[5:]) for p in names if p.stem[5:].isdigit())
+
+
+def read_completions(folder: Path, step: int) -> dict:
+    """A step's record of whole completions (`completions.step_record`), checked; `CorruptRun` saying what is wrong
+    with a file that is not such a record."""
+    from divviz.engine.completions import MAX_BYTES, check_record
+
+    path = folder / "completions" / f"step_{step:06d}.json"
+    if not path.is_file():
+        raise CorruptRun(f"the run kept no completions for step {step}")
+    if path.stat().st_size > MAX_BYTES + 1_000_000:
+        raise CorruptRun(f"{path.name} is larger than any record divviz writes")
+    try:
+        return check_record(_read_json(path), path.name)
+    except ValueError as err:  # CorruptRun included
+        raise CorruptRun(str(err)) from None
 
 
 def list_runs(root: Path) -> list[RunInfo]:

@@ -69,7 +69,7 @@ def train(cfg: RunConfig, root: Path, *, folder: Path | None = None, trainer: Tr
             if bad:
                 raise NonFiniteLoss(f"metric '{bad[0]}' became {result.metrics[bad[0]]} at step {step + 1}")
             with writing():
-                writer.append(step + 1, result.metrics, result.tokens, result.completions)
+                writer.append(step + 1, result.metrics, result.tokens, result.completions, result.inspected)
                 if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0 and small_enough(trainer.model):
                     writer.save_checkpoint(step + 1, trainer.model)
             if on_step:

@@ -1,0 +1,159 @@
+"""One token's loss explained with its own numbers: `policy_loss` run on that token alone, and its parts.
+
+For a token with π_old, ratio w, advantage A (and π_ref for a penalty), and an objective with clip test [l, u]:
+
+    ℓ = −min(w·A, clip(w)·A)          clip(w) = w inside the test, else the edge on w's side (l or u)
+        [capped at −c·A for A < 0]     dual-clip (RPG §3.3)
+        + β·penalty                    the penalty term, as the objective adds it
+    its weight in the loss: ∂L/∂ℓ (the aggregation's), so the token adds weight·ℓ to L.
+
+Every number comes from `policy_loss` on a 1-token batch (float64): the loss with and without the penalty, the
+gradient ∂ℓ/∂log π_θ, the clip state and whether the gradient is masked. The two terms of the min are w·A and
+clip(w)·A with clip(w) from the test's own `bounds`; the explanation checks that they give back the loss.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from divviz.losses import TOKEN_STATES, Objective, policy_loss
+from divviz.params import DivvizInputError
+
+WHY = {  # theory.md §1.4: which side, which sign
+    "inside": "w is inside [l, u]: the gradient A·w·∇log π flows",
+    "masked low": "A < 0 and w < l: lowering w further would leave the region, so the clipped term l·A wins, it is "
+                  "constant in θ, and the gradient is zero",
+    "masked high": "A > 0 and w > u: raising w further would leave the region, so the clipped term u·A wins, it is "
+                   "constant in θ, and the gradient is zero",
+    "dual-clip": "A < 0 and the loss −w·A passed the cap −c·A: the cap wins, it is constant in θ, and the gradient "
+                 "is zero",
+    "outside, pulled back": "w is outside [l, u] on the side its advantage pulls it away from (A > 0 with w < l, or "
+                            "A < 0 with w > u): the unclipped term w·A wins and its gradient moves w back toward "
+                            "the region",
+}
+
+
+@dataclass(frozen=True)
+class TokenExplanation:
+    label: str
+    pi_old: float
+    ratio: float
+    adv: float
+    measure: str | None  # the clip test's name
+    measure_value: float | None  # its value for this token
+    threshold: str  # "δ = 0.05" or "ε = 0.2"
+    lower: float | None
+    upper: float | None
+    unclipped: float  # w·A
+    clipped: float  # clip(w)·A
+    winner: str  # "unclipped", "clipped" or "both" (equal)
+    dual_cap: float | None  # −c·A for A < 0 with dual-clip
+    policy_loss: float  # ℓ without the penalty
+    penalty: str | None
+    penalty_value: float | None
+    penalty_term: float  # β·(the penalty's loss term)
+    loss: float  # ℓ
+    gradient: float  # ∂ℓ/∂log π_θ
+    state: str  # one of TOKEN_STATES
+    weight: float | None  # the token's aggregation weight in its batch
+    pi_ref: float | None
+
+    @property
+    def masked(self) -> bool:
+        return self.state in ("masked low", "masked high", "dual-clip")
+
+    @property
+    def why(self) -> str:
+        if self.adv == 0:
+            return "A = 0: the policy term has no gradient, whatever w"
+        return WHY[self.state]
+
+    @property
+    def contribution(self) -> float | None:
+        """weight·ℓ: what this token adds to the batch's loss."""
+        return None if self.weight is None else self.weight * self.loss
+
+    def lines(self) -> list[tuple[str, str]]:
+        """(what, formula with this token's numbers) rows, for the explainer."""
+        g = lambda x: f"{x:.6g}"  # noqa: E731
+        rows = [("ratio", f"w = π_θ/π_old = {g(self.ratio)}   (π_old = {g(self.pi_old)}, π_θ = "
+                          f"{g(self.ratio * self.pi_old)})"), ("advantage", f"A = {g(self.adv)}")]
+        if self.measure is not None:
+            inside = self.lower <= self.ratio <= self.upper
+            rows.append(("test", f"{self.measure}(w) = {g(self.measure_value)} against {self.threshold}: "
+                                 f"w {'inside' if inside else 'outside'} [l, u] = [{g(self.lower)}, {g(self.upper)}]"))
+        terms = {"unclipped": f"w·A = {g(self.unclipped)}", "clipped": f"clip(w)·A = {g(self.clipped)}"}
+        won = {"both": "equal: either", "unclipped": "w·A wins", "clipped": "clip(w)·A wins"}[self.winner]
+        rows.append(("the min", f"min({terms['unclipped']}, {terms['clipped']}) = "
+                                f"{g(min(self.unclipped, self.clipped))}: {won}"))
+        if self.dual_cap is not None:
+            rows.append(("dual-clip", f"cap −c·A = {g(self.dual_cap)}" + (": binds" if self.state == "dual-clip"
+                                                                        else ": does not bind")))
+        if self.penalty is not None:
+            rows.append(("penalty", f"β·{self.penalty} = {g(self.penalty_term)}   ({self.penalty} = "
+                                    f"{g(self.penalty_value)}" + (f", π_ref = {g(self.pi_ref)})" if self.pi_ref
+                                                                  is not None else ")")))
+        policy = "−c·A (the cap)" if self.state == "dual-clip" else "−min(…)"
+        total = f" + β·{self.penalty} = {g(self.policy_loss)} + {g(self.penalty_term)}" if self.penalty else ""
+        rows.append(("loss", f"ℓ = {policy}{total} = {g(self.loss)};  ∂ℓ/∂log π_θ = {g(self.gradient)}"
+                             + (" (the penalty's slope included)" if self.penalty else "")))
+        rows.append(("gradient", f"{'masked' if self.masked else 'kept'} ({self.state}): {self.why}"))
+        if self.weight is not None:
+            rows.append(("weight", f"∂L/∂ℓ = {g(self.weight)}: the token adds {g(self.contribution)} to the loss"))
+        return rows
+
+
+def _one(x: float) -> torch.Tensor:
+    return torch.tensor([[x]], dtype=torch.float64)
+
+
+def explain(objective: Objective, pi_old: float, ratio: float, adv: float, *, pi_ref: float | None = None,
+            weight: float | None = None, label: str = "") -> TokenExplanation:
+    """`objective`'s loss on one token, taken apart (see the module's docstring)."""
+    for name, value in (("π_old", pi_old), ("ratio", ratio)):
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            raise DivvizInputError(f"this token's {name} is {value!r}: the explainer needs a positive number")
+    if objective.penalty is not None and objective.penalty.entry.needs_ref and pi_ref is None:
+        raise DivvizInputError(f"{objective.penalty.name} needs π_ref, which this run did not keep")
+    logp_old = _one(math.log(pi_old))
+    logp_new = (logp_old + math.log(ratio)).requires_grad_()
+    logp_ref = None if pi_ref is None else _one(math.log(pi_ref))
+    args = (logp_old, torch.tensor([float(adv)], dtype=torch.float64), torch.ones(1, 1, dtype=torch.float64))
+    options = {"logp_ref": logp_ref, "max_completion_length": 1}  # one token: every aggregation gives ℓ itself
+    out = objective(logp_new, *args, **options)
+    loss = float(out.loss.detach())
+    (gradient,) = torch.autograd.grad(out.loss, logp_new)
+    policy_only = policy_loss(logp_new.detach(), *args, clip=objective.clip, dual_clip_c=objective.dual_clip_c,
+                              aggregation=objective.aggregation, max_completion_length=1)
+    w = float(out.ratio)
+    lower = upper = measure_value = None
+    clipped_ratio, threshold = w, ""
+    if objective.clip is not None:
+        lower, upper = (float(np.asarray(b)) for b in objective.clip.bounds(np.asarray(pi_old)))
+        measure_value = float(out.measure)
+        threshold = ", ".join(f"{k} = {v:g}" for k, v in objective.clip.params.items())
+        if bool(out.outside):
+            clipped_ratio = upper if w > 1 else lower
+    unclipped, clipped = w * adv, clipped_ratio * adv
+    winner = "both" if unclipped == clipped else "unclipped" if unclipped < clipped else "clipped"
+    penalty_value = None if out.penalty is None else float(out.penalty)
+    return TokenExplanation(
+        label=label or objective.label, pi_old=pi_old, ratio=w, adv=adv,
+        measure=objective.clip.name if objective.clip else None, measure_value=measure_value, threshold=threshold,
+        lower=lower, upper=upper, unclipped=unclipped, clipped=clipped, winner=winner,
+        dual_cap=-objective.dual_clip_c * adv if objective.dual_clip_c is not None and adv < 0 else None,
+        policy_loss=float(policy_only.loss), penalty=objective.penalty.name if objective.penalty else None,
+        penalty_value=penalty_value, penalty_term=loss - float(policy_only.loss), loss=loss,
+        gradient=float(gradient), state=TOKEN_STATES[int(out.token_state())], weight=weight, pi_ref=pi_ref)
+
+
+def explain_stored(objective: Objective, tokens: dict, i: int, label: str = "") -> TokenExplanation:
+    """The explanation of token `i` of a kept completion (`completions.step_record`'s "tokens")."""
+    value = lambda key: None if tokens.get(key) is None else tokens[key][i]  # noqa: E731
+    return explain(objective, value("pi_old"), value("ratio"), value("adv"), pi_ref=value("pi_ref"),
+                   weight=value("weight"), label=label)
+

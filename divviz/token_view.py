@@ -1,0 +1,184 @@
+"""Completions as text, every token coloured by one of its facts: the step inspector's drawing.
+
+Input is a record of `engine.completions.step_record` (checked by `store.read_completions`); output is HTML in
+which every piece of text from the model or the tokenizer is escaped (`html.escape`), so a completion holding
+HTML, markdown or `<script>` shows as those characters. Pieces are shown as they are: spaces and newlines kept
+(a newline also marked ↵), special tokens boxed, a piece that does not decode alone (byte fallback, part of a
+UTF-8 character) shown as the tokenizer's raw piece in a dashed box. Hovering a token shows all its facts.
+
+Colour scales: the clip state is categorical; the others diverge around their neutral value (1 for the ratio, read
+on log w; 0 for the rest), blue below and red above, saturating at the largest |value − neutral| of the record.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+
+from divviz.losses import TOKEN_STATES
+
+STATE_COLOURS = ("transparent", "#9ecae1", "#fc9272", "#c994c7", "#fdd49e")  # TOKEN_STATES, in order
+BELOW, ABOVE = (33, 102, 172), (178, 24, 43)
+
+
+def _adv_times_ratio(t, i):
+    return None if t["adv"][i] is None or t["ratio"][i] is None else t["adv"][i] * t["ratio"][i]
+
+
+def _delta_pi(t, i):
+    return None if t["pi_new"][i] is None or t["pi_old"][i] is None else t["pi_new"][i] - t["pi_old"][i]
+
+
+def _log_ratio(t, i):
+    return None if not t["ratio"][i] or t["ratio"][i] <= 0 else math.log(t["ratio"][i])
+
+
+def _loss_share(t, i):
+    return None if t["weight"][i] is None or t["loss"][i] is None else t["weight"][i] * t["loss"][i]
+
+
+def _penalty(t, i):
+    return None if t["penalty"] is None else t["penalty"][i]
+
+
+COLOUR_BY = {  # name → (value of token i of tokens t, what the legend says)
+    "clip state": (None, "what the constraint did to the token"),
+    "ratio": (_log_ratio, "w = π_θ/π_old at the last inner step (scale on log w, white at w = 1)"),
+    "Δπ": (_delta_pi, "π after the update − π_old (white at 0)"),
+    "A·w": (_adv_times_ratio, "advantage × ratio, the unclipped surrogate term (white at 0)"),
+    "penalty": (_penalty, "the penalty's value (white at 0)"),
+    "loss share": (_loss_share, "weight·ℓ: what the token adds to the batch's loss (white at 0; they sum to L)"),
+}
+
+
+def values(record: dict, colour_by: str) -> list[list[list[float | None]]]:
+    """Per group, per completion, per token: the value the colour encodes."""
+    fn = COLOUR_BY[colour_by][0]
+    return [[[fn(c["tokens"], i) for i in range(len(c["tokens"]["id"]))] for c in g["completions"]]
+            for g in record["groups"]]
+
+
+def scale_of(record: dict, colour_by: str) -> float:
+    """The largest |value − neutral| in the record (the colour saturates there); 1 if there is none."""
+    if COLOUR_BY[colour_by][0] is None:
+        return 1.0
+    found = [abs(v) for g in values(record, colour_by) for c in g for v in c if v is not None]
+    return max(found, default=0.0) or 1.0
+
+
+def background(value: float | None, scale: float) -> str:
+    """Diverging: white at 0, toward blue below and red above, full at ±scale."""
+    if value is None:
+        return "transparent"
+    t = min(1.0, abs(value) / scale)
+    r, g, b = ABOVE if value > 0 else BELOW
+    mix = lambda c: round(255 + (c - 255) * t)  # noqa: E731
+    return f"rgb({mix(r)},{mix(g)},{mix(b)})"
+
+
+def _fmt(x) -> str:
+    return "–" if x is None else f"{x:.5g}" if isinstance(x, float) else str(x)
+
+
+def hover(tokens: dict, i: int) -> str:
+    """All of token i's facts, one per line (plain text: it goes into an escaped title attribute)."""
+    parts = [f"token {i} · id {tokens['id'][i]} · raw {tokens['raw'][i]!r}" + (" (special)" if tokens['special'][i]
+                                                                              else ""),
+             f"π_old {_fmt(tokens['pi_old'][i])} → π after {_fmt(tokens['pi_new'][i])} (Δπ "
+             f"{_fmt(_delta_pi(tokens, i))})",
+             f"w {_fmt(tokens['ratio'][i])} · A {_fmt(tokens['adv'][i])} · A·w {_fmt(_adv_times_ratio(tokens, i))}",
+             f"state: {TOKEN_STATES[tokens['state'][i]]}"]
+    if tokens["measure"] is not None:
+        parts.append(f"measure {_fmt(tokens['measure'][i])}")
+    if tokens["penalty"] is not None:
+        parts.append(f"penalty {_fmt(tokens['penalty'][i])}" + (f" · π_ref {_fmt(tokens['pi_ref'][i])}"
+                                                                if tokens["pi_ref"] is not None else ""))
+    parts.append(f"ℓ {_fmt(tokens['loss'][i])} · weight {_fmt(tokens['weight'][i])} · weight·ℓ "
+                 f"{_fmt(_loss_share(tokens, i))}")
+    return "\n".join(parts)
+
+
+def piece_html(piece: str, raw: str, special: bool) -> str:
+    """One token's text, escaped and made visible."""
+    if special:
+        return f"<span class='dv-special'>{html.escape(raw)}</span>"
+    if "\ufffd" in piece:
+        return f"<span class='dv-bytes'>{html.escape(raw)}</span>"
+    return html.escape(piece).replace("\n", "↵\n") or "∅"
+
+
+STYLE = ("<style>.dv-c{font-family:ui-monospace,monospace;white-space:pre-wrap;line-height:1.9;font-size:14px}"
+         ".dv-t{border-radius:3px;padding:1px 0;border-right:1px solid rgba(0,0,0,.08)}"
+         ".dv-sel{outline:2px solid #000;outline-offset:1px}"
+         ".dv-special{border:1px solid #888;border-radius:3px;padding:0 2px;font-size:11px;color:#555}"
+         ".dv-bytes{border:1px dashed #888;border-radius:3px;padding:0 2px;font-size:11px}"
+         ".dv-legend span{display:inline-block;padding:1px 6px;margin-right:6px;border-radius:3px;"
+         "border:1px solid #ddd;font-size:12px}</style>")
+
+
+def state_counts(tokens: dict) -> str:
+    """"3 masked high, 1 outside, pulled back of 8 tokens"; "all 8 tokens inside"."""
+    counts = [(sum(s == code for s in tokens["state"]), name) for code, name in enumerate(TOKEN_STATES) if code]
+    said = ", ".join(f"{k} {name}" for k, name in counts if k)
+    return f"{said} of {len(tokens['state'])} tokens" if said else f"all {len(tokens['state'])} tokens inside"
+
+
+def completion_html(tokens: dict, colours: list[str], selected: int | None = None) -> str:
+    """A completion's tokens as spans: coloured, hover text with every fact, the selected one outlined."""
+    spans = []
+    for i in range(len(tokens["id"])):
+        cls = "dv-t dv-sel" if i == selected else "dv-t"
+        spans.append(f"<span class='{cls}' style='background:{colours[i]}' "
+                     f"title='{html.escape(hover(tokens, i), quote=True)}'>"
+                     f"{piece_html(tokens['piece'][i], tokens['raw'][i], tokens['special'][i])}</span>")
+    return f"<div class='dv-c'>{''.join(spans)}</div>"
+
+
+def colours(tokens: dict, colour_by: str, scale: float) -> list[str]:
+    fn = COLOUR_BY[colour_by][0]
+    n = len(tokens["id"])
+    if fn is None:
+        return [STATE_COLOURS[s] for s in tokens["state"]]
+    return [background(fn(tokens, i), scale) for i in range(n)]
+
+
+def legend_html(colour_by: str, scale: float) -> str:
+    if COLOUR_BY[colour_by][0] is None:
+        items = [f"<span style='background:{c if c != 'transparent' else '#fff'}'>{html.escape(s)}</span>"
+                 for s, c in zip(TOKEN_STATES, STATE_COLOURS)]
+    else:
+        neutral = "w = 1" if colour_by == "ratio" else "0"
+        low, high = (f"w = {math.exp(-scale):.3g}", f"w = {math.exp(scale):.3g}") if colour_by == "ratio" else \
+            (f"{-scale:.3g}", f"{scale:.3g}")
+        items = [f"<span style='background:{background(-scale, scale)};color:#fff'>{low} or below</span>",
+                 f"<span style='background:#fff'>{neutral}</span>",
+                 f"<span style='background:{background(scale, scale)};color:#fff'>{high} or above</span>"]
+    return (f"<div class='dv-legend'><b>{html.escape(colour_by)}</b>: {html.escape(COLOUR_BY[colour_by][1])}<br>"
+            + "".join(items) + "</div>")
+
+
+def record_html(record: dict, colour_by: str, selected: tuple[int, int, int] | None = None,
+                scale: float | None = None) -> str:
+    """Every prompt with its completions (reward and advantage beside each), then the legend."""
+    scale = scale_of(record, colour_by) if scale is None else scale
+    parts = [STYLE, legend_html(colour_by, scale)]
+    for g, group in enumerate(record["groups"]):
+        parts.append(f"<p><b>prompt {g + 1}</b>: <code>{html.escape(group['prompt'])}</code></p>")
+        for c, completion in enumerate(group["completions"]):
+            chosen = selected[2] if selected is not None and selected[:2] == (g, c) else None
+            parts.append(f"<div style='margin:2px 0 6px 12px'><small>completion {c + 1} · reward "
+                         f"{completion['reward']:.3g} · A {completion['advantage']:+.3g}</small>"
+                         + completion_html(completion["tokens"], colours(completion["tokens"], colour_by, scale),
+                                           chosen) + "</div>")
+    if record.get("omitted"):
+        parts.append(f"<p><small>{int(record['omitted'])} more completions were left out to keep this step's record "
+                     f"within {int(record.get('byte_cap', 0))} bytes.</small></p>")
+    return "".join(parts)
+
+
+def explanation_html(lines: list[tuple[str, str]]) -> str:
+    """The token explainer's (what, formula with numbers) rows as a table, escaped."""
+    rows = "".join(f"<tr><th style='text-align:left;padding-right:8px;vertical-align:top'>{html.escape(what)}</th>"
+                   f"<td style='font-family:ui-monospace,monospace;font-size:13px'>{html.escape(text)}</td></tr>"
+                   for what, text in lines)
+    return f"<table style='border-collapse:collapse'>{rows}</table>"

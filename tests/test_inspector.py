@@ -1,0 +1,244 @@
+"""The step inspector: kept completions equal `policy_loss`'s per-token outputs on the same batch, the explainer's
+numbers equal a hand computation in each clip state, a local BPE model's completions render faithfully, hostile
+text is escaped, the store keeps its byte cap, and the page works (AppTest; the browser test is in test_browser)."""
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from divviz import explain, token_view
+from divviz.divergences import clip_test, penalty
+from divviz.engine import store
+from divviz.engine.completions import check_record, token_pieces
+from divviz.engine.config import RunConfig
+from divviz.engine.grpo import grpo_step, make_batch, make_trainer, update
+from divviz.engine.train import train
+from divviz.losses import Objective, aggregation_weights
+from divviz.params import DivvizInputError
+
+ROOT = Path(__file__).resolve().parents[1]
+HOSTILE = "<script>alert('x')</script> **bold** [l](http://127.0.0.1:9/) <img src=x onerror=alert(1)>"
+
+
+def test_kept_facts_equal_policy_loss_on_the_same_batch():
+    cfg = RunConfig.make(steps=1, prompts=3, group_size=4, clip="kl3", clip_params={"delta": 0.02}, penalty="k3",
+                         beta=0.04, dual_clip_c=3.0, lr=0.05)  # a large lr: every clip state shows up
+    record = grpo_step(make_trainer(cfg), 0).inspected
+    tr = make_trainer(cfg)  # the same seed: the same batch and the same update, replayed by hand
+    batch = make_batch(tr, 0)
+    mask = batch.rollout.completion_mask
+    from divviz.engine.rollout import completion_logps
+
+    with torch.no_grad():
+        logp_ref = completion_logps(tr.reference, batch.rollout, cfg.temperature, tr.autocast)
+        logp_old = completion_logps(tr.model, batch.rollout, cfg.temperature, tr.autocast)
+    out, _, _, _ = update(tr, batch, tr.objective, logp_old, logp_ref, 0)
+    weight = aggregation_weights(mask.numpy(), "grpo", cfg.max_new_tokens)
+    assert len(record["groups"]) == 2 and all(len(g["completions"]) == 4 for g in record["groups"])
+    state = out.token_state()
+    for row in range(8):
+        t = record["groups"][row // 4]["completions"][row % 4]["tokens"]
+        n = int(mask[row].sum())
+        assert t["id"] == batch.rollout.completion_ids[row, :n].tolist()
+        for fact, expected in (("pi_old", logp_old.exp()), ("ratio", out.ratio), ("measure", out.measure),
+                               ("penalty", out.penalty), ("loss", out.per_token_loss), ("pi_ref", logp_ref.exp())):
+            assert t[fact] == pytest.approx(expected[row, :n].tolist(), rel=1e-6, abs=1e-12), fact
+        assert t["adv"] == pytest.approx([float(batch.adv[row])] * n, rel=1e-6)
+        assert t["weight"] == pytest.approx(weight[row, :n].tolist(), rel=1e-6)
+        assert t["state"] == state[row, :n].tolist()
+    states = {s for g in record["groups"] for c in g["completions"] for s in c["tokens"]["state"]}
+    assert len(states) >= 2, states
+
+
+PPO_DUAL = Objective(clip=clip_test("ratio", eps=0.2), dual_clip_c=3.0)
+HAND = [  # (w, A, state, ℓ, ∂ℓ/∂log π) for PPO ε = 0.2 with dual-clip c = 3, by hand from ℓ = −min(wA, clip(w)A)
+    (1.1, 1.0, "inside", -1.1, -1.1),  # d(−wA)/d log π = −wA
+    (0.5, -1.0, "masked low", 0.8, 0.0),  # −min(−0.5, −0.8) = 0.8, the constant l·A term
+    (1.5, 1.0, "masked high", -1.2, 0.0),  # −min(1.5, 1.2) = −1.2, the constant u·A term
+    (4.0, -1.0, "dual-clip", 3.0, 0.0),  # −min(−4, −1.2) = 4 > the cap −cA = 3
+    (0.5, 1.0, "outside, pulled back", -0.5, -0.5),  # −min(0.5, 0.8): the unclipped term, gradient kept
+    (1.5, -2.0, "outside, pulled back", 3.0, 3.0),  # −min(−3, −2.4) = 3 < cap 6: kept, pulls w down
+]
+
+
+@pytest.mark.parametrize("w, adv, state, loss, gradient", HAND)
+def test_the_explainer_equals_a_hand_computation(w, adv, state, loss, gradient):
+    e = explain.explain(PPO_DUAL, 0.3, w, adv, weight=0.25)
+    assert e.state == state and e.masked == (state in ("masked low", "masked high", "dual-clip"))
+    assert (e.loss, e.gradient) == pytest.approx((loss, gradient), abs=1e-12)
+    assert (e.lower, e.upper) == pytest.approx((0.8, 1.2))
+    assert (e.unclipped, e.clipped) == pytest.approx((w * adv, min(max(w, 0.8), 1.2) * adv))
+    assert e.contribution == pytest.approx(0.25 * loss)
+    lines = dict(e.lines())
+    assert lines["gradient"].startswith("masked" if e.masked else "kept") and state in lines["gradient"]
+
+
+def test_the_explainer_adds_the_penalty_and_puts_kl3s_numbers_in():
+    """KL3 δ = 0.05 with β·k3 toward π_ref: k3 = r − log r − 1 with r = π_ref/π_θ, slope 1 − r (theory.md §0)."""
+    objective = Objective(clip=clip_test("kl3", delta=0.05), penalty=penalty("k3"), beta=0.1)
+    pi_old, w, adv, pi_ref = 0.3, 1.5, 1.0, 0.2
+    e = explain.explain(objective, pi_old, w, adv, pi_ref=pi_ref)
+    r = pi_ref / (pi_old * w)
+    lower, upper = 0.7161894551693442, 1.350403255977222  # theory.md §5.1
+    assert (e.lower, e.upper) == pytest.approx((lower, upper), rel=1e-9)
+    assert e.measure_value == pytest.approx(w - 1 - math.log(w)) and e.state == "masked high"
+    assert e.penalty_term == pytest.approx(0.1 * (r - math.log(r) - 1))
+    assert e.loss == pytest.approx(-upper * adv + 0.1 * (r - math.log(r) - 1))
+    assert e.gradient == pytest.approx(0.1 * (1 - r))  # the policy term is masked; only the penalty's slope
+    with pytest.raises(DivvizInputError, match="needs π_ref"):
+        explain.explain(objective, pi_old, w, adv)
+    with pytest.raises(DivvizInputError, match="positive number"):
+        explain.explain(objective, float("nan"), w, adv, pi_ref=pi_ref)
+
+
+def bpe_model(folder: Path) -> Path:
+    """A byte-level BPE tokenizer trained here and a tiny Llama on it, saved as a local Hugging Face folder."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    corpus = ["rev:abc=cba", "the cat sat\n on the mat", "naïve café", "<script>alert(1)</script>"] * 20
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=320, special_tokens=["<pad>", "<eos>", "<bos>"],
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>", bos_token="<bos>")
+    config = LlamaConfig(vocab_size=len(fast), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128,
+                         eos_token_id=fast.eos_token_id, pad_token_id=fast.pad_token_id, bos_token_id=fast.bos_token_id)
+    LlamaForCausalLM(config).save_pretrained(folder, safe_serialization=True)
+    fast.save_pretrained(folder)
+    return folder
+
+
+def test_a_local_bpe_model_trains_and_its_completions_render(tmp_path):
+    model = bpe_model(tmp_path / "bpe")
+    folder = train(RunConfig.make(model=str(model), steps=2, prompts=2, group_size=4, max_new_tokens=12,
+                                  inspect_prompts=1), tmp_path / "runs")
+    assert store.read_run(folder).state == "done" and store.completion_steps(folder) == [1, 2]
+    record = store.read_completions(folder, 2)
+    assert len(record["groups"]) == 1 and len(record["groups"][0]["completions"]) == 4
+    html = token_view.record_html(record, "ratio")
+    assert html.count("class='dv-t") == sum(len(c["tokens"]["id"]) for c in record["groups"][0]["completions"])
+
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    ids = tokenizer("the cat\n🙂 <script>")["input_ids"] + [tokenizer.eos_token_id]
+    pieces = token_pieces(tokenizer, ids)
+    assert any(p.startswith(" ") and len(p) > 1 for p in pieces["piece"])  # a multi-character piece with its space
+    assert "\n" in pieces["piece"] and pieces["special"][-1] and pieces["raw"][-1] == "<eos>"
+    assert sum("\ufffd" in p for p in pieces["piece"]) >= 2  # 🙂's four bytes, none a character alone
+    shown = "".join(token_view.piece_html(p, r, s) for p, r, s in zip(pieces["piece"], pieces["raw"],
+                                                                      pieces["special"]))
+    assert "↵\n" in shown and "dv-bytes" in shown and "dv-special" in shown
+    assert "&lt;" in shown and "<script" not in shown
+
+
+def hostile_record(record: dict) -> dict:
+    group = record["groups"][0]
+    group["prompt"] = HOSTILE
+    completion = group["completions"][0]
+    completion["text"] = HOSTILE
+    completion["tokens"]["piece"][0] = HOSTILE
+    completion["tokens"]["raw"][0] = "<img src=x onerror=alert(2)>"
+    return record
+
+
+def test_hostile_text_is_escaped_everywhere(tmp_path):
+    folder = train(RunConfig.make(steps=1, prompts=1, group_size=2, max_new_tokens=4), tmp_path)
+    record = hostile_record(store.read_completions(folder, 1))
+    for colour_by in token_view.COLOUR_BY:
+        html = token_view.record_html(record, colour_by, selected=(0, 0, 0))
+        assert "<script" not in html and "<img" not in html and "&lt;script&gt;" in html
+
+
+def test_the_record_keeps_its_byte_cap(tmp_path):
+    cfg = dict(steps=1, prompts=4, group_size=8, max_new_tokens=8, inspect_prompts=4)
+    whole = train(RunConfig.make(**cfg), tmp_path / "whole")
+    capped = train(RunConfig.make(**cfg, inspect_bytes=6_000), tmp_path / "capped")
+    full, cut = store.read_completions(whole, 1), store.read_completions(capped, 1)
+    assert full["omitted"] == 0 and sum(len(g["completions"]) for g in full["groups"]) == 32
+    size = (capped / "completions" / "step_000001.json").stat().st_size
+    assert size <= 6_000 and cut["omitted"] > 0
+    assert sum(len(g["completions"]) for g in cut["groups"]) + cut["omitted"] == 32
+    assert "more completions were left out" in token_view.record_html(cut, "clip state")
+
+
+def test_corrupt_records_are_refused_with_a_reason(tmp_path):
+    folder = train(RunConfig.make(steps=1, prompts=1, group_size=2, max_new_tokens=4), tmp_path)
+    path = folder / "completions" / "step_000001.json"
+    good = json.loads(path.read_text())
+    bad = json.loads(path.read_text())
+    bad["groups"][0]["completions"][0]["tokens"]["state"][0] = 7
+    for text, reason in (("{not json", "not JSON"), ("[1, 2]", "not a record"), (json.dumps(bad), "clip state")):
+        path.write_text(text)
+        with pytest.raises(store.CorruptRun, match=reason):
+            store.read_completions(folder, 1)
+    with pytest.raises(store.CorruptRun, match="no completions for step 9"):
+        store.read_completions(folder, 9)
+    assert check_record(good, "x") is good
+
+
+def app():
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300)
+    at.run()
+    at.switch_page("app_pages/step_inspector.py").run()
+    return at
+
+
+def html_bodies(at) -> str:
+    return "".join(element.proto.body for element in at.get("html"))
+
+
+def test_the_page_shows_a_run_and_explains_a_token(tmp_path, monkeypatch):
+    monkeypatch.setenv("DIVVIZ_RUNS_DIR", str(tmp_path))
+    at = app()
+    assert not at.exception and any("No run with kept completions" in i.value for i in at.info)
+    folder = train(RunConfig.make(steps=2, prompts=2, group_size=4, clip="kl3", lr=0.05, max_new_tokens=6), tmp_path)
+    (folder / "completions" / "step_000002.json").write_text(
+        json.dumps(hostile_record(store.read_completions(folder, 2))))
+    at = app()
+    assert not at.exception, at.exception
+    body = html_bodies(at)
+    assert "&lt;script&gt;" in body and "<script" not in body and "<img" not in body
+    assert "masked" in body or "inside" in body
+    at.selectbox(key="inspector:completion").set_value((1, 2)).run()
+    token = next(sb for sb in at.selectbox if sb.label == "Token")
+    token.set_value(len(token.options) - 1).run()
+    assert not at.exception
+    body = html_bodies(at)
+    assert "the min" in body and "kl3(w)" in body and ("masked" in body or "kept" in body)
+    colour = next(sb for sb in at.selectbox if sb.label == "Colour tokens by")
+    for choice in token_view.COLOUR_BY:
+        colour.set_value(choice).run()
+        assert not at.exception and choice in html_bodies(at)
+    at.selectbox(key="inspector:m_add").set_value("ratio").run()
+    assert not at.exception and html_bodies(at).count("the min") == 2  # the run's kl3, and PPO's ratio test
+
+
+def test_the_page_says_what_is_wrong_with_a_corrupt_record(tmp_path, monkeypatch):
+    monkeypatch.setenv("DIVVIZ_RUNS_DIR", str(tmp_path))
+    folder = train(RunConfig.make(steps=1, prompts=1, group_size=2, max_new_tokens=4), tmp_path)
+    (folder / "completions" / "step_000001.json").write_text('{"groups": [{"prompt": 3}]}')
+    at = app()
+    assert not at.exception and any("is not a prompt with completions" in e.value for e in at.error)
+
+
+def test_same_batch_records_show_each_measure_on_the_same_completions():
+    from divviz.engine.compare import same_batch
+
+    cfg = RunConfig.make(prompts=2, group_size=4, max_new_tokens=6, lr=0.05)
+    a, b = same_batch(cfg, [("ppo", Objective(clip=clip_test("ratio"))),
+                            ("kl3", Objective(clip=clip_test("kl3", delta=0.01)))])
+    ta, tb = (r.record["groups"][0]["completions"][0]["tokens"] for r in (a, b))
+    assert ta["id"] == tb["id"] and ta["pi_old"] == tb["pi_old"]  # the same completion, the same start
+    assert ta["measure"] != tb["measure"]
+    assert f"{len(ta['id'])} tokens" in token_view.state_counts(ta)
+    np.testing.assert_allclose([x for x in ta["ratio"]], a.ratio[:len(ta["ratio"])], rtol=1e-6)
