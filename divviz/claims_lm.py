@@ -24,7 +24,7 @@ import numpy as np
 from divviz import claims, evidence
 from divviz.engine import runner, store
 from divviz.engine.config import RunConfig, objective_settings
-from divviz.params import Param
+from divviz.params import DivvizInputError, Param
 
 TASK = "reverse"
 SEEDS_PARAM = Param("lm_seeds", 8, 2, 64, high_open=False, kind="int", typical=(2, 16, 1),
@@ -63,11 +63,14 @@ class LMPlan:
 
     @staticmethod
     def read(root, seeds: int = SEEDS_PARAM.default, steps: int = STEPS_PARAM.default) -> "LMPlan":
-        wanted = {(m, s): run_config(m, s, steps).to_dict() for m in measures() for s in range(seeds)}
+        wanted = {(m, s): _training(run_config(m, s, steps).to_dict()) for m in measures() for s in range(seeds)}
         found: dict = {}
         for run in store.list_runs(root):  # newest first: a final run wins over a later one still queued
-            for key, config in wanted.items():
-                if run.config == config and run.state in (*FINAL, "queued", "running"):
+            if run.state not in (*FINAL, "queued", "running"):
+                continue
+            config = _training(run.config)
+            for key, wanted_config in wanted.items():
+                if config == wanted_config:
                     if key not in found or (run.state in FINAL and found[key].state not in FINAL):
                         found[key] = run
         return LMPlan(root, seeds, steps, {key: found.get(key) for key in wanted})
@@ -126,6 +129,19 @@ class LMPlan:
     def report(self, bandit: claims.Report) -> claims.Report:
         """The bandit report with these cells added (call once `finished`)."""
         return replace(bandit, rows=bandit.rows + self.rows(), lm=self.text)
+
+
+KEPT_ONLY = ("checkpoint_every", "inspect_prompts", "inspect_bytes")  # what a run keeps, not how it trains
+
+
+def _training(config: dict) -> dict | None:
+    """The settings that decide how a run trains, with the defaults of settings added since it was written (None
+    for a config that is not a valid run config)."""
+    try:
+        full = RunConfig.from_dict(config).to_dict()
+    except (DivvizInputError, TypeError, ValueError):
+        return None
+    return {k: v for k, v in full.items() if k not in KEPT_ONLY}
 
 
 def _readings(run: store.RunInfo, steps: int) -> dict[str, dict[str, float]]:

@@ -145,7 +145,11 @@ def test_finished_runs_are_read_not_trained_again(lm_plan, capsys):
 def test_a_stopped_run_is_queued_again_and_a_failed_one_drops_out(lm_plan, tmp_path):
     root = tmp_path / "runs"
     shutil.copytree(lm_plan.root, root, ignore=shutil.ignore_patterns(".divviz"))
+    older = claims_lm.LMPlan.read(root, LM_SEEDS, LM_STEPS).runs[(claims.KL3_WIDE, 2)].folder / "config.json"
+    config = {k: v for k, v in json.loads(older.read_text()).items() if not k.startswith("inspect_")}
+    older.write_text(json.dumps({**config, "checkpoint_every": 10}))  # a run written before those settings
     plan = claims_lm.LMPlan.read(root, LM_SEEDS, LM_STEPS)
+    assert not plan.missing  # what a run keeps does not decide whether it is the cell's run
     failed, stopped = plan.runs[(claims.PPO, 0)].folder, plan.runs[(claims.DAPO, 1)].folder
     write_status(failed, {**read_status(failed), "state": "failed", "message": "metric 'loss' became nan"})
     plan = plan.refreshed()
