@@ -97,5 +97,45 @@ def main():
         print(f"{name:<58} {ms:>10.1f} {ms / BUDGET_MS:>8.2f} {ms + sent:>21.1f}")
 
 
+def inspector(repeats: int) -> None:
+    """The step inspector at its defaults (a default run's step: 2 prompts × 8 completions kept, coloured by clip
+    state, the run's measure and two more explained): what the page computes when the step changes (the record
+    read from disk and checked, the HTML, the explainer, the region picture) and when only the token changes (the
+    record comes from Streamlit's cache). Target (issue #12): ≤ 100 ms."""
+    import tempfile
+    from pathlib import Path
+
+    from divviz import explain, token_view
+    from divviz.engine import store
+    from divviz.engine.config import RunConfig
+    from divviz.engine.train import train
+
+    folder = train(RunConfig.make(steps=repeats, clip="kl3", clip_params={"delta": 0.02}),
+                   Path(tempfile.mkdtemp(prefix="divviz-bench-")))
+    objectives = views.explained_objectives(store.read_run(folder).config, [clip_test("ratio"),
+                                                                             clip_test("clip_higher")])
+
+    def draw(record, token):
+        tokens = record["groups"][0]["completions"][0]["tokens"]
+        i = token % len(tokens["id"])
+        html = token_view.record_html(record, "clip state", selected=(0, 0, i))
+        lines = [explain.explain_stored(o, tokens, i, label).lines() for label, o in objectives]
+        chart = views.token_region(objectives, tokens["pi_old"][i], tokens["ratio"][i], tokens["pi_new"][i])
+        return html, lines, chart
+
+    cached = store.read_completions(folder, 1)
+    draw(cached, 0)  # warm-up
+    step_ms, (html, _, chart) = timed(lambda s: draw(store.read_completions(folder, s), s), range(1, repeats + 1))
+    token_ms, _ = timed(lambda t: draw(cached, t), range(repeats))
+    sent, _ = timed(lambda _: pio.to_json(chart.figure.to_dict(), validate=False), range(5))
+    print(f"\n{'step inspector (defaults: 16 completions kept, 3 measures)':<58} {'median ms':>10} {'/ 100 ms':>8} "
+          f"{'+ sent to browser ms':>21}")
+    print(f"{'  change the step (record read from disk)':<58} {step_ms:>10.1f} {step_ms / 100:>8.2f} "
+          f"{step_ms + sent:>21.1f}")
+    print(f"{'  change the token':<58} {token_ms:>10.1f} {token_ms / 100:>8.2f} {token_ms + sent:>21.1f}")
+    print(f"  (the step's record: {len(html) / 1000:.0f} kB of HTML)")
+
+
 if __name__ == "__main__":
     main()
+    inspector(15)
