@@ -112,6 +112,10 @@ def test_same_batch_comparison_on_the_page(runs_root):
     assert (table["gradient masked"] > 0).any()
     assert table["KL k3 of the update"].nunique() == 4  # the measures moved the policy differently
     assert len(at.get("plotly_chart")) == 2
+    columns = [h.proto.body for h in at.get("html") if "dv-c" in h.proto.body and "dv-legend" not in h.proto.body]
+    assert len(columns) == 4 and len(set(columns)) > 1  # the same completion under each measure, told apart
+    at.selectbox(key="lab:compare_colour").set_value("Δπ").run()
+    assert not at.exception and any("Δπ" in h.proto.body for h in at.get("html"))
 
 
 def test_same_batch_shares_rollouts_and_start_weights():
