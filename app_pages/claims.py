@@ -54,19 +54,17 @@ if lm_plan is not None and lm_plan.finished:
     result = lm_plan.report(result)
     st.success(literal(f"Included: {lm_plan.text}."), icon=":material/check:")
 elif lm_plan is not None:
-    pending = any(run is not None and run.state not in claims_lm.FINAL for run in lm_plan.runs.values())
     st.button(f"Train the {len(lm_plan.missing)} missing runs" if lm_plan.missing else "All runs are queued",
               icon=":material/play_arrow:", disabled=not lm_plan.missing, key="claims:lm_start",
               on_click=queue_lm_runs, args=(lm_plan, ui.viewer().who))
     if "claims_error" in st.session_state:
         st.error(literal(st.session_state.pop("claims_error")), icon=":material/error:")
 
-    @st.fragment(run_every=2.0 if pending else None)
+    @st.fragment(run_every=2.0 if lm_plan.pending else None)
     def lm_progress() -> None:
         with ui.shown_errors():
             plan = lm_plan.refreshed()
-            done = sum(run is not None and run.state in claims_lm.FINAL for run in plan.runs.values())
-            st.progress(plan.progress, text=f"{done} of {len(plan.runs)} runs finished ({plan.text})")
+            st.progress(plan.progress, text=f"{plan.done} of {len(plan.runs)} runs finished ({plan.text})")
             if plan.finished:
                 st.rerun(scope="app")
 

@@ -63,12 +63,14 @@ class LMPlan:
 
     @staticmethod
     def read(root, seeds: int = SEEDS_PARAM.default, steps: int = STEPS_PARAM.default) -> "LMPlan":
-        wanted = {(m, s): _training(run_config(m, s, steps).to_dict()) for m in measures() for s in range(seeds)}
+        wanted = {(m, s): _how_it_trains(run_config(m, s, steps)) for m in measures() for s in range(seeds)}
         found: dict = {}
         for run in store.list_runs(root):  # newest first: a final run wins over a later one still queued
             if run.state not in (*FINAL, "queued", "running"):
                 continue
             config = _training(run.config)
+            if config is None:
+                continue
             for key, wanted_config in wanted.items():
                 if config == wanted_config:
                     if key not in found or (run.state in FINAL and found[key].state not in FINAL):
@@ -81,7 +83,17 @@ class LMPlan:
 
     @property
     def finished(self) -> bool:
-        return all(run is not None and run.state in FINAL for run in self.runs.values())
+        return self.done == len(self.runs)
+
+    @property
+    def done(self) -> int:
+        """How many cells have a final run."""
+        return sum(run is not None and run.state in FINAL for run in self.runs.values())
+
+    @property
+    def pending(self) -> bool:
+        """Whether some cell's run is queued or running."""
+        return any(run is not None and run.state not in FINAL for run in self.runs.values())
 
     @property
     def progress(self) -> float:
@@ -134,14 +146,17 @@ class LMPlan:
 KEPT_ONLY = ("checkpoint_every", "inspect_prompts", "inspect_bytes")  # what a run keeps, not how it trains
 
 
+def _how_it_trains(cfg: RunConfig) -> dict:
+    return {k: v for k, v in cfg.to_dict().items() if k not in KEPT_ONLY}
+
+
 def _training(config: dict) -> dict | None:
-    """The settings that decide how a run trains, with the defaults of settings added since it was written (None
-    for a config that is not a valid run config)."""
+    """A run folder's config.json as the settings that decide how it trains, with the defaults of settings added
+    since it was written (None for a config that is not a valid run config)."""
     try:
-        full = RunConfig.from_dict(config).to_dict()
+        return _how_it_trains(RunConfig.from_dict(config))
     except (DivvizInputError, TypeError, ValueError):
         return None
-    return {k: v for k, v in full.items() if k not in KEPT_ONLY}
 
 
 def _readings(run: store.RunInfo, steps: int) -> dict[str, dict[str, float]]:

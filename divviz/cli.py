@@ -18,6 +18,7 @@ import json
 import math
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -243,8 +244,6 @@ def _queue_lm_cells(args):
 def _wait_for_lm_cells(plan, quiet: bool):
     """Wait for the pool to finish the plan's runs; Ctrl-C stops those still queued or running (the finished ones
     stay, and the next `--lm` reads them)."""
-    import time
-
     from tqdm import tqdm
 
     from divviz.engine.runner import stop_run

@@ -16,6 +16,7 @@ from divviz.engine import store
 from divviz.engine.completions import check_record, token_pieces
 from divviz.engine.config import RunConfig
 from divviz.engine.grpo import grpo_step, make_batch, make_trainer, update
+from divviz.engine.rollout import completion_logps
 from divviz.engine.train import train
 from divviz.losses import Objective, aggregation_weights
 from divviz.params import DivvizInputError
@@ -31,8 +32,6 @@ def test_kept_facts_equal_policy_loss_on_the_same_batch():
     tr = make_trainer(cfg)  # the same seed: the same batch and the same update, replayed by hand
     batch = make_batch(tr, 0)
     mask = batch.rollout.completion_mask
-    from divviz.engine.rollout import completion_logps
-
     with torch.no_grad():
         logp_ref = completion_logps(tr.reference, batch.rollout, cfg.temperature, tr.autocast)
         logp_old = completion_logps(tr.model, batch.rollout, cfg.temperature, tr.autocast)

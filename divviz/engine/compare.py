@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from divviz.engine.completions import step_record
 from divviz.engine.config import RunConfig
-from divviz.engine.grpo import Trainer, inspected_rows, make_batch, make_optimiser, make_trainer, update, update_metrics
+from divviz.engine.grpo import (Trainer, inspected_record, inspected_rows, make_batch, make_optimiser, make_trainer,
+                                update, update_metrics)
 from divviz.engine.rollout import Rollout, completion_logits
-from divviz.losses import Objective, aggregation_weights
+from divviz.losses import Objective
 
 
 @dataclass
@@ -69,13 +69,9 @@ def same_batch(cfg: RunConfig, objectives: list[tuple[str, Objective]], step: in
                    "entropy_change": float(((entropy_after - entropy_before) * mask).sum() / mask.sum()),
                    "masked_share": float(out.grad_masked[active].float().mean())}
         state = out.clipped_low.long() + 2 * out.clipped_high.long() + 3 * out.dual_clipped.long()
-        rows = max(inspected_rows(cfg), cfg.group_size)  # at least the first prompt's group, side by side
-        record = step_record(step=step + 1, tokenizer=tr.tokenizer, prompts=batch.prompts, texts=batch.texts,
-                             rewards=batch.rewards, adv=batch.adv, completion_ids=batch.rollout.completion_ids,
-                             mask=mask, out=out, logp_old=logp_old, logp_after=logp_after[:rows],
-                             logp_ref=logp_old if objective.penalty is not None else None,
-                             weight=aggregation_weights(mask.cpu().numpy(), objective.aggregation, cfg.max_new_tokens),
-                             group_size=cfg.group_size, byte_cap=cfg.inspect_bytes)
+        record = inspected_record(tr, batch, out, logp_old, logp_after,
+                                  logp_old if objective.penalty is not None else None, step, objective,
+                                  rows=max(inspected_rows(cfg), cfg.group_size))  # at least one group, side by side
         results.append(Comparison(label, metrics, logp_old.exp()[active].cpu().numpy(),
                                   logp_after.exp()[active].cpu().numpy(), out.ratio[active].cpu().numpy(),
                                   state[active].cpu().numpy(), record))

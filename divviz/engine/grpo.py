@@ -211,13 +211,15 @@ def after_rows(n: int, inspected: int, step: int) -> torch.Tensor:
     return torch.cat([torch.arange(inspected), inspected + others[:max(AFTER_ROWS - inspected, 0)].sort().values])
 
 
-def inspected_record(tr: Trainer, batch: Batch, out: LossOutput, logp_old, logp_after, logp_ref, step: int):
-    """The step inspector's record of this step (`completions.step_record`), or None when none is kept."""
-    cfg, rows = tr.cfg, inspected_rows(tr.cfg)
+def inspected_record(tr: Trainer, batch: Batch, out: LossOutput, logp_old, logp_after, logp_ref, step: int,
+                     objective: Objective | None = None, rows: int | None = None):
+    """The step inspector's record (`completions.step_record`) of the first `rows` completions (default: the
+    `inspect_prompts` prompts' groups; None when that is none) under `objective` (default: the run's)."""
+    cfg, rows = tr.cfg, inspected_rows(tr.cfg) if rows is None else rows
     if not rows:
         return None
     mask = batch.rollout.completion_mask
-    weight = aggregation_weights(mask.cpu().numpy(), tr.objective.aggregation, cfg.max_new_tokens)
+    weight = aggregation_weights(mask.cpu().numpy(), (objective or tr.objective).aggregation, cfg.max_new_tokens)
     return step_record(step=step + 1, tokenizer=tr.tokenizer, prompts=batch.prompts, texts=batch.texts,
                        rewards=batch.rewards, adv=batch.adv, completion_ids=batch.rollout.completion_ids, mask=mask,
                        out=out, logp_old=logp_old, logp_after=logp_after[:rows], logp_ref=logp_ref, weight=weight,

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from divviz.engine.completions import MAX_BYTES, check_record
 from divviz.params import DivvizInputError
 from divviz.safetext import quoted, shorten
 
@@ -280,8 +281,6 @@ def completion_steps(folder: Path) -> list[int]:
 def read_completions(folder: Path, step: int) -> dict:
     """A step's record of whole completions (`completions.step_record`), checked; `CorruptRun` saying what is wrong
     with a file that is not such a record."""
-    from divviz.engine.completions import MAX_BYTES, check_record
-
     path = folder / "completions" / f"step_{step:06d}.json"
     if not path.is_file():
         raise CorruptRun(f"the run kept no completions for step {step}")
