@@ -77,7 +77,8 @@ cells = pd.DataFrame(result.rows).drop(columns=["claim_key"])
 
 for claim in result.claims:
     st.subheader(literal(claim.text))
-    st.caption(literal(f"{claim.source} · {claim.provenance} · measured as: {claim.operational}"))
+    on_lm = f" · on the built-in LM: {claim.lm_operational}" if result.lm and claim.lm_operational else ""
+    st.caption(literal(f"{claim.source} · {claim.provenance} · measured as: {claim.operational}{on_lm}"))
     mine = summary[summary.claim == claim.text].drop(columns=["claim"])
     st.dataframe(mine.loc[:, (mine != 0).any(axis=0)], hide_index=True, width="stretch")
     with st.expander("Every cell of this claim"):
