@@ -348,11 +348,14 @@ class PolicyLossGradient:
         return (np.exp(logp - self.logp_old) > self.upper) & self.positive
 
 
-def aggregation_weights(mask: np.ndarray, how: str, max_completion_length: int | None = None) -> np.ndarray:
-    """∂loss/∂ℓ_t of `aggregate` (num_items_in_batch at its default): each token's weight in the loss."""
+def aggregation_weights(mask: np.ndarray, how: str, max_completion_length: int | None = None,
+                        num_items_in_batch: float | None = None) -> np.ndarray:
+    """∂loss/∂ℓ_t of `aggregate`: each token's weight in the loss."""
     mask = np.asarray(mask, dtype=np.float64)
     if how == "grpo":
         return mask / np.maximum(mask.sum(-1, keepdims=True), 1) / mask.shape[0]
+    if how == "dapo" and num_items_in_batch is not None:
+        return mask / float(num_items_in_batch)
     if how in ("bnpo", "dapo"):
         return mask / max(mask.sum(), 1)
     if how == "dr_grpo":

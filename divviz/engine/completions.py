@@ -42,51 +42,62 @@ def token_pieces(tokenizer, ids: list[int]) -> dict[str, list]:
             "raw": [str(r) for r in raw], "special": [i in special for i in ids]}
 
 
-def _numbers(x, n: int) -> list | None:
-    """The first n values of a tensor or array, to 7 significant digits (None for a non-finite one)."""
+def _rows(x, rows: list[int]) -> list[list] | None:
+    """Rows `rows` of a (B, T) tensor or array as nested Python lists (one transfer per fact), or None."""
     if x is None:
         return None
-    values = x[:n].detach().float().cpu().tolist() if hasattr(x, "detach") else np.asarray(x[:n], float).tolist()
-    return [float(f"{v:.7g}") if math.isfinite(v) else None for v in values]
+    if hasattr(x, "detach"):
+        return x.detach()[rows].float().cpu().tolist()
+    return np.asarray(x, float)[rows].tolist()
 
 
-def step_record(*, step: int, tokenizer, prompts: list[str], texts: list[str], rewards: "torch.Tensor",
-                adv: "torch.Tensor", completion_ids: "torch.Tensor", mask: "torch.Tensor", out: "LossOutput",
-                logp_old: "torch.Tensor", logp_after: "torch.Tensor", logp_ref: "torch.Tensor | None",
-                weight: np.ndarray, group_size: int, byte_cap: int = BYTE_CAP) -> dict:
-    """The record of rows 0 … len(logp_after) − 1 of a step (whole groups of `group_size` completions, in order).
-    `out`, `logp_old`, `adv`, `mask`, `logp_ref` and `weight` are the whole batch's; `logp_after` the inspected
-    rows' log-probs after the update."""
-    rows = len(logp_after)
-    state = out.token_state()
+def _numbers(values: list | None, n: int) -> list | None:
+    """The first n values to 7 significant digits (None for a non-finite one)."""
+    if values is None:
+        return None
+    return [float(f"{v:.7g}") if math.isfinite(v) else None for v in values[:n]]
+
+
+def step_record(*, step: int, tokenizer, groups: list[tuple[str, list[int]]], texts, rewards, adv: "torch.Tensor",
+                completion_ids: "torch.Tensor", mask: "torch.Tensor", out: "LossOutput", logp_old: "torch.Tensor",
+                logp_after: "torch.Tensor | None", logp_ref: "torch.Tensor | None", weight: np.ndarray,
+                byte_cap: int = BYTE_CAP) -> dict:
+    """The record of the completions in `groups`: (prompt, its completions' rows of the batch), in order.
+
+    `out`, `logp_old`, `adv` ((B,) or (B, T)), `mask`, `logp_ref`, `weight`, `completion_ids`, `texts` and
+    `rewards` are indexed by the batch's rows; so is `logp_after` (log-probs after the update, at least up to the
+    last row kept), or it is None where π after the update is not known (a TRL run makes no such forward)."""
+    rows = [i for _, members in groups for i in members]
+    lengths = mask.detach()[rows].sum(-1).long().tolist()
+    adv = adv.unsqueeze(1) if adv.dim() == 1 else adv
+    columns = {
+        "pi_old": logp_old.exp(), "pi_new": None if logp_after is None else logp_after.exp(), "ratio": out.ratio,
+        "adv": adv.expand_as(mask), "measure": out.measure, "penalty": out.penalty,
+        "pi_ref": None if logp_ref is None else logp_ref.exp(), "loss": out.per_token_loss, "weight": weight}
+    columns = {fact: _rows(x, rows) for fact, x in columns.items()}
+    states = _rows(out.token_state(), rows)
+    ids = completion_ids.detach()[rows].tolist()
+    pieces = token_pieces(tokenizer, [i for k, n in enumerate(lengths) for i in ids[k][:n]])
+
     record = {"step": step, "byte_cap": byte_cap, "omitted": 0, "groups": []}
-    size = len(json.dumps(record))
-    for i in range(rows):
-        n = int(mask[i].sum())
-        ids = completion_ids[i, :n].tolist()
-        facts = {
-            "pi_old": _numbers(logp_old[i].exp(), n), "pi_new": _numbers(logp_after[i].exp(), n),
-            "ratio": _numbers(out.ratio[i], n), "adv": _numbers(adv[i].expand(n) if adv.dim() == 1 else adv[i], n),
-            "measure": _numbers(out.measure[i] if out.measure is not None else None, n),
-            "state": state[i, :n].tolist(), "penalty": _numbers(out.penalty[i] if out.penalty is not None else None, n),
-            "pi_ref": _numbers(logp_ref[i].exp() if logp_ref is not None else None, n),
-            "loss": _numbers(out.per_token_loss[i], n), "weight": _numbers(weight[i], n),
-        }
-        completion = {"text": texts[i], "reward": float(rewards[i]), "advantage": float(adv[i].flatten()[0]),
-                      "tokens": {**token_pieces(tokenizer, ids), **facts}}
-        if i % group_size == 0:
-            group = {"prompt": prompts[i], "completions": []}
-            added = len(json.dumps(group)) + 2
-        else:
-            added = 0
-        added += len(json.dumps(completion)) + 2
-        if size + added > byte_cap:
-            record["omitted"] = rows - i
-            break
-        if i % group_size == 0:
-            record["groups"].append(group)
-        record["groups"][-1]["completions"].append(completion)
-        size += added
+    size, k, start = len(json.dumps(record)), 0, 0
+    for prompt, members in groups:
+        group = {"prompt": prompt, "completions": []}
+        added = len(json.dumps(group)) + 2
+        for i in members:
+            n = lengths[k]
+            facts = {fact: _numbers(values[k], n) if values is not None else None for fact, values in columns.items()}
+            facts["state"] = [int(s) for s in states[k][:n]]
+            completion = {"text": texts[i], "reward": float(rewards[i]), "advantage": float(adv[i, 0]),
+                          "tokens": {**{key: part[start:start + n] for key, part in pieces.items()}, **facts}}
+            added += len(json.dumps(completion)) + 2
+            if size + added > byte_cap:
+                record["omitted"] = len(rows) - k
+                return record
+            if not group["completions"]:
+                record["groups"].append(group)
+            group["completions"].append(completion)
+            size, added, k, start = size + added, 0, k + 1, start + n
     return record
 
 

@@ -220,10 +220,12 @@ def inspected_record(tr: Trainer, batch: Batch, out: LossOutput, logp_old, logp_
         return None
     mask = batch.rollout.completion_mask
     weight = aggregation_weights(mask.cpu().numpy(), (objective or tr.objective).aggregation, cfg.max_new_tokens)
-    return step_record(step=step + 1, tokenizer=tr.tokenizer, prompts=batch.prompts, texts=batch.texts,
+    size = cfg.group_size
+    groups = [(batch.prompts[start], list(range(start, start + size))) for start in range(0, rows, size)]
+    return step_record(step=step + 1, tokenizer=tr.tokenizer, groups=groups, texts=batch.texts,
                        rewards=batch.rewards, adv=batch.adv, completion_ids=batch.rollout.completion_ids, mask=mask,
-                       out=out, logp_old=logp_old, logp_after=logp_after[:rows], logp_ref=logp_ref, weight=weight,
-                       group_size=cfg.group_size, byte_cap=cfg.inspect_bytes)
+                       out=out, logp_old=logp_old, logp_after=logp_after, logp_ref=logp_ref, weight=weight,
+                       byte_cap=cfg.inspect_bytes)
 
 
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
