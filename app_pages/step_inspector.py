@@ -74,6 +74,9 @@ with ui.shown_errors():
     i = right.selectbox("Token", range(len(tokens["id"])), index=not_inside[0] if not_inside else 0,
                         key=f"inspector:token:{name}:{step}:{g}:{c}", format_func=lambda i: token_label(tokens, i))
     st.html(token_view.record_html(record, colour_by, selected=(g, c, i)))
+    if tokens["pi_new"] is None:
+        st.caption("π after the update is not known for this run: its trainer (TRL) makes no forward pass after the "
+                   "update, so Δπ is blank and the token has no point after the update.")
 
     st.subheader("This token's loss")
     objectives = views.explained_objectives(run.config, extra)
@@ -87,5 +90,6 @@ with ui.shown_errors():
                 st.warning(literal(str(err)))
                 continue
             st.html(token_view.explanation_html(e.lines()))
-    ui.show_chart(views.token_region(objectives, tokens["pi_old"][i], tokens["ratio"][i], tokens["pi_new"][i]),
+    ui.show_chart(views.token_region(objectives, tokens["pi_old"][i], tokens["ratio"][i],
+                                     token_view.fact(tokens, "pi_new", i)),
                   "token on the clipping regions")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import html
 import math
+import operator
 
 from divviz.losses import TOKEN_STATES
 
@@ -21,24 +22,33 @@ STATE_COLOURS = ("transparent", "#9ecae1", "#fc9272", "#c994c7", "#fdd49e")  # T
 BELOW, ABOVE = (33, 102, 172), (178, 24, 43)
 
 
+def fact(tokens: dict, name: str, i: int):
+    """Token i's `name`; None where it is not known (a fact its writer did not have is None as a whole, e.g. π after
+    the update in a TRL run)."""
+    values = tokens[name]
+    return None if values is None else values[i]
+
+
+def _combined(t, i, a: str, b: str, combine):
+    x, y = fact(t, a, i), fact(t, b, i)
+    return None if x is None or y is None else combine(x, y)
+
+
 def _adv_times_ratio(t, i):
-    return None if t["adv"][i] is None or t["ratio"][i] is None else t["adv"][i] * t["ratio"][i]
+    return _combined(t, i, "adv", "ratio", operator.mul)
 
 
 def _delta_pi(t, i):
-    return None if t["pi_new"][i] is None or t["pi_old"][i] is None else t["pi_new"][i] - t["pi_old"][i]
-
-
-def _log_ratio(t, i):
-    return None if not t["ratio"][i] or t["ratio"][i] <= 0 else math.log(t["ratio"][i])
+    return _combined(t, i, "pi_new", "pi_old", operator.sub)
 
 
 def _loss_share(t, i):
-    return None if t["weight"][i] is None or t["loss"][i] is None else t["weight"][i] * t["loss"][i]
+    return _combined(t, i, "weight", "loss", operator.mul)
 
 
-def _penalty(t, i):
-    return None if t["penalty"] is None else t["penalty"][i]
+def _log_ratio(t, i):
+    w = fact(t, "ratio", i)
+    return None if not w or w <= 0 else math.log(w)
 
 
 COLOUR_BY = {  # name → (value of token i of tokens t, what the legend says)
@@ -46,7 +56,7 @@ COLOUR_BY = {  # name → (value of token i of tokens t, what the legend says)
     "ratio": (_log_ratio, "w = π_θ/π_old at the last inner step (scale on log w, white at w = 1)"),
     "Δπ": (_delta_pi, "π after the update − π_old (white at 0)"),
     "A·w": (_adv_times_ratio, "advantage × ratio, the unclipped surrogate term (white at 0)"),
-    "penalty": (_penalty, "the penalty's value (white at 0)"),
+    "penalty": (lambda t, i: fact(t, "penalty", i), "the penalty's value (white at 0)"),
     "loss share": (_loss_share, "weight·ℓ: what the token adds to the batch's loss (white at 0; they sum to L)"),
 }
 
@@ -84,16 +94,18 @@ def hover(tokens: dict, i: int) -> str:
     """All of token i's facts, one per line (plain text: it goes into an escaped title attribute)."""
     parts = [f"token {i} · id {tokens['id'][i]} · raw {tokens['raw'][i]!r}" + (" (special)" if tokens['special'][i]
                                                                               else ""),
-             f"π_old {_fmt(tokens['pi_old'][i])} → π after {_fmt(tokens['pi_new'][i])} (Δπ "
-             f"{_fmt(_delta_pi(tokens, i))})",
-             f"w {_fmt(tokens['ratio'][i])} · A {_fmt(tokens['adv'][i])} · A·w {_fmt(_adv_times_ratio(tokens, i))}",
+             f"π_old {_fmt(fact(tokens, 'pi_old', i))} → π after " + (
+                 "not known" if tokens["pi_new"] is None
+                 else f"{_fmt(fact(tokens, 'pi_new', i))} (Δπ {_fmt(_delta_pi(tokens, i))})"),
+             f"w {_fmt(fact(tokens, 'ratio', i))} · A {_fmt(fact(tokens, 'adv', i))} · "
+             f"A·w {_fmt(_adv_times_ratio(tokens, i))}",
              f"state: {TOKEN_STATES[tokens['state'][i]]}"]
     if tokens["measure"] is not None:
-        parts.append(f"measure {_fmt(tokens['measure'][i])}")
+        parts.append(f"measure {_fmt(fact(tokens, 'measure', i))}")
     if tokens["penalty"] is not None:
-        parts.append(f"penalty {_fmt(tokens['penalty'][i])}" + (f" · π_ref {_fmt(tokens['pi_ref'][i])}"
+        parts.append(f"penalty {_fmt(fact(tokens, 'penalty', i))}" + (f" · π_ref {_fmt(fact(tokens, 'pi_ref', i))}"
                                                                 if tokens["pi_ref"] is not None else ""))
-    parts.append(f"ℓ {_fmt(tokens['loss'][i])} · weight {_fmt(tokens['weight'][i])} · weight·ℓ "
+    parts.append(f"ℓ {_fmt(fact(tokens, 'loss', i))} · weight {_fmt(fact(tokens, 'weight', i))} · weight·ℓ "
                  f"{_fmt(_loss_share(tokens, i))}")
     return "\n".join(parts)
 

@@ -24,11 +24,13 @@ from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 from divviz import cli, theory  # noqa: E402
 from divviz.divergences import clip_test, penalty  # noqa: E402
 from divviz.engine import store  # noqa: E402
+from divviz.engine.completions import check_record  # noqa: E402
 from divviz.engine.model import builtin_policy  # noqa: E402
 from divviz.engine.tasks import get_task  # noqa: E402
 from divviz.losses import Objective  # noqa: E402
 from divviz.params import DivvizInputError  # noqa: E402
 from divviz.trl import DivvizGRPOTrainer, DivvizRunCallback, trl_args_for  # noqa: E402
+from divviz.trl.trainer import REWARDS  # noqa: E402
 
 APP = Path(__file__).resolve().parents[1] / "app.py"
 TASK = get_task("reverse")
@@ -186,6 +188,35 @@ def test_agreeing_options_are_accepted_and_beta_loads_the_reference(tmp_path):
     assert trl_args_for(rpg, config(tmp_path, loss_type="grpo")).beta == 0.0
 
 
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
+def test_the_step_inspectors_record_of_a_trl_micro_batch(tmp_path, policy, batch, loss_type):
+    """DivvizGRPOTrainer's record of a micro-batch holds its completions grouped by prompt, TRL's own numbers for
+    each token, no π after the update, and weights with TRL's normalisers: Σ weight·ℓ is the loss it returns (with
+    two accumulation steps, and dapo's token count)."""
+    callback = DivvizRunCallback(tmp_path, inspect_prompts=5)
+    objective = Objective(clip=clip_test("kl3", delta=0.05), penalty=penalty("k3"), beta=0.04, aggregation=loss_type)
+    trainer = make_trainer(DivvizGRPOTrainer, policy, config(tmp_path, loss_type=loss_type, beta=0.04),
+                           objective=objective, callbacks=[callback])
+    rewards = torch.linspace(-1, 2, 8)
+    loss = trainer._compute_loss(trainer.model, {**batch, REWARDS: rewards})
+    record = check_record(callback._inspected, "record")
+    groups = record["groups"]
+    assert len(groups) == 2 and [len(g["completions"]) for g in groups] == [4, 4]  # both prompts, 4 completions each
+    total, lengths = 0.0, batch["completion_mask"].sum(1).tolist()
+    for row, completion in enumerate(c for g in groups for c in g["completions"]):
+        tokens, n = completion["tokens"], lengths[row]
+        assert tokens["id"] == batch["completion_ids"][row, :n].tolist()
+        assert completion["reward"] == pytest.approx(float(rewards[row]), rel=1e-6)
+        assert completion["advantage"] == pytest.approx(float(batch["advantages"][row]), rel=1e-6)
+        assert tokens["pi_old"] == pytest.approx(batch["old_per_token_logps"][row, :n].exp().tolist(), rel=1e-6)
+        assert tokens["pi_ref"] == pytest.approx(batch["ref_per_token_logps"][row, :n].exp().tolist(), rel=1e-6)
+        assert tokens["pi_new"] is None and len(tokens["measure"]) == n and 0 < sum(tokens["weight"])
+        total += sum(w * l for w, l in zip(tokens["weight"], tokens["loss"]))
+    assert set(s for g in groups for c in g["completions"] for s in c["tokens"]["state"]) > {0}  # some are clipped
+    assert total == pytest.approx(float(loss), rel=1e-5)
+    assert groups[0]["prompt"] == TASK.batch(1, 2)[0][0]
+
+
 def train_cli(tmp_path, *extra) -> dict:
     code = cli.main(["train", "--backend", "trl", "--steps", "2", "--prompts", "2", "--group-size", "4",
                      "--max-new-tokens", "6", "--runs-dir", str(tmp_path), *extra])
@@ -210,6 +241,15 @@ def test_real_trl_steps_on_the_builtin_model(tmp_path, capsys, extra):
     assert ("kl" in rows[0]) == ("--penalty" in extra)
     tokens = store.read_tokens(run.folder, 2)
     assert tokens is not None and ((tokens["pi_old"] > 0) & (tokens["pi_old"] <= 1)).all()
+    assert store.completion_steps(run.folder) == [1, 2]  # the step inspector's records, as the engine writes them
+    answers = dict(get_task("reverse").batch(seed=1, n=2))  # step 2's prompts (seed 0): prompt → answer
+    for group in store.read_completions(run.folder, 2)["groups"]:
+        rewards = torch.tensor([c["reward"] for c in group["completions"]])
+        assert len(rewards) == 4 and all(c["tokens"]["pi_new"] is None for c in group["completions"])
+        for completion in group["completions"]:  # TRL's reward of the completion's text, and its group's advantage
+            assert completion["reward"] == TASK.reward(group["prompt"], answers[group["prompt"]], completion["text"])
+        want = (rewards - rewards.mean()) / (rewards.std() + 1e-4)
+        assert [c["advantage"] for c in group["completions"]] == pytest.approx(want.tolist(), rel=1e-5, abs=1e-6)
     capsys.readouterr()
     assert cli.main(["runs", "--runs-dir", str(tmp_path), "--json"]) == 0
     (listed,) = json.loads(capsys.readouterr().out)
@@ -306,6 +346,12 @@ def test_the_runs_page_lists_and_overlays_a_trl_run_with_an_engine_run(tmp_path,
     assert trl_run.name in set(table["run"]) and set(table["state"]) == {"done"}
     assert "kl3 δ=0.05 (TRL)" in set(table["objective"])
     assert len(at.get("plotly_chart")) == 6  # both runs overlaid: five metric panels and the mass by π_old
+    at.switch_page("app_pages/step_inspector.py").run()
+    at.sidebar.selectbox(key="inspector:run").set_value(trl_run.name).run()  # the TRL run's completions, explained
+    assert not at.exception, at.exception
+    assert any("π after the update is not known" in c.value for c in at.caption) and not at.warning
+    assert any("This token's loss" in h.value for h in at.subheader)
+    assert len(at.get("plotly_chart")) == 1  # the token on the clipping regions, at its last inner step
 
 
 def test_the_training_lab_trains_with_the_trl_backend(tmp_path, monkeypatch):

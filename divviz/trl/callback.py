@@ -25,7 +25,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from divviz.divergences import AGGREGATIONS, clip_test, penalty
-from divviz.engine.config import objective_settings
+from divviz.engine.config import RUN_PARAMS, objective_settings
 from divviz.engine.grpo import TOKEN_SAMPLE
 from divviz.engine.store import RunWriter, new_run_folder, runs_dir
 from divviz.engine.train import StopRequested, writing
@@ -33,6 +33,9 @@ from divviz.losses import Objective
 from divviz.params import DivvizInputError
 
 __all__ = ["DivvizRunCallback", "TOKEN_SAMPLE", "run_end"]
+
+INSPECT_PROMPTS, INSPECT_BYTES = (next(p for p in RUN_PARAMS if p.name == name)
+                                  for name in ("inspect_prompts", "inspect_bytes"))
 
 
 def run_end(err: BaseException) -> tuple[str, str]:
@@ -65,16 +68,21 @@ class DivvizRunCallback(TrainerCallback):
 
     runs_folder: where the run folder is made (default: $DIVVIZ_RUNS_DIR, else ./runs); folder: an existing run
     folder to write instead (divviz's own worker); config: what config.json holds (default: the run's settings read
-    from the trainer's GRPOConfig and objective); task: a name shown with the run."""
+    from the trainer's GRPOConfig and objective); task: a name shown with the run; inspect_prompts, inspect_bytes:
+    how many prompts' completions `DivvizGRPOTrainer` keeps whole per step for the step inspector (0: none), and the
+    byte cap of each step's record (the engine's run settings of the same names)."""
 
     def __init__(self, runs_folder: str | os.PathLike | None = None, *, folder: Path | None = None,
-                 config: dict | None = None, task: str | None = None, on_row=None):
+                 config: dict | None = None, task: str | None = None, on_row=None,
+                 inspect_prompts: int = INSPECT_PROMPTS.default, inspect_bytes: int = INSPECT_BYTES.default):
         self.root, self.folder, self.config = runs_dir(runs_folder), folder, config
         self.task, self.on_row = task, on_row
+        self.inspect_prompts = INSPECT_PROMPTS.check(inspect_prompts, "DivvizRunCallback")
+        self.inspect_bytes = INSPECT_BYTES.check(inspect_bytes, "DivvizRunCallback")
         self.objective: Objective | None = None  # DivvizGRPOTrainer sets it before training
         self.writer: RunWriter | None = None
         self._pending: list[dict] = []
-        self._tokens = None
+        self._tokens = self._inspected = None
         self._hook = None
 
     # -- TRL's events --------------------------------------------------------------------------------------------
@@ -112,6 +120,10 @@ class DivvizRunCallback(TrainerCallback):
         """The per-token facts of the latest last-inner-step micro-batch, written with the next metrics row."""
         self._tokens = facts
 
+    def add_completions(self, record: dict) -> None:
+        """The step inspector's record of the latest step (`completions.step_record`), written with its metrics row."""
+        self._inspected = record
+
     def end(self, state: str, message: str = "") -> None:
         """Record how the run ended (a no-op once it has ended, and on other processes)."""
         if self.writer is None or self.writer.status["state"] != "running":
@@ -131,9 +143,10 @@ class DivvizRunCallback(TrainerCallback):
         row = {k: sum(r[k] for r in self._pending if k in r) / sum(k in r for r in self._pending) for k in sorted(keys)}
         step = math.ceil(global_step / self.per_step)
         row.update({"step": step, "trl/global_step": global_step})
+        inspected = None if self._inspected is None else {**self._inspected, "step": step}
         with writing():  # a SIGTERM waits for the write to end (engine.train)
-            self.writer.append(step, row, self._tokens, [])
-        self._pending, self._tokens = [], None
+            self.writer.append(step, row, self._tokens, [], inspected)
+        self._pending, self._tokens, self._inspected = [], None, None
         if self.on_row:
             self.on_row(row)
 
@@ -153,6 +166,7 @@ class DivvizRunCallback(TrainerCallback):
             "prompts": completions // args.num_generations, "group_size": args.num_generations,
             "mu": args.num_iterations, "lr": args.learning_rate, "temperature": args.temperature,
             "max_new_tokens": args.max_completion_length, "seed": args.seed, "world_size": world,
+            "inspect_prompts": self.inspect_prompts, "inspect_bytes": self.inspect_bytes,
             "trl": {name: getattr(args, name) for name in (
                 "loss_type", "epsilon", "epsilon_high", "delta", "beta", "use_bias_correction_kl", "scale_rewards",
                 "per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation", "use_vllm",

@@ -78,7 +78,8 @@ def train(cfg: RunConfig, root: Path, *, folder: Path | None = None, on_row=None
     fails later, or is stopped (Ctrl-C, SIGTERM), ends with that state in its folder, as the engine's do."""
     task, device, processes = get_task(cfg.task), pick_device(cfg.device), process_state(cfg).num_processes
     model, tokenizer = load_policy(cfg.model, task, seed=0, trust_remote_code=cfg.trust_remote_code)
-    callback = DivvizRunCallback(root, folder=folder, config=cfg.to_dict(), on_row=on_row)
+    callback = DivvizRunCallback(root, folder=folder, config=cfg.to_dict(), on_row=on_row,
+                                 inspect_prompts=cfg.inspect_prompts, inspect_bytes=cfg.inspect_bytes)
     with tempfile.TemporaryDirectory(prefix="divviz-trl-") as output_dir:
         trainer = DivvizGRPOTrainer(model=model, reward_funcs=task_rewards(task, cfg.format_reward),
                                     args=grpo_config(cfg, processes, device, output_dir),

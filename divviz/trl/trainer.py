@@ -32,11 +32,14 @@ from trl.trainer.utils import nanmax, nanmin
 
 from divviz.divergences import AGGREGATIONS
 from divviz.estimators import k1, k2, k3
+from divviz.engine.completions import step_record
 from divviz.engine.grpo import finite_loss
-from divviz.losses import LossOutput, Objective
+from divviz.losses import LossOutput, Objective, aggregation_weights
 from divviz.params import DivvizInputError
 from divviz.trl.callback import TOKEN_SAMPLE, DivvizRunCallback, run_end
 
+# each completion's reward, added to TRL's generation batch for the step inspector (TRL keeps only advantages)
+REWARDS = "divviz_rewards"
 # inputs that TRL's forward passes on to multimodal models, by the names `_get_per_token_logps_and_entropies` takes
 _MODEL_INPUTS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes",
                  "num_tiles", "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids")
@@ -120,7 +123,8 @@ class DivvizGRPOTrainer(GRPOTrainer):
         divviz/outside_last_mean     the same at the last of the μ inner steps only (after μ − 1 updates)
 
     With a `DivvizRunCallback` among its callbacks it also hands over, at the last inner step, a sample of per-token
-    facts gathered from every process (≤ 256 tokens), which the callback writes as the run's `tokens/`.
+    facts gathered from every process (≤ 256 tokens), which the callback writes as the run's `tokens/`, and the step
+    inspector's record of whole completions (`completions/`, see `_hand_over_completions`).
     """
 
     def __init__(self, *args, objective: Objective, **kwargs):
@@ -177,7 +181,25 @@ class DivvizGRPOTrainer(GRPOTrainer):
         self._log_facts(mode, out, logp_new.detach() - logp_old, entropies, mask)
         if mode == "train" and self._last_inner_step():
             self._hand_over_tokens(out, logp_old, adv, mask)
+            if self._step % self.args.steps_per_generation == 0:  # the pass's first micro-batch
+                self._hand_over_completions(inputs, out, logp_old, adv, mask, accumulation)
         return loss
+
+    def _calculate_rewards(self, *args, **kwargs):
+        """TRL's rewards per function (every process's completions), kept for `_generate_and_score_completions`."""
+        self._rewards_per_func = super()._calculate_rewards(*args, **kwargs)
+        return self._rewards_per_func
+
+    def _generate_and_score_completions(self, inputs):
+        """TRL's generation batch, plus this process's rewards (as TRL logs them) when a callback inspects steps."""
+        output = super()._generate_and_score_completions(inputs)
+        if any(callback.inspect_prompts for callback in self._run_callbacks()):
+            per_func = self._rewards_per_func
+            rewards = (per_func * self.reward_weights.to(per_func.device).unsqueeze(0)).nansum(dim=1)
+            rewards[torch.isnan(per_func).all(dim=1)] = torch.nan  # unscorable, as TRL marks them
+            n, rank = len(output["advantages"]), self.accelerator.process_index
+            output[REWARDS] = rewards[rank * n:(rank + 1) * n]
+        return output
 
     def _dapo_normaliser(self, inputs, mode: str):
         """TRL's dapo normaliser: the generation batch's tokens over all processes, per accumulation window."""
@@ -261,3 +283,35 @@ class DivvizGRPOTrainer(GRPOTrainer):
             merged = {key: np.concatenate([part[key] for part in gathered]) for key in facts}
             for callback in callbacks:
                 callback.add_tokens(merged)
+
+    def _hand_over_completions(self, inputs, out: LossOutput, logp_old, adv, mask, accumulation: float) -> None:
+        """The step inspector's record (`completions.step_record`) of this micro-batch, on the main process.
+
+        TRL shuffles a generation batch before splitting it into micro-batches, so the record takes this micro-batch's
+        first `inspect_prompts` distinct prompts, each with its completions found here (all G when the generation batch
+        is one micro-batch, as in `divviz train --backend trl`). π after the update is not known (`pi_new` is None):
+        TRL makes no forward after its update. The weights are ∂loss/∂ℓ_t of the loss this trainer returns, with TRL's
+        normalisers (accumulation steps, and dapo's token count over processes)."""
+        callbacks = [callback for callback in self._run_callbacks() if callback.inspect_prompts]
+        if not callbacks or REWARDS not in inputs or not self.accelerator.is_main_process:
+            return
+        tokenizer = getattr(self.processing_class, "tokenizer", self.processing_class)  # a processor holds one
+        completion_mask = inputs["completion_mask"]  # whole completions; `mask` also drops tool tokens from the loss
+        prompt_keys = [tuple(ids[keep > 0].tolist()) for ids, keep in zip(inputs["prompt_ids"], inputs["prompt_mask"])]
+        how, normaliser = self.objective.aggregation, self._dapo_normaliser(inputs, "train")
+        weight = aggregation_weights(mask.cpu().numpy(), how, self.max_completion_length,
+                                     None if normaliser is None else float(normaliser))
+        weight = weight if how == "dapo" else weight / accumulation
+        for callback in callbacks:
+            chosen = list(dict.fromkeys(prompt_keys))[:callback.inspect_prompts]
+            groups = [(tokenizer.decode(list(key), skip_special_tokens=True),
+                       [i for i, other in enumerate(prompt_keys) if other == key]) for key in chosen]
+            rows = [i for _, members in groups for i in members]
+            lengths = completion_mask[rows].sum(-1).long().tolist()
+            texts = dict(zip(rows, tokenizer.batch_decode(
+                [inputs["completion_ids"][i][:n].tolist() for i, n in zip(rows, lengths)], skip_special_tokens=True)))
+            callback.add_completions(step_record(
+                step=0, tokenizer=tokenizer, groups=groups, texts=texts, rewards=inputs[REWARDS].float().cpu(),
+                adv=adv, completion_ids=inputs["completion_ids"], mask=completion_mask, out=out, logp_old=logp_old,
+                logp_after=None, logp_ref=inputs.get("ref_per_token_logps"), weight=weight,
+                byte_cap=callback.inspect_bytes))
