@@ -2,7 +2,8 @@
 
     divviz measures [--json]
     divviz bounds --measure NAME[:k=v...] [--measure …]... [--param k=v]... [--pi-old P] [--json]
-    divviz train [--measure NAME[:k=v...]] [--param k=v]... [--penalty NAME --beta B] [--task T] [--steps N] ...
+    divviz bounds --formula "w - 1 - log(w)" --param delta=0.05 [--json]
+    divviz train [--measure NAME[:k=v...] | --formula TEXT] [--param k=v]... [--penalty NAME --beta B] [--task T] ...
                  [--backend divviz|trl]
     accelerate launch --multi_gpu --num_processes N -m divviz train --backend trl ...
     divviz runs [--runs-dir DIR] [--json]
@@ -23,7 +24,7 @@ import time
 import numpy as np
 
 from divviz import instances
-from divviz.divergences import CATALOGUE, DUAL_CLIP, get_entry
+from divviz.divergences import CATALOGUE, DUAL_CLIP, clip_test, get_entry
 from divviz.engine.config import RUN_PARAMS
 from divviz.params import DivvizInputError, Param, parse_assignments
 from divviz.safetext import shorten
@@ -52,7 +53,8 @@ def cmd_measures(args) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     for row in rows:
-        params = ", ".join(f"{p['name']}={p['default']:g}" if p["kind"] != "bool" else f"{p['name']}={int(p['default'])}"
+        shown = {"bool": lambda v: int(v), "text": repr}
+        params = ", ".join(f"{p['name']}={shown.get(p['kind'], lambda v: format(v, 'g'))(p['default'])}"
                            for p in row["params"])
         print(f"{row['name']:<12} {row['family']:<8} {row['title']}" + (f"  [{params}]" if params else ""))
     return 0
@@ -66,20 +68,29 @@ def clip_measure(spec: str, params: list[str]):
     return instances.parse(":".join([spec, *params]))
 
 
+def formula_measure(text: str, params: list[str]):
+    """`--formula TEXT` with its `--param k=v`s (delta): the catalogue's `formula` clip test, f(w) ≤ δ."""
+    return clip_test("formula", **{**parse_assignments(params), "f": text})
+
+
 def cmd_bounds(args) -> int:
     specs = args.measure or []
-    if not specs:
-        raise DivvizInputError("give a clip test: --measure NAME (see `divviz measures`), e.g. --measure kl3:delta=0.05")
-    if args.param and len(specs) > 1:
+    count = len(specs) + (args.formula is not None)
+    if not count:
+        raise DivvizInputError("give a clip test: --measure NAME (see `divviz measures`), e.g. --measure kl3:delta=0.05, "
+                               "or your own: --formula \"w - 1 - log(w)\" --param delta=0.05")
+    if args.param and count > 1:
         raise DivvizInputError("--param belongs to a single --measure; with several, write NAME:k=v, "
                                "e.g. --measure kl3:delta=0.0177 --measure kl3:delta=0.05")
     tests = [clip_measure(spec, args.param) for spec in specs]
+    if args.formula is not None:
+        tests.append(formula_measure(args.formula, args.param))
     pi_old = None
     if args.pi_old is not None:
         pi_old = Param("pi_old", 0.5, 0.0, 1.0, low_open=True, high_open=False).check(args.pi_old, "bounds")
     rows = []
     for test in tests:
-        if test.entry.needs_pi_old and pi_old is None:
+        if test.needs_pi_old and pi_old is None:
             raise DivvizInputError(f"{test.name}: its interval depends on π_old; pass --pi-old P with P in (0, 1]")
         lower, upper = (float(b) for b in test.bounds(None if pi_old is None else np.asarray(pi_old)))
         rows.append({"measure": test.name, "params": test.params, "lower": lower,
@@ -101,7 +112,7 @@ def cmd_train(args) -> int:
         raise DivvizInputError("--beta was given without a penalty (--penalty); choose one or drop --beta")
     cfg = RunConfig.make(
         task=args.task, backend=args.backend, model=args.model, device=args.device,
-        **measure_settings(args.measure, args.param),
+        **measure_settings(args.measure, args.param, args.formula),
         penalty=args.penalty, penalty_params=parse_assignments(args.penalty_param),
         beta=0.04 if args.beta is None else args.beta, dual_clip_c=args.dual_clip, aggregation=args.aggregation,
         scale_rewards=not args.no_scale_rewards,
@@ -123,11 +134,14 @@ def cmd_train(args) -> int:
     return 0 if run.state in ("done", "stopped") else 1
 
 
-def measure_settings(spec: str, params: list[str]) -> dict:
-    """`--measure NAME[:k=v…]` (or none) and `--param k=v`s as a run config's clip and clip_params."""
+def measure_settings(spec: str, params: list[str], formula: str | None = None) -> dict:
+    """`--measure NAME[:k=v…]` (or none), or `--formula TEXT`, and `--param k=v`s as a run config's clip and
+    clip_params."""
+    if formula is not None and spec != "ratio":
+        raise DivvizInputError("give --measure or --formula, not both")
     if spec == "none":
         return {"clip": None, "clip_params": parse_assignments(params)}
-    test = clip_measure(spec, params)
+    test = formula_measure(formula, params) if formula is not None else clip_measure(spec, params)
     return {"clip": test.name, "clip_params": test.params}
 
 
@@ -280,7 +294,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="clip test, e.g. kl3 or kl3:delta=0.0177 (see `divviz measures`); repeat to compare several")
     p.add_argument("--param", action="append", default=[], metavar="K=V",
                    help="a parameter of a single --measure, e.g. delta=0.05")
-    p.add_argument("--pi-old", help="π_old of the token, for tests that depend on it (prob_tv)")
+    p.add_argument("--formula", metavar="TEXT",
+                   help='your own measure f(w) ≤ δ, e.g. "w - 1 - log(w)" or "abs(log(w))" (with --param delta=…)')
+    p.add_argument("--pi-old", help="π_old of the token, for tests that depend on it (prob_tv, a formula in pi_old)")
     p.add_argument("--json", action="store_true",
                    help='print {"measure", "params", "lower", "upper"} (a list of them for several measures)')
     p.set_defaults(run=cmd_bounds)
@@ -289,6 +305,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--measure", default="ratio", metavar="NAME[:K=V…]",
                    help="clip test, e.g. kl3:delta=0.0231 (see `divviz measures`), or none")
     p.add_argument("--param", action="append", default=[], metavar="K=V", help="a clip-test parameter")
+    p.add_argument("--formula", metavar="TEXT", help='your own clip test f(w) ≤ δ, e.g. "abs(log(w))" (instead of '
+                                                     "--measure; with --param delta=…)")
     p.add_argument("--penalty", help="penalty toward the start policy, e.g. k3, prob_l2, ufkl_rf")
     p.add_argument("--penalty-param", action="append", default=[], metavar="K=V", help="a penalty parameter")
     p.add_argument("--beta", default=None, help="penalty coefficient β (with --penalty; default 0.04)")

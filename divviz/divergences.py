@@ -21,6 +21,7 @@ import numpy as np
 
 from divviz import theory
 from divviz.estimators import array_ops, k1, k2, k3
+from divviz.formula import bounds as formula_bounds, checked
 from divviz.mirror import random_mirror_map
 from divviz.params import DivvizInputError, Param, check_params
 from divviz.safetext import quoted
@@ -45,10 +46,15 @@ IMPORTANCE_WEIGHT = Param("importance_weight", False, kind="bool",
 
 
 def _label(name: str, params: dict) -> str:
-    """A short legend label, e.g. "kl3 δ=0.05" or "clip_higher ε_low=0.2 ε_high=0.28"."""
+    """A short legend label, e.g. "kl3 δ=0.05", "clip_higher ε_low=0.2 ε_high=0.28", "formula w - 1 - log(w) δ=0.05"."""
     shown = {"delta": "δ", "eps": "ε", "eps_low": "ε_low", "eps_high": "ε_high"}
-    parts = [f"{shown.get(k, k)}={v:.4g}" if not isinstance(v, bool) else (k if v else "") for k, v in params.items()]
-    return " ".join([name, *[p for p in parts if p]])
+
+    def part(k, v):
+        if isinstance(v, str):
+            return v
+        return (k if v else "") if isinstance(v, bool) else f"{shown.get(k, k)}={v:.4g}"
+
+    return " ".join([name, *[p for p in (part(k, v) for k, v in params.items()) if p]])
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -68,7 +74,8 @@ class ClipTestEntry:
     value: Callable  # (logp_new, logp_old, params) -> measure value per token
     feasible: Callable  # (value, params) -> bool per token
     bounds: Callable  # (params, pi_old) -> (l, u)
-    needs_pi_old: bool = False
+    needs_pi_old: bool | Callable = False  # or (params) -> bool, where the parameters decide
+    check: Callable | None = None  # (params) -> None, refusing parameters that are each valid but not together
     family: str = field(default="clip", init=False)
 
 
@@ -98,9 +105,15 @@ class ClipTest(Configured):
     def feasible(self, logp_new, logp_old):
         return self.entry.feasible(self.value(logp_new, logp_old), self.params)
 
+    @property
+    def needs_pi_old(self) -> bool:
+        """Whether [l, u] depends on π_old."""
+        needs = self.entry.needs_pi_old
+        return needs(self.params) if callable(needs) else needs
+
     def bounds(self, pi_old=None):
         """(l, u): floats, or arrays/tensors shaped like `pi_old` for tests that depend on it."""
-        if not self.entry.needs_pi_old:
+        if not self.needs_pi_old:
             return self._constant_bounds
         if pi_old is None:
             raise DivvizInputError(f"{self.name}: its ratio interval depends on π_old; give pi_old in (0, 1]")
@@ -117,6 +130,24 @@ def _at_most_delta(value, p):
 
 def _log_ratio(logp_new, logp_old):
     return logp_new - logp_old
+
+
+def _formula_value(new, old, p):
+    """f(w, π_old) of the typed formula, in torch (training) or numpy (the bandit) as the log-probs come."""
+    formula, log_ratio = checked(p["f"]), _log_ratio(new, old)
+    if hasattr(log_ratio, "detach"):
+        return formula.torch(log_ratio.exp(), old.exp())
+    return formula.numpy(np.exp(log_ratio), np.exp(old))
+
+
+def _formula_bounds(p, pi_old):
+    """[l, u] of f ≤ δ by root-finding (`formula.bounds`); a tensor π_old gives tensors on its device."""
+    if not hasattr(pi_old, "detach"):
+        return formula_bounds(checked(p["f"]), p["delta"], pi_old)
+    import torch
+
+    edges = formula_bounds(checked(p["f"]), p["delta"], pi_old.detach().cpu().double().numpy())
+    return tuple(torch.as_tensor(edge, dtype=pi_old.dtype, device=pi_old.device) for edge in edges)
 
 
 def _prob_tv_bounds(p, pi_old):
@@ -186,6 +217,21 @@ CLIP_TESTS: dict[str, ClipTestEntry] = {
             _at_most_delta,
             _prob_tv_bounds,
             needs_pi_old=True,
+        ),
+        ClipTestEntry(
+            "formula", "your own measure f(w) ≤ δ",
+            r"f(w_t) \le \delta,\quad f \text{ typed: in } w_t=\pi_\theta/\pi_{\mathrm{old}} "
+            r"\text{ (and } \pi_{\mathrm{old}}\text{)}",
+            "Type a divergence in w (and optionally pi_old): numbers, + - * / **, log, exp, sqrt, abs, log1p, "
+            "expm1, tanh, sinh, cosh, min, max, e, pi. It must be 0 at w = 1, ≥ 0, falling below 1 and rising "
+            "above it; [l, u] is found by root-finding. w - 1 - log(w) is kl3, 0.5*log(w)**2 is kl2.",
+            (Param("f", "w - 1 - log(w)", kind="text", doc="the divergence f(w), e.g. w - 1 - log(w) or abs(log(w))"),
+             _delta(0.05, 50.0, "level δ of the typed measure", (0.0005, 0.5, 0.0005))),
+            _formula_value,
+            _at_most_delta,
+            _formula_bounds,
+            needs_pi_old=lambda p: checked(p["f"]).uses_pi_old,
+            check=lambda p: checked(p["f"]),
         ),
     )
 }
@@ -360,7 +406,10 @@ def get_entry(name: str, family: str | None = None) -> ClipTestEntry | PenaltyEn
 
 def clip_test(name: str, **params) -> ClipTest:
     entry = get_entry(name, "clip")
-    return ClipTest(entry, check_params(name, entry.params, params))
+    params = check_params(name, entry.params, params)
+    if entry.check is not None:
+        entry.check(params)
+    return ClipTest(entry, params)
 
 
 def penalty(name: str, **params) -> Penalty:

@@ -2,25 +2,43 @@
 
 Pages, links and the CLI pick lists of such instances, so the same measure can be compared with itself at
 several settings (kl3 δ = 0.0177 vs 0.0231 vs 0.05). One spelling everywhere: a link's `m=`, the CLI's
-`--measure`, a preset. Only parameters away from their default are written, so links stay short.
+`--measure`, a preset. Only parameters away from their default are written, so links stay short. A typed formula
+is a text parameter, escaped so that it cannot split the list: `formula:f=max(w%2C 1/w) - 1:delta=0.1`.
 """
 
 from __future__ import annotations
 
-from divviz.divergences import ClipTest, Configured, Penalty, clip_test, penalty
+import urllib.parse
+
+from divviz.divergences import ClipTest, Configured, Penalty, clip_test, get_entry, penalty
 from divviz.params import DivvizInputError, parse_assignments
 from divviz.safetext import quoted
 
-MAX_SPEC_CHARACTERS = 200
+MAX_SPEC_CHARACTERS = 700  # a typed formula (≤ 200 characters) with its escapes fits
 
 
 def parse(text: str, family: str = "clip") -> ClipTest | Penalty:
-    """`kl3:delta=0.05` -> the configured clip test (or penalty); parameters checked by the catalogue."""
+    """`kl3:delta=0.05` -> the configured clip test (or penalty); parameters checked by the catalogue. A text
+    parameter's value is unescaped (`spell` escapes %, : and ,)."""
     text = str(text).strip()
     if len(text) > MAX_SPEC_CHARACTERS:
         raise DivvizInputError(f"a measure is at most {MAX_SPEC_CHARACTERS} characters; got {quoted(text)}")
     name, *assignments = text.split(":")
-    return configure(name, parse_assignments(assignments), family)
+    params = parse_assignments(assignments)
+    entry = get_entry(name, family)
+    for p in entry.params:
+        if p.kind == "text" and p.name in params:
+            params[p.name] = unescape(params[p.name])
+    return configure(name, params, family)
+
+
+def escape(text: str) -> str:
+    """A text value written into a spelling: the characters that separate measures and parameters escaped."""
+    return text.replace("%", "%25").replace(":", "%3A").replace(",", "%2C")
+
+
+def unescape(text: str) -> str:
+    return urllib.parse.unquote(text)
 
 
 def configure(name: str, params: dict, family: str = "clip") -> ClipTest | Penalty:
@@ -33,7 +51,8 @@ def spell(measure: Configured) -> str:
     for p in measure.entry.params:
         value = measure.params[p.name]
         if value != p.default:
-            parts.append(f"{p.name}={int(value) if p.kind == 'bool' else format(value, '.10g')}")
+            shown = {"bool": lambda v: int(v), "text": escape}.get(p.kind, lambda v: format(v, ".10g"))(value)
+            parts.append(f"{p.name}={shown}")
     return ":".join(parts)
 
 

@@ -280,7 +280,7 @@ class PolicyLossGradient:
     def __init__(self, objectives: list[Objective], weights: np.ndarray):
         self.objectives, self.weights, self.active = objectives, weights, weights > 0
         self.clips = any(o.clip is not None for o in objectives)
-        self.bounds_need_pi_old = any(o.clip is not None and o.clip.entry.needs_pi_old for o in objectives)
+        self.bounds_need_pi_old = any(o.clip is not None and o.clip.needs_pi_old for o in objectives)
         if self.clips and not self.bounds_need_pi_old:
             self.lower, self.upper = self._clip_bounds(None)
         self.capped = any(o.dual_clip_c is not None for o in objectives)
@@ -301,7 +301,7 @@ class PolicyLossGradient:
         return np.stack(np.broadcast_arrays(*values))
 
     def _clip_bounds(self, pi_old):
-        bounds = [(0.0, np.inf) if o.clip is None else o.clip.bounds(pi_old[r] if o.clip.entry.needs_pi_old else None)
+        bounds = [(0.0, np.inf) if o.clip is None else o.clip.bounds(pi_old[r] if o.clip.needs_pi_old else None)
                   for r, o in enumerate(self.objectives)]
         return tuple(self._per_run(side) for side in zip(*bounds))
 

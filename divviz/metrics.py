@@ -74,7 +74,7 @@ def overshoot(ratio_after: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, 
     has w = 1); this counts where they ended. (B, T) tensors; adv (B,) or (B, T)."""
     if clip is None:
         return 0.0
-    lower, upper = clip.bounds(pi_old) if clip.entry.needs_pi_old else clip.bounds()
+    lower, upper = clip.bounds(pi_old) if clip.needs_pi_old else clip.bounds()
     adv = adv.unsqueeze(1) if adv.dim() == 1 else adv
     past = ((ratio_after > upper) & (adv > 0)) | ((ratio_after < lower) & (adv < 0))
     return float((past & (mask > 0)).sum()) / max(float(mask.sum()), 1.0)

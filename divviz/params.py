@@ -25,13 +25,14 @@ class DivvizInputError(ValueError):
 class Param:
     """One numeric parameter with its default and valid range.
 
-    `kind` is "float", "int" or "bool". The range is `low .. high`, each end open or closed;
+    `kind` is "float", "int", "bool" or "text" (a string, e.g. a typed formula, checked by its owner). The
+    range of a number is `low .. high`, each end open or closed;
     `high = inf` with `high_open=True` means "any finite number above `low`".
     `trl_name` is the name TRL's `GRPOConfig` uses for the same knob, where it has one.
     """
 
     name: str
-    default: float
+    default: float | str
     low: float = -math.inf
     high: float = math.inf
     low_open: bool = False
@@ -48,6 +49,8 @@ class Param:
         return self.low, self.high, (self.high - self.low) / 100
 
     def range_text(self) -> str:
+        if self.kind == "text":
+            return "text"
         if self.kind == "bool":
             return "0 or 1 (false/true)"
         left = "(" if self.low_open else "["
@@ -59,6 +62,10 @@ class Param:
     def check(self, value, owner: str) -> float | int | bool:
         """Return `value` converted to this parameter's kind, or raise `DivvizInputError`."""
         where = f"{owner}: parameter '{self.name}'"
+        if self.kind == "text":
+            if not isinstance(value, str):
+                raise DivvizInputError(f"{where} must be text; got {quoted(value)}")
+            return value.strip()
         if self.kind == "bool":
             if isinstance(value, str):
                 lowered = value.strip().lower()

@@ -12,6 +12,7 @@ import streamlit as st
 
 from divviz import instances, views
 from divviz.divergences import CLIP_TESTS, PENALTIES, penalty
+from divviz.formula import MAX_CHARACTERS
 from divviz.engine.runner import Viewer
 from divviz.ownership import browser_id, is_teacher_key
 from divviz.params import DivvizInputError, Param
@@ -72,9 +73,11 @@ def number(page: str, control: Control, label: str, help: str | None = None, whe
 
 
 def slider_for(p: Param, widget_key: str, label: str, help: str | None = None, where=st):
-    """A slider (or toggle) with the range of `p`, bound to session key `widget_key`."""
+    """A slider (toggle, text box) with the range of `p`, bound to session key `widget_key`."""
     if p.kind == "bool":
         return where.toggle(label, key=widget_key, help=help or p.doc)
+    if p.kind == "text":
+        return where.text_input(label, key=widget_key, help=help or p.doc, max_chars=MAX_CHARACTERS)
     low, high, step = p.slider_range()
     if p.kind == "int":
         return where.slider(label, int(low), int(high), step=int(step), key=widget_key, help=help or p.doc)
@@ -124,14 +127,22 @@ def measure_list(page: str, control: Control, title: str) -> list:
     for measure, keys in zip(chosen, widget):  # a slider's value, else the list's
         for p in measure.entry.params:
             st.session_state.setdefault(keys[p.name], measure.params[p.name])
-    current = [instances.configure(m.name, {p: st.session_state[k] for p, k in keys.items()}, control.family)
-               for m, keys in zip(chosen, widget)]
+    current, refused = [], {}
+    for i, (measure, keys) in enumerate(zip(chosen, widget)):
+        try:
+            current.append(instances.configure(measure.name, {p: st.session_state[k] for p, k in keys.items()},
+                                               control.family))
+        except DivvizInputError as err:  # a typed formula that is refused: keep the list's last good one
+            current.append(measure)
+            refused[i] = err
     labels = instances.unique_labels([m.label for m in current])
     st.caption(title)
     for i, (measure, keys, label) in enumerate(zip(current, widget, labels)):
-        with st.expander(label, expanded=len(current) <= 3):
+        with st.expander(label, expanded=len(current) <= 3 or i in refused):
             for p in measure.entry.params:
                 slider_for(p, keys[p.name], p.name)
+            if i in refused:
+                st.error(f"{literal(str(refused[i]))} — still shown: {literal(measure.label)}", icon=":material/error:")
             st.caption(measure.entry.doc)
             row = st.container(horizontal=True)
             row.button("Duplicate", key=f"{page}:m{version}.{i}:dup", icon=":material/content_copy:",

@@ -73,7 +73,7 @@ def decode_measures(name: str, text: str, family: str) -> list:
 
 def in_range(control: Control, value, text) -> None:
     low, high, _ = control.param.slider_range()
-    if control.param.kind != "bool" and not low <= value <= high:
+    if control.param.kind not in ("bool", "text") and not low <= value <= high:
         raise DivvizInputError(f"link: '{control.name}' = {quoted(text, 40)} is outside the controls' range "
                                f"[{low:g}, {high:g}]")
 

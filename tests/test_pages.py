@@ -175,3 +175,33 @@ def test_mass_reallocation_the_same_measure_twice_and_one_seed():
     slider(at, "Seeds per measure").set_value(1).run()
     assert not at.exception and "(n = 1)" in at.metric[0].delta
 
+
+
+def test_a_typed_formula_on_the_clipping_regions_page():
+    """A link carries a typed formula; typing another redraws; a refused one says why in its expander, and the page
+    keeps drawing the last good formula (the link too)."""
+    at = open_page("app_pages/clipping_regions.py", {"m": "kl3,formula:f=max(w%2C 1/w) - 1:delta=0.5"})
+    assert measure_labels(at) == ["kl3 δ=0.05", "formula max(w, 1/w) - 1 δ=0.5"]
+    assert "[0.6667, 1.5000]" in specs(at)[0]  # max(w, 1/w) − 1 ≤ 0.5 ⇔ 1/1.5 ≤ w ≤ 1.5
+    box = next(t for t in at.text_input if t.label == "f")
+    box.set_value("abs(log(w))").run()
+    assert not at.exception and at.query_params["m"] == "kl3,formula:f=abs(log(w)):delta=0.5"
+    assert "[0.6065, 1.6487]" in specs(at)[0]
+    box.set_value('__import__("os").system("touch /tmp/owned")').run()
+    assert not at.exception and len(specs(at)) == 5
+    assert "is not allowed" in shown(at.error[0]) and "still shown: formula abs(log(w))" in shown(at.error[0])
+    assert at.query_params["m"] == "kl3,formula:f=abs(log(w)):delta=0.5"  # the last good formula stays
+
+
+def test_a_refused_formula_in_a_link_is_reported():
+    at = open_page("app_pages/clipping_regions.py", {"m": "formula:f=(w-1)**2*(w-3)**2"})
+    assert "is not one interval" in " ".join(shown(w) for w in at.warning)
+    assert len(specs(at)) == 5  # the default measures instead
+
+
+def test_a_formula_can_be_added_from_the_list():
+    at = open_page("app_pages/clipping_regions.py", {"m": "kl3"})
+    add_measure(at, "formula")
+    assert measure_labels(at) == ["kl3 δ=0.05", "formula w - 1 - log(w) δ=0.05"]
+    first, second = (json.loads(specs(at)[0])["data"][i] for i in (0, 1))
+    assert first["x"] == second["x"]  # the typed KL3 has KL3's interval

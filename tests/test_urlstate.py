@@ -67,7 +67,7 @@ def test_old_links_set_the_parameters_of_bare_names():
     ("kl3:eps=0.2", "kl3: unknown parameter 'eps'"),
     ("kl3:delta", "expected NAME=VALUE, got 'delta'"),
     ("kl9", "unknown clip test 'kl9'"),
-    ("x" * 300, "at most 200 characters"),
+    ("x" * 800, "at most 700 characters"),
 ])
 def test_bad_measures_in_a_link_are_reported(text, problem):
     values, problems = read_query(MEASURES, {"m": text})
