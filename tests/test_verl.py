@@ -1,0 +1,94 @@
+"""divviz against verl 0.9.1's own code, through reference vectors (tests/data/verl_policy_losses.json, written by
+scripts/verl_reference.py with verl installed; importing verl here would need ray): the vanilla PPO policy loss
+with its dual-clip, its aggregation modes and its k1/k2/k3 penalty estimators, loss and gradient in float64."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from divviz.divergences import clip_test, penalty
+from divviz.losses import aggregate, policy_loss
+
+DATA = json.loads((Path(__file__).parent / "data" / "verl_policy_losses.json").read_text())
+F64 = torch.float64
+# verl's loss_agg_mode → divviz's aggregation (TRL's loss_type), where divviz has it; seq-mean-token-sum-norm
+# divides by the padded length T, Dr. GRPO's max_completion_length
+AGGREGATIONS = {"token-mean": "bnpo", "seq-mean-token-mean": "grpo", "seq-mean-token-sum-norm": "dr_grpo"}
+
+
+def tolerance(key: str) -> dict:
+    """Rounding, except where verl's seq-mean-token-mean adds 1e-8 to each row's token count, which it keeps with a
+    float mask (with the bool mask that verl's ppo_loss passes, the count is an integer and the 1e-8 vanishes in
+    float32): there each row's mean differs by ~1e-8 of itself."""
+    if "seq-mean-token-mean" in key and "mask_float64" in key:
+        return {"rel": 0.0, "abs": 1e-8}
+    return {"rel": 1e-12, "abs": 1e-15}
+
+
+def tensors(case: dict, *names) -> list[torch.Tensor]:
+    return [torch.tensor(case[name], dtype=F64) for name in names]
+
+
+VANILLA = [key for key, case in DATA["policy_loss"].items() if case["loss_mode"] == "vanilla"
+           and case["loss_agg_mode"] in AGGREGATIONS and case["rollout_is_weights"] is None
+           and not (case["batch"] == "wide" and case["loss_agg_mode"] != "token-mean")]  # see below
+
+
+@pytest.mark.parametrize("key", VANILLA)
+def test_verls_vanilla_policy_loss_is_divvizs_box_with_dual_clip(key):
+    """verl's `compute_policy_loss_vanilla` (box [1 − clip_ratio_low, 1 + clip_ratio_high], dual-clip cap
+    clip_ratio_c, always on) equals policy_loss with clip_higher and dual_clip_c: the loss, its gradient in log π,
+    pg_clipfrac (divviz's clip_ratio/region) and pg_clipfrac_lower (divviz's dual-clipped share). The 'wide' batch
+    has an empty row, which verl's per-sequence modes do not count and divviz's grpo/dr_grpo do, so it is tested
+    with token-mean only."""
+    case = DATA["policy_loss"][key]
+    batch = DATA["batches"][case["batch"]]
+    logp_old, logp_new, adv, mask = tensors(batch, "old_log_prob", "log_prob", "advantages", "response_mask")
+    config = case["config"]
+    logp_new.requires_grad_()
+    out = policy_loss(logp_new, logp_old, adv, mask,
+                      clip=clip_test("clip_higher", eps_low=config["clip_ratio_low"], eps_high=config["clip_ratio_high"]),
+                      dual_clip_c=config["clip_ratio_c"], aggregation=AGGREGATIONS[case["loss_agg_mode"]],
+                      max_completion_length=mask.shape[1])
+    (grad,) = torch.autograd.grad(out.loss, logp_new)
+    close = tolerance(key)
+    assert out.loss.item() == pytest.approx(case["loss"], **close)
+    torch.testing.assert_close(grad, torch.tensor(case["grad_log_prob"], dtype=F64), rtol=close["rel"] * 100,
+                               atol=close["abs"])
+    share = lambda x: float((x.double() * mask).sum() / mask.sum())  # noqa: E731
+    assert share(out.clipped_region) == pytest.approx(case["metrics"]["actor/pg_clipfrac"], rel=1e-6)
+    assert share(out.dual_clipped) == pytest.approx(case["metrics"]["actor/pg_clipfrac_lower"], rel=1e-6, abs=1e-9)
+    assert 0 < case["metrics"]["actor/pg_clipfrac"] < 1
+
+
+@pytest.mark.parametrize("key", [k for k in DATA["agg_loss"] if k.split("/")[1] in AGGREGATIONS and "local" in k
+                                 and k.startswith("grpo/")])
+def test_verls_aggregation_modes_are_divvizs(key):
+    case = DATA["agg_loss"][key]
+    loss_mat, = tensors(case, "loss_mat")
+    mask, = tensors(DATA["batches"][case["batch"]], "response_mask")
+    loss_mat.requires_grad_()
+    value = aggregate(loss_mat, mask, AGGREGATIONS[case["loss_agg_mode"]], mask.shape[1])
+    (grad,) = torch.autograd.grad(value, loss_mat)
+    close = tolerance(key)
+    assert value.item() == pytest.approx(case["value"], **close)
+    torch.testing.assert_close(grad, torch.tensor(case["grad_loss_mat"], dtype=F64), rtol=close["rel"],
+                               atol=close["abs"])
+
+
+@pytest.mark.parametrize("verl_mode, ours", [("k1", "k1"), ("kl", "k1"), ("k2", "k2"), ("mse", "k2"),
+                                             ("low_var_kl", "k3"), ("k3", "k3")])
+@pytest.mark.parametrize("batch", ["grpo", "wide"])
+def test_verls_kl_penalties_are_divvizs_reference_penalties(verl_mode, ours, batch):
+    """`kl_penalty(log_prob, ref_log_prob, mode)` equals divviz's penalty of the same estimator in GRPO's direction
+    (r = π_ref/π_θ), value and gradient in log π_θ (away from verl's ±10 clamp of k3, which these inputs do not
+    reach)."""
+    case = DATA["kl_penalty"][f"{verl_mode}/{batch}"]
+    logp, ref = tensors(case, "logprob", "ref_logprob")
+    logp.requires_grad_()
+    value = penalty(ours).value(logp, logp.detach(), ref)
+    (grad,) = torch.autograd.grad(value.sum(), logp)
+    torch.testing.assert_close(value.detach(), torch.tensor(case["value"], dtype=F64), rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(grad, torch.tensor(case["grad_logprob"], dtype=F64), rtol=1e-12, atol=1e-14)
