@@ -216,13 +216,16 @@ def make_batches():
     B, T = 6, 7
     batches = {}
 
-    # Batch "grpo": right-padded responses, one advantage per sequence (GRPO-style), log_prob = old + 0.4 randn.
-    lengths = [7, 5, 3, 6, 1, 4]
-    M = torch.zeros(B, T, dtype=torch.bool)
-    for i, n in enumerate(lengths):
-        M[i, :n] = True
-    old = torch.log(torch.rand(B, T, generator=g, dtype=DT) * 0.9 + 0.05)
-    lp = torch.clamp(old + 0.4 * torch.randn(B, T, generator=g, dtype=DT), max=math.log(0.98))
+    def mask(lengths):  # right-padded responses of these lengths
+        return torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]
+
+    def policy(spread):  # old log-probs, and log_prob = old + spread · randn (below log 0.98 for DPPO's terms)
+        old = torch.log(torch.rand(B, T, generator=g, dtype=DT) * 0.9 + 0.05)
+        return old, torch.clamp(old + spread * torch.randn(B, T, generator=g, dtype=DT), max=math.log(0.98))
+
+    # Batch "grpo": one advantage per sequence (GRPO-style), log_prob = old + 0.4 randn.
+    M = mask([7, 5, 3, 6, 1, 4])
+    old, lp = policy(0.4)
     adv_seq = torch.tensor([1.3, -0.7, 0.4, -1.6, 0.9, -0.2], dtype=DT)
     A = adv_seq[:, None].expand(B, T).clone()
     ref = old + 0.3 * torch.randn(B, T, generator=g, dtype=DT)
@@ -231,12 +234,8 @@ def make_batches():
                            rollout_log_prob=rollout)
 
     # Batch "wide": per-token advantages, larger policy moves (0.8 randn), a fully masked row and a zero-advantage row.
-    lengths = [7, 0, 4, 2, 7, 5]
-    M = torch.zeros(B, T, dtype=torch.bool)
-    for i, n in enumerate(lengths):
-        M[i, :n] = True
-    old = torch.log(torch.rand(B, T, generator=g, dtype=DT) * 0.9 + 0.05)
-    lp = torch.clamp(old + 0.8 * torch.randn(B, T, generator=g, dtype=DT), max=math.log(0.98))
+    M = mask([7, 0, 4, 2, 7, 5])
+    old, lp = policy(0.8)
     A = torch.randn(B, T, generator=g, dtype=DT) * 1.2
     A[3] = 0.0
     ref = old + 0.6 * torch.randn(B, T, generator=g, dtype=DT)
