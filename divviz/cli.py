@@ -134,11 +134,12 @@ def cmd_train(args) -> int:
     return 0 if run.state in ("done", "stopped") else 1
 
 
-def measure_settings(spec: str, params: list[str], formula: str | None = None) -> dict:
-    """`--measure NAME[:k=v…]` (or none), or `--formula TEXT`, and `--param k=v`s as a run config's clip and
-    clip_params."""
-    if formula is not None and spec != "ratio":
+def measure_settings(spec: str | None, params: list[str], formula: str | None = None) -> dict:
+    """`--measure NAME[:k=v…]` (default ratio, or none), or `--formula TEXT`, and `--param k=v`s as a run config's
+    clip and clip_params."""
+    if formula is not None and spec is not None:
         raise DivvizInputError("give --measure or --formula, not both")
+    spec = spec or "ratio"
     if spec == "none":
         return {"clip": None, "clip_params": parse_assignments(params)}
     test = formula_measure(formula, params) if formula is not None else clip_measure(spec, params)
@@ -302,8 +303,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=cmd_bounds)
 
     p = sub.add_parser("train", help="run GRPO on the built-in model (or --model) and write a run folder")
-    p.add_argument("--measure", default="ratio", metavar="NAME[:K=V…]",
-                   help="clip test, e.g. kl3:delta=0.0231 (see `divviz measures`), or none")
+    p.add_argument("--measure", metavar="NAME[:K=V…]",
+                   help="clip test, e.g. kl3:delta=0.0231 (see `divviz measures`), or none (default: ratio)")
     p.add_argument("--param", action="append", default=[], metavar="K=V", help="a clip-test parameter")
     p.add_argument("--formula", metavar="TEXT", help='your own clip test f(w) ≤ δ, e.g. "abs(log(w))" (instead of '
                                                      "--measure; with --param delta=…)")

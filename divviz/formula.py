@@ -1,7 +1,7 @@
 """A divergence typed by the user, f(w) in the ratio w (and optionally π_old), as the clip test f(w) ≤ δ.
 
-`parse` reads the text, `check` tests that it is a usable divergence, `bounds` gives the feasible ratio
-interval {w : f(w) ≤ δ}. Examples: `w - 1 - log(w)` (KL3), `0.5*log(w)**2` (KL2), `abs(log(w))`,
+`parse` reads the text, `check` tests that it is a usable divergence (`checked` does both, once per text),
+`bounds` gives the feasible ratio interval {w : f(w) ≤ δ}. Examples: `w - 1 - log(w)` (KL3), `0.5*log(w)**2` (KL2), `abs(log(w))`,
 `max(w, 1/w) - 1`, `abs(w - 1)*pi_old` (a test in probability space).
 
 Why no eval: the text comes from a user (a text box, a link), and Python's `eval` runs any code
