@@ -25,6 +25,7 @@ from divviz.formula import bounds as formula_bounds, checked
 from divviz.mirror import random_mirror_map
 from divviz.params import DivvizInputError, Param, check_params
 from divviz.safetext import quoted
+from divviz.surrogates import SURROGATES, SurrogateEntry
 
 EPS = Param("eps", 0.2, 0.0, 1.0, low_open=True, high_open=False, trl_name="epsilon", typical=(0.01, 0.6, 0.01),
             doc="half-width of the symmetric ratio box [1−ε, 1+ε]")
@@ -155,6 +156,43 @@ def _prob_tv_bounds(p, pi_old):
     return (1.0 - p["delta"] / pi_old).clip(min=0.0), 1.0 + p["delta"] / pi_old
 
 
+def _binary_kl(new, old):
+    """Signed binary KL of the token's Bernoulli, sign(π − π_old) · KL(Bern(π_old) ‖ Bern(π)), with verl's 1e-8:
+    π_old (log π_old − log π) + (1 − π_old) log((1 − π_old + 1e-8)/(1 − π + 1e-8)) (verl's DPPO-Binary-KL)."""
+    ops = array_ops(new)
+    p, p_old = ops.exp(new), ops.exp(old)
+    kl = p_old * (old - new) + (1 - p_old) * ops.log((1 - p_old + 1e-8) / (1 - p + 1e-8))
+    return ops.sign(p - p_old) * kl
+
+
+def _binary_kl_bounds(p, pi_old):
+    """[l, u] of −δ_low ≤ signed binary KL ≤ δ_high: the KL falls from ∞ to 0 as π rises from 0 to π_old and rises
+    from there to π = 1, so each edge is one root, found by bisection (in log π below π_old, 200 halvings; u = 1/π_old
+    when even π = 1 is within δ_high). A tensor π_old gives tensors on its device."""
+    if hasattr(pi_old, "detach"):
+        import torch
+
+        edges = _binary_kl_bounds(p, pi_old.detach().cpu().double().numpy())
+        return tuple(torch.as_tensor(edge, dtype=pi_old.dtype, device=pi_old.device) for edge in edges)
+    pi_old = np.asarray(pi_old, dtype=np.float64)
+    old = np.log(pi_old)
+    below = (np.full_like(old, np.log(1e-300)), old.copy())  # log π: KL > δ_low at the first, ≤ at the second
+    above = (np.zeros_like(old), old.copy())  # log π: KL > δ_high at the first (if anywhere), ≤ at the second
+    for _ in range(200):
+        mid = (below[0] + below[1]) / 2
+        inside = -_binary_kl(mid, old) <= p["delta_low"]
+        below = (np.where(inside, below[0], mid), np.where(inside, mid, below[1]))
+        mid = (above[0] + above[1]) / 2
+        inside = _binary_kl(mid, old) <= p["delta_high"]
+        above = (np.where(inside, above[0], mid), np.where(inside, mid, above[1]))
+    upper = np.where(_binary_kl(np.zeros_like(old), old) <= p["delta_high"], 0.0, above[1])
+    return np.exp(below[1] - old), np.exp(upper - old)
+
+
+def _dppo_delta(name: str, default: float, high: float, doc: str) -> Param:
+    return Param(name, default, 0.0, high, low_open=True, high_open=False, doc=doc, typical=(0.005, high / 2, 0.005))
+
+
 CLIP_TESTS: dict[str, ClipTestEntry] = {
     e.name: e
     for e in (
@@ -216,6 +254,33 @@ CLIP_TESTS: dict[str, ClipTestEntry] = {
             lambda new, old, p: (new.exp() - old.exp()).abs(),
             _at_most_delta,
             _prob_tv_bounds,
+            needs_pi_old=True,
+        ),
+        ClipTestEntry(
+            "dppo_tv", "DPPO binary TV: asymmetric probability box",
+            r"-\delta_{\mathrm{low}} \le \pi_\theta(a_t|s_t)-\pi_{\mathrm{old}}(a_t|s_t) \le \delta_{\mathrm{high}}",
+            "verl 0.9.1's dppo_tv test (core_algos.py compute_policy_loss_dppo_tv, thresholds clip_ratio_low/high): "
+            "prob_tv with its own room on each side, w ∈ [1 − δ_low/π_old, 1 + δ_high/π_old]. verl trains it with "
+            "the dppo surrogate.",
+            (_dppo_delta("delta_low", 0.2, 1.0, "largest fall of the token's probability"),
+             _dppo_delta("delta_high", 0.2, 1.0, "largest rise of the token's probability")),
+            lambda new, old, p: new.exp() - old.exp(),
+            lambda v, p: (v >= -p["delta_low"]) & (v <= p["delta_high"]),
+            lambda p, pi_old: ((1.0 - p["delta_low"] / pi_old).clip(min=0.0), 1.0 + p["delta_high"] / pi_old),
+            needs_pi_old=True,
+        ),
+        ClipTestEntry(
+            "dppo_kl", "DPPO binary KL: the token's Bernoulli trust region",
+            r"\mathrm{KL}(\mathrm{Bern}(\pi_{\mathrm{old}})\|\mathrm{Bern}(\pi_\theta)) \le "
+            r"\delta_{\mathrm{low}}\ (\pi_\theta<\pi_{\mathrm{old}}),\ \delta_{\mathrm{high}}\ (\pi_\theta>\pi_{\mathrm{old}})",
+            "verl 0.9.1's dppo_kl test (compute_policy_loss_dppo_kl): the KL between the sampled token's "
+            "yes/no distributions under π_old and π_θ, one threshold for each direction. Its measure is that KL "
+            "signed by the direction of the change; [l, u] by bisection. verl trains it with the dppo surrogate.",
+            (_dppo_delta("delta_low", 0.2, 50.0, "largest binary KL when the probability falls"),
+             _dppo_delta("delta_high", 0.2, 50.0, "largest binary KL when the probability rises")),
+            lambda new, old, p: _binary_kl(new, old),
+            lambda v, p: (v >= -p["delta_low"]) & (v <= p["delta_high"]),
+            _binary_kl_bounds,
             needs_pi_old=True,
         ),
         ClipTestEntry(
@@ -390,16 +455,17 @@ PENALTIES: dict[str, PenaltyEntry] = {
     )
 }
 
-CATALOGUE: dict[str, ClipTestEntry | PenaltyEntry] = {**CLIP_TESTS, **PENALTIES}
+CATALOGUE: dict[str, ClipTestEntry | PenaltyEntry | SurrogateEntry] = {**CLIP_TESTS, **PENALTIES, **SURROGATES}
 
-AGGREGATIONS = ("grpo", "bnpo", "dr_grpo", "dapo")
+AGGREGATIONS = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo", "token_sum")
+TRL_AGGREGATIONS = AGGREGATIONS[:5]  # TRL loss types that aggregate (token_sum is verl's)
 
 
-def get_entry(name: str, family: str | None = None) -> ClipTestEntry | PenaltyEntry:
+def get_entry(name: str, family: str | None = None) -> ClipTestEntry | PenaltyEntry | SurrogateEntry:
     """The catalogue entry called `name` (optionally only from one family), or a clear error."""
-    pool = {"clip": CLIP_TESTS, "penalty": PENALTIES, None: CATALOGUE}[family]
+    pool = {"clip": CLIP_TESTS, "penalty": PENALTIES, "surrogate": SURROGATES, None: CATALOGUE}[family]
     if name not in pool:
-        kind = {"clip": "clip test", "penalty": "penalty", None: "measure"}[family]
+        kind = {"clip": "clip test", "penalty": "penalty", "surrogate": "surrogate", None: "measure"}[family]
         raise DivvizInputError(f"unknown {kind} {quoted(name)}; known: {', '.join(pool)}")
     return pool[name]
 

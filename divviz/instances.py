@@ -13,11 +13,12 @@ import urllib.parse
 from divviz.divergences import ClipTest, Configured, Penalty, clip_test, get_entry, penalty
 from divviz.params import DivvizInputError, parse_assignments
 from divviz.safetext import quoted
+from divviz.surrogates import Surrogate, surrogate
 
 MAX_SPEC_CHARACTERS = 700  # a typed formula (≤ 200 characters) with its escapes fits
 
 
-def parse(text: str, family: str = "clip") -> ClipTest | Penalty:
+def parse(text: str, family: str = "clip") -> ClipTest | Penalty | Surrogate:
     """`kl3:delta=0.05` -> the configured clip test (or penalty); parameters checked by the catalogue. A text
     parameter's value is unescaped (`spell` escapes %, : and ,)."""
     text = str(text).strip()
@@ -41,11 +42,11 @@ def unescape(text: str) -> str:
     return urllib.parse.unquote(text)
 
 
-def configure(name: str, params: dict, family: str = "clip") -> ClipTest | Penalty:
-    return clip_test(name, **params) if family == "clip" else penalty(name, **params)
+def configure(name: str, params: dict, family: str = "clip") -> ClipTest | Penalty | Surrogate:
+    return {"clip": clip_test, "penalty": penalty, "surrogate": surrogate}[family](name, **params)
 
 
-def spell(measure: Configured) -> str:
+def spell(measure: Configured | Surrogate) -> str:
     """The inverse of `parse`: the name, then each parameter that differs from its default."""
     parts = [measure.name]
     for p in measure.entry.params:

@@ -29,14 +29,18 @@ import numpy as np
 import torch
 
 from divviz.divergences import ClipTest, Penalty, check_aggregation, check_beta, check_dual_clip
-from divviz.params import DivvizInputError
+from divviz.params import DivvizInputError, Param
+from divviz.safetext import quoted
+from divviz.surrogates import LEVELS, Surrogate, SurrogateInputs
 
 
 @dataclass(frozen=True)
 class Objective:
-    """Everything that picks the loss: a clip test, a penalty with its β, a dual-clip cap, an aggregation.
+    """Everything that picks the loss: a clip test, a surrogate (None: PPO's clipped surrogate), a penalty with its
+    β, a dual-clip cap, TRL's ratio cap δ, the importance-sampling level and an aggregation.
 
-    Built once (parameters checked on construction), used by the explorer, the bandit and training alike.
+    Built once (parameters and their combination checked on construction), used by the explorer, the bandit and
+    training alike.
     """
 
     clip: ClipTest | None = None
@@ -44,25 +48,71 @@ class Objective:
     beta: float = 0.0
     dual_clip_c: float | None = None
     aggregation: str = "grpo"
+    surrogate: Surrogate | None = None
+    importance_sampling_level: str = "token"
+    ratio_cap: float | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "beta", check_beta(self.beta))
         object.__setattr__(self, "dual_clip_c", check_dual_clip(self.dual_clip_c))
+        object.__setattr__(self, "ratio_cap", check_ratio_cap(self.ratio_cap))
         check_aggregation(self.aggregation)
+        check_combination(self.clip, self.surrogate, self.importance_sampling_level, self.dual_clip_c, self.ratio_cap)
 
     @property
     def label(self) -> str:
-        parts = [self.clip.label if self.clip else "no clip"]
+        parts = [self.clip.label if self.clip else "no clip"] if self.surrogate is None or self.clip else []
+        if self.surrogate is not None:
+            parts.append(self.surrogate.label)
+        if self.importance_sampling_level == "sequence":
+            parts.append("(sequence)")
         if self.penalty is not None and self.beta > 0:
             parts.append(f"+ {self.beta:g}·{self.penalty.label}")
         if self.dual_clip_c is not None:
             parts.append(f"c={self.dual_clip_c:g}")
+        if self.ratio_cap is not None:
+            parts.append(f"δ_cap={self.ratio_cap:g}")
         return " ".join(parts)
 
     def __call__(self, logp_new, logp_old, adv, mask, logp_ref=None, **kwargs) -> "LossOutput":
         return policy_loss(logp_new, logp_old, adv, mask, clip=self.clip, penalty=self.penalty, beta=self.beta,
                            logp_ref=logp_ref, dual_clip_c=self.dual_clip_c, aggregation=self.aggregation,
-                           **kwargs)
+                           surrogate=self.surrogate, importance_sampling_level=self.importance_sampling_level,
+                           ratio_cap=self.ratio_cap, **kwargs)
+
+
+RATIO_CAP = Param("ratio_cap", 2.0, 1.0, low_open=True, trl_name="delta", typical=(1.05, 10.0, 0.05),
+                  doc="TRL's delta (INTELLECT-2): the unclipped term uses min(w, δ), so no token's ratio counts above "
+                      "δ; for A < 0 it is dual-clip with c = δ, for A > 0 it binds only when δ < u")
+
+
+def check_ratio_cap(value) -> float | None:
+    return None if value is None else RATIO_CAP.check(value, "ratio_cap")
+
+
+def check_combination(clip: ClipTest | None, surrogate: Surrogate | None, level: str, dual_clip_c, ratio_cap) -> None:
+    """Refuse, in one `DivvizInputError`, what does not go together: a soft surrogate with a clip test (its weight is
+    the constraint), dppo/geo_mean without one, dual-clip or the ratio cap with a surrogate (they act on PPO's
+    surrogate), the sequence level with a test in π_old or with a surrogate that has its own level."""
+    if level not in LEVELS:
+        raise DivvizInputError(f"unknown importance-sampling level {quoted(level)}; choose {' or '.join(LEVELS)}")
+    if surrogate is not None:
+        name = surrogate.name
+        if surrogate.entry.clip == "none" and clip is not None:
+            raise DivvizInputError(f"the {name} surrogate has no clip test (its gradient weight is the constraint); "
+                                   f"drop the clip test {clip.name}")
+        if surrogate.entry.clip == "needs" and clip is None:
+            raise DivvizInputError(f"the {name} surrogate masks tokens with a clip test; choose one (e.g. kl3)")
+        for what, value in (("dual-clip", dual_clip_c), ("the ratio cap δ", ratio_cap)):
+            if value is not None:
+                raise DivvizInputError(f"{what} acts on PPO's clipped surrogate, not on {name}; drop it")
+    if level == "sequence":
+        if surrogate is not None and not surrogate.entry.sequence:
+            raise DivvizInputError(f"the {surrogate.name} surrogate has a level of its own; the sequence level (GSPO) "
+                                   "goes with PPO's surrogate, cispo or sapo")
+        if clip is not None and clip.needs_pi_old:
+            raise DivvizInputError(f"the clip test {clip.name} depends on π_old, which a sequence has not; the sequence "
+                                   "level (GSPO) needs a test in the ratio alone")
 
 
 TOKEN_STATES = ("inside", "masked low", "masked high", "dual-clip", "outside, pulled back")  # token_state's codes
@@ -79,7 +129,7 @@ class LossOutput:
     outside: torch.Tensor  # fails the clip test, whatever the advantage's sign
     clipped_low: torch.Tensor  # w < l and A < 0 (TRL's is_low_clipped)
     clipped_high: torch.Tensor  # w > u and A > 0 (TRL's is_high_clipped)
-    dual_clipped: torch.Tensor  # A < 0 and the cap −c·A binds
+    dual_clipped: torch.Tensor  # a cap binds: dual-clip's −c·A (A < 0), or the ratio cap's −δ·A
     grad_masked: torch.Tensor  # no gradient through w: clipped_low | clipped_high | dual_clipped
     pulled_back: torch.Tensor  # fails the test where A ≠ 0 pulls it back toward the region (gradient kept)
     penalty: torch.Tensor | None  # the penalty's value per token, None without a penalty
@@ -122,6 +172,9 @@ def policy_loss(
     max_completion_length: int | None = None,
     num_items_in_batch: int | None = None,
     weight: torch.Tensor | None = None,
+    surrogate: Surrogate | None = None,
+    importance_sampling_level: str = "token",
+    ratio_cap: float | None = None,
 ) -> LossOutput:
     """Loss and per-token facts for one batch.
 
@@ -129,14 +182,20 @@ def policy_loss(
     adv: (B,) advantages, one per completion, or (B, T). mask: (B, T), 1 on completion tokens.
     clip: a configured clip test (`divergences.clip_test`), or None for no clipping.
     penalty, beta: a configured penalty and its coefficient β ≥ 0 (TRL's `beta`).
-    dual_clip_c: None or c > 1. aggregation: "grpo", "bnpo", "dr_grpo" or "dapo" (see `aggregate`).
+    dual_clip_c: None or c > 1. aggregation: one of `AGGREGATIONS` (see `aggregate`).
     weight: None, or a detached per-token weight ρ ((B, T) or (B, 1)) of the policy term, applied before the
     penalty is added, as TRL 1.16's `_compute_loss` applies its off-policy sequence mask, top-entropy token
     mask and vLLM importance-sampling ratio.
+    surrogate: None for PPO's clipped surrogate, or a configured `surrogates.surrogate`, which replaces it.
+    importance_sampling_level: "token", or "sequence" for GSPO (Zheng et al. 2025; TRL's option of that name):
+    every token of completion i takes the ratio s_i = exp(mean_t log w_t), and the clip test judges s_i.
+    ratio_cap: None or TRL's delta > 1: PPO's unclipped term uses min(w, δ) (INTELLECT-2).
     """
     beta = check_beta(beta)
     dual_clip_c = check_dual_clip(dual_clip_c)
+    ratio_cap = check_ratio_cap(ratio_cap)
     check_aggregation(aggregation)
+    check_combination(clip, surrogate, importance_sampling_level, dual_clip_c, ratio_cap)
     check_inputs(logp_new, logp_old, adv, mask, logp_ref, weight)
     active = mask > 0
     if adv.dim() == 1:
@@ -149,25 +208,28 @@ def policy_loss(
     weight = None if weight is None else torch.where(active, weight.to(logp_new.dtype), zero)
     mask = mask.to(logp_new.dtype)
 
-    ratio = (logp_new - logp_old).exp()
+    log_ratio = logp_new - logp_old
+    if importance_sampling_level == "sequence":  # (B, 1): one ratio per completion
+        log_ratio = (log_ratio * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)
+    ratio = log_ratio.exp()
     if clip is None:
-        measure = None
-        clipped_ratio = ratio
-        outside = torch.zeros_like(ratio, dtype=torch.bool)
+        measure, outside, bounds = None, torch.zeros_like(ratio, dtype=torch.bool), None
     else:
-        measure = clip.value(logp_new, logp_old)
-        outside = ~clip.feasible(logp_new, logp_old)
-        lower, upper = clip.bounds(logp_old.exp())
-        violated = torch.where(ratio > 1, torch.as_tensor(upper, dtype=ratio.dtype, device=ratio.device),
-                               torch.as_tensor(lower, dtype=ratio.dtype, device=ratio.device))
-        clipped_ratio = torch.where(outside, violated.expand_as(ratio).detach(), ratio)
-    per_token = -torch.minimum(ratio * adv, clipped_ratio * adv)
-
-    dual_clipped = torch.zeros_like(outside)
-    if dual_clip_c is not None:
-        cap = -dual_clip_c * adv
-        dual_clipped = (adv < 0) & (per_token > cap)
-        per_token = torch.where(adv < 0, torch.minimum(per_token, cap), per_token)
+        # at the sequence level the test reads the sequence's log-ratio (tests there are in w alone)
+        new, old = (log_ratio, torch.zeros_like(log_ratio)) if importance_sampling_level == "sequence" \
+            else (logp_new, logp_old)
+        measure = clip.value(new, old)
+        outside = ~clip.feasible(new, old)
+        bounds = clip.bounds(old.exp())
+    clipped_low = outside & (ratio < 1) & (adv < 0) & active
+    clipped_high = outside & (ratio > 1) & (adv > 0) & active
+    capped = torch.zeros_like(active)
+    if surrogate is None:
+        per_token, capped = _clipped_surrogate(ratio, adv, outside, bounds, dual_clip_c, ratio_cap)
+        capped = capped & ~clipped_high & active
+    else:
+        kept = (~(clipped_low | clipped_high)).to(logp_new.dtype)
+        per_token = surrogate.term(SurrogateInputs(log_ratio, logp_new, adv, mask, bounds, kept))
     if weight is not None:
         per_token = per_token * weight.detach()
 
@@ -176,23 +238,42 @@ def policy_loss(
         penalty_value = penalty.value(logp_new, logp_old, logp_ref).detach()
         per_token = per_token + beta * penalty.loss_term(logp_new, logp_old, logp_ref)
 
-    clipped_low = outside & (ratio < 1) & (adv < 0) & active
-    clipped_high = outside & (ratio > 1) & (adv > 0) & active
-    dual_clipped = dual_clipped & active
+    per_token = per_token.expand_as(mask)
+    outside = outside.expand_as(active) & active
     loss = aggregate(per_token, mask, aggregation, max_completion_length, num_items_in_batch)
     return LossOutput(
         loss=loss,
         per_token_loss=(per_token * mask).detach(),
         ratio=(ratio * mask).detach(),
         measure=None if measure is None else (measure * mask).detach(),
-        outside=outside & active,
+        outside=outside,
         clipped_low=clipped_low,
         clipped_high=clipped_high,
-        dual_clipped=dual_clipped,
-        grad_masked=clipped_low | clipped_high | dual_clipped,
-        pulled_back=outside & active & (adv != 0) & ~(clipped_low | clipped_high | dual_clipped),
+        dual_clipped=capped,
+        grad_masked=clipped_low | clipped_high | capped,
+        pulled_back=outside & (adv != 0) & ~(clipped_low | clipped_high | capped),
         penalty=None if penalty_value is None else penalty_value * mask,
     )
+
+
+def _clipped_surrogate(ratio, adv, outside, bounds, dual_clip_c, ratio_cap):
+    """PPO's −min(w A, clip_C(w) A), with the ratio cap in the first term and the dual-clip cap; returns ℓ and
+    where a cap binds (ℓ is a constant there)."""
+    if bounds is None:
+        clipped_ratio = ratio
+    else:
+        lower, upper = (torch.as_tensor(b, dtype=ratio.dtype, device=ratio.device) for b in bounds)
+        clipped_ratio = torch.where(outside, torch.where(ratio > 1, upper, lower).expand_as(ratio).detach(), ratio)
+    unclipped = ratio if ratio_cap is None else ratio.clamp(max=ratio_cap)
+    per_token = -torch.minimum(unclipped * adv, clipped_ratio * adv)
+    capped = torch.zeros_like(per_token, dtype=torch.bool)
+    if ratio_cap is not None:  # the capped first term is the one taken: ℓ = −δ A, a constant
+        capped = (ratio > ratio_cap) & (unclipped * adv <= clipped_ratio * adv) & (adv != 0)
+    if dual_clip_c is not None:
+        cap = -dual_clip_c * adv
+        capped = capped | ((adv < 0) & (per_token > cap))
+        per_token = torch.where(adv < 0, torch.minimum(per_token, cap), per_token)
+    return per_token, capped
 
 
 class NonFiniteInput(DivvizInputError):
@@ -268,7 +349,8 @@ class PolicyLossGradient:
 
     because ∂w/∂log π_θ = w and a clipped or dual-capped token's surrogate is a detached constant
     (module docstring). The aggregation is linear in ℓ, so ∂loss/∂ℓ_t is a fixed weight per token:
-    grpo 1/(B·|o_i|), bnpo and dapo 1/Σmask, dr_grpo 1/(B·T). Which tokens keep their gradient is read
+    grpo 1/(B·|o_i|), bnpo and dapo 1/Σmask, dr_grpo 1/(B·T),
+    luspo 1/B, token_sum 1. Which tokens keep their gradient is read
     off the clip test's interval [l, u] (equal to its predicate, tests/test_catalogue.py); no test is
     [0, ∞). Dual-clip caps ℓ = |A| max(w, l) at c|A| for A < 0; since l ≤ 1 < c, the cap binds exactly
     where w > c.
@@ -283,9 +365,20 @@ class PolicyLossGradient:
         self.bounds_need_pi_old = any(o.clip is not None and o.clip.needs_pi_old for o in objectives)
         if self.clips and not self.bounds_need_pi_old:
             self.lower, self.upper = self._clip_bounds(None)
+        if not self.clips:
+            self.lower, self.upper = 0.0, np.inf
         self.capped = any(o.dual_clip_c is not None for o in objectives)
         if self.capped:
             self.cap = self._per_run([np.inf if o.dual_clip_c is None else o.dual_clip_c for o in objectives])
+        self.ratio_capped = any(o.ratio_cap is not None for o in objectives)
+        if self.ratio_capped:
+            self.ratio_cap = self._per_run([np.inf if o.ratio_cap is None else o.ratio_cap for o in objectives])
+        self.surrogates = [(r, o.surrogate) for r, o in enumerate(objectives) if o.surrogate is not None]
+        sequence_level = any(o.importance_sampling_level == "sequence" or (o.surrogate and o.surrogate.entry.own_level)
+                             for o in objectives)
+        if sequence_level and weights.shape[-1] != 1:
+            raise DivvizInputError("the closed-form gradient takes sequence-level objectives only for one-token "
+                                   "completions (the bandit's), where the sequence's ratio is the token's")
         # (rows, penalty, β·weights): one call for all runs when they share the penalty and β, else one per run
         terms = [(o.penalty, o.beta) for o in objectives]
         if terms[0][0] is not None and terms[0][1] > 0 and terms.count(terms[0]) == len(terms):
@@ -309,7 +402,8 @@ class PolicyLossGradient:
         """Take the batch whose inner steps come next; returns self."""
         adv = adv[..., None] if adv.ndim == logp_old.ndim - 1 else adv
         self.logp_old, self.logp_ref = logp_old, logp_ref
-        self.surrogate_slope = -adv * self.weights  # times w, for the tokens that keep their gradient
+        self.adv = adv
+        self.surrogate_slope = -adv * self.weights  # times γ (PPO: w) for the tokens that keep their gradient
         self.negative, self.positive = (adv < 0) & self.active, (adv > 0) & self.active
         if self.bounds_need_pi_old:
             self.lower, self.upper = self._clip_bounds(np.exp(logp_old))
@@ -328,6 +422,11 @@ class PolicyLossGradient:
             clipped_low = clipped_high = self.unclipped
         if self.capped:
             slope[(w > self.cap) & self.negative] = 0.0
+        if self.ratio_capped:  # −δ A is taken: A > 0 past δ, A < 0 past δ and u (`_clipped_surrogate`)
+            slope[(w > self.ratio_cap) & (self.positive | (self.negative & (w > self.upper)))] = 0.0
+        for r, surrogate in self.surrogates:
+            kept = ~(clipped_low[r] | clipped_high[r])
+            slope[r] = self.surrogate_slope[r] * surrogate.weight(w[r], self.adv[r], kept)
         for rows, penalty, weight in self.penalties:
             ref = None if self.logp_ref is None else self.logp_ref[rows]
             slope[rows] += weight * penalty.slope(logp_new[rows], self.logp_old[rows], ref)
@@ -360,6 +459,10 @@ def aggregation_weights(mask: np.ndarray, how: str, max_completion_length: int |
         return mask / max(mask.sum(), 1)
     if how == "dr_grpo":
         return mask / (mask.shape[0] * (max_completion_length or mask.shape[-1]))
+    if how == "luspo":
+        return mask / mask.shape[0]
+    if how == "token_sum":
+        return mask
     raise ValueError(f"unknown aggregation {how!r}")
 
 
@@ -400,7 +503,8 @@ def dapo_aggregate(per_token: torch.Tensor, mask: torch.Tensor, num_items_in_bat
 
 def aggregate(per_token, mask, how: str, max_completion_length: int | None = None,
               num_items_in_batch: int | None = None) -> torch.Tensor:
-    """Reduce (B, T) per-token losses to a scalar, as TRL's `loss_type` names them."""
+    """Reduce (B, T) per-token losses to a scalar, as TRL's `loss_type` names them; "luspo" is TRL's mean over
+    completions of each one's token sum (verl's seq-mean-token-sum), "token_sum" verl's plain sum of all tokens."""
     if how == "grpo":
         return grpo_aggregate(per_token, mask)
     if how == "bnpo":
@@ -409,4 +513,8 @@ def aggregate(per_token, mask, how: str, max_completion_length: int | None = Non
         return dr_grpo_aggregate(per_token, mask, max_completion_length or per_token.shape[-1])
     if how == "dapo":
         return dapo_aggregate(per_token, mask, num_items_in_batch)
+    if how == "luspo":
+        return (per_token * mask).sum(-1).mean()
+    if how == "token_sum":
+        return (per_token * mask).sum()
     raise ValueError(f"unknown aggregation {how!r}")

@@ -5,6 +5,8 @@ import math
 import numpy as np
 import pytest
 import torch
+
+from divviz.kinship import GROUPS, SIBLINGS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -21,9 +23,19 @@ def t(x):
 
 def test_every_entry_is_complete():
     for entry in dv.CATALOGUE.values():
-        assert entry.title and entry.latex and entry.doc and entry.family in ("clip", "penalty")
+        assert entry.title and entry.latex and entry.doc and entry.family in ("clip", "penalty", "surrogate")
         for p in entry.params:
             assert p.doc and p.range_text()
+
+
+def test_the_kinship_map_places_every_entry_once_beside_a_sibling_of_its_family():
+    """The Catalogue page's groups: every entry in exactly one group of its own family, with a sibling that is
+    another catalogue entry and a sentence on how it differs."""
+    placed = [(name, group.family) for group in GROUPS for name, _, _ in group.members]
+    assert sorted(name for name, _ in placed) == sorted(dv.CATALOGUE)
+    for name, family in placed:
+        sibling, how = SIBLINGS[name]
+        assert dv.CATALOGUE[name].family == family and sibling in dv.CATALOGUE and sibling != name and how
 
 
 @pytest.mark.parametrize("name, params, pi_old, want", [

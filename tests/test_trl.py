@@ -29,6 +29,7 @@ from divviz.engine.model import builtin_policy  # noqa: E402
 from divviz.engine.tasks import get_task  # noqa: E402
 from divviz.losses import Objective  # noqa: E402
 from divviz.params import DivvizInputError  # noqa: E402
+from divviz.surrogates import surrogate  # noqa: E402
 from divviz.trl import DivvizGRPOTrainer, DivvizRunCallback, trl_args_for  # noqa: E402
 from divviz.trl.trainer import REWARDS  # noqa: E402
 
@@ -160,17 +161,58 @@ def test_dual_clip_and_trl_weights_enter_the_loss(tmp_path, policy, batch):
         assert_same(loss_and_grads(ours, batch), loss_and_grads(theirs, batch), exact=True)
 
 
+GSPO_BOX = dict(eps_low=0.03, eps_high=0.04)  # the batch's sequence ratios fall on both sides of it
+
+
+@pytest.mark.parametrize("settings, objective, metrics", [
+    (dict(loss_type="cispo", epsilon_high=1.1), Objective(surrogate=surrogate("cispo", hi=1.1), aggregation="dapo"),
+     ("cispo_clip_ratio", "entropy")),
+    (dict(loss_type="sapo", sapo_temperature_neg=2.0), Objective(surrogate=surrogate("sapo", tau_neg=2.0)),
+     ("entropy",)),
+    (dict(loss_type="vespo"), Objective(surrogate=surrogate("vespo"), aggregation="dapo"),
+     ("vespo/phi_seq_mean", "entropy")),
+    (dict(loss_type="luspo", epsilon_high=0.28),
+     Objective(clip=clip_test("clip_higher", eps_high=0.28), aggregation="luspo"), TRL_METRICS),
+    (dict(loss_type="grpo", importance_sampling_level="sequence", epsilon=0.03, epsilon_high=0.04),
+     Objective(clip=clip_test("clip_higher", **GSPO_BOX), importance_sampling_level="sequence"), ("entropy",)),
+    (dict(loss_type="sapo", importance_sampling_level="sequence"),
+     Objective(surrogate=surrogate("sapo"), importance_sampling_level="sequence"), ("entropy",)),
+    (dict(loss_type="bnpo", delta=1.5, epsilon_high=0.28),
+     Objective(clip=clip_test("clip_higher", eps_high=0.28), ratio_cap=1.5, aggregation="bnpo"), TRL_METRICS),
+    (dict(loss_type="grpo", delta=1.1, epsilon_high=0.28),
+     Objective(clip=clip_test("clip_higher", eps_high=0.28), ratio_cap=1.1), ("clip_ratio/low_mean", "entropy")),
+], ids=["cispo", "sapo", "vespo", "luspo", "gspo", "sapo-sequence", "delta", "delta-below-u"])
+def test_trls_own_surrogates_levels_and_caps_equal_trl(tmp_path, policy, batch, settings, objective, metrics):
+    """TRL's cispo, sapo, vespo and luspo losses, GSPO's sequence level and INTELLECT-2's delta, through TRL's own
+    `_compute_loss` and through DivvizGRPOTrainer with the catalogue's surrogate, level or ratio cap: loss, every
+    gradient and the metrics TRL logs for that loss agree to float32 rounding. (With δ < u TRL counts a capped
+    A > 0 token as not clipped high, so only its low clip metric is compared.)"""
+    theirs = make_trainer(GRPOTrainer, policy, config(tmp_path, **settings))
+    ours = make_trainer(DivvizGRPOTrainer, policy, config(tmp_path, loss_type=settings["loss_type"]),
+                        objective=objective)
+    want, got = loss_and_grads(theirs, batch), loss_and_grads(ours, batch)
+    assert_same(got, want, metrics)
+    assert want[0] != loss_and_grads(make_trainer(GRPOTrainer, policy, config(tmp_path, loss_type="grpo")), batch)[0]
+    if "cispo_clip_ratio" in metrics:
+        assert 0 < want[2]["cispo_clip_ratio"] < 1
+
+
 @pytest.mark.parametrize("settings, objective, says", [
-    (dict(loss_type="dapo"), Objective(clip=clip_test("kl3")), "contradicts the objective's aggregation 'grpo'"),
-    (dict(loss_type="cispo"), Objective(clip=clip_test("kl3")), "is one of TRL's own losses"),
+    (dict(loss_type="dapo"), Objective(clip=clip_test("kl3")), "set loss_type='grpo'"),
+    (dict(loss_type="cispo"), Objective(clip=clip_test("kl3")), "whose loss_type is 'grpo'"),
+    (dict(loss_type="grpo"), Objective(surrogate=surrogate("cispo"), aggregation="dapo"), "set loss_type='cispo'"),
+    (dict(loss_type="cispo"), Objective(surrogate=surrogate("cispo")), "set the objective's aggregation to 'dapo'"),
+    (dict(loss_type="cispo", epsilon_high=4.0), Objective(surrogate=surrogate("cispo"), aggregation="dapo"),
+     "drop epsilon_high"),
+    (dict(loss_type="bnpo"), Objective(aggregation="token_sum"), "TRL has no loss_type for it"),
     (dict(loss_type="grpo", epsilon=0.3), Objective(clip=clip_test("kl3")), "drop epsilon"),
     (dict(loss_type="grpo", epsilon_high=0.28), Objective(clip=clip_test("ratio")), "drop epsilon_high"),
-    (dict(loss_type="grpo", delta=2.0), Objective(clip=clip_test("kl3")), "drop delta"),
+    (dict(loss_type="grpo", delta=2.0), Objective(clip=clip_test("kl3")), "or drop delta"),
     (dict(loss_type="grpo", beta=0.04), Objective(clip=clip_test("kl3")), "drop beta"),
     (dict(loss_type="grpo", beta=0.04), Objective(penalty=penalty("ufkl"), beta=0.04), "drop beta"),
     (dict(loss_type="grpo", use_bias_correction_kl=False),
      Objective(penalty=penalty("k3", importance_weight=True), beta=0.1), "use_bias_correction_kl=False"),
-    (dict(loss_type="grpo", importance_sampling_level="sequence"), Objective(), "GSPO"),
+    (dict(loss_type="grpo", importance_sampling_level="sequence"), Objective(), "drop importance_sampling_level"),
     (dict(loss_type="grpo", entropy_coef=0.01), Objective(), "entropy bonus"),
 ])
 def test_a_contradicting_trl_option_is_refused_before_training(tmp_path, settings, objective, says):

@@ -24,13 +24,13 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from divviz.divergences import AGGREGATIONS, clip_test, penalty
 from divviz.engine.config import RUN_PARAMS, objective_settings
 from divviz.engine.grpo import TOKEN_SAMPLE
 from divviz.engine.store import RunWriter, new_run_folder, runs_dir
 from divviz.engine.train import StopRequested, writing
 from divviz.losses import Objective
 from divviz.params import DivvizInputError
+from divviz.trl.options import trl_objective
 
 __all__ = ["DivvizRunCallback", "TOKEN_SAMPLE", "run_end"]
 
@@ -45,21 +45,6 @@ def run_end(err: BaseException) -> tuple[str, str]:
     if isinstance(err, DivvizInputError):
         return "failed", str(err)
     return "failed", f"{type(err).__name__}: {err}"
-
-
-def trl_objective(args) -> Objective | None:
-    """The objective a plain `GRPOTrainer` optimises, in the catalogue's words, where it has them: TRL's box
-    [1 − epsilon, 1 + epsilon_high] is `clip_higher`, its `beta` k3 penalty is `k3` (importance-weighted when
-    `use_bias_correction_kl`), its loss_type the aggregation. None for TRL's own losses (cispo, sapo, …)."""
-    if args.loss_type not in AGGREGATIONS:
-        return None
-    try:
-        high = args.epsilon if args.epsilon_high is None else args.epsilon_high
-        k3 = penalty("k3", importance_weight=bool(args.use_bias_correction_kl)) if args.beta else None
-        return Objective(clip=clip_test("clip_higher", eps_low=args.epsilon, eps_high=high), penalty=k3,
-                         beta=args.beta, aggregation=args.loss_type)
-    except DivvizInputError:  # e.g. an epsilon outside the catalogue's range
-        return None
 
 
 class DivvizRunCallback(TrainerCallback):

@@ -6,12 +6,14 @@ them, the forward pass (`_get_per_token_logps_and_entropies`, TRL's fused LM hea
 log-probs (with μ = 1 the current ones, detached), the top-entropy token mask, the off-policy sequence mask and
 vLLM's importance-sampling correction (all three as `policy_loss`'s per-token weight), the MoE auxiliary loss, the
 normalisers for gradient accumulation and processes, and TRL's cross-process gathering of metrics. It replaces
-TRL's clip (`epsilon`, `epsilon_high`, `delta`) and its k3 penalty (`beta`) by the objective's clip test, penalty,
-β and dual-clip cap. `train` is wrapped only to record how a run ended in a `DivvizRunCallback`'s run folder.
+TRL's loss (its clip `epsilon`/`epsilon_high`, `delta`, k3 penalty `beta`, and its own surrogates cispo, sapo and
+vespo) by the objective's clip test or surrogate, penalty, β, caps and level; GRPOConfig's loss_type must name the
+objective (`options.trl_loss_type`). `train` is wrapped only to record how a run ended in a `DivvizRunCallback`'s
+run folder.
 
 Generation (vLLM included), reward functions, the reference model, PEFT, gradient accumulation and DeepSpeed/FSDP
-through accelerate stay TRL's. Not honoured (refused at construction): TRL's own loss types (cispo, sapo, vespo,
-luspo), sequence-level importance sampling (GSPO), the entropy bonus and TRL's `delta` cap.
+through accelerate stay TRL's. Not honoured (refused at construction): the entropy bonus, and verl's token_sum
+aggregation, which has no TRL loss_type.
 
     trainer = DivvizGRPOTrainer(model=..., reward_funcs=..., args=GRPOConfig(loss_type="dapo", ...),
                                 train_dataset=..., objective=Objective(clip=clip_test("kl3", delta=0.05),
@@ -21,7 +23,6 @@ luspo), sequence-level importance sampling (GSPO), the entropy bonus and TRL's `
 
 from __future__ import annotations
 
-import copy
 import math
 
 import numpy as np
@@ -30,82 +31,20 @@ from accelerate.utils import gather_object
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import nanmax, nanmin
 
-from divviz.divergences import AGGREGATIONS
 from divviz.estimators import k1, k2, k3
 from divviz.engine.completions import step_record
 from divviz.engine.grpo import finite_loss
 from divviz.losses import LossOutput, Objective, aggregation_weights
 from divviz.params import DivvizInputError
+from divviz.surrogates import vespo_phi
 from divviz.trl.callback import TOKEN_SAMPLE, DivvizRunCallback, run_end
+from divviz.trl.options import trl_args_for
 
 # each completion's reward, added to TRL's generation batch for the step inspector (TRL keeps only advantages)
 REWARDS = "divviz_rewards"
 # inputs that TRL's forward passes on to multimodal models, by the names `_get_per_token_logps_and_entropies` takes
 _MODEL_INPUTS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes",
                  "num_tiles", "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids")
-
-
-def _default(name: str):
-    return GRPOConfig.__dataclass_fields__[name].default
-
-
-def _same_box(objective: Objective, epsilon: float, epsilon_high: float | None) -> bool:
-    """True if the objective's clip test is TRL's own box [1 − epsilon, 1 + (epsilon_high or epsilon)]."""
-    clip, high = objective.clip, epsilon if epsilon_high is None else epsilon_high
-    if clip is None:
-        return False
-    if clip.name == "ratio":
-        return clip.params["eps"] == epsilon == high
-    return clip.name == "clip_higher" and (clip.params["eps_low"], clip.params["eps_high"]) == (epsilon, high)
-
-
-def trl_args_for(objective: Objective, args: GRPOConfig) -> GRPOConfig:
-    """A copy of `args` that agrees with `objective`, or a `DivvizInputError` naming the conflicting setting.
-
-    A TRL option left at its default defers to the objective; one set to another value must agree with it.
-    TRL's `beta` is set to the objective's β when its penalty needs the reference model, so that TRL loads that
-    model and computes its log-probs (`ref_per_token_logps`); the penalty itself is the objective's."""
-    if args.loss_type not in AGGREGATIONS:
-        raise DivvizInputError(
-            f"GRPOConfig(loss_type='{args.loss_type}') is one of TRL's own losses, which DivvizGRPOTrainer replaces; "
-            f"use GRPOTrainer for it, or a loss_type that aggregates: {', '.join(AGGREGATIONS)}")
-    if args.loss_type != objective.aggregation:
-        raise DivvizInputError(
-            f"GRPOConfig(loss_type='{args.loss_type}') contradicts the objective's aggregation "
-            f"'{objective.aggregation}'; set both to the same")
-    if args.delta is not None:
-        raise DivvizInputError(
-            f"GRPOConfig(delta={args.delta}) is TRL's two-sided ratio cap (INTELLECT-2), which divviz does not apply; "
-            "drop delta (divviz's dual_clip_c caps the loss of negative-advantage tokens instead)")
-    changed = {name: getattr(args, name) for name in ("epsilon", "epsilon_high")
-               if getattr(args, name) != _default(name)}
-    if changed and not _same_box(objective, args.epsilon, args.epsilon_high):
-        names = ", ".join(f"{k}={v}" for k, v in changed.items())
-        raise DivvizInputError(
-            f"GRPOConfig({names}) sets TRL's clip range, which the objective's clip test "
-            f"'{objective.clip.label if objective.clip else 'none'}' replaces; drop {' and '.join(changed)}")
-    penalty, beta = objective.penalty, objective.beta
-    needs_ref = penalty is not None and beta > 0 and penalty.entry.needs_ref
-    if args.beta != 0 and not (needs_ref and args.beta == beta):
-        raise DivvizInputError(
-            f"GRPOConfig(beta={args.beta}) adds TRL's k3 penalty, which the objective replaces; drop beta and put the "
-            f"penalty in the objective, e.g. Objective(penalty=penalty('k3', importance_weight=True), beta={args.beta}) "
-            "for TRL's own (use_bias_correction_kl=True)")
-    if (penalty is not None and penalty.name == "k3" and penalty.params["importance_weight"]
-            and args.use_bias_correction_kl is False):
-        raise DivvizInputError(
-            "GRPOConfig(use_bias_correction_kl=False) contradicts the objective's importance-weighted k3 penalty; "
-            "drop one of them")
-    if args.importance_sampling_level != "token":
-        raise DivvizInputError(
-            f"GRPOConfig(importance_sampling_level='{args.importance_sampling_level}') weights whole sequences (GSPO); "
-            "divviz's clip tests are per token: drop it")
-    if args.entropy_coef != 0 or args.use_adaptive_entropy:
-        raise DivvizInputError("GRPOConfig's entropy bonus (entropy_coef, use_adaptive_entropy) is not part of a divviz "
-                               "objective; drop it")
-    args = copy.copy(args)
-    args.beta = beta if needs_ref else 0.0
-    return args
 
 
 class DivvizGRPOTrainer(GRPOTrainer):
@@ -178,7 +117,7 @@ class DivvizGRPOTrainer(GRPOTrainer):
         if self.aux_loss_enabled:
             loss = loss + self.router_aux_loss_coef * aux_loss / accumulation
             self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
-        self._log_facts(mode, out, logp_new.detach() - logp_old, entropies, mask)
+        self._log_facts(mode, out, logp_new.detach() - logp_old, adv, entropies, mask)
         if mode == "train" and self._last_inner_step():
             self._hand_over_tokens(out, logp_old, adv, mask)
             if self._step % self.args.steps_per_generation == 0:  # the pass's first micro-batch
@@ -230,18 +169,22 @@ class DivvizGRPOTrainer(GRPOTrainer):
         totals = self.accelerator.reduce(torch.stack([(x * mask).sum(), mask.sum().float()]), reduction="sum")
         return (totals[0] / totals[1].clamp(min=1.0)).item()
 
-    def _log_facts(self, mode: str, out: LossOutput, log_ratio, entropies, mask) -> None:
+    def _log_facts(self, mode: str, out: LossOutput, log_ratio, adv, entropies, mask) -> None:
         metrics, mean = self._metrics[mode], lambda x: self._global_masked_mean(x.float(), mask)
         if out.penalty is not None:
             metrics["divviz/penalty_mean"].append(mean(out.penalty))
             if self.objective.penalty.entry.needs_ref:
                 metrics["kl"].append(metrics["divviz/penalty_mean"][-1])
         metrics["entropy"].append(mean(entropies))
-        for name, clipped in (("low", out.clipped_low), ("high", out.clipped_high), ("region", out.clipped_region)):
-            metrics[f"clip_ratio/{name}_mean"].append(mean(clipped))
-        per_completion = lambda x: (x.float() * mask).sum(-1) / mask.sum(-1)  # noqa: E731 — TRL's masked_seq_mean
-        metrics["clip_ratio/low_min"].append(nanmin(self.accelerator.gather(per_completion(out.clipped_low))).item())
-        metrics["clip_ratio/high_max"].append(nanmax(self.accelerator.gather(per_completion(out.clipped_high))).item())
+        if self.objective.surrogate is None or self.objective.surrogate.entry.clip == "needs":
+            for name, clipped in (("low", out.clipped_low), ("high", out.clipped_high),
+                                  ("region", out.clipped_region)):
+                metrics[f"clip_ratio/{name}_mean"].append(mean(clipped))
+            per_completion = lambda x: (x.float() * mask).sum(-1) / mask.sum(-1)  # noqa: E731 — TRL's masked_seq_mean
+            metrics["clip_ratio/low_min"].append(nanmin(self.accelerator.gather(per_completion(out.clipped_low))).item())
+            metrics["clip_ratio/high_max"].append(
+                nanmax(self.accelerator.gather(per_completion(out.clipped_high))).item())
+        self._log_surrogate(metrics, out, log_ratio, adv, mask)
         for name, estimator in (("k1", k1), ("k2", k2), ("k3", k3)):
             metrics[f"kl/{name}"].append(mean(estimator(log_ratio)))
         if out.measure is not None:
@@ -250,6 +193,21 @@ class DivvizGRPOTrainer(GRPOTrainer):
         metrics["divviz/outside_mean"].append(mean(out.outside))
         if mode == "train" and self._last_inner_step():
             metrics["divviz/outside_last_mean"].append(metrics["divviz/outside_mean"][-1])
+
+    def _log_surrogate(self, metrics, out: LossOutput, log_ratio, adv, mask) -> None:
+        """TRL's metrics of its own surrogates: `cispo_clip_ratio`, the share of tokens with A > 0 whose weight is
+        capped (w > hi), and `vespo/phi_seq_mean`, the mean over completions of φ(W)."""
+        surrogate = self.objective.surrogate
+        if surrogate is None or surrogate.name not in ("cispo", "vespo"):
+            return
+        if surrogate.name == "cispo":
+            capped = (out.ratio > surrogate.params["hi"]) & (adv > 0)
+            metrics["cispo_clip_ratio"].append(self._global_masked_mean(capped.float(), mask))
+            return
+        phi = vespo_phi((log_ratio.clamp(-20.0, 20.0) * mask).sum(-1), adv[:, 0], surrogate.params)
+        totals = self.accelerator.reduce(torch.stack([phi.sum(), torch.tensor(float(len(phi)), device=phi.device)]),
+                                         reduction="sum")
+        metrics["vespo/phi_seq_mean"].append((totals[0] / totals[1].clamp(min=1.0)).item())
 
     def _last_inner_step(self) -> bool:
         """Whether this micro-batch belongs to the last of the μ passes over its generation batch."""

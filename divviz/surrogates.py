@@ -1,0 +1,244 @@
+"""Surrogates: the policy term ℓ_t of the loss, the catalogue's third family beside clip tests and penalties.
+
+Without a surrogate, `policy_loss` uses PPO's clipped surrogate −min(w A, clip_C(w) A) with the objective's clip
+test C (losses.py). Each entry here replaces it. All of them have a gradient of one shape,
+
+    ∂ℓ_t/∂log π_θ = −A · γ_t,        γ_t the surrogate's *gradient weight*,
+
+so what a surrogate does is read off γ against the ratio (PPO: γ = w inside the region, 0 where the test masks):
+
+    cispo     γ = clip(w, lo, hi)                    −sg(clip(w, lo, hi)) A log π   (MiniMax-M1; TRL lo=0, hi=ε_high;
+                                                                                      verl lo=1−ε_low, hi=1+ε_high)
+    sapo      γ = 4 σ(τ(w−1)) (1 − σ(τ(w−1))) w      −(4/τ) σ(τ(w−1)) A, τ = τ_pos if A > 0 else τ_neg (SAPO)
+    vespo     γ = φ(W) = e^{λ + k log W − λ W}       −sg(φ(W)) A log π, W the sequence's ratio Π_t w_t (VESPO)
+    gpg       γ = 1                                  −A log π (GPG: REINFORCE, no ratio)
+    dppo      γ = min(w, c) where the test keeps     −sg(min(w, c)) A log π on kept tokens (verl's DPPO losses)
+                the token, else 0
+    geo_mean  γ_t = s_i / |o_i| on kept tokens       −Ā_i s_i, s_i = exp(mean_t clip-min(log w_t)) (GMPO)
+
+Soft surrogates (cispo, sapo, vespo, gpg) have no clip test: γ is the constraint. dppo and geo_mean take the
+objective's clip test (its interval [l, u]) and mask with it as PPO does. Formulas are TRL 1.16's `_compute_loss`
+and verl 0.9.1's `core_algos.compute_policy_loss_*`; tests/test_trl.py and tests/test_verl.py check them against
+that code.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+
+from divviz.params import DivvizInputError, Param, check_params
+from divviz.safetext import quoted
+
+LEVELS = ("token", "sequence")  # TRL's importance_sampling_level: w_t, or the sequence's geometric-mean ratio (GSPO)
+
+
+@dataclass(frozen=True)
+class SurrogateInputs:
+    """What a surrogate's term reads (torch, (B, T) unless said): the log-ratio (B, T), or (B, 1) at sequence level,
+    with its gradient; logp_new with its gradient; A ((B, 1) or (B, T)); the float mask; the clip test's (l, u) and
+    `kept` (no token masked by it), or None without a test."""
+
+    log_ratio: torch.Tensor
+    logp_new: torch.Tensor
+    adv: torch.Tensor
+    mask: torch.Tensor
+    bounds: tuple | None
+    kept: torch.Tensor | None
+
+
+@dataclass(frozen=True)
+class SurrogateEntry:
+    """One surrogate: `term` gives the per-token loss ℓ (torch, with its gradient); `weight` gives γ in numpy from
+    (w, A, params) for one-token completions (the bandit and the explorer's curves; tests check it against autograd).
+    `clip` says whether it takes the objective's clip test ("needs"), refuses one ("none"); `sequence` whether it
+    may run at TRL's sequence importance-sampling level; `own_level` that it is sequence-level by itself."""
+
+    name: str
+    title: str
+    latex: str
+    doc: str
+    source: str
+    params: tuple[Param, ...]
+    term: Callable  # (SurrogateInputs, params) -> ℓ, (B, T) or (B, 1)
+    weight: Callable  # (w, adv, params, kept) -> γ, numpy
+    clip: str = "none"
+    sequence: bool = False
+    own_level: bool = False
+    family: str = field(default="surrogate", init=False)
+
+
+@dataclass(frozen=True)
+class Surrogate:
+    """A surrogate with checked parameters."""
+
+    entry: SurrogateEntry
+    params: dict
+
+    @property
+    def name(self) -> str:
+        return self.entry.name
+
+    @property
+    def label(self) -> str:
+        shown = " ".join(f"{p.name}={self.params[p.name]:.4g}" for p in self.entry.params
+                         if self.params[p.name] != p.default)
+        return f"{self.name} {shown}".strip()
+
+    def term(self, inputs: SurrogateInputs) -> torch.Tensor:
+        return self.entry.term(inputs, self.params)
+
+    def weight(self, w, adv, kept=None) -> np.ndarray:
+        """γ(w) for one-token completions: ∂ℓ/∂log π_θ = −A γ."""
+        return self.entry.weight(np.asarray(w, dtype=np.float64), np.asarray(adv, dtype=np.float64), self.params,
+                                 np.ones(np.shape(w), dtype=bool) if kept is None else kept)
+
+
+def _cispo(s: SurrogateInputs, p):
+    weight = s.log_ratio.exp().clamp(p["lo"], p["hi"]).detach()
+    return -weight * s.adv * s.logp_new
+
+
+def by_sign(condition, if_true: float, if_false: float, like):
+    """`if_true` where `condition`, else `if_false`, as numbers of `like`'s kind and dtype (numpy or torch)."""
+    if isinstance(like, torch.Tensor):
+        return torch.where(condition, torch.full_like(like, if_true), torch.full_like(like, if_false))
+    return np.where(condition, if_true, if_false)
+
+
+def _sapo_tau(adv, p):
+    return by_sign(adv > 0, p["tau_pos"], p["tau_neg"], adv)
+
+
+def _sapo(s: SurrogateInputs, p):
+    tau = _sapo_tau(s.adv, p)
+    return -torch.sigmoid(tau * (s.log_ratio.exp() - 1)) * 4 / tau * s.adv
+
+
+def _sapo_weight(w, adv, p, kept):
+    gate = 1 / (1 + np.exp(-_sapo_tau(adv, p) * (w - 1)))
+    return 4 * gate * (1 - gate) * w
+
+
+VESPO_FLOOR = math.log(1e-8)  # TRL's lower clamp of the sequence's log-ratio
+
+
+def vespo_phi(log_w_seq, adv, p):
+    """φ(W) = exp(λ + k log W − λ W) with W the sequence's ratio, log W clamped to [log 1e-8, 20], (k, λ) by the
+    sign of A (A ≥ 0: k_pos, λ_pos), λ ≥ 1e-4; NaN/inf → 0 (TRL 1.16's `get_gamma_weights`). numpy or torch."""
+    xp = torch if isinstance(log_w_seq, torch.Tensor) else np
+    log_w = xp.clip(log_w_seq, VESPO_FLOOR, 20.0)
+    positive, like = adv >= 0, log_w + adv * 0
+    k = by_sign(positive, p["k_pos"], p["k_neg"], like)
+    lam = by_sign(positive, max(p["lambda_pos"], 1e-4), max(p["lambda_neg"], 1e-4), like)
+    phi = xp.exp(lam + k * log_w - lam * xp.exp(log_w))
+    return xp.nan_to_num(phi, nan=0.0, posinf=0.0, neginf=0.0)
+
+
+def _vespo(s: SurrogateInputs, p):
+    with torch.no_grad():
+        log_w_seq = (s.log_ratio.clamp(-20.0, 20.0) * s.mask).sum(-1, keepdim=True)
+        phi = vespo_phi(log_w_seq, s.adv, p)
+    return -phi * s.adv * s.logp_new
+
+
+def _dppo(s: SurrogateInputs, p):
+    weight = s.log_ratio.exp().clamp(max=p["c"]).detach()
+    return -s.adv * weight * s.logp_new * s.kept
+
+
+def _geo_mean(s: SurrogateInputs, p):
+    """GMPO: the token's log-ratio clipped to [log l, log u] on the side A pushes toward (sign-aware min, as PPO's),
+    averaged over the completion; ℓ_i = −Ā_i exp(mean), one value per completion, (B, 1)."""
+    lower, upper = (torch.as_tensor(b, dtype=s.log_ratio.dtype).log() for b in s.bounds)
+    sign = torch.sign(s.adv)
+    clipped = s.log_ratio.clamp(lower, upper)
+    picked = sign * torch.minimum(sign * s.log_ratio, sign * clipped)
+    length = s.mask.sum(-1, keepdim=True)
+    ratio = ((picked * s.mask).sum(-1, keepdim=True) / (length + 1e-8)).exp()
+    adv = (s.adv * s.mask).sum(-1, keepdim=True) / (length + 1e-8) if s.adv.shape[-1] > 1 else s.adv
+    return -adv * ratio
+
+
+LO = Param("lo", 0.0, 0.0, 1.0, high_open=False, typical=(0.0, 1.0, 0.01),
+           doc="lowest weight (TRL: 0; verl: 1 − ε_low)")
+HI = Param("hi", 5.0, 1.0, typical=(1.0, 10.0, 0.05), doc="highest weight (TRL: epsilon_high; verl: 1 + ε_high)")
+TAU_POS = Param("tau_pos", 1.0, 0.0, low_open=True, typical=(0.05, 5.0, 0.05), doc="gate temperature for A > 0")
+TAU_NEG = Param("tau_neg", 1.05, 0.0, low_open=True, typical=(0.05, 5.0, 0.05), doc="gate temperature for A ≤ 0")
+
+
+def _vespo_params():
+    return (Param("k_pos", 2.0, 0.0, typical=(0.0, 6.0, 0.1), doc="shape k for A ≥ 0"),
+            Param("lambda_pos", 3.0, 0.0, typical=(0.0, 6.0, 0.1), doc="rate λ for A ≥ 0"),
+            Param("k_neg", 3.0, 0.0, typical=(0.0, 6.0, 0.1), doc="shape k for A < 0"),
+            Param("lambda_neg", 2.0, 0.0, typical=(0.0, 6.0, 0.1), doc="rate λ for A < 0"))
+
+
+SURROGATES: dict[str, SurrogateEntry] = {
+    e.name: e
+    for e in (
+        SurrogateEntry(
+            "cispo", "CISPO: clipped importance-sampling weight",
+            r"-\,\mathrm{sg}(\mathrm{clip}(w_t,\,lo,\,hi))\,A\,\log\pi_\theta",
+            "Keeps every token's gradient and clips only its weight (MiniMax-M1, 2025): a token past the box still "
+            "learns, at the capped weight.",
+            "TRL 1.16 grpo_trainer.py loss_type='cispo' (lo = 0, hi = epsilon_high); verl core_algos.py "
+            "compute_policy_loss_cispo (lo = 1 − clip_ratio_low, hi = 1 + clip_ratio_high)",
+            (LO, HI), _cispo, lambda w, adv, p, kept: np.clip(w, p["lo"], p["hi"]), sequence=True),
+        SurrogateEntry(
+            "sapo", "SAPO: soft sigmoid gate",
+            r"-\tfrac{4}{\tau}\,\sigma(\tau(w_t-1))\,A,\quad \tau=\tau_{+}\ (A>0),\ \tau_{-}\ (A\le 0)",
+            "A smooth trust region (Gao et al. 2025, SAPO): the gradient weight 4σ(1−σ)w is w near 1 and fades "
+            "away from it instead of dropping to 0 at a bound.",
+            "TRL 1.16 loss_type='sapo' (sapo_temperature_pos/neg); verl compute_policy_loss_sapo (tau_pos/tau_neg, "
+            "always seq-mean-token-mean)",
+            (TAU_POS, TAU_NEG), _sapo, _sapo_weight, sequence=True),
+        SurrogateEntry(
+            "vespo", "VESPO: gamma weight of the sequence's ratio",
+            r"-\,\mathrm{sg}(\varphi(W_i))\,A\,\log\pi_\theta,\ \varphi(W)=e^{\lambda+k\log W-\lambda W},"
+            r"\ W_i=\textstyle\prod_t w_t",
+            "Sequence-level: every token of a completion gets φ of the completion's whole ratio W (product of its "
+            "token ratios), φ(1) = 1 and φ → 0 for W far from 1 on either side.",
+            "TRL 1.16 loss_type='vespo', GRPOTrainer.get_gamma_weights (vespo_k_pos/neg, vespo_lambda_pos/neg)",
+            _vespo_params(), _vespo, lambda w, adv, p, kept: vespo_phi(np.log(w), adv, p), own_level=True),
+        SurrogateEntry(
+            "gpg", "GPG: plain policy gradient",
+            r"-A\,\log\pi_\theta",
+            "REINFORCE with the group's advantage and no ratio at all (Chu et al. 2025, GPG): γ = 1 whatever w.",
+            "verl core_algos.py compute_policy_loss_gpg (and compute_policy_loss_reinforce)",
+            (), lambda s, p: -s.adv * s.logp_new, lambda w, adv, p, kept: np.ones_like(w)),
+        SurrogateEntry(
+            "dppo", "DPPO: REINFORCE on the tokens the test keeps",
+            r"-\,\mathrm{sg}(\min(w_t,c))\,A\,\log\pi_\theta\cdot[C_t\text{ or pulled back}]",
+            "verl's DPPO losses: the clip test masks as PPO's does (A > 0 above u, A < 0 below l), but a kept "
+            "token's loss is REINFORCE-style with the weight min(w, c). With the dppo_tv or dppo_kl clip test this "
+            "is verl's dppo_tv / dppo_kl.",
+            "verl core_algos.py compute_policy_loss_dppo_tv / compute_policy_loss_dppo_kl (c = clip_ratio_c)",
+            (Param("c", 3.0, 1.0, low_open=True, typical=(1.05, 20.0, 0.05), doc="largest weight (clip_ratio_c)"),),
+            _dppo, lambda w, adv, p, kept: np.minimum(w, p["c"]) * kept, clip="needs"),
+        SurrogateEntry(
+            "geo_mean", "GMPO: geometric mean of clipped token ratios",
+            r"-\bar A_i\,\exp\!\big(\tfrac{1}{|o_i|}\textstyle\sum_t \mathrm{sgn}(A)\min(\mathrm{sgn}(A)\log w_t,"
+            r"\ \mathrm{sgn}(A)\,\mathrm{clip}(\log w_t,\log l,\log u))\big)",
+            "Sequence-level (Zhao et al. 2025, GMPO): the completion's ratio is the geometric mean of its token "
+            "ratios, each clipped in log space to the test's [l, u] on the side A pushes toward; one loss per "
+            "completion. verl's eps bound the log-ratio: its (ε_low, ε_high) is the box [e^−ε_low, e^ε_high].",
+            "verl core_algos.py compute_policy_loss_geo_mean (loss_agg_mode ignored: mean over completions)",
+            (), _geo_mean, lambda w, adv, p, kept: w * kept, clip="needs", own_level=True),
+    )
+}
+
+
+def get_surrogate(name: str) -> SurrogateEntry:
+    if name not in SURROGATES:
+        raise DivvizInputError(f"unknown surrogate {quoted(name)}; known: {', '.join(SURROGATES)}")
+    return SURROGATES[name]
+
+
+def surrogate(name: str, **params) -> Surrogate:
+    entry = get_surrogate(name)
+    return Surrogate(entry, check_params(name, entry.params, params))
