@@ -11,6 +11,7 @@ from divviz.urlstate import Control
 PAGE = "regions"
 CONTROLS = [
     Control("m", ["ratio", "clip_higher", "kl3"], family="clip"),
+    Control("s", ["cispo:hi=1.28", "sapo"], family="surrogate"),
     Control("pi_old", 0.3, param=Param("pi_old", 0.3, 0.0, 1.0, low_open=True, high_open=False,
                                        typical=(0.01, 1.0, 0.01), doc="the probability π_old gave the token; "
                                        "only probability-space tests (prob_tv) depend on it")),
@@ -31,6 +32,10 @@ with ui.shown_errors():
         st.subheader("Clip tests")
         tests = ui.measure_list(PAGE, BY_NAME["m"], "Tests to compare: any clip test of the catalogue, the same one "
                                                     "as often as you like with other parameters")
+        st.subheader("Surrogates")
+        surrogates = ui.measure_list(PAGE, BY_NAME["s"], "Replacements of PPO's clipped surrogate, drawn in the "
+                                                         "gradient-weight chart (dppo and geo_mean mask with the first "
+                                                         "clip test)")
         pi_old = ui.number(PAGE, BY_NAME["pi_old"], "π_old of the token (for the surrogate and prob_tv)")
         dual = ui.number(PAGE, BY_NAME["dual"], "Dual-clip for A < 0")
         c = ui.number(PAGE, BY_NAME["c"], "dual-clip c") if dual else None
@@ -38,7 +43,7 @@ with ui.shown_errors():
     if not tests:
         st.info("Pick at least one clip test in the sidebar.")
         st.stop()
-    charts = views.clipping_regions(tests, pi_old, c)
+    charts = views.clipping_regions(tests, pi_old, c, surrogates)
 
     ui.show_chart(charts["intervals"], "intervals")
     ui.show_chart(charts["sweeps"], "interval sweeps")
@@ -46,6 +51,11 @@ with ui.shown_errors():
     st.write("Top: the objective −ℓ(w) the optimiser climbs. Bottom: its slope; where it is zero (the coloured "
              "strip of each test), the token is clipped. With A > 0 the clip binds above u, with A < 0 below l.")
     ui.show_chart(charts["surrogate"], "surrogate and gradient")
+    st.subheader("Gradient weight: clip tests and soft surrogates side by side")
+    st.write("Every loss here has the gradient ∂ℓ/∂log π = −A·γ(w). Under PPO's surrogate γ is w inside the region and "
+             "0 where the test masks (a hard region); a soft surrogate has no region, and γ is its constraint: cispo "
+             "flattens it past its cap, sapo fades it smoothly, vespo weighs a whole completion by its ratio.")
+    ui.show_chart(charts["weight"], "gradient weight")
     left, right = st.columns(2)
     with left:
         st.write("A ratio box is a cone in probability space; a probability-space test is a band of constant "

@@ -56,7 +56,7 @@ def cmd_measures(args) -> int:
         shown = {"bool": lambda v: int(v), "text": repr}
         params = ", ".join(f"{p['name']}={shown.get(p['kind'], lambda v: format(v, 'g'))(p['default'])}"
                            for p in row["params"])
-        print(f"{row['name']:<12} {row['family']:<8} {row['title']}" + (f"  [{params}]" if params else ""))
+        print(f"{row['name']:<12} {row['family']:<10} {row['title']}" + (f"  [{params}]" if params else ""))
     return 0
 
 
@@ -110,9 +110,13 @@ def cmd_train(args) -> int:
 
     if args.beta is not None and not args.penalty:
         raise DivvizInputError("--beta was given without a penalty (--penalty); choose one or drop --beta")
+    soft = surrogate_settings(args.surrogate)
     cfg = RunConfig.make(
         task=args.task, backend=args.backend, model=args.model, device=args.device,
-        **measure_settings(args.measure, args.param, args.formula),
+        **measure_settings(args.measure, args.param, args.formula,
+                           default="none" if soft["surrogate"] and get_entry(soft["surrogate"]).clip == "none"
+                           else "ratio"),
+        **soft, importance_sampling_level=args.importance_sampling_level, ratio_cap=args.ratio_cap,
         penalty=args.penalty, penalty_params=parse_assignments(args.penalty_param),
         beta=0.04 if args.beta is None else args.beta, dual_clip_c=args.dual_clip, aggregation=args.aggregation,
         scale_rewards=not args.no_scale_rewards,
@@ -134,12 +138,20 @@ def cmd_train(args) -> int:
     return 0 if run.state in ("done", "stopped") else 1
 
 
-def measure_settings(spec: str | None, params: list[str], formula: str | None = None) -> dict:
-    """`--measure NAME[:k=v…]` (default ratio, or none), or `--formula TEXT`, and `--param k=v`s as a run config's
-    clip and clip_params."""
+def surrogate_settings(spec: str | None) -> dict:
+    """`--surrogate NAME[:k=v…]` as a run config's surrogate and surrogate_params (none: PPO's clipped surrogate)."""
+    if spec is None:
+        return {"surrogate": None, "surrogate_params": {}}
+    chosen = instances.parse(spec, "surrogate")
+    return {"surrogate": chosen.name, "surrogate_params": chosen.params}
+
+
+def measure_settings(spec: str | None, params: list[str], formula: str | None = None, default: str = "ratio") -> dict:
+    """`--measure NAME[:k=v…]` (default `default`: ratio, or none with a surrogate that has no clip test), or
+    `--formula TEXT`, and `--param k=v`s as a run config's clip and clip_params."""
     if formula is not None and spec is not None:
         raise DivvizInputError("give --measure or --formula, not both")
-    spec = spec or "ratio"
+    spec = spec or default
     if spec == "none":
         return {"clip": None, "clip_params": parse_assignments(params)}
     test = formula_measure(formula, params) if formula is not None else clip_measure(spec, params)
@@ -312,7 +324,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--penalty-param", action="append", default=[], metavar="K=V", help="a penalty parameter")
     p.add_argument("--beta", default=None, help="penalty coefficient β (with --penalty; default 0.04)")
     p.add_argument("--dual-clip", default=None, metavar="C", help="dual-clip cap c > 1 for A < 0")
-    p.add_argument("--aggregation", default="grpo", help="grpo, bnpo, dr_grpo or dapo (TRL's loss_type)")
+    p.add_argument("--surrogate", metavar="NAME[:K=V…]",
+                   help="replace PPO's clipped surrogate: cispo, sapo, vespo, gpg (no clip test), dppo, geo_mean (with one)")
+    p.add_argument("--importance-sampling-level", default="token",
+                   help="token, or sequence for GSPO (one ratio per completion, its geometric mean)")
+    p.add_argument("--ratio-cap", default=None, metavar="DELTA", help="TRL's delta > 1: the unclipped term uses min(w, δ)")
+    p.add_argument("--aggregation", default="grpo",
+                   help="grpo, bnpo, dr_grpo, dapo, luspo (TRL's loss_type) or token_sum (verl's)")
     p.add_argument("--no-scale-rewards", action="store_true", help="do not divide advantages by the group std")
     p.add_argument("--task", default="reverse", help="add, sort, reverse or countdown")
     p.add_argument("--backend", default="divviz",

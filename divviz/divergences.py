@@ -349,22 +349,40 @@ class Penalty(Configured):
 
 
 def _grpo_estimator(estimator, derivative):
-    """k_i of r = π_ref/π_θ (GRPO's direction, RPG §2.2), optionally × w = π_θ/π_old (RPG §3.5).
+    """k_i of r = π_ref/π_θ (GRPO's direction, RPG §2.2), optionally × w = π_θ/π_old (RPG §3.5), optionally with
+    k2's gradient (verl's straight-through "k1+"/"k3+" modes: sg(k_i) + k2 − sg(k2)).
 
     With y = log r = log π_ref − log π_θ the slope in log π_θ is −k_i'(y), and with the weight
-    ∂(w k_i)/∂log π_θ = w (k_i(y) − k_i'(y)). `derivative` is k_i'(y)."""
+    ∂(w k_i)/∂log π_θ = w (k_i(y) − k_i'(y)). `derivative` is k_i'(y); straight-through puts k2'(y) = y in its place.
+    Returns (value, slope, loss_term)."""
 
     def value(new, old, ref, p):
         out = estimator(ref - new)
         return out * array_ops(new).exp(new - old) if p["importance_weight"] else out
 
+    def loss_term(new, old, ref, p):
+        if not p["straight_through"]:
+            return value(new, old, ref, p)
+        y = ref - new
+        out = estimator(y).detach() + k2(y) - k2(y).detach()
+        return out * (new - old).exp() if p["importance_weight"] else out
+
     def slope(new, old, ref, p):
         y = ref - new
-        if p["importance_weight"]:
-            return np.exp(new - old) * (estimator(y) - derivative(y))
-        return -derivative(y)
+        d = y if p["straight_through"] else derivative(y)
+        return np.exp(new - old) * (estimator(y) - d) if p["importance_weight"] else -d
 
-    return value, slope
+    return value, slope, loss_term
+
+
+STRAIGHT_THROUGH = Param("straight_through", False, kind="bool",
+                         doc="the estimator's value with k2's gradient (verl's k1+/k3+ modes)")
+REFERENCE_OPTIONS = (IMPORTANCE_WEIGHT, STRAIGHT_THROUGH)
+
+
+def _reference_penalty(name, title, latex, doc, estimator, derivative) -> "PenaltyEntry":
+    value, slope, loss_term = _grpo_estimator(estimator, derivative)
+    return PenaltyEntry(name, title, latex, doc, REFERENCE_OPTIONS, value, slope, loss_term=loss_term)
 
 
 def _rpg(regulariser, weight):
@@ -417,22 +435,28 @@ def _rpg_entries():
 PENALTIES: dict[str, PenaltyEntry] = {
     e.name: e
     for e in (
-        PenaltyEntry(
+        _reference_penalty(
             "k1", "k1 to reference (GRPO direction)",
             r"\log\pi_\theta-\log\pi_{\mathrm{ref}}",
             "k1 of r = π_ref/π_θ; unbiased for KL(π_θ‖π_ref) only when tokens come from π_θ.",
-            (IMPORTANCE_WEIGHT,), *_grpo_estimator(k1, lambda y: -np.ones_like(y))),
-        PenaltyEntry(
+            k1, lambda y: -np.ones_like(y)),
+        _reference_penalty(
             "k2", "k2 to reference (GRPO direction)",
             r"\tfrac12(\log\pi_{\mathrm{ref}}-\log\pi_\theta)^2",
             "k2 of r = π_ref/π_θ; half of GBMPO's log-L2 variant.",
-            (IMPORTANCE_WEIGHT,), *_grpo_estimator(k2, lambda y: y)),
-        PenaltyEntry(
+            k2, lambda y: y),
+        _reference_penalty(
             "k3", "k3 to reference (GRPO's KL penalty)",
             r"r_t-1-\log r_t,\; r_t=\pi_{\mathrm{ref}}/\pi_\theta",
             "GRPO's penalty (TRL's `beta`): k3 with the ratio flipped relative to the kl3 clip test. "
             "importance_weight=1 gives RPG's corrected estimator w·k3(r).",
-            (IMPORTANCE_WEIGHT,), *_grpo_estimator(k3, np.expm1)),
+            k3, np.expm1),
+        _reference_penalty(
+            "abs", "|log-ratio| to reference",
+            r"|\log\pi_\theta-\log\pi_{\mathrm{ref}}|",
+            "verl's 'abs' KL penalty (core_algos.py kl_penalty): the absolute log-ratio, an L1 pull toward the "
+            "reference with a slope of ±1 in log π.",
+            abs, np.sign),
         PenaltyEntry(
             "prob_l2", "GBMPO ProbL2",
             r"(\pi_\theta(a_t|s_t)-\pi_{\mathrm{ref}}(a_t|s_t))^2",

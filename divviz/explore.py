@@ -14,7 +14,7 @@ import torch
 
 from divviz import theory
 from divviz.divergences import ClipTest, clip_test
-from divviz.losses import policy_loss
+from divviz.losses import Objective, policy_loss
 
 F64 = torch.float64
 
@@ -56,6 +56,22 @@ def ratio_curves(test: ClipTest | None, ratio: np.ndarray, pi_old: float = 0.5,
         masked={s: masked[h] for s, h in halves.items()},
         bounds=bounds,
     )
+
+
+def gradient_weight(objective: Objective, ratio: np.ndarray, pi_old: float = 0.5) -> dict[int, np.ndarray]:
+    """The gradient weight γ(w) = −(∂ℓ/∂log π_θ)/A of an objective's policy term for A = +1 and A = −1, by autograd
+    through `policy_loss` on one-token completions (so a sequence-level surrogate's W is the token's w). PPO's γ is w
+    inside the region and 0 where the clip test masks; a surrogate's is its own (`surrogates.py`)."""
+    n = len(ratio)
+    w = torch.as_tensor(np.concatenate([ratio, ratio]), dtype=F64).unsqueeze(1)
+    logp_old = torch.full_like(w, float(np.log(pi_old)))
+    logp_new = (logp_old + w.log()).requires_grad_()
+    adv = torch.cat([torch.ones(n, dtype=F64), -torch.ones(n, dtype=F64)])
+    plain = Objective(objective.clip, None, 0.0, objective.dual_clip_c, "token_sum", objective.surrogate,
+                      "token", objective.ratio_cap)  # the policy term alone, each token's own gradient
+    (grad,) = torch.autograd.grad(plain(logp_new, logp_old, adv, torch.ones_like(w)).loss, logp_new)
+    weight = (-grad.squeeze(1) / adv).numpy()
+    return {+1: weight[:n], -1: weight[n:]}
 
 
 def masked_spans(ratio: np.ndarray, masked: np.ndarray) -> list[tuple[float, float]]:

@@ -43,6 +43,7 @@ GROUPS = (
                      "ratio"),
         ("k1", "k3", "unbiased but can be negative; its slope in log π is constant"),
         ("k2", "k3", "½(log r)², symmetric in log r: half of GBMPO's log-L2"),
+        ("abs", "k1", "|log r|: k1 made non-negative, the same slope size ±1 (verl's abs)"),
     )),
     Group("GBMPO's Bregman penalties", "penalty", "Bregman divergences D_h(π_θ‖π_ref) on the sampled token.", (
         ("prob_l2", "mirror", "h = ‖p‖² fixed: the slope 2p(p − p_ref) leaves rare tokens almost free"),

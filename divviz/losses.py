@@ -188,7 +188,9 @@ def policy_loss(
     mask and vLLM importance-sampling ratio.
     surrogate: None for PPO's clipped surrogate, or a configured `surrogates.surrogate`, which replaces it.
     importance_sampling_level: "token", or "sequence" for GSPO (Zheng et al. 2025; TRL's option of that name):
-    every token of completion i takes the ratio s_i = exp(mean_t log w_t), and the clip test judges s_i.
+    every token of completion i takes the ratio s_i = exp(mean_t log w_t), and the clip test judges s_i. Written as
+    GSPO-token (verl's form): log s_i,t = sg(log s_i) + log π_t − sg(log π_t), so a token's gradient is its own; with one
+    advantage per completion (TRL's) this is TRL's (B, 1) ratio exactly, with per-token advantages it is verl's.
     ratio_cap: None or TRL's delta > 1: PPO's unclipped term uses min(w, δ) (INTELLECT-2).
     """
     beta = check_beta(beta)
@@ -209,8 +211,9 @@ def policy_loss(
     mask = mask.to(logp_new.dtype)
 
     log_ratio = logp_new - logp_old
-    if importance_sampling_level == "sequence":  # (B, 1): one ratio per completion
-        log_ratio = (log_ratio * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)
+    if importance_sampling_level == "sequence":  # GSPO-token: the value s_i on every token, the token's own gradient
+        sequence = (log_ratio * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)
+        log_ratio = sequence.detach() + logp_new - logp_new.detach()
     ratio = log_ratio.exp()
     if clip is None:
         measure, outside, bounds = None, torch.zeros_like(ratio, dtype=torch.bool), None

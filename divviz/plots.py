@@ -221,6 +221,26 @@ def surrogate_chart(curves: list[tuple[str, RatioCurves]]) -> Chart:
     return Chart(_figure(traces, layout, shapes), pd.DataFrame(data))
 
 
+def gradient_weight_chart(ratio: np.ndarray, curves: list[tuple[str, dict[int, np.ndarray]]]) -> Chart:
+    """The gradient weight γ(w) of each objective against the ratio, for A = +1 and A = −1 (∂ℓ/∂log π = −A·γ)."""
+    layout, refs = _panels(1, 2, ["γ(w), A = +1", "γ(w), A = −1"], gap=0.08)
+    traces, data = [], {"ratio": ratio}
+    for i, (label, weight) in enumerate(curves):
+        for col, sign in ((0, +1), (1, -1)):
+            xref, yref = refs[0][col]
+            traces.append({"type": "scatter", "x": ratio, "y": weight[sign], "mode": "lines", "name": label,
+                           "legendgroup": label, "showlegend": col == 0, "xaxis": xref, "yaxis": yref,
+                           "line": {"color": color(i), "width": 2.5},
+                           "hovertemplate": f"w = %{{x:.3f}}<br>γ = %{{y:.4f}}<extra>{label}</extra>"})
+            data[f"{label} weight A={sign:+d}"] = weight[sign]
+    for xref, _ in refs[0]:
+        layout[f"xaxis{xref[1:]}"]["title"] = {"text": "ratio w (a sequence's ratio for sequence-level ones)"}
+    layout.update(height=440, title={"text": "Gradient weight against the ratio",
+                                     "subtitle": {"text": "∂ℓ/∂log π = −A·γ(w): 0 means no gradient"}})
+    return Chart(_figure(traces, layout, [_vline(1.0, refs[0][0][0], refs[0][0][1]),
+                                          _vline(1.0, refs[0][1][0], refs[0][1][1])]), pd.DataFrame(data))
+
+
 def logit_chart(pi_old: np.ndarray, rooms: list[tuple[str, np.ndarray, np.ndarray]]) -> Chart:
     """How far the sampled token's logit may move before clipping, against π_old (softmax head)."""
     traces, data = [], {"pi_old": pi_old}

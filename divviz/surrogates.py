@@ -158,9 +158,9 @@ def _geo_mean(s: SurrogateInputs, p):
     sign = torch.sign(s.adv)
     clipped = s.log_ratio.clamp(lower, upper)
     picked = sign * torch.minimum(sign * s.log_ratio, sign * clipped)
-    length = s.mask.sum(-1, keepdim=True)
-    ratio = ((picked * s.mask).sum(-1, keepdim=True) / (length + 1e-8)).exp()
-    adv = (s.adv * s.mask).sum(-1, keepdim=True) / (length + 1e-8) if s.adv.shape[-1] > 1 else s.adv
+    length = s.mask.sum(-1, keepdim=True).clamp(min=1)  # verl adds 1e-8, which its bool mask's count loses
+    ratio = ((picked * s.mask).sum(-1, keepdim=True) / length).exp()
+    adv = (s.adv * s.mask).sum(-1, keepdim=True) / length if s.adv.shape[-1] > 1 else s.adv
     return -adv * ratio
 
 

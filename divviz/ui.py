@@ -18,6 +18,7 @@ from divviz.ownership import browser_id, is_teacher_key
 from divviz.params import DivvizInputError, Param
 from divviz.plots import Chart
 from divviz.safetext import literal, shorten
+from divviz.surrogates import SURROGATES
 from divviz.urlstate import Control, read_query, write_query
 
 PLOTLY_CONFIG = {"displaylogo": False, "toImageButtonOptions": {"format": "png", "scale": 2}}
@@ -56,7 +57,8 @@ def apply_preset(page: str, values: dict) -> None:
     """Set several controls at once (an `on_click`/`on_change` callback, so it runs before the widgets)."""
     for name, value in values.items():
         st.session_state[key(page, name)] = value
-    _renew_measure_widgets(page)
+    for name in ("m", "s"):  # the lists of clip tests and surrogates
+        _renew_measure_widgets(page, name)
 
 
 def preset_buttons(page: str, presets: dict[str, dict]) -> None:
@@ -92,20 +94,20 @@ def choice(page: str, control: Control, label: str, help: str | None = None, whe
     return where.selectbox(label, control.options, key=key(page, control.name), help=help, format_func=fmt)
 
 
-def _renew_measure_widgets(page: str) -> None:
-    """After the list of measures changed shape: new widget keys, which take their values from the list (the old
-    version's keys are dropped)."""
-    old = st.session_state.get(key(page, "m_version"), 0)
-    for stale in [k for k in st.session_state if str(k).startswith(f"{page}:m{old}.")]:
+def _renew_measure_widgets(page: str, name: str = "m") -> None:
+    """After the list of measures `name` changed shape: new widget keys, which take their values from the list (the
+    old version's keys are dropped)."""
+    old = st.session_state.get(key(page, f"{name}_version"), 0)
+    for stale in [k for k in st.session_state if str(k).startswith(f"{page}:{name}{old}.")]:
         del st.session_state[stale]
-    st.session_state[key(page, "m_version")] = old + 1
+    st.session_state[key(page, f"{name}_version")] = old + 1
 
 
 def _edit_measures(page: str, name: str, action: str, index: int | None = None) -> None:
     """Add (from the "Add a measure" box), duplicate or remove one measure of the list (a widget callback)."""
     specs = list(st.session_state[key(page, name)])
     if action == "add":
-        added = st.session_state.pop(key(page, "m_add"), None)
+        added = st.session_state.pop(key(page, f"{name}_add"), None)
         if added:
             specs.append(added)
     elif action == "duplicate":
@@ -113,17 +115,22 @@ def _edit_measures(page: str, name: str, action: str, index: int | None = None) 
     else:
         del specs[index]
     st.session_state[key(page, name)] = specs
-    _renew_measure_widgets(page)
+    _renew_measure_widgets(page, name)
+
+
+FAMILY_POOLS = {"clip": CLIP_TESTS, "surrogate": SURROGATES}
 
 
 def measure_list(page: str, control: Control, title: str) -> list:
-    """The page's list of clip tests (a `Control` of family "clip"), each with its parameters: one expander per measure with its sliders,
-    Duplicate and Remove, then a box to add another. The same measure may appear several times. The list
-    lives in the session as spelled measures (`instances.spell`); the returned tests carry the sliders' values."""
-    specs = st.session_state[key(page, control.name)]
-    version = st.session_state.get(key(page, "m_version"), 0)
+    """The page's list of clip tests or surrogates (a `Control` of family "clip" or "surrogate"), each with its
+    parameters: one expander per entry with its sliders, Duplicate and Remove, then a box to add another. The same
+    entry may appear several times. The list lives in the session as spelled entries (`instances.spell`); the returned
+    ones carry the sliders' values."""
+    name = control.name
+    specs = st.session_state[key(page, name)]
+    version = st.session_state.get(key(page, f"{name}_version"), 0)
     chosen = [instances.parse(spec, control.family) for spec in specs]
-    widget = [{p.name: f"{page}:m{version}.{i}.{p.name}" for p in m.entry.params} for i, m in enumerate(chosen)]
+    widget = [{p.name: f"{page}:{name}{version}.{i}.{p.name}" for p in m.entry.params} for i, m in enumerate(chosen)]
     for measure, keys in zip(chosen, widget):  # a slider's value, else the list's
         for p in measure.entry.params:
             st.session_state.setdefault(keys[p.name], measure.params[p.name])
@@ -145,14 +152,15 @@ def measure_list(page: str, control: Control, title: str) -> list:
                 st.error(f"{literal(str(refused[i]))} — still shown: {literal(measure.label)}", icon=":material/error:")
             st.caption(measure.entry.doc)
             row = st.container(horizontal=True)
-            row.button("Duplicate", key=f"{page}:m{version}.{i}:dup", icon=":material/content_copy:",
-                       on_click=_edit_measures, args=(page, control.name, "duplicate", i))
-            row.button("Remove", key=f"{page}:m{version}.{i}:del", icon=":material/close:",
-                       on_click=_edit_measures, args=(page, control.name, "remove", i))
-    st.selectbox("Add a measure", list(CLIP_TESTS), index=None,
-                 key=key(page, "m_add"), placeholder="add a measure…", on_change=_edit_measures,
-                 args=(page, control.name, "add"), help="the same measure may be added again with other parameters")
-    st.session_state[key(page, control.name)] = [instances.spell(m) for m in current]
+            row.button("Duplicate", key=f"{page}:{name}{version}.{i}:dup", icon=":material/content_copy:",
+                       on_click=_edit_measures, args=(page, name, "duplicate", i))
+            row.button("Remove", key=f"{page}:{name}{version}.{i}:del", icon=":material/close:",
+                       on_click=_edit_measures, args=(page, name, "remove", i))
+    noun = "surrogate" if control.family == "surrogate" else "measure"
+    st.selectbox(f"Add a {noun}", list(FAMILY_POOLS[control.family]),
+                 index=None, key=key(page, f"{name}_add"), placeholder=f"add a {noun}…", on_change=_edit_measures,
+                 args=(page, name, "add"), help="the same entry may be added again with other parameters")
+    st.session_state[key(page, name)] = [instances.spell(m) for m in current]
     return current
 
 

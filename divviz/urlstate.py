@@ -18,6 +18,7 @@ from divviz import instances
 from divviz.divergences import CLIP_TESTS, PENALTIES
 from divviz.params import DivvizInputError, Param
 from divviz.safetext import quoted
+from divviz.surrogates import SURROGATES
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,6 @@ def write_query(controls: list[Control], values: Mapping[str, object]) -> dict[s
 
 def measure_param_controls(families=("clip",)) -> list[Control]:
     """A control `NAME.PARAM` for every parameter of every catalogue entry in `families`."""
-    pools = {"clip": CLIP_TESTS, "penalty": PENALTIES}
+    pools = {"clip": CLIP_TESTS, "penalty": PENALTIES, "surrogate": SURROGATES}
     return [Control(f"{entry.name}.{p.name}", p.default, param=p)
             for family in families for entry in pools[family].values() for p in entry.params]

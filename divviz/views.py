@@ -21,14 +21,29 @@ from divviz.instances import unique_labels
 from divviz.losses import Objective
 from divviz.metrics import bin_labels, mass_shift_by_bin, metric
 from divviz.params import DivvizInputError
+from divviz.surrogates import Surrogate
 
 RATIO_GRID = np.linspace(0.01, 3.0, 600)
 PI_OLD_GRID = np.linspace(0.001, 1.0, 400)
 
 
-def clipping_regions(tests: list[ClipTest], pi_old: float, dual_clip_c: float | None) -> dict[str, plots.Chart]:
-    """Intervals now, intervals as the parameter moves, the (π_old, π_new) region, surrogate/gradient, logit room.
-    The same test may come several times (its labels are made distinct)."""
+def weight_objectives(tests: list[ClipTest], surrogates: list[Surrogate], dual_clip_c: float | None):
+    """(label, objective) of each clip test under PPO's surrogate, then of each surrogate (one that masks with a clip
+    test takes the first of `tests`, and says so; without any it is left out)."""
+    out = [(t.label, Objective(clip=t, dual_clip_c=dual_clip_c)) for t in tests]
+    for s in surrogates:
+        if s.entry.clip == "none":
+            out.append((s.label, Objective(surrogate=s)))
+        elif tests:
+            out.append((f"{s.label} with {tests[0].label}", Objective(clip=tests[0], surrogate=s)))
+    return list(zip(unique_labels([label for label, _ in out]), [o for _, o in out]))
+
+
+def clipping_regions(tests: list[ClipTest], pi_old: float, dual_clip_c: float | None,
+                     surrogates: list[Surrogate] = ()) -> dict[str, plots.Chart]:
+    """Intervals now, intervals as the parameter moves, the (π_old, π_new) region, surrogate/gradient, logit room,
+    and the gradient weight of each test under PPO's surrogate and of each surrogate. The same test may come several
+    times (its labels are made distinct)."""
     labels = unique_labels([t.label for t in tests])
     sweeps = []
     for test, label in zip(tests, labels):
@@ -48,6 +63,9 @@ def clipping_regions(tests: list[ClipTest], pi_old: float, dual_clip_c: float | 
         "surrogate": plots.surrogate_chart(
             [(label, explore.ratio_curves(t, RATIO_GRID, pi_old, dual_clip_c)) for label, t in labelled]),
         "logit": plots.logit_chart(PI_OLD_GRID, [(label, *explore.logit_room(t, PI_OLD_GRID)) for label, t in labelled]),
+        "weight": plots.gradient_weight_chart(RATIO_GRID, [(label, explore.gradient_weight(o, RATIO_GRID, pi_old))
+                                                           for label, o in weight_objectives(tests, surrogates,
+                                                                                             dual_clip_c)]),
     }
 
 

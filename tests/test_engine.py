@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from divviz.divergences import CLIP_TESTS, PENALTIES
+from divviz.divergences import AGGREGATIONS, CLIP_TESTS, PENALTIES
 from divviz.engine import runner, store
 from divviz.engine.config import RunConfig
 from divviz.engine.grpo import make_trainer
@@ -21,6 +21,7 @@ from divviz.engine.model import char_tokenizer, load_policy
 from divviz.engine.tasks import TASKS, evaluate, get_task
 from divviz.engine.train import train
 from divviz.params import DivvizInputError
+from divviz.surrogates import SURROGATES
 
 TINY = dict(steps=2, prompts=2, group_size=4, max_new_tokens=6, mu=2)
 METRICS = ("reward", "reward_std", "accuracy", "entropy", "clip_ratio/low_mean", "clip_ratio/high_mean",
@@ -60,8 +61,23 @@ def test_a_few_real_steps_for_each_penalty(tmp_path, penalty):
     assert ("kl_ref/k3" in rows[0]) == needs_ref
 
 
+@pytest.mark.parametrize("surrogate", list(SURROGATES))
+def test_a_few_real_steps_for_each_surrogate(tmp_path, surrogate):
+    """Every surrogate trains (those that mask with a clip test take kl3) with finite metrics, and its config
+    round-trips; so does GSPO's sequence level and TRL's ratio cap."""
+    clip = "kl3" if SURROGATES[surrogate].clip == "needs" else None
+    folder = run_tiny(tmp_path, clip=clip, surrogate=surrogate, aggregation="dapo")
+    check_folder(folder, 2)
+    assert RunConfig.from_dict(store.read_run(folder).config).objective().surrogate.name == surrogate
+
+
+def test_gspo_and_the_ratio_cap_train(tmp_path):
+    check_folder(run_tiny(tmp_path / "gspo", clip="clip_higher", importance_sampling_level="sequence"), 2)
+    check_folder(run_tiny(tmp_path / "cap", clip="clip_higher", ratio_cap=1.1), 2)
+
+
 def test_no_clip_and_every_aggregation(tmp_path):
-    for aggregation in ("grpo", "bnpo", "dr_grpo", "dapo"):
+    for aggregation in AGGREGATIONS:
         check_folder(run_tiny(tmp_path, clip=None, aggregation=aggregation, scale_rewards=False, mu=1, steps=1), 1)
 
 

@@ -68,7 +68,7 @@ def add_measure(at, name):
 def test_clipping_regions_page_reacts_and_shares():
     at = open_page("app_pages/clipping_regions.py")
     before = specs(at)
-    assert len(before) == 5
+    assert len(before) == 6
     slider(at, "delta").set_value(0.1).run()
     assert not at.exception
     after = specs(at)
@@ -119,7 +119,7 @@ def test_bad_link_values_warn_and_fall_back():
     warnings = " ".join(shown(w) for w in at.warning)
     assert "'delta' must be a finite number" in warnings and "unknown clip test 'bogus'" in warnings
     assert slider(at, "delta").value == pytest.approx(0.05)
-    assert len(specs(at)) == 5
+    assert len(specs(at)) == 6
 
 
 def test_clipping_regions_preset_and_empty_selection():
@@ -188,15 +188,33 @@ def test_a_typed_formula_on_the_clipping_regions_page():
     assert not at.exception and at.query_params["m"] == "kl3,formula:f=abs(log(w)):delta=0.5"
     assert "[0.6065, 1.6487]" in specs(at)[0]
     box.set_value('__import__("os").system("touch /tmp/owned")').run()
-    assert not at.exception and len(specs(at)) == 5
+    assert not at.exception and len(specs(at)) == 6
     assert "is not allowed" in shown(at.error[0]) and "still shown: formula abs(log(w))" in shown(at.error[0])
     assert at.query_params["m"] == "kl3,formula:f=abs(log(w)):delta=0.5"  # the last good formula stays
+
+
+def test_the_clipping_regions_page_draws_surrogates_gradient_weights_and_shares_them():
+    """The gradient-weight chart has each clip test (PPO's surrogate) and each chosen surrogate, for A = ±1; a
+    surrogate is added from its own list, and the link carries the list (with its parameters)."""
+    at = open_page("app_pages/clipping_regions.py", {"m": "kl3", "s": "cispo:hi=1.28"})
+    def weight_chart(at):
+        return next(c for c in map(json.loads, specs(at)) if "Gradient weight" in c["layout"]["title"]["text"])
+
+    weight = weight_chart(at)
+    assert {t["name"] for t in weight["data"]} == {"kl3 δ=0.05", "cispo hi=1.28"}
+    next(s for s in at.selectbox if s.label == "Add a surrogate").set_value("dppo").run()
+    assert not at.exception and at.query_params["s"] == "cispo:hi=1.28,dppo"
+    names = {t["name"] for t in weight_chart(at)["data"]}
+    assert "dppo with kl3 δ=0.05" in names
+    for link, says in (("nope", "unknown surrogate 'nope'"), ("sapo:tau_pos=0", "tau_pos")):
+        at = open_page("app_pages/clipping_regions.py", {"s": link})
+        assert says in " ".join(shown(w) for w in at.warning) and not at.exception
 
 
 def test_a_refused_formula_in_a_link_is_reported():
     at = open_page("app_pages/clipping_regions.py", {"m": "formula:f=(w-1)**2*(w-3)**2"})
     assert "is not one interval" in " ".join(shown(w) for w in at.warning)
-    assert len(specs(at)) == 5  # the default measures instead
+    assert len(specs(at)) == 6  # the default measures instead
 
 
 def test_a_formula_can_be_added_from_the_list():

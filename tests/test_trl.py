@@ -96,14 +96,14 @@ def loss_and_grads(trainer, inputs):
     return loss.detach(), grads, metrics
 
 
-def assert_same(ours, theirs, metrics=TRL_METRICS, exact=False):
-    """Loss and metrics to 1e-6 relative, the gradient (all parameters as one vector) to 1e-6 of its norm
+def assert_same(ours, theirs, metrics=TRL_METRICS, exact=False, gradient=1e-6):
+    """Loss and metrics to 1e-6 relative, the gradient (all parameters as one vector) to `gradient` of its norm
     (float32); with `exact`, the loss and every gradient bit for bit."""
     (loss, grads, logged), (want_loss, want_grads, want_logged) = ours, theirs
     torch.testing.assert_close(loss, want_loss, rtol=1e-6, atol=1e-9)
     assert grads.keys() == want_grads.keys()
     got, want = (torch.cat([g[name].ravel() for name in sorted(g)]) for g in (grads, want_grads))
-    assert (got - want).norm() <= 1e-6 * want.norm()
+    assert (got - want).norm() <= gradient * want.norm()
     assert not exact or (torch.equal(got, want) and torch.equal(loss, want_loss))
     for key in metrics:
         assert logged[key] == pytest.approx(want_logged[key], rel=1e-6, abs=1e-9), key
@@ -191,7 +191,9 @@ def test_trls_own_surrogates_levels_and_caps_equal_trl(tmp_path, policy, batch, 
     ours = make_trainer(DivvizGRPOTrainer, policy, config(tmp_path, loss_type=settings["loss_type"]),
                         objective=objective)
     want, got = loss_and_grads(theirs, batch), loss_and_grads(ours, batch)
-    assert_same(got, want, metrics)
+    # at the sequence level TRL's gradient reaches a token through the row's mean and divviz's directly (GSPO-token):
+    # the same value, summed in another order in float32
+    assert_same(got, want, metrics, gradient=1e-5 if objective.importance_sampling_level == "sequence" else 1e-6)
     assert want[0] != loss_and_grads(make_trainer(GRPOTrainer, policy, config(tmp_path, loss_type="grpo")), batch)[0]
     if "cispo_clip_ratio" in metrics:
         assert 0 < want[2]["cispo_clip_ratio"] < 1

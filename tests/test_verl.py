@@ -3,27 +3,34 @@ scripts/verl_reference.py with verl installed; importing verl here would need ra
 with its dual-clip, its aggregation modes and its k1/k2/k3 penalty estimators, loss and gradient in float64."""
 
 import json
+import math
 from pathlib import Path
 
 import pytest
 import torch
 
 from divviz.divergences import clip_test, penalty
-from divviz.losses import aggregate, policy_loss
+from divviz.losses import Objective, aggregate, policy_loss
+from divviz.surrogates import surrogate
 
 DATA = json.loads((Path(__file__).parent / "data" / "verl_policy_losses.json").read_text())
 F64 = torch.float64
 # verl's loss_agg_mode → divviz's aggregation (TRL's loss_type), where divviz has it; seq-mean-token-sum-norm
 # divides by the padded length T, Dr. GRPO's max_completion_length
-AGGREGATIONS = {"token-mean": "bnpo", "seq-mean-token-mean": "grpo", "seq-mean-token-sum-norm": "dr_grpo"}
+AGGREGATIONS = {"token-mean": "bnpo", "seq-mean-token-mean": "grpo", "seq-mean-token-sum-norm": "dr_grpo",
+                "token-sum": "token_sum", "seq-mean-token-sum": "luspo"}
+PER_SEQUENCE = ("seq-mean-token-mean", "seq-mean-token-sum-norm", "seq-mean-token-sum")
 
 
 def tolerance(key: str) -> dict:
     """Rounding, except where verl's seq-mean-token-mean adds 1e-8 to each row's token count, which it keeps with a
     float mask (with the bool mask that verl's ppo_loss passes, the count is an integer and the 1e-8 vanishes in
-    float32): there each row's mean differs by ~1e-8 of itself."""
-    if "seq-mean-token-mean" in key and "mask_float64" in key:
+    float32): there each row's mean differs by ~1e-8 of itself (sapo always aggregates so; geo_mean divides by the
+    row length + 1e-8 likewise, and divviz by the row length)."""
+    if ("seq-mean-token-mean" in key or key.startswith("sapo/")) and "mask_float64" in key:
         return {"rel": 0.0, "abs": 1e-8}
+    if key.startswith("geo_mean/") and "mask_float64" in key:  # its row length + 1e-8 (see above)
+        return {"rel": 1e-6, "abs": 1e-12}
     return {"rel": 1e-12, "abs": 1e-15}
 
 
@@ -33,7 +40,7 @@ def tensors(case: dict, *names) -> list[torch.Tensor]:
 
 VANILLA = [key for key, case in DATA["policy_loss"].items() if case["loss_mode"] == "vanilla"
            and case["loss_agg_mode"] in AGGREGATIONS and case["rollout_is_weights"] is None
-           and not (case["batch"] == "wide" and case["loss_agg_mode"] != "token-mean")]  # see below
+           and not (case["batch"] == "wide" and case["loss_agg_mode"] in PER_SEQUENCE)]  # see below
 
 
 @pytest.mark.parametrize("key", VANILLA)
@@ -41,8 +48,8 @@ def test_verls_vanilla_policy_loss_is_divvizs_box_with_dual_clip(key):
     """verl's `compute_policy_loss_vanilla` (box [1 − clip_ratio_low, 1 + clip_ratio_high], dual-clip cap
     clip_ratio_c, always on) equals policy_loss with clip_higher and dual_clip_c: the loss, its gradient in log π,
     pg_clipfrac (divviz's clip_ratio/region) and pg_clipfrac_lower (divviz's dual-clipped share). The 'wide' batch
-    has an empty row, which verl's per-sequence modes do not count and divviz's grpo/dr_grpo do, so it is tested
-    with token-mean only."""
+    has an empty row, which verl's per-sequence modes do not count and divviz's grpo/dr_grpo/luspo do, so it is
+    tested with the token modes only."""
     case = DATA["policy_loss"][key]
     batch = DATA["batches"][case["batch"]]
     logp_old, logp_new, adv, mask = tensors(batch, "old_log_prob", "log_prob", "advantages", "response_mask")
@@ -79,16 +86,81 @@ def test_verls_aggregation_modes_are_divvizs(key):
 
 
 @pytest.mark.parametrize("verl_mode, ours", [("k1", "k1"), ("kl", "k1"), ("k2", "k2"), ("mse", "k2"),
-                                             ("low_var_kl", "k3"), ("k3", "k3")])
+                                             ("low_var_kl", "k3"), ("k3", "k3"), ("abs", "abs"), ("k1+", "k1+"),
+                                             ("kl+", "k1+"), ("k2+", "k2+"), ("mse+", "k2+"), ("k3+", "k3+"),
+                                             ("low_var_kl+", "k3+"), ("abs+", "abs+")])
 @pytest.mark.parametrize("batch", ["grpo", "wide"])
 def test_verls_kl_penalties_are_divvizs_reference_penalties(verl_mode, ours, batch):
     """`kl_penalty(log_prob, ref_log_prob, mode)` equals divviz's penalty of the same estimator in GRPO's direction
     (r = π_ref/π_θ), value and gradient in log π_θ (away from verl's ±10 clamp of k3, which these inputs do not
-    reach)."""
+    reach), and so does the penalty's closed-form slope (the bandit's). A mode ending in "+" is the estimator with
+    straight_through: its value, k2's gradient."""
     case = DATA["kl_penalty"][f"{verl_mode}/{batch}"]
     logp, ref = tensors(case, "logprob", "ref_logprob")
     logp.requires_grad_()
-    value = penalty(ours).value(logp, logp.detach(), ref)
+    measure = penalty(ours.rstrip("+"), straight_through=ours.endswith("+"))
+    value = measure.loss_term(logp, logp.detach(), ref)
     (grad,) = torch.autograd.grad(value.sum(), logp)
     torch.testing.assert_close(value.detach(), torch.tensor(case["value"], dtype=F64), rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(torch.as_tensor(measure.slope(*(x.detach().numpy() for x in (logp, logp, ref)))), grad,
+                               rtol=1e-12, atol=1e-14)
     torch.testing.assert_close(grad, torch.tensor(case["grad_logprob"], dtype=F64), rtol=1e-12, atol=1e-14)
+
+
+def verl_objective(case: dict) -> Objective:
+    """The divviz objective of one of verl's surrogate losses, from the case's config. verl's eps are ratio-box edges
+    for cispo and gspo, probability or binary-KL thresholds for dppo_tv/kl, and log-ratio edges for geo_mean; sapo and
+    geo_mean ignore loss_agg_mode (per-sequence mean, and mean over all completions)."""
+    config, mode = case["config"], case["loss_mode"]
+    low, high = config["clip_ratio_low"], config["clip_ratio_high"]
+    aggregation = AGGREGATIONS[case["loss_agg_mode"]]
+    if mode == "cispo":
+        return Objective(surrogate=surrogate("cispo", lo=1 - low, hi=1 + high), aggregation=aggregation)
+    if mode == "sapo":
+        return Objective(surrogate=surrogate("sapo", tau_pos=config["tau_pos"], tau_neg=config["tau_neg"]))
+    if mode == "gpg":
+        return Objective(surrogate=surrogate("gpg"), aggregation=aggregation)
+    if mode == "gspo":
+        return Objective(clip=clip_test("clip_higher", eps_low=low, eps_high=high), importance_sampling_level="sequence",
+                         aggregation=aggregation)
+    if mode == "geo_mean":
+        box = clip_test("clip_higher", eps_low=-math.expm1(-low), eps_high=math.expm1(high))
+        return Objective(clip=box, surrogate=surrogate("geo_mean"))
+    return Objective(clip=clip_test(mode, delta_low=low, delta_high=high), surrogate=surrogate("dppo", c=config["clip_ratio_c"]),
+                     aggregation=aggregation)
+
+
+SURROGATE_CASES = [key for key, case in DATA["policy_loss"].items()
+                   if case["loss_mode"] in ("cispo", "sapo", "gpg", "gspo", "geo_mean", "dppo_tv", "dppo_kl")
+                   and case["rollout_is_weights"] is None
+                   and not (case["batch"] == "wide" and case["loss_mode"] != "geo_mean"
+                            and (case["loss_agg_mode"] in PER_SEQUENCE or case["loss_mode"] == "sapo"))]
+
+
+@pytest.mark.parametrize("key", SURROGATE_CASES)
+def test_verls_surrogate_losses_are_divvizs(key):
+    """verl's cispo, sapo, gpg, gspo, geo_mean (GMPO), dppo_tv and dppo_kl losses equal policy_loss with the matching
+    surrogate, level and clip test (`verl_objective`), under every aggregation: loss and gradient in log π; where verl
+    logs clip fractions, the tokens they count (dppo: the tokens the test masks; geo_mean: outside the box by the
+    sign of A; cispo: the weight off its box)."""
+    case = DATA["policy_loss"][key]
+    batch = DATA["batches"][case["batch"]]
+    logp_old, logp_new, adv, mask = tensors(batch, "old_log_prob", "log_prob", "advantages", "response_mask")
+    logp_new.requires_grad_()
+    out = verl_objective(case)(logp_new, logp_old, adv, mask, max_completion_length=mask.shape[1])
+    (grad,) = torch.autograd.grad(out.loss, logp_new)
+    close = tolerance(key)
+    assert out.loss.item() == pytest.approx(case["loss"], **close)
+    torch.testing.assert_close(grad, torch.tensor(case["grad_log_prob"], dtype=F64), rtol=max(close["rel"] * 100, 1e-10),
+                               atol=close["abs"])
+    share = lambda x: float((x.double() * mask).sum() / mask.sum())  # noqa: E731
+    metrics, mode = case["metrics"], case["loss_mode"]
+    if mode.startswith("dppo"):
+        assert share(out.grad_masked) == pytest.approx(metrics["actor/pg_clipfrac"], rel=1e-6, abs=1e-9)
+    if mode == "geo_mean":
+        assert share(out.outside & (adv > 0)) == pytest.approx(metrics["actor/pg_clipfrac"], rel=1e-6, abs=1e-9)
+        assert share(out.outside & (adv < 0)) == pytest.approx(metrics["actor/pg_clipfrac_lower"], rel=1e-6, abs=1e-9)
+    if mode == "cispo":
+        lo, hi = 1 - case["config"]["clip_ratio_low"], 1 + case["config"]["clip_ratio_high"]
+        off = (out.ratio < lo) | (out.ratio > hi)
+        assert share(off) == pytest.approx(metrics["actor/pg_clipfrac"], rel=1e-6, abs=1e-9)

@@ -10,6 +10,7 @@ from divviz.divergences import AGGREGATIONS, clip_test, penalty
 from divviz.engine.completions import BYTE_CAP, MAX_BYTES
 from divviz.engine.tasks import TASKS
 from divviz.losses import Objective
+from divviz.surrogates import surrogate
 from divviz.params import DivvizInputError, Param, check_params
 from divviz.safetext import quoted
 
@@ -44,14 +45,18 @@ BACKENDS = ("divviz", "trl")  # divviz's own engine, or TRL's GRPOTrainer throug
 
 
 def objective_from(settings: Mapping) -> Objective:
-    """The objective named by a run config's objective keys (clip, clip_params, penalty, penalty_params, beta,
-    dual_clip_c, aggregation): a `RunConfig`, or a config.json written by the engine or by `divviz.trl`."""
-    clip, pen = settings.get("clip"), settings.get("penalty")
+    """The objective named by a run config's objective keys (clip, clip_params, surrogate, surrogate_params, penalty,
+    penalty_params, beta, dual_clip_c, ratio_cap, importance_sampling_level, aggregation): a `RunConfig`, or a
+    config.json written by the engine or by `divviz.trl` (one from before surrogates has none of their keys)."""
+    clip, pen, sur = settings.get("clip"), settings.get("penalty"), settings.get("surrogate")
     return Objective(
         clip=clip_test(clip, **(settings.get("clip_params") or {})) if clip else None,
         penalty=penalty(pen, **(settings.get("penalty_params") or {})) if pen else None,
         beta=settings.get("beta", 0.0) if pen else 0.0, dual_clip_c=settings.get("dual_clip_c"),
         aggregation=settings.get("aggregation", "grpo"),
+        surrogate=surrogate(sur, **(settings.get("surrogate_params") or {})) if sur else None,
+        importance_sampling_level=settings.get("importance_sampling_level", "token"),
+        ratio_cap=settings.get("ratio_cap"),
     )
 
 
@@ -59,9 +64,12 @@ def objective_settings(objective: Objective) -> dict:
     """The inverse of `objective_from`: the objective keys of a config, with checked parameters."""
     return {"clip": objective.clip.name if objective.clip else None,
             "clip_params": dict(objective.clip.params) if objective.clip else {},
+            "surrogate": objective.surrogate.name if objective.surrogate else None,
+            "surrogate_params": dict(objective.surrogate.params) if objective.surrogate else {},
             "penalty": objective.penalty.name if objective.penalty else None,
             "penalty_params": dict(objective.penalty.params) if objective.penalty else {},
-            "beta": objective.beta, "dual_clip_c": objective.dual_clip_c, "aggregation": objective.aggregation}
+            "beta": objective.beta, "dual_clip_c": objective.dual_clip_c, "ratio_cap": objective.ratio_cap,
+            "importance_sampling_level": objective.importance_sampling_level, "aggregation": objective.aggregation}
 
 
 @dataclass(frozen=True)
@@ -74,10 +82,14 @@ class RunConfig:
     device: str = "auto"
     clip: str | None = "ratio"
     clip_params: dict = field(default_factory=dict)
+    surrogate: str | None = None
+    surrogate_params: dict = field(default_factory=dict)
     penalty: str | None = None
     penalty_params: dict = field(default_factory=dict)
     beta: float = 0.0
     dual_clip_c: float | None = None
+    ratio_cap: float | None = None
+    importance_sampling_level: str = "token"
     aggregation: str = "grpo"
     scale_rewards: bool = True
     trust_remote_code: bool = False
@@ -115,6 +127,7 @@ class RunConfig:
         if cfg.device not in ("auto", "cpu", "cuda", "mps"):
             raise DivvizInputError(f"unknown device {quoted(cfg.device)}; choose auto, cpu, cuda or mps")
         for measure, given, flag in (("clip test", "clip_params", "--measure"),
+                                     ("surrogate", "surrogate_params", "--surrogate"),
                                      ("penalty", "penalty_params", "--penalty")):
             if getattr(cfg, given) and not getattr(cfg, given.removesuffix("_params")):
                 raise DivvizInputError(f"parameters {', '.join(map(quoted, getattr(cfg, given)))} were given without a "
