@@ -166,16 +166,16 @@ def _geo_mean(s: SurrogateInputs, p):
 
 LO = Param("lo", 0.0, 0.0, 1.0, high_open=False, typical=(0.0, 1.0, 0.01),
            doc="lowest weight (TRL: 0; verl: 1 − ε_low)")
-HI = Param("hi", 5.0, 1.0, typical=(1.0, 10.0, 0.05), doc="highest weight (TRL: epsilon_high; verl: 1 + ε_high)")
-TAU_POS = Param("tau_pos", 1.0, 0.0, low_open=True, typical=(0.05, 5.0, 0.05), doc="gate temperature for A > 0")
-TAU_NEG = Param("tau_neg", 1.05, 0.0, low_open=True, typical=(0.05, 5.0, 0.05), doc="gate temperature for A ≤ 0")
+HI = Param("hi", 5.0, 1.0, trl_name="epsilon_high", typical=(1.0, 10.0, 0.05), doc="highest weight (TRL: epsilon_high; verl: 1 + ε_high)")
+TAU_POS = Param("tau_pos", 1.0, 0.0, low_open=True, trl_name="sapo_temperature_pos", typical=(0.05, 5.0, 0.05), doc="gate temperature for A > 0")
+TAU_NEG = Param("tau_neg", 1.05, 0.0, low_open=True, trl_name="sapo_temperature_neg", typical=(0.05, 5.0, 0.05), doc="gate temperature for A ≤ 0")
 
 
 def _vespo_params():
-    return (Param("k_pos", 2.0, 0.0, typical=(0.0, 6.0, 0.1), doc="shape k for A ≥ 0"),
-            Param("lambda_pos", 3.0, 0.0, typical=(0.0, 6.0, 0.1), doc="rate λ for A ≥ 0"),
-            Param("k_neg", 3.0, 0.0, typical=(0.0, 6.0, 0.1), doc="shape k for A < 0"),
-            Param("lambda_neg", 2.0, 0.0, typical=(0.0, 6.0, 0.1), doc="rate λ for A < 0"))
+    return (Param("k_pos", 2.0, 0.0, trl_name="vespo_k_pos", typical=(0.0, 6.0, 0.1), doc="shape k for A ≥ 0"),
+            Param("lambda_pos", 3.0, 0.0, trl_name="vespo_lambda_pos", typical=(0.0, 6.0, 0.1), doc="rate λ for A ≥ 0"),
+            Param("k_neg", 3.0, 0.0, trl_name="vespo_k_neg", typical=(0.0, 6.0, 0.1), doc="shape k for A < 0"),
+            Param("lambda_neg", 2.0, 0.0, trl_name="vespo_lambda_neg", typical=(0.0, 6.0, 0.1), doc="rate λ for A < 0"))
 
 
 SURROGATES: dict[str, SurrogateEntry] = {

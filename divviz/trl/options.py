@@ -11,7 +11,7 @@ from trl import GRPOConfig
 from divviz.divergences import TRL_AGGREGATIONS, clip_test, penalty
 from divviz.losses import Objective
 from divviz.params import DivvizInputError
-from divviz.surrogates import surrogate
+from divviz.surrogates import SURROGATES, surrogate
 
 
 def _default(name: str):
@@ -71,14 +71,14 @@ def trl_args_for(objective: Objective, args: GRPOConfig) -> GRPOConfig:
     return args
 
 
-# TRL's own surrogate losses: divviz surrogate -> (TRL loss_type, the aggregation TRL gives it, its GRPOConfig options
-# by the surrogate parameter they set)
-TRL_SURROGATES = {
-    "cispo": ("cispo", "dapo", {"hi": "epsilon_high"}),
-    "sapo": ("sapo", "grpo", {"tau_pos": "sapo_temperature_pos", "tau_neg": "sapo_temperature_neg"}),
-    "vespo": ("vespo", "dapo", {"k_pos": "vespo_k_pos", "lambda_pos": "vespo_lambda_pos", "k_neg": "vespo_k_neg",
-                                "lambda_neg": "vespo_lambda_neg"}),
-}
+# TRL's own surrogate losses: divviz surrogate -> (TRL loss_type, the aggregation TRL gives it); their GRPOConfig options
+# are the surrogate parameters' `trl_name`s
+TRL_SURROGATES = {"cispo": ("cispo", "dapo"), "sapo": ("sapo", "grpo"), "vespo": ("vespo", "dapo")}
+
+
+def trl_options(name: str) -> dict[str, str]:
+    """The GRPOConfig option of each parameter of a TRL surrogate that TRL can set, by parameter."""
+    return {p.name: p.trl_name for p in SURROGATES[name].params if p.trl_name}
 
 
 def trl_loss_type(objective: Objective) -> str:
@@ -95,7 +95,7 @@ def check_loss_type(objective: Objective, loss_type: str) -> None:
                                f"choose one of {', '.join(TRL_AGGREGATIONS)}")
     name = objective.surrogate.name if objective.surrogate is not None else None
     if name in TRL_SURROGATES:
-        want, aggregation, _ = TRL_SURROGATES[name]
+        want, aggregation = TRL_SURROGATES[name]
         if objective.aggregation != aggregation:
             raise DivvizInputError(f"TRL's {name} aggregates as {aggregation}; set the objective's aggregation to "
                                    f"'{aggregation}'")
@@ -111,8 +111,7 @@ def check_surrogate_options(surrogate, args: GRPOConfig) -> None:
     """TRL's options of a TRL surrogate left at their defaults defer to the objective; set ones must agree."""
     if surrogate.name not in TRL_SURROGATES:
         return
-    _, _, options = TRL_SURROGATES[surrogate.name]
-    for param, option in options.items():
+    for param, option in trl_options(surrogate.name).items():
         theirs = getattr(args, option)
         if theirs != _default(option) and theirs != surrogate.params[param]:
             raise DivvizInputError(f"GRPOConfig({option}={theirs}) contradicts the objective's {surrogate.name} "
@@ -128,9 +127,9 @@ def trl_objective(args) -> Objective | None:
         high = args.epsilon if args.epsilon_high is None else args.epsilon_high
         k3 = penalty("k3", importance_weight=bool(args.use_bias_correction_kl)) if args.beta else None
         level = dict(penalty=k3, beta=args.beta, importance_sampling_level=args.importance_sampling_level)
-        for name, (loss_type, aggregation, options) in TRL_SURROGATES.items():
+        for name, (loss_type, aggregation) in TRL_SURROGATES.items():
             if args.loss_type == loss_type:
-                params = {param: getattr(args, option) for param, option in options.items()
+                params = {param: getattr(args, option) for param, option in trl_options(name).items()
                           if getattr(args, option) is not None}
                 return Objective(surrogate=surrogate(name, **params), aggregation=aggregation, **level)
         if args.loss_type not in TRL_AGGREGATIONS:
