@@ -9,6 +9,7 @@ from divviz import views
 from divviz.bandit import BanditConfig, run_bandit
 from divviz.divergences import clip_test
 from divviz.losses import Objective
+from divviz.surrogates import SURROGATES, surrogate
 
 
 def validated(chart):
@@ -20,14 +21,19 @@ def validated(chart):
 
 def test_clipping_region_figures_validate():
     tests = [clip_test(n) for n in ("ratio", "clip_higher", "kl1", "kl2", "kl3", "prob_tv")]
-    charts = views.clipping_regions(tests, pi_old=0.2, dual_clip_c=3.0)
-    assert set(charts) == {"intervals", "sweeps", "region", "surrogate", "logit"}
+    surrogates = [surrogate(n) for n in SURROGATES]
+    charts = views.clipping_regions(tests, pi_old=0.2, dual_clip_c=3.0, surrogates=surrogates)
+    assert set(charts) == {"intervals", "sweeps", "region", "surrogate", "logit", "weight"}
     for chart in charts.values():
         validated(chart)
     # one legend entry per test in the surrogate chart; kl1's unbounded top is drawn as an arrow
     names = {t.name for t in validated(charts["surrogate"]).data if t.showlegend}
     assert names == {t.label for t in tests}
     assert charts["intervals"].data["upper"].tolist()[2] == np.inf
+    # the gradient weight: every test and every surrogate (those with a test take the first, ratio)
+    names = {t.name for t in validated(charts["weight"]).data if t.showlegend}
+    assert names == {t.label for t in tests} | {s.label for s in surrogates if s.entry.clip == "none"} | {
+        f"{s.label} with ratio ε=0.2" for s in surrogates if s.entry.clip == "needs"}
 
 
 def test_kl3_page_figures_and_table():
