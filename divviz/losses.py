@@ -11,6 +11,10 @@ Per token t of completion i (shapes (B, T); B completions, T completion tokens):
     ℓ_t     += β · penalty_t                                              penalty (optional)
     loss     = aggregate(ℓ, mask)                                         grpo / bnpo / dr_grpo / dapo
 
+A surrogate (`surrogates.py`: cispo, sapo, vespo, gpg, dppo, geo_mean) replaces the clipped surrogate's line; GSPO's
+sequence level gives every token its completion's geometric-mean ratio; TRL's ratio cap δ puts min(w, δ) in the
+first term of the min.
+
 C_t is the clip test's own predicate on its own measure (e.g. k3(w_t) ≤ δ for ATR-GRPO), which
 theory.md §1.2 calls J_general; for every test in the catalogue the feasible set is an interval [l, u]
 ∋ 1, so the result equals PPO's clamp on that interval, value and gradient (tests/test_losses.py).
