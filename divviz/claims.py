@@ -26,7 +26,8 @@ import torch
 
 from divviz import evidence, explore, theory
 from divviz.bandit import DEFAULT_LR, BanditConfig, run_bandits
-from divviz.divergences import PENALTIES, clip_test, penalty
+from divviz.divergences import clip_test
+from divviz.penalties import penalty, PENALTIES
 from divviz.losses import Objective, policy_loss
 from divviz.params import Param
 

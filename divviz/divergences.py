@@ -1,14 +1,16 @@
 """The catalogue: every divergence measure divviz knows, in one registry.
 
-Two families, both per token and from log-probabilities only (no vocabulary sums):
+Three families, all per token and from log-probabilities only (no vocabulary sums):
 
-- **clip tests** (the per-token trust region of Wu et al. 2026's unified framework, theory.md §1.2): a
-  predicate C_t on the token's measure value; a token that fails it is clipped. Each test's feasible
+- **clip tests**, defined here (the per-token trust region of Wu et al. 2026's unified framework, theory.md
+  §1.2): a predicate C_t on the token's measure value; a token that fails it is clipped. Each test's feasible
   set in the ratio w = π_θ/π_old is an interval [l, u] ∋ 1 (u may be ∞), given by `bounds`.
-- **penalties** toward a reference policy, added to the loss as β · value (GRPO, GBMPO, RPG).
+- **penalties** toward a reference policy, added to the loss as β · value (GRPO, GBMPO, RPG): penalties.py.
+- **surrogates**, which replace PPO's clipped surrogate (cispo, sapo, …): surrogates.py.
 
-Entries are looked up by name with `clip_test(name, **params)` / `penalty(name, **params)`, which check
-the parameters and return a configured measure. `CATALOGUE` lists them all for the app and the CLI.
+Entries are built by name with `clip_test(name, **params)`, `penalties.penalty(…)`, `surrogates.surrogate(…)`,
+which check the parameters. `CATALOGUE` lists all three families for the app and the CLI; `get_entry` finds an
+entry in any of them.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ import numpy as np
 from divviz import theory
 from divviz.estimators import array_ops, k1, k2, k3
 from divviz.formula import bounds as formula_bounds, checked
-from divviz.mirror import random_mirror_map
-from divviz.params import DivvizInputError, Param, check_params
+from divviz.params import Configured, DivvizInputError, Param, check_params
+from divviz.penalties import PENALTIES, PenaltyEntry
 from divviz.safetext import quoted
 from divviz.surrogates import SURROGATES, SurrogateEntry
 
@@ -42,20 +44,7 @@ def _delta(default: float, high: float, doc: str, typical: tuple[float, float, f
 DUAL_CLIP = Param("c", 3.0, 1.0, low_open=True, typical=(1.05, 10.0, 0.05),
                   doc="dual-clip cap: for A < 0 the per-token loss is at most −c·A (Ye et al. 2020; RPG §3.6)")
 BETA = Param("beta", 0.0, 0.0, trl_name="beta", typical=(0.0, 1.0, 0.001), doc="penalty coefficient β (λ in GBMPO)")
-IMPORTANCE_WEIGHT = Param("importance_weight", False, kind="bool",
-                          doc="multiply by w = π_θ/π_old, RPG §3.5's correction of GRPO's estimator")
 
-
-def _label(name: str, params: dict) -> str:
-    """A short legend label, e.g. "kl3 δ=0.05", "clip_higher ε_low=0.2 ε_high=0.28", "formula w - 1 - log(w) δ=0.05"."""
-    shown = {"delta": "δ", "eps": "ε", "eps_low": "ε_low", "eps_high": "ε_high"}
-
-    def part(k, v):
-        if isinstance(v, str):
-            return v
-        return (k if v else "") if isinstance(v, bool) else f"{shown.get(k, k)}={v:.4g}"
-
-    return " ".join([name, *[p for p in (part(k, v) for k, v in params.items()) if p]])
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -78,22 +67,6 @@ class ClipTestEntry:
     needs_pi_old: bool | Callable = False  # or (params) -> bool, where the parameters decide
     check: Callable | None = None  # (params) -> None, refusing parameters that are each valid but not together
     family: str = field(default="clip", init=False)
-
-
-@dataclass(frozen=True)
-class Configured:
-    """A catalogue entry with checked parameters (`clip_test(...)` and `penalty(...)` build these)."""
-
-    entry: "ClipTestEntry | PenaltyEntry"
-    params: dict
-
-    @property
-    def name(self) -> str:
-        return self.entry.name
-
-    @property
-    def label(self) -> str:
-        return _label(self.name, self.params)
 
 
 @dataclass(frozen=True)
@@ -141,14 +114,26 @@ def _formula_value(new, old, p):
     return formula.numpy(np.exp(log_ratio), np.exp(old))
 
 
-def _formula_bounds(p, pi_old):
-    """[l, u] of f ≤ δ by root-finding (`formula.bounds`); a tensor π_old gives tensors on its device."""
-    if not hasattr(pi_old, "detach"):
-        return formula_bounds(checked(p["f"]), p["delta"], pi_old)
-    import torch
+def _numpy_bounds(bounds):
+    """Bounds computed in numpy (by root-finding) for a numpy π_old; a tensor π_old goes through float64 numpy and
+    comes back as tensors on its device, as training needs them."""
 
-    edges = formula_bounds(checked(p["f"]), p["delta"], pi_old.detach().cpu().double().numpy())
-    return tuple(torch.as_tensor(edge, dtype=pi_old.dtype, device=pi_old.device) for edge in edges)
+    @functools.wraps(bounds)
+    def either(p, pi_old):
+        if not hasattr(pi_old, "detach"):
+            return bounds(p, pi_old)
+        import torch
+
+        edges = bounds(p, pi_old.detach().cpu().double().numpy())
+        return tuple(torch.as_tensor(edge, dtype=pi_old.dtype, device=pi_old.device) for edge in edges)
+
+    return either
+
+
+@_numpy_bounds
+def _formula_bounds(p, pi_old):
+    """[l, u] of f ≤ δ by root-finding (`formula.bounds`)."""
+    return formula_bounds(checked(p["f"]), p["delta"], pi_old)
 
 
 def _prob_tv_bounds(p, pi_old):
@@ -165,15 +150,11 @@ def _binary_kl(new, old):
     return ops.sign(p - p_old) * kl
 
 
+@_numpy_bounds
 def _binary_kl_bounds(p, pi_old):
     """[l, u] of −δ_low ≤ signed binary KL ≤ δ_high: the KL falls from ∞ to 0 as π rises from 0 to π_old and rises
     from there to π = 1, so each edge is one root, found by bisection (in log π below π_old, 200 halvings; u = 1/π_old
-    when even π = 1 is within δ_high). A tensor π_old gives tensors on its device."""
-    if hasattr(pi_old, "detach"):
-        import torch
-
-        edges = _binary_kl_bounds(p, pi_old.detach().cpu().double().numpy())
-        return tuple(torch.as_tensor(edge, dtype=pi_old.dtype, device=pi_old.device) for edge in edges)
+    when even π = 1 is within δ_high)."""
     pi_old = np.asarray(pi_old, dtype=np.float64)
     old = np.log(pi_old)
     below = (np.full_like(old, np.log(1e-300)), old.copy())  # log π: KL > δ_low at the first, ≤ at the second
@@ -302,183 +283,6 @@ CLIP_TESTS: dict[str, ClipTestEntry] = {
 }
 
 
-# ---------------------------------------------------------------------------------------------------
-# Penalties
-
-
-@dataclass(frozen=True)
-class PenaltyEntry:
-    """A per-token penalty. `value` is the divergence estimate shown to the user; `loss_term`, when
-    given, is what enters the loss instead (REINFORCE-style forms: a stop-gradient weight × log π).
-    `slope` is the loss term's derivative in log π_θ, in closed form, for numpy arrays (the bandit's
-    fast gradient; tests/test_losses.py checks it against autograd of `loss_term`)."""
-
-    name: str
-    title: str
-    latex: str
-    doc: str
-    params: tuple[Param, ...]
-    value: Callable  # (logp_new, logp_old, logp_ref, params) -> per-token value
-    slope: Callable  # (logp_new, logp_old, logp_ref, params) -> ∂ loss_term / ∂ logp_new, numpy
-    loss_term: Callable | None = None
-    needs_ref: bool = True
-    family: str = field(default="penalty", init=False)
-
-
-@dataclass(frozen=True)
-class Penalty(Configured):
-    """A penalty with checked parameters."""
-
-    def value(self, logp_new, logp_old, logp_ref=None):
-        self._need_ref(logp_ref)
-        return self.entry.value(logp_new, logp_old, logp_ref, self.params)
-
-    def loss_term(self, logp_new, logp_old, logp_ref=None):
-        self._need_ref(logp_ref)
-        term = self.entry.loss_term or self.entry.value
-        return term(logp_new, logp_old, logp_ref, self.params)
-
-    def slope(self, logp_new, logp_old, logp_ref=None):
-        """∂ loss_term / ∂ log π_θ per token, numpy arrays in and out."""
-        self._need_ref(logp_ref)
-        return self.entry.slope(logp_new, logp_old, logp_ref, self.params)
-
-    def _need_ref(self, logp_ref):
-        if self.entry.needs_ref and logp_ref is None:
-            raise DivvizInputError(f"penalty '{self.name}' needs reference log-probs (logp_ref)")
-
-
-def _grpo_estimator(estimator, derivative):
-    """k_i of r = π_ref/π_θ (GRPO's direction, RPG §2.2), optionally × w = π_θ/π_old (RPG §3.5), optionally with
-    k2's gradient (verl's straight-through "k1+"/"k3+" modes: sg(k_i) + k2 − sg(k2)).
-
-    With y = log r = log π_ref − log π_θ the slope in log π_θ is −k_i'(y), and with the weight
-    ∂(w k_i)/∂log π_θ = w (k_i(y) − k_i'(y)). `derivative` is k_i'(y); straight-through puts k2'(y) = y in its place.
-    Returns (value, slope, loss_term)."""
-
-    def value(new, old, ref, p):
-        out = estimator(ref - new)
-        return out * array_ops(new).exp(new - old) if p["importance_weight"] else out
-
-    def loss_term(new, old, ref, p):
-        if not p["straight_through"]:
-            return value(new, old, ref, p)
-        y = ref - new
-        out = estimator(y).detach() + k2(y) - k2(y).detach()
-        return out * (new - old).exp() if p["importance_weight"] else out
-
-    def slope(new, old, ref, p):
-        y = ref - new
-        d = y if p["straight_through"] else derivative(y)
-        return np.exp(new - old) * (estimator(y) - d) if p["importance_weight"] else -d
-
-    return value, slope, loss_term
-
-
-STRAIGHT_THROUGH = Param("straight_through", False, kind="bool",
-                         doc="the estimator's value with k2's gradient (verl's k1+/k3+ modes)")
-REFERENCE_OPTIONS = (IMPORTANCE_WEIGHT, STRAIGHT_THROUGH)
-
-
-def _reference_penalty(name, title, latex, doc, estimator, derivative) -> "PenaltyEntry":
-    value, slope, loss_term = _grpo_estimator(estimator, derivative)
-    return PenaltyEntry(name, title, latex, doc, REFERENCE_OPTIONS, value, slope, loss_term=loss_term)
-
-
-def _rpg(regulariser, weight):
-    """RPG's regulariser of w = π_θ/π_old (reference = previous iterate, RPG §3.2) in two forms:
-    differentiable (`regulariser`, RPG Table 1) and REINFORCE-style −sg(g(w))·log π_θ (RPG Table 2),
-    whose gradients agree (RPG Proposition 4.1): both have the slope −g(w) in log π_θ."""
-
-    def value(new, old, ref, p):
-        return regulariser(new - old)
-
-    def reinforce(new, old, ref, p):
-        return -weight((new - old).detach()) * new
-
-    def slope(new, old, ref, p):
-        return -weight(new - old)
-
-    return value, reinforce, slope
-
-
-def _exp(x):
-    return array_ops(x).exp(x)
-
-
-_RPG = {  # name: (title, differentiable loss term in lw = log w, KL part g of the REINFORCE weight, latex)
-    "fkl": ("RPG forward KL", lambda lw: -lw, lambda lw: array_ops(lw).ones_like(lw),
-            r"\mathrm{KL}(\pi_{\mathrm{old}}\|\pi_\theta):\; -\log w_t", r"g(w)=1"),
-    "rkl": ("RPG reverse KL", lambda lw: _exp(lw) * lw, lambda lw: -_exp(lw) * (lw + 1),
-            r"\mathrm{KL}(\pi_\theta\|\pi_{\mathrm{old}}):\; w_t\log w_t", r"g(w)=-w(\log w+1)"),
-    "ufkl": ("RPG unnormalised forward KL", k3, lambda lw: -array_ops(lw).expm1(lw),
-             r"\mathrm{UKL}(\pi_{\mathrm{old}}\|\pi_\theta):\; w_t-1-\log w_t", r"g(w)=-(w-1)"),
-    "urkl": ("RPG unnormalised reverse KL", lambda lw: _exp(lw) * (lw - 1), lambda lw: -_exp(lw) * lw,
-             r"\mathrm{UKL}(\pi_\theta\|\pi_{\mathrm{old}}):\; w_t\log w_t - w_t", r"g(w)=-w\log w"),
-}
-
-
-def _rpg_entries():
-    for name, (title, reg, weight, latex, latex_g) in _RPG.items():
-        value, reinforce, slope = _rpg(reg, weight)
-        yield PenaltyEntry(
-            name, f"{title} (differentiable)", latex,
-            "RPG Table 1 surrogate (Zhang et al., ICLR 2026); the divergence is to π_old, the sampling "
-            f"policy. Same gradient as {name}_rf.", (), value, slope, needs_ref=False)
-        yield PenaltyEntry(
-            f"{name}_rf", f"{title} (REINFORCE-style)", rf"-\,\mathrm{{sg}}(g(w_t))\log\pi_\theta,\; {latex_g}",
-            f"RPG Table 2: stop-gradient weight times log π_θ; the value shown is {name}'s, the loss "
-            f"term is the REINFORCE form. Same gradient as {name} (RPG Prop. 4.1).",
-            (), value, slope, loss_term=reinforce, needs_ref=False)
-
-
-PENALTIES: dict[str, PenaltyEntry] = {
-    e.name: e
-    for e in (
-        _reference_penalty(
-            "k1", "k1 to reference (GRPO direction)",
-            r"\log\pi_\theta-\log\pi_{\mathrm{ref}}",
-            "k1 of r = π_ref/π_θ; unbiased for KL(π_θ‖π_ref) only when tokens come from π_θ.",
-            k1, lambda y: -np.ones_like(y)),
-        _reference_penalty(
-            "k2", "k2 to reference (GRPO direction)",
-            r"\tfrac12(\log\pi_{\mathrm{ref}}-\log\pi_\theta)^2",
-            "k2 of r = π_ref/π_θ; half of GBMPO's log-L2 variant.",
-            k2, lambda y: y),
-        _reference_penalty(
-            "k3", "k3 to reference (GRPO's KL penalty)",
-            r"r_t-1-\log r_t,\; r_t=\pi_{\mathrm{ref}}/\pi_\theta",
-            "GRPO's penalty (TRL's `beta`): k3 with the ratio flipped relative to the kl3 clip test. "
-            "importance_weight=1 gives RPG's corrected estimator w·k3(r).",
-            k3, np.expm1),
-        _reference_penalty(
-            "abs", "|log-ratio| to reference",
-            r"|\log\pi_\theta-\log\pi_{\mathrm{ref}}|",
-            "verl's 'abs' KL penalty (core_algos.py kl_penalty): the absolute log-ratio, an L1 pull toward the "
-            "reference with a slope of ±1 in log π.",
-            abs, np.sign),
-        PenaltyEntry(
-            "prob_l2", "GBMPO ProbL2",
-            r"(\pi_\theta(a_t|s_t)-\pi_{\mathrm{ref}}(a_t|s_t))^2",
-            "Bregman divergence of h = ‖p‖² on the sampled token (GBMPO code). Its slope in log p is "
-            "2p(p − p_ref): rare tokens are left almost free, confident ones anchored.",
-            (), lambda new, old, ref, p: (new.exp() - ref.exp()) ** 2,
-            lambda new, old, ref, p: 2 * np.exp(new) * (np.exp(new) - np.exp(ref))),
-        PenaltyEntry(
-            "mirror", "GBMPO neural mirror map",
-            r"D_h(\pi_\theta\|\pi_{\mathrm{ref}})=h(\pi_\theta)-h(\pi_{\mathrm{ref}})"
-            r"-\psi(\pi_{\mathrm{ref}})(\pi_\theta-\pi_{\mathrm{ref}})",
-            "Bregman divergence of a random non-negative 126-unit mirror map ψ = ∇h (divviz.mirror).",
-            (Param("seed", 0, 0, 2**31 - 1, high_open=False, kind="int", doc="seed of the 380 weights",
-                   typical=(0, 99, 1)),
-             Param("init_scale", 0.01, 0.0, 1.0, low_open=True, high_open=False,
-                   doc="weights drawn uniformly from [0, init_scale]")),
-            lambda new, old, ref, p: random_mirror_map(p["seed"], p["init_scale"]).bregman(new, ref),
-            lambda new, old, ref, p: random_mirror_map(p["seed"], p["init_scale"]).bregman_slope(new, ref)),
-        *_rpg_entries(),
-    )
-}
-
 CATALOGUE: dict[str, ClipTestEntry | PenaltyEntry | SurrogateEntry] = {**CLIP_TESTS, **PENALTIES, **SURROGATES}
 
 AGGREGATIONS = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo", "token_sum")
@@ -500,11 +304,6 @@ def clip_test(name: str, **params) -> ClipTest:
     if entry.check is not None:
         entry.check(params)
     return ClipTest(entry, params)
-
-
-def penalty(name: str, **params) -> Penalty:
-    entry = get_entry(name, "penalty")
-    return Penalty(entry, check_params(name, entry.params, params))
 
 
 def check_dual_clip(c) -> float | None:

@@ -32,7 +32,8 @@ from dataclasses import dataclass, fields
 import numpy as np
 import torch
 
-from divviz.divergences import ClipTest, Penalty, check_aggregation, check_beta, check_dual_clip
+from divviz.divergences import ClipTest, check_aggregation, check_beta, check_dual_clip
+from divviz.penalties import Penalty
 from divviz.params import DivvizInputError, Param
 from divviz.safetext import quoted
 from divviz.surrogates import LEVELS, Surrogate, SurrogateInputs

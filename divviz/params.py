@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Mapping
 
 from divviz.safetext import quoted
 
@@ -109,3 +109,32 @@ def parse_assignments(items: list[str] | tuple[str, ...]) -> dict[str, str]:
             raise DivvizInputError(f"expected NAME=VALUE, got {quoted(item)}")
         out[name.strip()] = value.strip()
     return out
+
+
+def label(name: str, params: dict) -> str:
+    """A short legend label, e.g. "kl3 δ=0.05", "clip_higher ε_low=0.2 ε_high=0.28", "formula w - 1 - log(w) δ=0.05"."""
+    shown = {"delta": "δ", "eps": "ε", "eps_low": "ε_low", "eps_high": "ε_high"}
+
+    def part(k, v):
+        if isinstance(v, str):
+            return v
+        return (k if v else "") if isinstance(v, bool) else f"{shown.get(k, k)}={v:.4g}"
+
+    return " ".join([name, *[p for p in (part(k, v) for k, v in params.items()) if p]])
+
+
+@dataclass(frozen=True)
+class Configured:
+    """A catalogue entry (clip test, penalty or surrogate) with checked parameters: `clip_test(...)`, `penalty(...)`
+    and `surrogate(...)` build these."""
+
+    entry: Any  # a ClipTestEntry, PenaltyEntry or SurrogateEntry
+    params: dict
+
+    @property
+    def name(self) -> str:
+        return self.entry.name
+
+    @property
+    def label(self) -> str:
+        return label(self.name, self.params)

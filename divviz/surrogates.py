@@ -31,7 +31,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from divviz.params import DivvizInputError, Param, check_params
+from divviz.params import Configured, DivvizInputError, Param, check_params
 from divviz.safetext import quoted
 
 LEVELS = ("token", "sequence")  # TRL's importance_sampling_level: w_t, or the sequence's geometric-mean ratio (GSPO)
@@ -73,15 +73,8 @@ class SurrogateEntry:
 
 
 @dataclass(frozen=True)
-class Surrogate:
-    """A surrogate with checked parameters."""
-
-    entry: SurrogateEntry
-    params: dict
-
-    @property
-    def name(self) -> str:
-        return self.entry.name
+class Surrogate(Configured):
+    """A surrogate with checked parameters; its label names only the parameters away from their defaults."""
 
     @property
     def label(self) -> str:

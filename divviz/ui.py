@@ -11,7 +11,8 @@ import secrets
 import streamlit as st
 
 from divviz import instances, views
-from divviz.divergences import CLIP_TESTS, PENALTIES, penalty
+from divviz.divergences import CLIP_TESTS
+from divviz.penalties import penalty, PENALTIES
 from divviz.formula import MAX_CHARACTERS
 from divviz.engine.runner import Viewer
 from divviz.ownership import browser_id, is_teacher_key

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from divviz import instances
-from divviz.divergences import CLIP_TESTS, PENALTIES
+from divviz.divergences import CLIP_TESTS
+from divviz.penalties import PENALTIES
 from divviz.params import DivvizInputError, Param
 from divviz.safetext import quoted
 from divviz.surrogates import SURROGATES

@@ -13,7 +13,8 @@ import pandas as pd
 
 from divviz import explore, plots, theory
 from divviz.bandit import BanditConfig, BanditRun, run_bandits
-from divviz.divergences import ClipTest, clip_test, penalty
+from divviz.divergences import ClipTest, clip_test
+from divviz.penalties import penalty
 from divviz.engine.config import RunConfig, objective_from
 from divviz.estimators import k3
 from divviz.evidence import Summary, paired, summarize

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from divviz.bandit import BANDIT_PARAMS, BanditConfig, run_bandit, run_bandits
-from divviz.divergences import clip_test, penalty
+from divviz.divergences import clip_test
+from divviz.penalties import penalty
 from divviz.losses import Objective, group_advantages
 from divviz.metrics import PI_OLD_BINS, mass_shift_by_bin
 from divviz.params import DivvizInputError

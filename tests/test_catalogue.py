@@ -10,7 +10,7 @@ from divviz.kinship import GROUPS, SIBLINGS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from divviz import divergences as dv
+from divviz import divergences as dv, penalties as pn
 from divviz.mirror import MirrorMap
 from divviz.params import DivvizInputError
 
@@ -74,9 +74,9 @@ def test_predicate_iff_interval(name, params, w, pi_old):
 def test_gbmpo_penalty_spot_values():
     for p_new, p_ref, prob_l2 in ((0.5, 0.4, 0.01), (0.01, 0.008, 4e-6)):
         new, ref = t([math.log(p_new)]), t([math.log(p_ref)])
-        assert float(dv.penalty("prob_l2").value(new, new, ref)) == pytest.approx(prob_l2, rel=1e-9)
-        assert float(2 * dv.penalty("k2").value(new, new, ref)) == pytest.approx(0.0497930, rel=1e-5)
-        assert float(dv.penalty("k3").value(new, new, ref)) == pytest.approx(0.0231436, rel=1e-5)
+        assert float(pn.penalty("prob_l2").value(new, new, ref)) == pytest.approx(prob_l2, rel=1e-9)
+        assert float(2 * pn.penalty("k2").value(new, new, ref)) == pytest.approx(0.0497930, rel=1e-5)
+        assert float(pn.penalty("k3").value(new, new, ref)) == pytest.approx(0.0231436, rel=1e-5)
 
 
 def test_mirror_map_special_cases():
@@ -101,8 +101,8 @@ def test_mirror_potential_is_antiderivative_and_divergence_nonnegative():
 
 def test_mirror_penalty_entry_uses_seeded_map():
     new, ref = t([math.log(0.5)]), t([math.log(0.4)])
-    a = dv.penalty("mirror", seed=1).value(new, new, ref)
-    b = dv.penalty("mirror", seed=2).value(new, new, ref)
+    a = pn.penalty("mirror", seed=1).value(new, new, ref)
+    b = pn.penalty("mirror", seed=2).value(new, new, ref)
     assert float(a) > 0 and float(b) > 0 and float(a) != float(b)
 
 
@@ -116,23 +116,23 @@ def test_mirror_penalty_entry_uses_seeded_map():
 def test_rpg_spot_values(name, loss, weight):
     beta, w = 1e-4, 1.1
     new, old = t([math.log(w)]).requires_grad_(), t([0.0])
-    value = dv.penalty(name).value(new, old).detach()
+    value = pn.penalty(name).value(new, old).detach()
     assert float(-w + beta * value) == pytest.approx(loss, rel=1e-8)
     # REINFORCE weight = w R + β g(w): read off the loss term's gradient −sg(β g)·∇log π
-    rf = dv.penalty(f"{name}_rf").loss_term(new, old)
+    rf = pn.penalty(f"{name}_rf").loss_term(new, old)
     (grad,) = torch.autograd.grad(rf.sum(), new)
     assert float(w - beta * grad) == pytest.approx(weight, rel=1e-8)
 
 
 def test_penalty_needs_reference():
     with pytest.raises(DivvizInputError, match="needs reference log-probs"):
-        dv.penalty("k3").value(t([0.0]), t([0.0]))
+        pn.penalty("k3").value(t([0.0]), t([0.0]))
 
 
 def test_importance_weighted_k3():
     new, old, ref = t([math.log(0.5)]), t([math.log(0.25)]), t([math.log(0.4)])
-    plain = dv.penalty("k3").value(new, old, ref)
-    weighted = dv.penalty("k3", importance_weight=True).value(new, old, ref)
+    plain = pn.penalty("k3").value(new, old, ref)
+    weighted = pn.penalty("k3", importance_weight=True).value(new, old, ref)
     assert float(weighted) == pytest.approx(2.0 * float(plain), rel=1e-12)
 
 
@@ -149,10 +149,10 @@ def test_importance_weighted_k3():
     (lambda: dv.clip_test("kl3", eps=0.2), "kl3: unknown parameter 'eps' (its parameters: delta)"),
     (lambda: dv.clip_test("kl4"), "unknown clip test 'kl4'; known: ratio, clip_higher"),
     (lambda: dv.clip_test("k3"), "unknown clip test 'k3'"),
-    (lambda: dv.penalty("kl3"), "unknown penalty 'kl3'; known: k1, k2, k3"),
+    (lambda: pn.penalty("kl3"), "unknown penalty 'kl3'; known: k1, k2, k3"),
     (lambda: dv.get_entry("nope"), "unknown measure 'nope'"),
-    (lambda: dv.penalty("mirror", seed=1.5), "mirror: parameter 'seed' must be an integer in [0, 2.14748e+09]"),
-    (lambda: dv.penalty("k3", importance_weight=2), "'importance_weight' must be 0 or 1"),
+    (lambda: pn.penalty("mirror", seed=1.5), "mirror: parameter 'seed' must be an integer in [0, 2.14748e+09]"),
+    (lambda: pn.penalty("k3", importance_weight=2), "'importance_weight' must be 0 or 1"),
     (lambda: dv.check_dual_clip(1.0), "dual_clip: parameter 'c' must be a finite number in (1, inf); got 1.0"),
     (lambda: dv.check_dual_clip(float("nan")), "parameter 'c'"),
     (lambda: dv.check_beta(-1), "penalty: parameter 'beta' must be a finite number in [0, inf); got -1"),

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from divviz import explain, token_view
-from divviz.divergences import clip_test, penalty
+from divviz.divergences import clip_test
+from divviz.penalties import penalty
 from divviz.engine import store
 from divviz.engine.completions import check_record, token_pieces
 from divviz.engine.config import RunConfig

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from divviz import divergences as dv
+from divviz import divergences as dv, penalties as pn
 from divviz.explore import random_token_batch
 from divviz.losses import Objective, PolicyLossGradient, aggregation_weights, policy_loss
 from divviz.theory import kl3_bounds
@@ -141,9 +141,9 @@ def test_aggregations_against_hand_sums():
 
 
 OBJECTIVES = [*[Objective(clip=dv.clip_test(name)) for name in dv.CLIP_TESTS],
-              *[Objective(clip=dv.clip_test("kl3"), penalty=dv.penalty(name), beta=0.3) for name in dv.PENALTIES],
-              *[Objective(penalty=dv.penalty(name, importance_weight=True), beta=0.3) for name in ("k1", "k2", "k3")],
-              Objective(penalty=dv.penalty("mirror", seed=3, init_scale=0.5), beta=0.3), Objective()]
+              *[Objective(clip=dv.clip_test("kl3"), penalty=pn.penalty(name), beta=0.3) for name in pn.PENALTIES],
+              *[Objective(penalty=pn.penalty(name, importance_weight=True), beta=0.3) for name in ("k1", "k2", "k3")],
+              Objective(penalty=pn.penalty("mirror", seed=3, init_scale=0.5), beta=0.3), Objective()]
 
 
 @pytest.mark.parametrize("objective", OBJECTIVES, ids=lambda o: o.label)
@@ -173,7 +173,7 @@ def test_stacked_closed_form_gradient_equals_each_alone():
     with mixed clip tests (and none), penalties, dual-clip and aggregations; and with one shared penalty."""
     mixed = [Objective(o.clip, o.penalty, o.beta, c, agg)
              for o, c, agg in zip(OBJECTIVES, [None, 1.5] * 20, ["grpo", "bnpo", "dr_grpo", "dapo"] * 10)]
-    shared = [Objective(dv.clip_test(name), dv.penalty("k3"), 0.3, 2.0, agg)
+    shared = [Objective(dv.clip_test(name), pn.penalty("k3"), 0.3, 2.0, agg)
               for name, agg in zip(dv.CLIP_TESTS, ["grpo", "dr_grpo", "bnpo"] * 10)]
     logp_new, logp_old, adv, mask, logp_ref = (x.detach().numpy() for x in random_batch(5, spread=1.0))
     for objectives in (mixed, shared):
@@ -194,8 +194,8 @@ def test_rpg_reinforce_and_differentiable_forms_have_the_same_gradient(name):
     """RPG Proposition 4.1, on the full RPG loss (reward part unclipped, as in RPG Tables 1–2)."""
     logp_new, logp_old, adv, mask, _ = random_batch(3, spread=0.3)
     beta = 0.3  # large so that the penalty's share of the gradient is visible
-    diff = policy_loss(logp_new, logp_old, adv, mask, penalty=dv.penalty(name), beta=beta)
-    rf = policy_loss(logp_new, logp_old, adv, mask, penalty=dv.penalty(f"{name}_rf"), beta=beta)
+    diff = policy_loss(logp_new, logp_old, adv, mask, penalty=pn.penalty(name), beta=beta)
+    rf = policy_loss(logp_new, logp_old, adv, mask, penalty=pn.penalty(f"{name}_rf"), beta=beta)
     g_diff, g_rf = grads(diff, logp_new), grads(rf, logp_new)
     assert torch.allclose(g_diff, g_rf, rtol=1e-10, atol=1e-13)
     # and against RPG's written REINFORCE loss −sg(w A + β g(w)) log π (grpo mean)
@@ -212,7 +212,7 @@ def test_rpg_reinforce_and_differentiable_forms_have_the_same_gradient(name):
 def test_reference_penalties_enter_the_loss_with_beta(name):
     logp_new, logp_old, adv, mask, logp_ref = random_batch(5)
     base = policy_loss(logp_new, logp_old, adv, mask, clip=dv.clip_test("ratio"))
-    pen = dv.penalty(name)
+    pen = pn.penalty(name)
     out = policy_loss(logp_new, logp_old, adv, mask, clip=dv.clip_test("ratio"), penalty=pen, beta=0.5,
                       logp_ref=logp_ref)
     value = pen.value(logp_new, logp_old, logp_ref)
@@ -226,8 +226,8 @@ def test_k3_penalty_gradient_in_log_prob():
     for p, p_ref, k3_slope, l2_slope in ((0.5, 0.4, 0.2, 0.1), (0.01, 0.008, 0.2, 4e-5)):
         lp = torch.tensor([math.log(p)], dtype=F64, requires_grad=True)
         ref = torch.tensor([math.log(p_ref)], dtype=F64)
-        (g3,) = torch.autograd.grad(dv.penalty("k3").value(lp, lp, ref).sum(), lp)
-        (g2,) = torch.autograd.grad(dv.penalty("prob_l2").value(lp, lp, ref).sum(), lp)
+        (g3,) = torch.autograd.grad(pn.penalty("k3").value(lp, lp, ref).sum(), lp)
+        (g2,) = torch.autograd.grad(pn.penalty("prob_l2").value(lp, lp, ref).sum(), lp)
         assert float(g3) == pytest.approx(k3_slope, rel=1e-12)
         assert float(g2) == pytest.approx(l2_slope, rel=1e-12)
 
@@ -258,7 +258,7 @@ def test_dtypes_and_devices(device, dtype):
     logp_new, logp_old, adv, mask, logp_ref = (x.detach().to(device=device, dtype=dtype) for x in random_batch(6))
     logp_new.requires_grad_()
     for clip in (dv.clip_test("kl3"), dv.clip_test("prob_tv"), dv.clip_test("kl1")):
-        out = policy_loss(logp_new, logp_old, adv, mask, clip=clip, penalty=dv.penalty("mirror"), beta=0.1,
+        out = policy_loss(logp_new, logp_old, adv, mask, clip=clip, penalty=pn.penalty("mirror"), beta=0.1,
                           logp_ref=logp_ref, dual_clip_c=3.0, aggregation="dr_grpo")
         g = grads(out, logp_new)
         assert out.loss.dtype == dtype and g.dtype == dtype and out.loss.device.type == device
@@ -276,7 +276,7 @@ def test_bad_arguments_are_refused_with_the_typed_error():
     with pytest.raises(dv.DivvizInputError, match="parameter 'c'"):
         policy_loss(logp_new, logp_old, adv, mask, dual_clip_c=0.5)
     with pytest.raises(dv.DivvizInputError, match="needs reference log-probs"):
-        policy_loss(logp_new, logp_old, adv, mask, penalty=dv.penalty("k3"), beta=0.1)
+        policy_loss(logp_new, logp_old, adv, mask, penalty=pn.penalty("k3"), beta=0.1)
 
 
 def test_overshoot_counts_tokens_past_the_bound_their_advantage_pushes_toward():

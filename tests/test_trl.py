@@ -22,7 +22,8 @@ from datasets import Dataset  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from divviz import cli, theory  # noqa: E402
-from divviz.divergences import clip_test, penalty  # noqa: E402
+from divviz.divergences import clip_test  # noqa: E402
+from divviz.penalties import penalty  # noqa: E402
 from divviz.engine import store  # noqa: E402
 from divviz.engine.completions import check_record  # noqa: E402
 from divviz.engine.model import builtin_policy  # noqa: E402

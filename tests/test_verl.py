@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from divviz.divergences import clip_test, penalty
+from divviz.divergences import clip_test
+from divviz.penalties import penalty
 from divviz.losses import Objective, aggregate, policy_loss
 from divviz.surrogates import surrogate
 

@@ -8,7 +8,8 @@ import copy
 
 from trl import GRPOConfig
 
-from divviz.divergences import TRL_AGGREGATIONS, clip_test, penalty
+from divviz.divergences import TRL_AGGREGATIONS, clip_test
+from divviz.penalties import penalty
 from divviz.losses import Objective
 from divviz.params import DivvizInputError
 from divviz.surrogates import SURROGATES, surrogate
