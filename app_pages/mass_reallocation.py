@@ -4,7 +4,8 @@ import streamlit as st
 
 from divviz import ui, views
 from divviz.bandit import BANDIT_PARAMS, DEFAULT_LR, INIT_SHAPES, OPTIMIZERS, REWARDS
-from divviz.divergences import AGGREGATIONS, BETA, DUAL_CLIP
+from divviz.aggregation import AGGREGATIONS
+from divviz.divergences import BETA, DUAL_CLIP
 from divviz.penalties import PENALTIES
 from divviz.params import Param
 from divviz.presets import BANDIT_PRESETS

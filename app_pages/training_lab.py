@@ -5,7 +5,8 @@ import time
 import streamlit as st
 
 from divviz import token_view, ui, views
-from divviz.divergences import AGGREGATIONS, BETA, DUAL_CLIP
+from divviz.aggregation import AGGREGATIONS
+from divviz.divergences import BETA, DUAL_CLIP
 from divviz.penalties import PENALTIES
 from divviz.engine import runner, store
 from divviz.engine.config import BACKENDS, RUN_PARAMS, RunConfig

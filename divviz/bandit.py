@@ -29,7 +29,9 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from divviz.losses import Objective, PolicyLossGradient, aggregation_weights, group_advantages
+from divviz.aggregation import aggregation_weights, group_advantages
+from divviz.loss_gradient import PolicyLossGradient
+from divviz.losses import Objective
 from divviz.params import DivvizInputError, Param, check_params
 from divviz.safetext import quoted
 

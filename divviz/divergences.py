@@ -285,9 +285,6 @@ CLIP_TESTS: dict[str, ClipTestEntry] = {
 
 CATALOGUE: dict[str, ClipTestEntry | PenaltyEntry | SurrogateEntry] = {**CLIP_TESTS, **PENALTIES, **SURROGATES}
 
-AGGREGATIONS = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo", "token_sum")
-TRL_AGGREGATIONS = AGGREGATIONS[:5]  # TRL loss types that aggregate (token_sum is verl's)
-
 
 def get_entry(name: str, family: str | None = None) -> ClipTestEntry | PenaltyEntry | SurrogateEntry:
     """The catalogue entry called `name` (optionally only from one family), or a clear error."""
@@ -313,9 +310,3 @@ def check_dual_clip(c) -> float | None:
 
 def check_beta(beta) -> float:
     return BETA.check(beta, "penalty")
-
-
-def check_aggregation(name: str) -> str:
-    if name not in AGGREGATIONS:
-        raise DivvizInputError(f"unknown aggregation {quoted(name)}; known: {', '.join(AGGREGATIONS)}")
-    return name

@@ -9,7 +9,8 @@ import torch
 from divviz.bandit import BANDIT_PARAMS, BanditConfig, run_bandit, run_bandits
 from divviz.divergences import clip_test
 from divviz.penalties import penalty
-from divviz.losses import Objective, group_advantages
+from divviz.aggregation import group_advantages
+from divviz.losses import Objective
 from divviz.metrics import PI_OLD_BINS, mass_shift_by_bin
 from divviz.params import DivvizInputError
 

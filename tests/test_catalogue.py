@@ -6,11 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from divviz.kinship import GROUPS, SIBLINGS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from divviz import divergences as dv, penalties as pn
+from divviz.aggregation import check_aggregation
+from divviz.kinship import GROUPS, SIBLINGS
 from divviz.mirror import MirrorMap
 from divviz.params import DivvizInputError
 
@@ -156,7 +157,7 @@ def test_importance_weighted_k3():
     (lambda: dv.check_dual_clip(1.0), "dual_clip: parameter 'c' must be a finite number in (1, inf); got 1.0"),
     (lambda: dv.check_dual_clip(float("nan")), "parameter 'c'"),
     (lambda: dv.check_beta(-1), "penalty: parameter 'beta' must be a finite number in [0, inf); got -1"),
-    (lambda: dv.check_aggregation("mean"), "unknown aggregation 'mean'; known: grpo, bnpo, dr_grpo, dapo"),
+    (lambda: check_aggregation("mean"), "unknown aggregation 'mean'; known: grpo, bnpo, dr_grpo, dapo"),
     (lambda: dv.clip_test("prob_tv").bounds(), "prob_tv: its ratio interval depends on π_old"),
 ])
 def test_bad_input_messages(call, message):

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from divviz.divergences import AGGREGATIONS, CLIP_TESTS
+from divviz.aggregation import AGGREGATIONS
+from divviz.divergences import CLIP_TESTS
 from divviz.penalties import PENALTIES
 from divviz.engine import runner, store
 from divviz.engine.config import RunConfig

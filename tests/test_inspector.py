@@ -19,7 +19,8 @@ from divviz.engine.config import RunConfig
 from divviz.engine.grpo import grpo_step, make_batch, make_trainer, update
 from divviz.engine.rollout import completion_logps
 from divviz.engine.train import train
-from divviz.losses import Objective, aggregation_weights
+from divviz.aggregation import aggregation_weights
+from divviz.losses import Objective
 from divviz.params import DivvizInputError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,7 +9,9 @@ import torch
 
 from divviz import divergences as dv, penalties as pn
 from divviz.explore import random_token_batch
-from divviz.losses import Objective, PolicyLossGradient, aggregation_weights, policy_loss
+from divviz.aggregation import aggregation_weights
+from divviz.loss_gradient import PolicyLossGradient
+from divviz.losses import Objective, policy_loss
 from divviz.theory import kl3_bounds
 
 F64 = torch.float64

@@ -9,7 +9,9 @@ import torch
 from divviz import divergences as dv
 from divviz.cli import main
 from divviz.explore import gradient_weight
-from divviz.losses import Objective, PolicyLossGradient, aggregation_weights, policy_loss
+from divviz.aggregation import aggregation_weights
+from divviz.loss_gradient import PolicyLossGradient
+from divviz.losses import Objective, policy_loss
 from divviz.params import DivvizInputError
 from divviz.surrogates import SURROGATES, surrogate
 

@@ -11,7 +11,8 @@ import torch
 
 from divviz.divergences import clip_test
 from divviz.penalties import penalty
-from divviz.losses import Objective, aggregate, policy_loss
+from divviz.aggregation import aggregate
+from divviz.losses import Objective, policy_loss
 from divviz.surrogates import surrogate
 
 DATA = json.loads((Path(__file__).parent / "data" / "verl_policy_losses.json").read_text())

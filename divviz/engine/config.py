@@ -6,7 +6,8 @@ import importlib.util
 from dataclasses import asdict, dataclass, field, replace
 from typing import Mapping
 
-from divviz.divergences import AGGREGATIONS, clip_test
+from divviz.aggregation import AGGREGATIONS
+from divviz.divergences import clip_test
 from divviz.penalties import penalty
 from divviz.engine.completions import BYTE_CAP, MAX_BYTES
 from divviz.engine.tasks import TASKS

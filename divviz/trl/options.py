@@ -8,7 +8,8 @@ import copy
 
 from trl import GRPOConfig
 
-from divviz.divergences import TRL_AGGREGATIONS, clip_test
+from divviz.aggregation import TRL_AGGREGATIONS
+from divviz.divergences import clip_test
 from divviz.penalties import penalty
 from divviz.losses import Objective
 from divviz.params import DivvizInputError

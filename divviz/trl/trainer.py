@@ -34,7 +34,8 @@ from trl.trainer.utils import nanmax, nanmin
 from divviz.estimators import k1, k2, k3
 from divviz.engine.completions import step_record
 from divviz.engine.grpo import finite_loss
-from divviz.losses import LossOutput, Objective, aggregation_weights
+from divviz.aggregation import aggregation_weights
+from divviz.losses import LossOutput, Objective
 from divviz.params import DivvizInputError
 from divviz.surrogates import vespo_phi
 from divviz.trl.callback import TOKEN_SAMPLE, DivvizRunCallback, run_end

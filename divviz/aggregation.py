@@ -1,0 +1,92 @@
+"""Aggregations: how (B, T) per-token losses become one scalar, by TRL's loss_type names (and verl's token_sum), each
+token's weight ∂loss/∂ℓ_t in that scalar, and GRPO's group-relative advantages."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from divviz.params import DivvizInputError
+from divviz.safetext import quoted
+
+AGGREGATIONS = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo", "token_sum")
+TRL_AGGREGATIONS = AGGREGATIONS[:5]  # TRL loss types that aggregate (token_sum is verl's)
+
+
+def check_aggregation(name: str) -> str:
+    if name not in AGGREGATIONS:
+        raise DivvizInputError(f"unknown aggregation {quoted(name)}; known: {', '.join(AGGREGATIONS)}")
+    return name
+
+
+def aggregation_weights(mask: np.ndarray, how: str, max_completion_length: int | None = None,
+                        num_items_in_batch: float | None = None) -> np.ndarray:
+    """∂loss/∂ℓ_t of `aggregate`: each token's weight in the loss."""
+    mask = np.asarray(mask, dtype=np.float64)
+    if how == "grpo":
+        return mask / np.maximum(mask.sum(-1, keepdims=True), 1) / mask.shape[0]
+    if how == "dapo" and num_items_in_batch is not None:
+        return mask / float(num_items_in_batch)
+    if how in ("bnpo", "dapo"):
+        return mask / max(mask.sum(), 1)
+    if how == "dr_grpo":
+        return mask / (mask.shape[0] * (max_completion_length or mask.shape[-1]))
+    if how == "luspo":
+        return mask / mask.shape[0]
+    if how == "token_sum":
+        return mask
+    raise ValueError(f"unknown aggregation {how!r}")
+
+
+def group_advantages(rewards, scale: bool):
+    """GRPO's group-relative advantages: (groups, G) rewards → r − mean_group, divided by (std_group + 1e-4)
+    when `scale` (Shao et al. 2024; TRL's `scale_rewards`; std unbiased, as torch's), left unscaled for
+    Dr. GRPO (Liu et al. 2025). Takes a torch tensor or a numpy array (G ≥ 2) and returns the same kind."""
+    size = rewards.shape[1]
+    adv = rewards - (rewards.sum(1) / size)[:, None]
+    if scale:
+        std = ((adv * adv).sum(1) / (size - 1)) ** 0.5
+        adv = adv / (std[:, None] + 1e-4)
+    return adv
+
+
+def grpo_aggregate(per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """GRPO: mean over each completion's tokens, then mean over completions (Shao et al. 2024)."""
+    return ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)).mean()
+
+
+def bnpo_aggregate(per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """BNPO: sum over all tokens divided by the number of tokens in this batch."""
+    return (per_token * mask).sum() / mask.sum().clamp(min=1)
+
+
+def dr_grpo_aggregate(per_token: torch.Tensor, mask: torch.Tensor, max_completion_length: int) -> torch.Tensor:
+    """Dr. GRPO: sum over all tokens divided by the constant B × max_completion_length (Liu et al. 2025)."""
+    return (per_token * mask).sum() / (per_token.shape[0] * max_completion_length)
+
+
+def dapo_aggregate(per_token: torch.Tensor, mask: torch.Tensor, num_items_in_batch: int | None) -> torch.Tensor:
+    """DAPO: token-level mean over the whole global batch (Yu et al. 2025). TRL divides by the tokens of
+    all processes and accumulation steps (`num_items_in_batch`); in one process with one step that is
+    this batch's token count, i.e. the same number as bnpo."""
+    normaliser = mask.sum().clamp(min=1) if num_items_in_batch is None else num_items_in_batch
+    return (per_token * mask).sum() / normaliser
+
+
+def aggregate(per_token, mask, how: str, max_completion_length: int | None = None,
+              num_items_in_batch: int | None = None) -> torch.Tensor:
+    """Reduce (B, T) per-token losses to a scalar, as TRL's `loss_type` names them; "luspo" is TRL's mean over
+    completions of each one's token sum (verl's seq-mean-token-sum), "token_sum" verl's plain sum of all tokens."""
+    if how == "grpo":
+        return grpo_aggregate(per_token, mask)
+    if how == "bnpo":
+        return bnpo_aggregate(per_token, mask)
+    if how == "dr_grpo":
+        return dr_grpo_aggregate(per_token, mask, max_completion_length or per_token.shape[-1])
+    if how == "dapo":
+        return dapo_aggregate(per_token, mask, num_items_in_batch)
+    if how == "luspo":
+        return (per_token * mask).sum(-1).mean()
+    if how == "token_sum":
+        return (per_token * mask).sum()
+    raise ValueError(f"unknown aggregation {how!r}")
