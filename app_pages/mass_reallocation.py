@@ -3,11 +3,11 @@
 import streamlit as st
 
 from divviz import ui, views
-from divviz.bandit import BANDIT_PARAMS, DEFAULT_LR, INIT_SHAPES, OPTIMIZERS, REWARDS
 from divviz.aggregation import AGGREGATIONS
+from divviz.bandit import BANDIT_PARAMS, DEFAULT_LR, INIT_SHAPES, OPTIMIZERS, REWARDS
 from divviz.divergences import BETA, DUAL_CLIP
-from divviz.penalties import PENALTIES
 from divviz.params import Param
+from divviz.penalties import PENALTIES
 from divviz.presets import BANDIT_PRESETS
 from divviz.safetext import literal
 from divviz.urlstate import Control, measure_param_controls

@@ -7,11 +7,11 @@ import streamlit as st
 from divviz import token_view, ui, views
 from divviz.aggregation import AGGREGATIONS
 from divviz.divergences import BETA, DUAL_CLIP
-from divviz.penalties import PENALTIES
 from divviz.engine import runner, store
 from divviz.engine.config import BACKENDS, RUN_PARAMS, RunConfig
 from divviz.engine.tasks import TASKS
 from divviz.params import DivvizInputError, Param
+from divviz.penalties import PENALTIES
 from divviz.safetext import literal
 from divviz.urlstate import Control, measure_param_controls
 

@@ -26,12 +26,12 @@ from contextlib import nullcontext
 
 import torch
 
+from divviz.aggregation import group_advantages
 from divviz.engine.config import RunConfig
 from divviz.engine.grpo import grpo_step, make_trainer
 from divviz.engine.model import builtin_policy
 from divviz.engine.rollout import completion_logps, decode_completions, encode_prompts, sample
 from divviz.engine.tasks import get_task
-from divviz.aggregation import group_advantages
 
 TASK = "reverse"
 SETTINGS = {"small (16 prompts × 8, 8 tokens)": (16, 8, 8), "medium (64 prompts × 16, 16 tokens)": (64, 16, 16)}

@@ -27,9 +27,9 @@ import torch
 from divviz import evidence, explore, theory
 from divviz.bandit import DEFAULT_LR, BanditConfig, run_bandits
 from divviz.divergences import clip_test
-from divviz.penalties import penalty, PENALTIES
 from divviz.losses import Objective, policy_loss
 from divviz.params import Param
+from divviz.penalties import penalty, PENALTIES
 
 EARLY, LATE = 10, 80
 DELTA_LOW_EDGE, DELTA_HIGH_EDGE, DELTA_WIDE = (float(theory.kl3_delta_at_ratio(0.8)),

@@ -11,9 +11,9 @@ from __future__ import annotations
 import urllib.parse
 
 from divviz.divergences import ClipTest, clip_test, get_entry
-from divviz.penalties import penalty, Penalty
 from divviz.params import Configured
 from divviz.params import DivvizInputError, parse_assignments
+from divviz.penalties import penalty, Penalty
 from divviz.safetext import quoted
 from divviz.surrogates import Surrogate, surrogate
 

@@ -33,8 +33,8 @@ import torch
 
 from divviz.aggregation import aggregate, check_aggregation
 from divviz.divergences import ClipTest, check_beta, check_dual_clip
-from divviz.penalties import Penalty
 from divviz.params import DivvizInputError, Param
+from divviz.penalties import Penalty
 from divviz.safetext import quoted
 from divviz.surrogates import LEVELS, Surrogate, SurrogateInputs
 

@@ -125,7 +125,7 @@ def vespo_phi(log_w_seq, adv, p):
     sign of A (A ≥ 0: k_pos, λ_pos), λ ≥ 1e-4; NaN/inf → 0 (TRL 1.16's `get_gamma_weights`). numpy or torch."""
     xp = torch if isinstance(log_w_seq, torch.Tensor) else np
     log_w = xp.clip(log_w_seq, VESPO_FLOOR, 20.0)
-    positive, like = adv >= 0, log_w + adv * 0
+    positive, like = adv >= 0, log_w + adv * 0  # `like`: the numbers k and λ fill, shaped as log W and A broadcast
     k = by_sign(positive, p["k_pos"], p["k_neg"], like)
     lam = by_sign(positive, max(p["lambda_pos"], 1e-4), max(p["lambda_neg"], 1e-4), like)
     phi = xp.exp(lam + k * log_w - lam * xp.exp(log_w))

@@ -12,11 +12,11 @@ import streamlit as st
 
 from divviz import instances, views
 from divviz.divergences import CLIP_TESTS
-from divviz.penalties import penalty, PENALTIES
-from divviz.formula import MAX_CHARACTERS
 from divviz.engine.runner import Viewer
+from divviz.formula import MAX_CHARACTERS
 from divviz.ownership import browser_id, is_teacher_key
 from divviz.params import DivvizInputError, Param
+from divviz.penalties import penalty, PENALTIES
 from divviz.plots import Chart
 from divviz.safetext import literal, shorten
 from divviz.surrogates import SURROGATES

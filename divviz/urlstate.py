@@ -16,8 +16,8 @@ from typing import Mapping
 
 from divviz import instances
 from divviz.divergences import CLIP_TESTS
-from divviz.penalties import PENALTIES
 from divviz.params import DivvizInputError, Param
+from divviz.penalties import PENALTIES
 from divviz.safetext import quoted
 from divviz.surrogates import SURROGATES
 

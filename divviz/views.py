@@ -14,7 +14,6 @@ import pandas as pd
 from divviz import explore, plots, theory
 from divviz.bandit import BanditConfig, BanditRun, run_bandits
 from divviz.divergences import ClipTest, clip_test
-from divviz.penalties import penalty
 from divviz.engine.config import RunConfig, objective_from
 from divviz.estimators import k3
 from divviz.evidence import Summary, paired, summarize
@@ -22,6 +21,7 @@ from divviz.instances import unique_labels
 from divviz.losses import Objective
 from divviz.metrics import bin_labels, mass_shift_by_bin, metric
 from divviz.params import DivvizInputError
+from divviz.penalties import penalty
 from divviz.surrogates import Surrogate
 
 RATIO_GRID = np.linspace(0.01, 3.0, 600)

@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 import torch
 
+from divviz.aggregation import group_advantages
 from divviz.bandit import BANDIT_PARAMS, BanditConfig, run_bandit, run_bandits
 from divviz.divergences import clip_test
-from divviz.penalties import penalty
-from divviz.aggregation import group_advantages
 from divviz.losses import Objective
 from divviz.metrics import PI_OLD_BINS, mass_shift_by_bin
 from divviz.params import DivvizInputError
+from divviz.penalties import penalty
 
 SMALL = dict(k=20, iterations=15)
 

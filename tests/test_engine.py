@@ -15,7 +15,6 @@ import torch
 
 from divviz.aggregation import AGGREGATIONS
 from divviz.divergences import CLIP_TESTS
-from divviz.penalties import PENALTIES
 from divviz.engine import runner, store
 from divviz.engine.config import RunConfig
 from divviz.engine.grpo import make_trainer
@@ -23,6 +22,7 @@ from divviz.engine.model import char_tokenizer, load_policy
 from divviz.engine.tasks import TASKS, evaluate, get_task
 from divviz.engine.train import train
 from divviz.params import DivvizInputError
+from divviz.penalties import PENALTIES
 from divviz.surrogates import SURROGATES
 
 TINY = dict(steps=2, prompts=2, group_size=4, max_new_tokens=6, mu=2)

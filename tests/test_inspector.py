@@ -11,17 +11,17 @@ import pytest
 import torch
 
 from divviz import explain, token_view
+from divviz.aggregation import aggregation_weights
 from divviz.divergences import clip_test
-from divviz.penalties import penalty
 from divviz.engine import store
 from divviz.engine.completions import check_record, token_pieces
 from divviz.engine.config import RunConfig
 from divviz.engine.grpo import grpo_step, make_batch, make_trainer, update
 from divviz.engine.rollout import completion_logps
 from divviz.engine.train import train
-from divviz.aggregation import aggregation_weights
 from divviz.losses import Objective
 from divviz.params import DivvizInputError
+from divviz.penalties import penalty
 
 ROOT = Path(__file__).resolve().parents[1]
 HOSTILE = "<script>alert('x')</script> **bold** [l](http://127.0.0.1:9/) <img src=x onerror=alert(1)>"

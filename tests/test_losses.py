@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from divviz import divergences as dv, penalties as pn
-from divviz.explore import random_token_batch
 from divviz.aggregation import aggregation_weights
+from divviz.explore import random_token_batch
 from divviz.loss_gradient import PolicyLossGradient
 from divviz.losses import Objective, policy_loss
 from divviz.theory import kl3_bounds

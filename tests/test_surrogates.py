@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from divviz import divergences as dv
+from divviz.aggregation import aggregation_weights
 from divviz.cli import main
 from divviz.explore import gradient_weight
-from divviz.aggregation import aggregation_weights
 from divviz.loss_gradient import PolicyLossGradient
 from divviz.losses import Objective, policy_loss
 from divviz.params import DivvizInputError

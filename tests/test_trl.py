@@ -23,13 +23,13 @@ from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from divviz import cli, theory  # noqa: E402
 from divviz.divergences import clip_test  # noqa: E402
-from divviz.penalties import penalty  # noqa: E402
 from divviz.engine import store  # noqa: E402
 from divviz.engine.completions import check_record  # noqa: E402
 from divviz.engine.model import builtin_policy  # noqa: E402
 from divviz.engine.tasks import get_task  # noqa: E402
 from divviz.losses import Objective  # noqa: E402
 from divviz.params import DivvizInputError  # noqa: E402
+from divviz.penalties import penalty  # noqa: E402
 from divviz.surrogates import surrogate  # noqa: E402
 from divviz.trl import DivvizGRPOTrainer, DivvizRunCallback, trl_args_for  # noqa: E402
 from divviz.trl.trainer import REWARDS  # noqa: E402

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from divviz.divergences import clip_test
-from divviz.penalties import penalty
 from divviz.aggregation import aggregate
+from divviz.divergences import clip_test
 from divviz.losses import Objective, policy_loss
+from divviz.penalties import penalty
 from divviz.surrogates import surrogate
 
 DATA = json.loads((Path(__file__).parent / "data" / "verl_policy_losses.json").read_text())

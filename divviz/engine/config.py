@@ -8,13 +8,13 @@ from typing import Mapping
 
 from divviz.aggregation import AGGREGATIONS
 from divviz.divergences import clip_test
-from divviz.penalties import penalty
 from divviz.engine.completions import BYTE_CAP, MAX_BYTES
 from divviz.engine.tasks import TASKS
 from divviz.losses import Objective
-from divviz.surrogates import surrogate
 from divviz.params import DivvizInputError, Param, check_params
+from divviz.penalties import penalty
 from divviz.safetext import quoted
+from divviz.surrogates import surrogate
 
 RUN_PARAMS = (
     Param("steps", 60, 1, 100_000, high_open=False, kind="int", typical=(1, 200, 1), doc="GRPO steps"),

@@ -10,9 +10,9 @@ from trl import GRPOConfig
 
 from divviz.aggregation import TRL_AGGREGATIONS
 from divviz.divergences import clip_test
-from divviz.penalties import penalty
 from divviz.losses import Objective
 from divviz.params import DivvizInputError
+from divviz.penalties import penalty
 from divviz.surrogates import SURROGATES, surrogate
 
 

@@ -31,10 +31,10 @@ from accelerate.utils import gather_object
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import nanmax, nanmin
 
-from divviz.estimators import k1, k2, k3
+from divviz.aggregation import aggregation_weights
 from divviz.engine.completions import step_record
 from divviz.engine.grpo import finite_loss
-from divviz.aggregation import aggregation_weights
+from divviz.estimators import k1, k2, k3
 from divviz.losses import LossOutput, Objective
 from divviz.params import DivvizInputError
 from divviz.surrogates import vespo_phi
