@@ -286,9 +286,12 @@ CLIP_TESTS: dict[str, ClipTestEntry] = {
 CATALOGUE: dict[str, ClipTestEntry | PenaltyEntry | SurrogateEntry] = {**CLIP_TESTS, **PENALTIES, **SURROGATES}
 
 
+FAMILIES = {"clip": CLIP_TESTS, "penalty": PENALTIES, "surrogate": SURROGATES}  # the catalogue by family
+
+
 def get_entry(name: str, family: str | None = None) -> ClipTestEntry | PenaltyEntry | SurrogateEntry:
     """The catalogue entry called `name` (optionally only from one family), or a clear error."""
-    pool = {"clip": CLIP_TESTS, "penalty": PENALTIES, "surrogate": SURROGATES, None: CATALOGUE}[family]
+    pool = CATALOGUE if family is None else FAMILIES[family]
     if name not in pool:
         kind = {"clip": "clip test", "penalty": "penalty", "surrogate": "surrogate", None: "measure"}[family]
         raise DivvizInputError(f"unknown {kind} {quoted(name)}; known: {', '.join(pool)}")

@@ -11,7 +11,7 @@ import secrets
 import streamlit as st
 
 from divviz import instances, views
-from divviz.divergences import CLIP_TESTS
+from divviz.divergences import FAMILIES
 from divviz.engine.runner import Viewer
 from divviz.formula import MAX_CHARACTERS
 from divviz.ownership import browser_id, is_teacher_key
@@ -19,7 +19,6 @@ from divviz.params import DivvizInputError, Param
 from divviz.penalties import penalty, PENALTIES
 from divviz.plots import Chart
 from divviz.safetext import literal, shorten
-from divviz.surrogates import SURROGATES
 from divviz.urlstate import Control, read_query, write_query
 
 PLOTLY_CONFIG = {"displaylogo": False, "toImageButtonOptions": {"format": "png", "scale": 2}}
@@ -119,9 +118,6 @@ def _edit_measures(page: str, name: str, action: str, index: int | None = None) 
     _renew_measure_widgets(page, name)
 
 
-FAMILY_POOLS = {"clip": CLIP_TESTS, "surrogate": SURROGATES}
-
-
 def measure_list(page: str, control: Control, title: str) -> list:
     """The page's list of clip tests or surrogates (a `Control` of family "clip" or "surrogate"), each with its
     parameters: one expander per entry with its sliders, Duplicate and Remove, then a box to add another. The same
@@ -158,7 +154,7 @@ def measure_list(page: str, control: Control, title: str) -> list:
             row.button("Remove", key=f"{page}:{name}{version}.{i}:del", icon=":material/close:",
                        on_click=_edit_measures, args=(page, name, "remove", i))
     noun = "surrogate" if control.family == "surrogate" else "measure"
-    st.selectbox(f"Add a {noun}", list(FAMILY_POOLS[control.family]),
+    st.selectbox(f"Add a {noun}", list(FAMILIES[control.family]),
                  index=None, key=key(page, f"{name}_add"), placeholder=f"add a {noun}…", on_change=_edit_measures,
                  args=(page, name, "add"), help="the same entry may be added again with other parameters")
     st.session_state[key(page, name)] = [instances.spell(m) for m in current]

@@ -15,11 +15,9 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from divviz import instances
-from divviz.divergences import CLIP_TESTS
+from divviz.divergences import FAMILIES
 from divviz.params import DivvizInputError, Param
-from divviz.penalties import PENALTIES
 from divviz.safetext import quoted
-from divviz.surrogates import SURROGATES
 
 
 @dataclass(frozen=True)
@@ -126,6 +124,5 @@ def write_query(controls: list[Control], values: Mapping[str, object]) -> dict[s
 
 def measure_param_controls(families=("clip",)) -> list[Control]:
     """A control `NAME.PARAM` for every parameter of every catalogue entry in `families`."""
-    pools = {"clip": CLIP_TESTS, "penalty": PENALTIES, "surrogate": SURROGATES}
     return [Control(f"{entry.name}.{p.name}", p.default, param=p)
-            for family in families for entry in pools[family].values() for p in entry.params]
+            for family in families for entry in FAMILIES[family].values() for p in entry.params]
