@@ -3,32 +3,23 @@
 import streamlit as st
 
 from divviz import ui, views
-from divviz.aggregation import AGGREGATIONS
 from divviz.bandit import BANDIT_PARAMS, DEFAULT_LR, INIT_SHAPES, OPTIMIZERS, REWARDS
-from divviz.divergences import BETA, DUAL_CLIP
 from divviz.params import Param
-from divviz.penalties import PENALTIES
 from divviz.presets import BANDIT_PRESETS
 from divviz.safetext import literal
-from divviz.urlstate import Control, measure_param_controls
+from divviz.urlstate import Control
 
 PAGE = "bandit"
 SEEDS = Param("seeds", 8, 1, 64, high_open=False, kind="int", typical=(1, 64, 1),
               doc="runs per measure, seeds seed, seed + 1, …: curves show their mean with a 95% band")
 CONTROLS = [
-    Control("m", ["ratio", "clip_higher", "kl3"], family="clip"),
-    Control("pen", "none", options=("none", *PENALTIES)),
-    Control("beta", 0.05, param=BETA),
-    Control("dual", False, param=Param("dual", False, kind="bool", doc="cap the loss of A < 0 tokens at −c·A")),
-    Control("c", 3.0, param=DUAL_CLIP),
-    Control("agg", "grpo", options=AGGREGATIONS),
+    *ui.objective_controls(["ratio", "clip_higher", "kl3"], beta=0.05),
     Control("init", "zipf", options=INIT_SHAPES),
     Control("reward", "top_k", options=REWARDS),
     Control("optimizer", "sgd", options=OPTIMIZERS),
     Control("seeds", SEEDS.default, param=SEEDS),
     Control("base", 0, param=Param("base", 0, 0, 63, high_open=False, kind="int", typical=(0, 63, 1))),
     *[Control(p.name, p.default, param=p) for p in BANDIT_PARAMS],
-    *measure_param_controls(("penalty",)),
 ]
 BY_NAME = {c.name: c for c in CONTROLS}
 REWARD_LABELS = {"one_correct": "one correct action (at a rank)", "top_k": "the top k actions are correct",
@@ -44,7 +35,7 @@ def optimizer_changed() -> None:
 
 
 st.title("Mass reallocation")
-st.write("A softmax policy over K actions, trained by GRPO with each clip test from the same start, with several "
+st.write("A softmax policy over K actions, trained by GRPO with each clip test or surrogate from the same start, with several "
          "seeds each. Everything is exact here: the whole distribution, its entropy, and where the probability mass "
          "goes — toward actions that were already likely, or toward rare ones. Curves are the mean over the seeds "
          "with a 95% band; the paired differences below say whether an effect holds, and in how many seeds it "
@@ -56,7 +47,9 @@ ui.preset_buttons(PAGE, BANDIT_PRESETS)
 with ui.shown_errors():
     with st.sidebar:
         st.subheader("Objectives")
-        tests, pen, beta, c, aggregation = ui.objective_widgets(PAGE, BY_NAME)
+        objectives, refused = ui.objective_widgets(PAGE, BY_NAME)
+        st.caption("A bandit's completion is one token: the sequence level (GSPO) is the token level here, and "
+                   "vespo's φ takes the token's ratio.")
         st.subheader("Bandit")
         seeds = ui.number(PAGE, BY_NAME["seeds"], "Seeds per measure")
         cfg = {"init": ui.choice(PAGE, BY_NAME["init"], "Initial distribution π_0"),
@@ -67,9 +60,12 @@ with ui.shown_errors():
             cfg[p.name] = ui.number(PAGE, BY_NAME[p.name], p.name)
     ui.publish_controls(PAGE, CONTROLS)
 
-    specs = [(t.name, t.params) for t in tests] or [None]
+    for message in refused:
+        st.warning(f"Not trained: {literal(message)}", icon=":material/warning:")
+    if not objectives:
+        st.stop()
     with st.spinner("Training the bandit…"):
-        groups = views.bandit_runs(cfg, specs, (pen.name, pen.params) if pen else None, beta, c, aggregation, seeds)
+        groups = views.bandit_runs(cfg, objectives, seeds)
     charts = views.mass_reallocation(groups)
 
     cols = st.columns(len(groups))

@@ -5,15 +5,12 @@ import time
 import streamlit as st
 
 from divviz import token_view, ui, views
-from divviz.aggregation import AGGREGATIONS
-from divviz.divergences import BETA, DUAL_CLIP
 from divviz.engine import runner, store
-from divviz.engine.config import BACKENDS, RUN_PARAMS, RunConfig
+from divviz.engine.config import BACKENDS, RUN_PARAMS, RunConfig, objective_settings
 from divviz.engine.tasks import TASKS
 from divviz.params import DivvizInputError, Param
-from divviz.penalties import PENALTIES
 from divviz.safetext import literal
-from divviz.urlstate import Control, measure_param_controls
+from divviz.urlstate import Control
 
 PAGE = "lab"
 SETTINGS = [p for p in RUN_PARAMS if p.name not in ("format_reward", "max_grad_norm")]
@@ -21,23 +18,17 @@ SEEDS = Param("seeds", 1, 1, 8, high_open=False, kind="int", typical=(1, 8, 1),
               doc="runs per measure with seeds seed, seed + 1, …; the charts show each thinly and their mean with a "
                   "95% band. They queue with everyone's runs, within this machine's limit")
 CONTROLS = [
-    Control("m", ["ratio", "kl3"], family="clip"),
-    Control("pen", "none", options=("none", *PENALTIES)),
-    Control("beta", 0.04, param=BETA),
-    Control("dual", False, param=Param("dual", False, kind="bool", doc="cap the loss of A < 0 tokens at −c·A")),
-    Control("c", 3.0, param=DUAL_CLIP),
-    Control("agg", "grpo", options=AGGREGATIONS),
+    *ui.objective_controls(["ratio", "kl3"], beta=0.04),
     Control("task", "reverse", options=tuple(TASKS)),
     Control("backend", "divviz", options=BACKENDS),
     Control("device", "auto", options=("auto", "cpu", "cuda")),
     Control("seeds", SEEDS.default, param=SEEDS),
     *[Control(p.name, p.default, param=p) for p in SETTINGS],
-    *measure_param_controls(("penalty",)),
 ]
 BY_NAME = {c.name: c for c in CONTROLS}
 
 st.title("Training lab")
-st.write("Train the built-in model (or your own) with GRPO, one run per chosen clip test and seed, and watch them side "
+st.write("Train the built-in model (or your own) with GRPO, one run per chosen clip test or surrogate and seed, and watch them side "
          "by side: with several seeds per measure, each run is drawn thinly under the mean and its 95% band, so a "
          "difference between measures can be told from a difference between seeds. Runs train in their own "
          "processes, a few at a time on this machine: the others wait in a queue, the page stays responsive, Stop "
@@ -65,11 +56,11 @@ def stop() -> None:
             runner.stop_run(root / name, me)
 
 
-tests, configs = [], []  # stay empty if a setting is refused below
+objectives, refused, configs = [], [], []  # stay empty if a setting is refused below
 with ui.shown_errors():
     with st.sidebar:
         st.subheader("Measures")
-        tests, pen, beta, c, aggregation = ui.objective_widgets(PAGE, BY_NAME)
+        objectives, refused = ui.objective_widgets(PAGE, BY_NAME)
         st.subheader("Run")
         model = st.text_input("Model", "builtin", key="lab:model",
                               help="builtin, a local folder with a causal LM, or a hub id (needs the network)")
@@ -82,12 +73,9 @@ with ui.shown_errors():
         settings = {p.name: ui.number(PAGE, BY_NAME[p.name], p.name) for p in SETTINGS}
         seeds = ui.number(PAGE, BY_NAME["seeds"], "Seeds per measure")
     ui.publish_controls(PAGE, CONTROLS)
-    configs = [RunConfig.make(task=task, backend=backend, model=model.strip(), device=device, clip=t.name,
-                              clip_params=t.params,
-                              penalty=pen.name if pen else None, penalty_params=pen.params if pen else {},
-                              beta=beta, dual_clip_c=c, aggregation=aggregation,
-                              **{**settings, "seed": settings["seed"] + s})
-               for t in tests for s in range(seeds)]
+    configs = [RunConfig.make(task=task, backend=backend, model=model.strip(), device=device,
+                              **objective_settings(o), **{**settings, "seed": settings["seed"] + s})
+               for o in objectives for s in range(seeds)]
 
 runs = [store.read_run(root / name) for name in st.session_state["lab_runs"] if (root / name).is_dir()]
 running = any(run.state in ("queued", "running") for run in runs)
@@ -95,8 +83,8 @@ left, right, _ = st.columns([1, 1, 4])
 left.button("Start", type="primary", icon=":material/play_arrow:", disabled=running or not configs,
             on_click=start, args=(configs,), width="stretch")
 right.button("Stop", icon=":material/stop:", disabled=not running, on_click=stop, width="stretch")
-if not tests:
-    st.info("Pick at least one clip test in the sidebar.")
+for message in refused:
+    st.warning(f"Not started: {literal(message)}", icon=":material/warning:")
 if "lab_error" in st.session_state:
     st.error(literal(st.session_state.pop("lab_error")), icon=":material/error:")
 

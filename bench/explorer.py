@@ -50,7 +50,8 @@ def main():
         return views.kl3_equivalence(delta, 0.2, 0.2, 0.28, seed=0)[1]
 
     cfg = BanditConfig().to_dict()
-    measures = lambda delta: [("ratio", {}), ("clip_higher", {}), ("kl3", {"delta": delta})]  # noqa: E731
+    measures = lambda delta: [Objective(clip=clip_test("ratio")), Objective(clip=clip_test("clip_higher")),  # noqa: E731
+                              Objective(clip=clip_test("kl3", delta=delta))]
 
     def page(groups):
         """Everything the bandit page computes from its runs: figures, paired table and paired chart."""
@@ -62,18 +63,17 @@ def main():
         all of them re-train, side by side."""
         def change(delta):
             setting = {**cfg, **changes, **({"seed": round(delta * 1000)} if shared else {})}
-            return page(views.bandit_runs(setting, measures(delta), None, 0.0, None, "grpo", seeds))
+            return page(views.bandit_runs(setting, measures(delta), seeds))
         return change
 
     def one_at_a_time(seeds: int = 8, **changes):  # baseline: the same shared change, each run stepped alone
         def change(delta):
             first = round(delta * 1000)
-            return page([[run_bandit(BanditConfig.make(**{**cfg, **changes, "seed": first + s}),
-                                     Objective(clip=clip_test(name, **params))) for s in range(seeds)]
-                         for name, params in measures(delta)])
+            return page([[run_bandit(BanditConfig.make(**{**cfg, **changes, "seed": first + s}), objective)
+                          for s in range(seeds)] for objective in measures(delta)])
         return change
 
-    kept = views.bandit_runs(cfg, measures(0.05), None, 0.0, None, "grpo", 8)
+    kept = views.bandit_runs(cfg, measures(0.05), 8)
 
     def redraw(delta):  # a change that only redraws (e.g. the page reopened, or another baseline chosen)
         return page(kept)

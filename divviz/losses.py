@@ -66,9 +66,10 @@ class Objective:
 
     @property
     def label(self) -> str:
-        parts = [self.clip.label if self.clip else "no clip"] if self.surrogate is None or self.clip else []
-        if self.surrogate is not None:
-            parts.append(self.surrogate.label)
+        if self.surrogate is None:
+            parts = [self.clip.label if self.clip else "no clip"]
+        else:
+            parts = [self.surrogate.label] + (["with", self.clip.label] if self.clip else [])
         if self.importance_sampling_level == "sequence":
             parts.append("(sequence)")
         if self.penalty is not None and self.beta > 0:

@@ -32,4 +32,8 @@ BANDIT_PRESETS: dict[str, dict] = {
     "With Adam, as a trainer runs": {
         "m": ["ratio", "clip_higher", "kl3"], "k": 50, "reward": "top_k", "correct_rank": 2, "mu": 4,
         "optimizer": "adam", "lr": DEFAULT_LR["adam"]},
+    "PPO vs surrogates: CISPO, SAPO, and DPPO masked by PPO's box": {
+        "m": ["ratio"], "s": ["cispo:hi=1.28", "sapo", "dppo"], "k": 50, "reward": "top_k", "correct_rank": 2,
+        "mu": 4, "optimizer": "sgd", "lr": DEFAULT_LR["sgd"]},
 }
+BANDIT_PRESETS = {name: {"s": [], **values} for name, values in BANDIT_PRESETS.items()}  # a preset names its runs

@@ -11,15 +11,18 @@ import secrets
 import streamlit as st
 
 from divviz import instances, views
-from divviz.divergences import FAMILIES
+from divviz.aggregation import AGGREGATIONS
+from divviz.divergences import BETA, DUAL_CLIP, FAMILIES
 from divviz.engine.runner import Viewer
 from divviz.formula import MAX_CHARACTERS
+from divviz.losses import Objective, RATIO_CAP
 from divviz.ownership import browser_id, is_teacher_key
 from divviz.params import DivvizInputError, Param
 from divviz.penalties import penalty, PENALTIES
 from divviz.plots import Chart
 from divviz.safetext import literal, shorten
-from divviz.urlstate import Control, read_query, write_query
+from divviz.surrogates import LEVELS
+from divviz.urlstate import Control, measure_param_controls, read_query, write_query
 
 PLOTLY_CONFIG = {"displaylogo": False, "toImageButtonOptions": {"format": "png", "scale": 2}}
 
@@ -170,16 +173,36 @@ def penalty_widgets(page: str, name: str, controls: dict[str, Control]):
     return penalty(name, **values)
 
 
-def objective_widgets(page: str, controls: dict[str, Control]):
-    """The sidebar block shared by the bandit and the lab: clip tests (one run each), a penalty with its β,
-    dual-clip and the aggregation. Returns (tests, penalty or None, beta, c or None, aggregation)."""
-    tests = measure_list(page, controls["m"], "Clip tests (one run each)")
+def objective_controls(tests: list[str], beta: float) -> list[Control]:
+    """The controls of `objective_widgets`, with the page's default clip tests and β."""
+    return [Control("m", tests, family="clip"), Control("s", [], family="surrogate"),
+            Control("pen", "none", options=("none", *PENALTIES)), Control("beta", beta, param=BETA),
+            Control("dual", False, param=Param("dual", False, kind="bool", doc="cap the loss of A < 0 tokens at −c·A")),
+            Control("c", 3.0, param=DUAL_CLIP),
+            Control("cap_on", False, param=Param("cap_on", False, kind="bool", doc=RATIO_CAP.doc)),
+            Control("cap", RATIO_CAP.default, param=RATIO_CAP),
+            Control("level", "token", options=LEVELS), Control("agg", "grpo", options=AGGREGATIONS),
+            *measure_param_controls(("penalty",))]
+
+
+def objective_widgets(page: str, controls: dict[str, Control]) -> tuple[list[Objective], list[str]]:
+    """The sidebar block shared by the bandit and the lab: clip tests and surrogates (one run each), a penalty with
+    its β, dual-clip, TRL's ratio cap, the importance-sampling level and the aggregation. Returns
+    `views.compared_objectives`: (objectives, a message for each entry these settings refuse)."""
+    tests = measure_list(page, controls["m"], "Clip tests under PPO's surrogate (one run each)")
+    surrogates = measure_list(page, controls["s"], "Surrogates (one run each; dppo and geo_mean mask with the first "
+                                                   "clip test)")
     pen_name = choice(page, controls["pen"], "Penalty toward the start policy")
     pen = penalty_widgets(page, pen_name, controls) if pen_name != "none" else None
-    beta = number(page, controls["beta"], "β") if pen else 0.0
-    c = number(page, controls["c"], "dual-clip c") if number(page, controls["dual"], "Dual-clip") else None
-    aggregation = choice(page, controls["agg"], "Aggregation (TRL loss_type)")
-    return tests, pen, beta, c, aggregation
+    shared = {"penalty": pen, "beta": number(page, controls["beta"], "β") if pen else 0.0}
+    if number(page, controls["dual"], "Dual-clip"):
+        shared["dual_clip_c"] = number(page, controls["c"], "dual-clip c")
+    if number(page, controls["cap_on"], "Ratio cap δ (TRL's delta)"):
+        shared["ratio_cap"] = number(page, controls["cap"], "δ")
+    shared["importance_sampling_level"] = choice(page, controls["level"], "Importance sampling (TRL's level)",
+                                                 labels={"token": "token (GRPO)", "sequence": "sequence (GSPO)"})
+    shared["aggregation"] = choice(page, controls["agg"], "Aggregation (TRL loss_type)")
+    return views.compared_objectives(tests, surrogates, **shared)
 
 
 def show_chart(chart: Chart, name: str) -> None:

@@ -14,30 +14,42 @@ import pandas as pd
 from divviz import explore, plots, theory
 from divviz.bandit import BanditConfig, BanditRun, run_bandits
 from divviz.divergences import ClipTest, clip_test
-from divviz.engine.config import RunConfig, objective_from
+from divviz.engine.config import RunConfig, objective_from, objective_settings
 from divviz.estimators import k3
 from divviz.evidence import Summary, paired, summarize
 from divviz.instances import unique_labels
 from divviz.losses import Objective
 from divviz.metrics import bin_labels, mass_shift_by_bin, metric
 from divviz.params import DivvizInputError
-from divviz.penalties import penalty
 from divviz.surrogates import Surrogate
 
 RATIO_GRID = np.linspace(0.01, 3.0, 600)
 PI_OLD_GRID = np.linspace(0.001, 1.0, 400)
 
 
-def weight_objectives(tests: list[ClipTest], surrogates: list[Surrogate], dual_clip_c: float | None):
-    """(label, objective) of each clip test under PPO's surrogate, then of each surrogate (one that masks with a clip
-    test takes the first of `tests`, and says so; without any it is left out)."""
-    out = [(t.label, Objective(clip=t, dual_clip_c=dual_clip_c)) for t in tests]
+def compared_objectives(tests: list[ClipTest], surrogates: list[Surrogate],
+                        **shared) -> tuple[list[Objective], list[str]]:
+    """The objectives a page compares: each clip test under PPO's surrogate, then each surrogate. A surrogate that
+    masks with a clip test (dppo, geo_mean) takes the first of `tests`; dual-clip and the ratio cap act on PPO's
+    surrogate, so the surrogates go without them. `shared` holds the other `Objective` fields (penalty, beta,
+    dual_clip_c, ratio_cap, aggregation, importance_sampling_level). With neither a test nor a surrogate: one
+    objective without a clip. Returns (objectives, one message per entry that these settings refuse)."""
+    uncapped = {k: v for k, v in shared.items() if k not in ("dual_clip_c", "ratio_cap")}
+    wanted = [(t.label, {"clip": t, **shared}) for t in tests]
+    refused = []
     for s in surrogates:
-        if s.entry.clip == "none":
-            out.append((s.label, Objective(surrogate=s)))
-        elif tests:
-            out.append((f"{s.label} with {tests[0].label}", Objective(clip=tests[0], surrogate=s)))
-    return list(zip(unique_labels([label for label, _ in out]), [o for _, o in out]))
+        if s.entry.clip == "needs" and not tests:
+            refused.append(f"{s.label}: it masks with a clip test; add one (it takes the first)")
+        else:
+            wanted.append((s.label, {"clip": tests[0] if s.entry.clip == "needs" else None, "surrogate": s,
+                                     **uncapped}))
+    objectives = []
+    for label, fields in wanted or [("no clip", dict(shared))]:
+        try:
+            objectives.append(Objective(**fields))
+        except DivvizInputError as err:
+            refused.append(f"{label}: {err}")
+    return objectives, refused
 
 
 def clipping_regions(tests: list[ClipTest], pi_old: float, dual_clip_c: float | None,
@@ -55,6 +67,7 @@ def clipping_regions(tests: list[ClipTest], pi_old: float, dual_clip_c: float | 
         sweeps.append({"label": label, "param": param.name, "values": values, "lower": lower,
                        "upper": upper, "current": test.params[param.name]})
     labelled = list(zip(labels, tests))
+    weighed = compared_objectives(tests, surrogates, dual_clip_c=dual_clip_c)[0] if tests or surrogates else []
     intervals = [(label, *(float(b) for b in t.bounds(np.asarray(pi_old)))) for label, t in labelled]
     return {
         "intervals": plots.interval_chart(intervals),
@@ -65,8 +78,8 @@ def clipping_regions(tests: list[ClipTest], pi_old: float, dual_clip_c: float | 
             [(label, explore.ratio_curves(t, RATIO_GRID, pi_old, dual_clip_c)) for label, t in labelled]),
         "logit": plots.logit_chart(PI_OLD_GRID, [(label, *explore.logit_room(t, PI_OLD_GRID)) for label, t in labelled]),
         "weight": plots.gradient_weight_chart(RATIO_GRID, [(label, explore.gradient_weight(o, RATIO_GRID, pi_old))
-                                                           for label, o in weight_objectives(tests, surrogates,
-                                                                                             dual_clip_c)]),
+                                                           for label, o in zip(unique_labels([o.label for o in weighed]),
+                                                                               weighed)]),
     }
 
 
@@ -127,36 +140,30 @@ BANDIT_CLIPPING = ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/ov
                    "clip_ratio/first_step_past_high", "kl")
 
 
-def bandit_runs(cfg: dict, clips: list[tuple[str, dict] | None], penalty_spec: tuple[str, dict] | None, beta: float,
-                dual_clip_c: float | None, aggregation: str, seeds: int = 1) -> list[list[BanditRun]]:
-    """For each clip test (None: no clip), its runs with seeds cfg["seed"], cfg["seed"] + 1, … (`seeds` of them),
-    all with the same penalty, β, dual-clip and aggregation, from plain values; labels made distinct.
+def bandit_runs(cfg: dict, objectives: list[Objective], seeds: int = 1) -> list[list[BanditRun]]:
+    """For each objective, its runs with seeds cfg["seed"], cfg["seed"] + 1, … (`seeds` of them), from plain
+    values; labels made distinct.
 
-    The latest runs are kept: a change to one test's parameter re-trains that test's runs only, more seeds train
-    only the new seeds, and what is not kept trains side by side (`run_bandits`; a run is the same alone or
-    together)."""
+    The latest runs are kept: a change to one objective re-trains its runs only, more seeds train only the new
+    seeds, and what is not kept trains side by side (`run_bandits`; a run is the same alone or together)."""
     first = cfg.get("seed", 0)
     seed_list = list(range(first, first + seeds))
     shared = {**cfg, "seed": 0}
-    key = lambda clip, seed: json.dumps([shared, seed, clip, penalty_spec, beta, dual_clip_c, aggregation],  # noqa: E731
-                                        sort_keys=True)
-    keys = [[key(clip, seed) for seed in seed_list] for clip in clips]
+    key = lambda o, seed: json.dumps([shared, seed, objective_settings(o)], sort_keys=True)  # noqa: E731
+    keys = [[key(o, seed) for seed in seed_list] for o in objectives]
     with _bandit_cache_lock:
         runs = {k: _bandit_cache[k] for row in keys for k in row if k in _bandit_cache}
-    missing_tests = [i for i, row in enumerate(keys) if any(k not in runs for k in row)]
-    missing_seeds = sorted({s for i in missing_tests for s, k in zip(seed_list, keys[i]) if k not in runs})
-    if missing_tests:
-        pen = penalty(penalty_spec[0], **penalty_spec[1]) if penalty_spec else None
-        objectives = [Objective(clip=clip_test(clips[i][0], **clips[i][1]) if clips[i] else None, penalty=pen,
-                                beta=beta, dual_clip_c=dual_clip_c, aggregation=aggregation) for i in missing_tests]
-        trained = run_bandits(BanditConfig.make(**cfg), objectives, missing_seeds)
-        for r, run in enumerate(trained):  # the product of missing tests and seeds: keep what was kept
-            runs.setdefault(key(clips[missing_tests[r % len(objectives)]], run.seed), run)
+    missing = [i for i, row in enumerate(keys) if any(k not in runs for k in row)]
+    missing_seeds = sorted({s for i in missing for s, k in zip(seed_list, keys[i]) if k not in runs})
+    if missing:
+        trained = run_bandits(BanditConfig.make(**cfg), [objectives[i] for i in missing], missing_seeds)
+        for r, run in enumerate(trained):  # the product of missing objectives and seeds: keep what was kept
+            runs.setdefault(key(objectives[missing[r % len(missing)]], run.seed), run)
     with _bandit_cache_lock:
         for k in (k for row in keys for k in row):
             _bandit_cache[k] = runs[k]
             _bandit_cache.move_to_end(k)
-        while len(_bandit_cache) > max(BANDIT_CACHE_RUNS, len(clips) * seeds):
+        while len(_bandit_cache) > max(BANDIT_CACHE_RUNS, len(objectives) * seeds):
             _bandit_cache.popitem(last=False)
     labels = unique_labels([runs[row[0]].label for row in keys])
     return [[replace(runs[k], label=label) for k in row] for label, row in zip(labels, keys)]

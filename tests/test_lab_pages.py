@@ -198,3 +198,17 @@ def test_seeds_per_measure_and_the_same_measure_twice(runs_root):
     assert not at.exception
     traces = [t.get("name") for t in json.loads(at.get("plotly_chart")[0].proto.spec)["data"]]
     assert "reverse · kl3 δ=0.0177 (n = 2)" in traces
+
+
+def test_the_lab_trains_a_surrogate_beside_a_clip_test(runs_root):
+    """One run per clip test and per surrogate; what a setting refuses is named and not started."""
+    at = lab({"m": "kl3", "s": "sapo,dppo", "level": "sequence", "steps": "2", "prompts": "2", "group_size": "2"})
+    refused = " ".join(w.value for w in at.warning)
+    assert "Not started" in refused and "kl3" not in refused and "dppo" in refused
+    button(at, "Start").click().run()
+    names = at.session_state["lab_runs"]
+    configs = [store.read_run(runs_root / n).config for n in names]
+    assert [(c["clip"], c["surrogate"], c["importance_sampling_level"]) for c in configs] == [
+        ("kl3", None, "sequence"), (None, "sapo", "sequence")]
+    wait_for(at, lambda at: all(store.read_run(runs_root / n).state == "done" for n in names))
+    assert all(len(store.read_metrics(runs_root / n)) == 2 for n in names)

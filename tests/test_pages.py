@@ -177,6 +177,32 @@ def test_mass_reallocation_the_same_measure_twice_and_one_seed():
 
 
 
+def test_mass_reallocation_trains_surrogates_and_says_what_it_refuses():
+    """A surrogate is a run of its own (dppo masks with the first clip test); at the sequence level a bandit's
+    one-token completion trains as at the token level, and what the level refuses is named, not trained."""
+    query = {"iterations": "15", "k": "20", "m": "ratio,prob_tv", "s": "cispo:hi=1.28,sapo,dppo", "seeds": "2"}
+    at = open_page("app_pages/mass_reallocation.py", query)
+    labels = [m.label for m in at.metric]
+    assert labels == ["ratio ε=0.2", "prob_tv δ=0.1", "cispo hi=1.28", "sapo", "dppo with ratio ε=0.2"]
+    token = [m.value for m in at.metric]
+    assert len(set(token)) > 1 and not at.warning
+    at = open_page("app_pages/mass_reallocation.py", {**query, "level": "sequence"})
+    refused = " ".join(shown(w) for w in at.warning)
+    assert "Not trained: prob_tv δ=0.1: the clip test prob_tv depends on π_old" in refused
+    assert "dppo" in refused and "has a level of its own" in refused
+    assert [m.label for m in at.metric] == ["ratio ε=0.2 (sequence)", "cispo hi=1.28 (sequence)",
+                                            "sapo (sequence)"]
+    assert [m.value for m in at.metric] == [token[0], token[2], token[3]]  # one token: the same runs
+
+
+def test_a_bandit_preset_with_surrogates_and_one_without():
+    at = open_page("app_pages/mass_reallocation.py", {"iterations": "10", "k": "20"})
+    next(b for b in at.button if b.label.startswith("PPO vs surrogates")).click().run()
+    assert not at.exception and at.query_params["s"] == "cispo:hi=1.28,sapo,dppo"
+    next(b for b in at.button if b.label == "A rare correct action (rank 10)").click().run()
+    assert not at.exception and "s" not in at.query_params and len(at.metric) == 3
+
+
 def test_a_typed_formula_on_the_clipping_regions_page():
     """A link carries a typed formula; typing another redraws; a refused one says why in its expander, and the page
     keeps drawing the last good formula (the link too)."""

@@ -9,6 +9,7 @@ from divviz import views
 from divviz.bandit import BanditConfig, run_bandit
 from divviz.divergences import clip_test
 from divviz.losses import Objective
+from divviz.penalties import penalty
 from divviz.surrogates import SURROGATES, surrogate
 
 
@@ -30,9 +31,9 @@ def test_clipping_region_figures_validate():
     names = {t.name for t in validated(charts["surrogate"]).data if t.showlegend}
     assert names == {t.label for t in tests}
     assert charts["intervals"].data["upper"].tolist()[2] == np.inf
-    # the gradient weight: every test and every surrogate (those with a test take the first, ratio)
+    # the gradient weight: every test with dual-clip, and every surrogate (those with a test take the first, ratio)
     names = {t.name for t in validated(charts["weight"]).data if t.showlegend}
-    assert names == {t.label for t in tests} | {s.label for s in surrogates if s.entry.clip == "none"} | {
+    assert names == {f"{t.label} c=3" for t in tests} | {s.label for s in surrogates if s.entry.clip == "none"} | {
         f"{s.label} with ratio ε=0.2" for s in surrogates if s.entry.clip == "needs"}
 
 
@@ -45,10 +46,16 @@ def test_kl3_page_figures_and_table():
     assert facts.check.max_abs_grad_diff <= 1e-12
 
 
+def clipped(*specs) -> list[Objective]:
+    return [Objective(clip=clip_test(name, **params)) for name, params in specs]
+
+
 def test_bandit_figures():
     for seeds in (1, 4):
-        groups = views.bandit_runs(BanditConfig.make(k=30, iterations=10).to_dict(), [("kl3", {"delta": 0.05}), None],
-                                   ("k3", {"importance_weight": False}), 0.1, 3.0, "dr_grpo", seeds)
+        shared = {"penalty": penalty("k3", importance_weight=False), "beta": 0.1, "dual_clip_c": 3.0,
+                  "aggregation": "dr_grpo"}
+        groups = views.bandit_runs(BanditConfig.make(k=30, iterations=10).to_dict(),
+                                   [Objective(clip=clip_test("kl3", delta=0.05), **shared), Objective(**shared)], seeds)
         assert [runs[0].label for runs in groups] == ["kl3 δ=0.05 + 0.1·k3 c=3", "no clip + 0.1·k3 c=3"]
         assert [[run.seed for run in runs] for runs in groups] == [list(range(seeds))] * 2
         for chart in [*views.mass_reallocation(groups).values(), views.paired_difference_chart(groups, 1, "entropy")]:
@@ -57,20 +64,19 @@ def test_bandit_figures():
 
 def test_bandit_runs_are_kept_and_only_a_changed_run_retrains():
     cfg = BanditConfig.make(k=20, iterations=10).to_dict()
-    first = views.bandit_runs(cfg, [("ratio", {}), ("kl3", {"delta": 0.05})], None, 0.0, None, "grpo", 2)
-    second = views.bandit_runs(cfg, [("ratio", {}), ("kl3", {"delta": 0.07})], None, 0.0, None, "grpo", 3)
+    first = views.bandit_runs(cfg, clipped(("ratio", {}), ("kl3", {"delta": 0.05})), 2)
+    second = views.bandit_runs(cfg, clipped(("ratio", {}), ("kl3", {"delta": 0.07})), 3)
     assert second[0][0].final is first[0][0].final and second[1][0].final is not first[1][0].final
     for seed in range(3):
         alone = run_bandit(BanditConfig.make(**{**cfg, "seed": seed}), Objective(clip=clip_test("kl3", delta=0.07)))
         assert np.array_equal(second[1][seed].final, alone.final) and second[1][seed].label == alone.label
-    other_seed = views.bandit_runs({**cfg, "seed": 1}, [("ratio", {})], None, 0.0, None, "grpo")
+    other_seed = views.bandit_runs({**cfg, "seed": 1}, clipped(("ratio", {})))
     assert other_seed[0][0].final is second[0][1].final  # seed 1 was trained already, as the second seed
 
 
 def test_the_same_measure_twice_gets_two_labels_and_paired_differences():
     cfg = BanditConfig.make(k=20, iterations=12).to_dict()
-    groups = views.bandit_runs(cfg, [("kl3", {"delta": 0.05}), ("kl3", {"delta": 0.05}), ("ratio", {})], None, 0.0,
-                               None, "grpo", 5)
+    groups = views.bandit_runs(cfg, clipped(("kl3", {"delta": 0.05}), ("kl3", {"delta": 0.05}), ("ratio", {})), 5)
     assert [runs[0].label for runs in groups] == ["kl3 δ=0.05", "kl3 δ=0.05 (2)", "ratio ε=0.2"]
     table = views.paired_differences(groups, 0)
     same = table[table.measure == "kl3 δ=0.05 (2)"]
