@@ -38,15 +38,36 @@ def aggregation_weights(mask: np.ndarray, how: str, max_completion_length: int |
     raise ValueError(f"unknown aggregation {how!r}")
 
 
-def group_advantages(rewards, scale: bool):
-    """GRPO's group-relative advantages: (groups, G) rewards → r − mean_group, divided by (std_group + 1e-4)
-    when `scale` (Shao et al. 2024; TRL's `scale_rewards`; std unbiased, as torch's), left unscaled for
-    Dr. GRPO (Liu et al. 2025). Takes a torch tensor or a numpy array (G ≥ 2) and returns the same kind."""
-    size = rewards.shape[1]
-    adv = rewards - (rewards.sum(1) / size)[:, None]
-    if scale:
-        std = ((adv * adv).sum(1) / (size - 1)) ** 0.5
-        adv = adv / (std[:, None] + 1e-4)
+SCALE_REWARDS = ("group", "batch", "none")  # TRL's scale_rewards
+
+
+def check_scale_rewards(value) -> str:
+    """TRL's `scale_rewards`: "group", "batch" or "none"; True and False (divviz's and TRL's older bool) are
+    "group" and "none"."""
+    if isinstance(value, bool):
+        return "group" if value else "none"
+    if value not in SCALE_REWARDS:
+        raise DivvizInputError(f"unknown scale_rewards {quoted(str(value))}; choose {', '.join(SCALE_REWARDS)}")
+    return value
+
+
+def group_advantages(rewards, scale="group"):
+    """GRPO's group-relative advantages of rewards shaped (…, groups, G): r − mean of its group, divided by
+    std + 1e-4 where std is the group's ("group": Shao et al. 2024), or the whole batch's, over every group of the
+    last two axes ("batch": TRL's scale_rewards="batch", its std around the batch mean), or left unscaled ("none":
+    Dr. GRPO, Liu et al. 2025). Stds are unbiased, as TRL's nanstd. Takes a torch tensor or a numpy array (G ≥ 2)
+    and returns the same kind; True and False mean "group" and "none"."""
+    scale = check_scale_rewards(scale)
+    size = rewards.shape[-1]
+    adv = rewards - (rewards.sum(-1) / size)[..., None]
+    if scale == "group":
+        std = ((adv * adv).sum(-1) / (size - 1)) ** 0.5
+        adv = adv / (std[..., None] + 1e-4)
+    elif scale == "batch":
+        count = rewards.shape[-2] * size
+        centred = rewards - (rewards.sum((-2, -1)) / count)[..., None, None]
+        std = ((centred * centred).sum((-2, -1)) / (count - 1)) ** 0.5
+        adv = adv / (std[..., None, None] + 1e-4)
     return adv
 
 

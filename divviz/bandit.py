@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from divviz.aggregation import aggregation_weights, group_advantages
+from divviz.aggregation import SCALE_REWARDS, aggregation_weights, check_scale_rewards, group_advantages
 from divviz.loss_gradient import PolicyLossGradient
 from divviz.losses import Objective
 from divviz.params import DivvizInputError, Param, check_params
@@ -58,7 +58,6 @@ BANDIT_PARAMS = (
     Param("iterations", 80, 1, 2000, high_open=False, kind="int", typical=(1, 500, 1), doc="GRPO iterations"),
     Param("seed", 0, 0, 2**31 - 1, high_open=False, kind="int", typical=(0, 999, 1),
           doc="sampling seed (the first of the seeds)"),
-    Param("scale_rewards", True, kind="bool", doc="divide advantages by the group's reward std (GRPO) or not (Dr. GRPO)"),
     Param("autograd", False, kind="bool",
           doc="take each step's gradient by autograd through policy_loss, as training does (~10× slower)"),
 )
@@ -81,13 +80,15 @@ class BanditConfig:
     lr: float = DEFAULT_LR["sgd"]
     iterations: int = 80
     seed: int = 0
-    scale_rewards: bool = True
+    scale_rewards: str = "group"  # TRL's: the group's reward std, the batch's (each run's), or none (Dr. GRPO)
     autograd: bool = False
 
     @staticmethod
     def make(**values) -> "BanditConfig":
         choices = {"init": ("initial shape", INIT_SHAPES), "reward": ("reward", REWARDS),
-                   "optimizer": ("optimizer", OPTIMIZERS)}
+                   "optimizer": ("optimizer", OPTIMIZERS), "scale_rewards": ("scale_rewards", SCALE_REWARDS)}
+        if isinstance(values.get("scale_rewards"), bool):  # the older bool
+            values["scale_rewards"] = check_scale_rewards(values["scale_rewards"])
         picked = {}
         for name, (what, known) in choices.items():
             picked[name] = values.pop(name, BanditConfig.__dataclass_fields__[name].default)
@@ -260,7 +261,7 @@ def sample_batch(cfg: BanditConfig, u: np.ndarray, gradient: PolicyLossGradient,
     np.minimum(actions, cfg.k - 1, out=actions)
     flat_actions = (actions + cfg.k * np.arange(runs)[:, None])[..., None]
     r = np.take_along_axis(rewards, actions, 1)
-    adv = group_advantages(r.reshape(runs * cfg.groups, cfg.group_size), cfg.scale_rewards).reshape(runs, n)
+    adv = group_advantages(r.reshape(runs, cfg.groups, cfg.group_size), cfg.scale_rewards).reshape(runs, n)
     old, ref = logp_old.reshape(-1)[flat_actions], np.take_along_axis(logp_ref, actions, 1)[..., None]
     return Batch(actions, flat_actions, adv, old, ref, mask, gradient.batch(old, adv, ref)), r
 

@@ -119,7 +119,7 @@ def cmd_train(args) -> int:
         **soft, importance_sampling_level=args.importance_sampling_level, ratio_cap=args.ratio_cap,
         penalty=args.penalty, penalty_params=parse_assignments(args.penalty_param),
         beta=0.04 if args.beta is None else args.beta, dual_clip_c=args.dual_clip, aggregation=args.aggregation,
-        scale_rewards=not args.no_scale_rewards,
+        scale_rewards="none" if args.no_scale_rewards else args.scale_rewards,
         trust_remote_code=args.trust_remote_code, **{p.name: getattr(args, p.name) for p in RUN_PARAMS})
     stop_on_sigterm()
     root = runs_dir(args.runs_dir)
@@ -331,7 +331,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ratio-cap", default=None, metavar="DELTA", help="TRL's delta > 1: the unclipped term uses min(w, δ)")
     p.add_argument("--aggregation", default="grpo",
                    help="grpo, bnpo, dr_grpo, dapo, luspo (TRL's loss_type) or token_sum (verl's)")
-    p.add_argument("--no-scale-rewards", action="store_true", help="do not divide advantages by the group std")
+    p.add_argument("--scale-rewards", default="group",
+                   help="TRL's scale_rewards: divide advantages by the group's reward std (group), the batch's (batch) "
+                        "or neither (none, Dr. GRPO)")
+    p.add_argument("--no-scale-rewards", action="store_true", help="the same as --scale-rewards none")
     p.add_argument("--task", default="reverse", help="add, sort, reverse or countdown")
     p.add_argument("--backend", default="divviz",
                    help="divviz (its own engine) or trl (TRL's GRPOTrainer; under `accelerate launch` on N processes)")

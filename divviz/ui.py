@@ -11,7 +11,7 @@ import secrets
 import streamlit as st
 
 from divviz import instances, views
-from divviz.aggregation import AGGREGATIONS
+from divviz.aggregation import AGGREGATIONS, SCALE_REWARDS
 from divviz.divergences import BETA, DUAL_CLIP, FAMILIES
 from divviz.engine.runner import Viewer
 from divviz.formula import MAX_CHARACTERS
@@ -183,6 +183,16 @@ def objective_controls(tests: list[str], beta: float) -> list[Control]:
             Control("cap", RATIO_CAP.default, param=RATIO_CAP),
             Control("level", "token", options=LEVELS), Control("agg", "grpo", options=AGGREGATIONS),
             *measure_param_controls(("penalty",))]
+
+
+SCALE_REWARDS_CONTROL = Control("scale_rewards", "group", options=SCALE_REWARDS,
+                                aliases=(("0", "none"), ("1", "group")))  # the bandit's links once had a toggle
+
+
+def scale_rewards(page: str, controls: dict[str, Control]) -> str:
+    return choice(page, controls["scale_rewards"], "Advantages: r − group mean, divided by the reward std of",
+                  labels={"group": "its group (GRPO)", "batch": "the whole batch (TRL's scale_rewards='batch')",
+                          "none": "nothing (Dr. GRPO)"})
 
 
 def objective_widgets(page: str, controls: dict[str, Control]) -> tuple[list[Objective], list[str]]:

@@ -31,6 +31,7 @@ class Control:
     options: tuple[str, ...] | None = None
     multi: bool = False
     family: str | None = None
+    aliases: tuple[tuple[str, str], ...] = ()  # (old spelling, option) that older links wrote
 
     def decode(self, text: str):
         if self.family is not None:
@@ -39,6 +40,7 @@ class Control:
             value = self.param.check(text, "link")
             in_range(self, value, text)
             return value
+        text = dict(self.aliases).get(text, text)
         items = list(dict.fromkeys(t for t in text.split(",") if t)) if self.multi else [text]  # repeats merged
         unknown = [t for t in items if t not in self.options]
         if unknown:

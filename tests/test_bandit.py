@@ -49,6 +49,23 @@ def test_group_advantages_like_trl():
     assert group_advantages(r, scale=False)[0].tolist() == [0.5, -0.5, -0.5, 0.5]
 
 
+def test_batch_scaled_advantages_like_trl():
+    """TRL's scale_rewards="batch": r − its group's mean, over TRL's nanstd of every reward + 1e-4; per run in the
+    bandit's (runs, groups, G); the older bools mean group and none."""
+    from trl.trainer.utils import nanstd
+
+    r = torch.rand(3, 4, 6, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    for run in range(3):  # nanstd's Bessel factor count / (count − 1) is a float32 tensor: 1e-8 relative
+        want = (r[run] - r[run].mean(1, keepdim=True)) / (nanstd(r[run].flatten()) + 1e-4)
+        assert torch.allclose(group_advantages(r, "batch")[run], want, rtol=1e-7, atol=0)
+        assert np.allclose(group_advantages(r.numpy(), "batch")[run], want.numpy(), rtol=1e-7, atol=0)
+    assert not torch.allclose(group_advantages(r, "batch"), group_advantages(r, "group"))
+    assert torch.equal(group_advantages(r, True), group_advantages(r, "group"))
+    assert torch.equal(group_advantages(r, False), group_advantages(r, "none"))
+    with pytest.raises(DivvizInputError, match="unknown scale_rewards 'batches'; choose group, batch, none"):
+        group_advantages(r, "batches")
+
+
 def test_group_advantages_same_for_numpy_and_torch():
     r = torch.rand(5, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     want = (r - r.mean(dim=1, keepdim=True)) / (r.std(dim=1, keepdim=True) + 1e-4)  # torch's std, as TRL

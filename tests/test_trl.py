@@ -22,6 +22,7 @@ from datasets import Dataset  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from divviz import cli, theory  # noqa: E402
+from divviz.aggregation import group_advantages  # noqa: E402
 from divviz.divergences import clip_test  # noqa: E402
 from divviz.engine import store  # noqa: E402
 from divviz.engine.completions import check_record  # noqa: E402
@@ -273,7 +274,7 @@ def train_cli(tmp_path, *extra) -> dict:
 @pytest.mark.parametrize("extra", [
     ("--measure", "kl3", "--param", "delta=0.05"),
     ("--measure", "kl3", "--penalty", "k3", "--penalty-param", "importance_weight=1", "--beta", "0.04",
-     "--dual-clip", "3", "--aggregation", "dapo"),
+     "--dual-clip", "3", "--aggregation", "dapo", "--scale-rewards", "batch"),
 ])
 def test_real_trl_steps_on_the_builtin_model(tmp_path, capsys, extra):
     run = train_cli(tmp_path, *extra, "--mu", "2")
@@ -288,13 +289,17 @@ def test_real_trl_steps_on_the_builtin_model(tmp_path, capsys, extra):
     assert tokens is not None and ((tokens["pi_old"] > 0) & (tokens["pi_old"] <= 1)).all()
     assert store.completion_steps(run.folder) == [1, 2]  # the step inspector's records, as the engine writes them
     answers = dict(get_task("reverse").batch(seed=1, n=2))  # step 2's prompts (seed 0): prompt → answer
-    for group in store.read_completions(run.folder, 2)["groups"]:
-        rewards = torch.tensor([c["reward"] for c in group["completions"]])
-        assert len(rewards) == 4 and all(c["tokens"]["pi_new"] is None for c in group["completions"])
-        for completion in group["completions"]:  # TRL's reward of the completion's text, and its group's advantage
+    groups = store.read_completions(run.folder, 2)["groups"]
+    for group in groups:
+        assert len(group["completions"]) == 4 and all(c["tokens"]["pi_new"] is None for c in group["completions"])
+        for completion in group["completions"]:  # TRL's reward of the completion's text
             assert completion["reward"] == TASK.reward(group["prompt"], answers[group["prompt"]], completion["text"])
-        want = (rewards - rewards.mean()) / (rewards.std() + 1e-4)
-        assert [c["advantage"] for c in group["completions"]] == pytest.approx(want.tolist(), rel=1e-5, abs=1e-6)
+    # TRL's advantages (group std, or with --scale-rewards batch the std of all 8 rewards) are divviz's
+    rewards = torch.tensor([[c["reward"] for c in group["completions"]] for group in groups], dtype=torch.float64)
+    want = group_advantages(rewards, run.config["scale_rewards"])
+    assert run.config["scale_rewards"] == ("batch" if "batch" in extra else "group")
+    assert [c["advantage"] for g in groups for c in g["completions"]] == pytest.approx(want.flatten().tolist(),
+                                                                                      rel=1e-5, abs=1e-6)
     capsys.readouterr()
     assert cli.main(["runs", "--runs-dir", str(tmp_path), "--json"]) == 0
     (listed,) = json.loads(capsys.readouterr().out)

@@ -6,7 +6,7 @@ import importlib.util
 from dataclasses import asdict, dataclass, field, replace
 from typing import Mapping
 
-from divviz.aggregation import AGGREGATIONS
+from divviz.aggregation import AGGREGATIONS, check_scale_rewards
 from divviz.divergences import clip_test
 from divviz.engine.completions import BYTE_CAP, MAX_BYTES
 from divviz.engine.tasks import TASKS
@@ -93,7 +93,7 @@ class RunConfig:
     ratio_cap: float | None = None
     importance_sampling_level: str = "token"
     aggregation: str = "grpo"
-    scale_rewards: bool = True
+    scale_rewards: str = "group"  # TRL's: "group", "batch" or "none" (True/False of older configs: group/none)
     trust_remote_code: bool = False
     steps: int = 60
     prompts: int = 16
@@ -112,6 +112,8 @@ class RunConfig:
     @staticmethod
     def make(**values) -> "RunConfig":
         numbers = {p.name: values.pop(p.name) for p in RUN_PARAMS if p.name in values}
+        if "scale_rewards" in values:
+            values["scale_rewards"] = check_scale_rewards(values["scale_rewards"])
         checked = check_params("run", RUN_PARAMS, numbers)
         known = set(RunConfig.__dataclass_fields__)
         unknown = sorted(set(values) - known)
