@@ -48,7 +48,7 @@ ui.preset_buttons(PAGE, BANDIT_PRESETS)
 with ui.shown_errors():
     with st.sidebar:
         st.subheader("Objectives")
-        objectives, refused = ui.objective_widgets(PAGE, BY_NAME)
+        objectives, refused = ui.objective_widgets(PAGE, BY_NAME, bandit=True)
         st.caption("A bandit's completion is one token: the sequence level (GSPO) is the token level here, and "
                    "vespo's φ takes the token's ratio.")
         st.subheader("Bandit")

@@ -58,10 +58,20 @@ def ratio_curves(test: ClipTest | None, ratio: np.ndarray, pi_old: float = 0.5,
     )
 
 
-def gradient_weight(objective: Objective, ratio: np.ndarray, pi_old: float = 0.5) -> dict[int, np.ndarray]:
+def gradient_weight(objective: Objective, ratio: np.ndarray, pi_old: float = 0.5,
+                    picked: bool = False) -> dict[int, np.ndarray]:
     """The gradient weight γ(w) = −(∂ℓ/∂log π_θ)/A of an objective's policy term for A = +1 and A = −1, by autograd
     through `policy_loss` on one-token completions (so a sequence-level surrogate's W is the token's w). PPO's γ is w
-    inside the region and 0 where the clip test masks; a surrogate's is its own (`surrogates.py`)."""
+    inside the region and 0 where the clip test masks; a surrogate's is its own (`surrogates.py`).
+
+    A batch-selecting surrogate (kl_cov, clip_cov) treats the tokens it picks otherwise than the rest, and which it
+    picks depends on the whole batch: its γ comes from its closed form (tested equal to autograd), for the tokens it
+    picks (`picked`) or for the others."""
+    chosen = objective.surrogate
+    if chosen is not None and chosen.entry.select is not None:
+        lower, upper = objective.clip.bounds(np.asarray(pi_old)) if objective.clip else (0.0, np.inf)
+        return {sign: chosen.weight(ratio, np.full_like(ratio, sign), ~((ratio > upper) if sign > 0 else (ratio < lower)),
+                                    np.full(ratio.shape, picked)) for sign in (+1, -1)}
     n = len(ratio)
     w = torch.as_tensor(np.concatenate([ratio, ratio]), dtype=F64).unsqueeze(1)
     logp_old = torch.full_like(w, float(np.log(pi_old)))

@@ -65,6 +65,14 @@ GROUPS = (
         ("cispo", "gpg", "the weight is w clipped to [lo, hi] instead of 1; unlike PPO no token loses its gradient"),
         ("sapo", "cispo", "a smooth gate: γ = 4σ(1−σ)·w fades away from w = 1 instead of flattening at a cap"),
         ("gpg", "cispo", "γ = 1: plain REINFORCE, no ratio (cispo with lo = hi = 1)"),
+        ("dro", "gpg", "REINFORCE plus β/2·(log w)²: its slope β log w pulls a token back toward π_old, harder the "
+                       "further it went"),
+    )),
+    Group("Batch-selecting surrogates", "surrogate", "Which tokens they treat otherwise depends on the whole batch: "
+          "those whose advantage and log-prob covary (Cui et al. 2025).", (
+        ("kl_cov", "gpg", "the ratio w instead of 1, and a |log w| penalty on the top-k covariance tokens only"),
+        ("clip_cov", "dppo", "PPO's clipped surrogate, except k random tokens in a covariance band lose their "
+                             "gradient"),
     )),
     Group("Surrogates with a clip test", "surrogate", "They keep the objective's clip test for masking.", (
         ("dppo", "cispo", "tokens the test masks get no gradient (as PPO); kept ones the weight min(w, c)"),

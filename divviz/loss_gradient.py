@@ -63,6 +63,10 @@ class PolicyLossGradient:
         if self.ratio_capped:
             self.ratio_cap = self._per_run([np.inf if o.ratio_cap is None else o.ratio_cap for o in objectives])
         self.surrogates = [(r, o.surrogate) for r, o in enumerate(objectives) if o.surrogate is not None]
+        drawn = [s.name for _, s in self.surrogates if s.entry.random]
+        if drawn:
+            raise DivvizInputError(f"{drawn[0]} picks its tokens at random from torch's global generator, so a bandit "
+                                   "run would depend on the runs beside it; train it in the lab or with divviz train")
         sequence_level = any(o.importance_sampling_level == "sequence" or (o.surrogate and o.surrogate.entry.own_level)
                              for o in objectives)
         if sequence_level and weights.shape[-1] != 1:
@@ -115,7 +119,8 @@ class PolicyLossGradient:
             slope[(w > self.ratio_cap) & (self.positive | (self.negative & (w > self.upper)))] = 0.0
         for r, surrogate in self.surrogates:
             kept = ~(clipped_low[r] | clipped_high[r])
-            slope[r] = self.surrogate_slope[r] * surrogate.weight(w[r], self.adv[r], kept)
+            selected = surrogate.selected(logp_new[r], self.logp_old[r], self.adv[r], self.active[r], kept)
+            slope[r] = self.weights[r] * surrogate.slope(w[r], self.adv[r], kept, selected)
         for rows, penalty, weight in self.penalties:
             ref = None if self.logp_ref is None else self.logp_ref[rows]
             slope[rows] += weight * penalty.slope(logp_new[rows], self.logp_old[rows], ref)

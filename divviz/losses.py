@@ -191,7 +191,8 @@ def policy_loss(
     dual_clip_c: None or c > 1. aggregation: one of `AGGREGATIONS` (see `aggregate`).
     weight: None, or a detached per-token weight ρ ((B, T) or (B, 1)) of the policy term, applied before the
     penalty is added, as TRL 1.16's `_compute_loss` applies its off-policy sequence mask, top-entropy token
-    mask and vLLM importance-sampling ratio.
+    mask and vLLM importance-sampling ratio; a surrogate with one term per completion (geo_mean) takes the geometric
+    mean of its tokens' weights, as verl's rollout importance weights.
     surrogate: None for PPO's clipped surrogate, or a configured `surrogates.surrogate`, which replaces it.
     importance_sampling_level: "token", or "sequence" for GSPO (Zheng et al. 2025; TRL's option of that name):
     every token of completion i takes the ratio s_i = exp(mean_t log w_t), and the clip test judges s_i. Written as
@@ -240,6 +241,9 @@ def policy_loss(
         kept = (~(clipped_low | clipped_high)).to(logp_new.dtype)
         per_token = surrogate.term(SurrogateInputs(log_ratio, logp_new, adv, mask, bounds, kept))
     if weight is not None:
+        if per_token.shape[-1] == 1 and weight.shape[-1] > 1:  # one term per completion (GMPO): the geometric mean
+            weight = (((weight + 1e-10).log() * mask).sum(-1, keepdim=True)  # of its tokens' weights, as verl's
+                      / mask.sum(-1, keepdim=True).clamp(min=1)).exp()
         per_token = per_token * weight.detach()
 
     penalty_value = None

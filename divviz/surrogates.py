@@ -25,7 +25,7 @@ that code.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
@@ -49,12 +49,15 @@ class SurrogateInputs:
     mask: torch.Tensor
     bounds: tuple | None
     kept: torch.Tensor | None
+    selected: torch.Tensor | None = None  # the tokens a batch-selecting surrogate picked (`SurrogateEntry.select`)
 
 
 @dataclass(frozen=True)
 class SurrogateEntry:
-    """One surrogate: `term` gives the per-token loss ℓ (torch, with its gradient); `weight` gives γ in numpy from
-    (w, A, params) for one-token completions (the bandit and the explorer's curves; tests check it against autograd).
+    """One surrogate: `term` gives the per-token loss ℓ (torch, with its gradient); `slope` gives ∂ℓ/∂log π_θ in
+    numpy from (w, A, params, kept, selected) for one-token completions (the bandit and the explorer's curves; tests
+    check it against autograd). `select`, for the batch-selecting ones (clip_cov, kl_cov), picks their tokens from
+    the whole batch (torch, detached; `random` if it draws from torch's global generator, as verl does).
     `clip` says whether it takes the objective's clip test ("needs"), refuses one ("none"); `sequence` whether it
     may run at TRL's sequence importance-sampling level; `own_level` that it is sequence-level by itself."""
 
@@ -65,10 +68,12 @@ class SurrogateEntry:
     source: str
     params: tuple[Param, ...]
     term: Callable  # (SurrogateInputs, params) -> ℓ, (B, T) or (B, 1)
-    weight: Callable  # (w, adv, params, kept) -> γ, numpy
+    slope: Callable  # (w, adv, params, kept, selected) -> ∂ℓ/∂log π_θ, numpy
     clip: str = "none"
     sequence: bool = False
     own_level: bool = False
+    select: Callable | None = None  # (SurrogateInputs, params) -> bool (B, T)
+    random: bool = False
     family: str = field(default="surrogate", init=False)
 
 
@@ -83,12 +88,37 @@ class Surrogate(Configured):
         return f"{self.name} {shown}".strip()
 
     def term(self, inputs: SurrogateInputs) -> torch.Tensor:
+        if self.entry.select is not None:
+            inputs = replace(inputs, selected=self.entry.select(inputs, self.params))
         return self.entry.term(inputs, self.params)
 
-    def weight(self, w, adv, kept=None) -> np.ndarray:
-        """γ(w) for one-token completions: ∂ℓ/∂log π_θ = −A γ."""
-        return self.entry.weight(np.asarray(w, dtype=np.float64), np.asarray(adv, dtype=np.float64), self.params,
-                                 np.ones(np.shape(w), dtype=bool) if kept is None else kept)
+    def slope(self, w, adv, kept=None, selected=None) -> np.ndarray:
+        """∂ℓ/∂log π_θ for one-token completions; `kept`: not masked by the clip test; `selected`: picked by a
+        batch-selecting surrogate (default: all kept, none selected)."""
+        w, adv = np.asarray(w, dtype=np.float64), np.asarray(adv, dtype=np.float64)
+        kept = np.ones(np.shape(w), dtype=bool) if kept is None else kept
+        selected = np.zeros(np.shape(w), dtype=bool) if selected is None else selected
+        return self.entry.slope(w, adv, self.params, kept, selected)
+
+    def selected(self, logp_new: np.ndarray, logp_old: np.ndarray, adv: np.ndarray, mask: np.ndarray,
+                 kept: np.ndarray) -> np.ndarray | None:
+        """The tokens a batch-selecting surrogate picks in one (B, T) batch, by the same `select` as training (numpy in
+        and out); None for the others."""
+        if self.entry.select is None:
+            return None
+        as_torch = lambda x: torch.as_tensor(np.ascontiguousarray(x, dtype=np.float64))  # noqa: E731
+        inputs = SurrogateInputs(as_torch(logp_new - logp_old), as_torch(logp_new), as_torch(adv), as_torch(mask),
+                                 None, as_torch(kept))
+        return self.entry.select(inputs, self.params).numpy()
+
+    def weight(self, w, adv, kept=None, selected=None) -> np.ndarray:
+        """γ(w) = −(∂ℓ/∂log π_θ)/A for one-token completions (A ≠ 0; the explorer draws A = ±1)."""
+        return -self.slope(w, adv, kept, selected) / np.asarray(adv, dtype=np.float64)
+
+
+def _gamma(weight: Callable) -> Callable:
+    """The slope −A γ of a surrogate given by its gradient weight γ(w, A, params, kept)."""
+    return lambda w, adv, p, kept, selected: -adv * weight(w, adv, p, kept)
 
 
 def _cispo(s: SurrogateInputs, p):
@@ -157,6 +187,68 @@ def _geo_mean(s: SurrogateInputs, p):
     return -adv * ratio
 
 
+def _dro(s: SurrogateInputs, p):
+    """DRO: −(A log π − β/2 (log w)²), a REINFORCE term with a squared log-ratio pull back toward π_old."""
+    return -(s.adv * s.logp_new - 0.5 * p["beta"] * s.log_ratio ** 2)
+
+
+def _covariance(s: SurrogateInputs) -> torch.Tensor:
+    """verl's per-token covariance of advantage and log-prob over the batch's kept tokens,
+    (A_t − mean A)(log π_t − mean log π), plain means over the tokens the mask keeps (detached)."""
+    valid = s.mask > 0
+    adv, logp = s.adv.expand_as(s.logp_new).detach(), s.logp_new.detach()
+    count = valid.sum().clamp(min=1)
+    return (adv - adv[valid].sum() / count) * (logp - logp[valid].sum() / count)
+
+
+def _top_covariance(s: SurrogateInputs, p) -> torch.Tensor:
+    """kl_cov's tokens: the k = max(1, ⌊n · ratio⌋) kept tokens of largest covariance (torch.topk, row-major)."""
+    valid = s.mask > 0
+    selected = torch.zeros_like(valid)
+    count = int(valid.sum())
+    if count:
+        top = torch.topk(_covariance(s)[valid], max(1, int(count * p["ratio"]))).indices
+        selected[valid.nonzero(as_tuple=True)[0][top], valid.nonzero(as_tuple=True)[1][top]] = True
+    return selected
+
+
+def _kl_cov(s: SurrogateInputs, p):
+    """KL-Cov: −w A on every token, plus coef·|log w| on the tokens of largest covariance."""
+    return -s.adv * s.log_ratio.exp() + p["coef"] * s.log_ratio.abs() * s.selected
+
+
+def _random_covariance_band(s: SurrogateInputs, p) -> torch.Tensor:
+    """clip_cov's tokens: min(max(1, ⌊n · ratio⌋), #candidates) drawn without replacement (torch.randperm on torch's
+    global generator, as verl) among the kept tokens whose covariance lies in (lb, ub) and whose gradient PPO's clip
+    does not already mask."""
+    valid = (s.mask > 0) & (s.kept > 0)
+    covariance = _covariance(s)
+    candidates = ((covariance > p["lb"]) & (covariance < p["ub"]) & valid).nonzero()
+    selected = torch.zeros_like(valid)
+    if len(candidates):
+        number = max(int(p["ratio"] * float(s.mask.sum())), 1)
+        chosen = candidates[torch.randperm(len(candidates))[:min(number, len(candidates))]]
+        selected[chosen[:, 0], chosen[:, 1]] = True
+    return selected
+
+
+def _clip_cov(s: SurrogateInputs, p):
+    """Clip-Cov: PPO's clipped surrogate with the test's [l, u], and no loss at all on the chosen tokens."""
+    ratio = s.log_ratio.exp()
+    lower, upper = (torch.as_tensor(b, dtype=ratio.dtype, device=ratio.device) for b in s.bounds)
+    clipped = torch.minimum(torch.maximum(ratio, lower), upper)
+    return -torch.minimum(ratio * s.adv, clipped * s.adv) * ~s.selected
+
+
+def _clip_cov_slope(w, adv, p, kept, selected):
+    return -adv * w * kept * ~selected
+
+
+def _kl_cov_slope(w, adv, p, kept, selected):
+    return -adv * w + p["coef"] * np.sign(np.log(w)) * selected
+
+
+RATIO_SHARE = "share of the batch's kept tokens it picks, at least 1 (verl's {name}, default 2e-4)"
 LO = Param("lo", 0.0, 0.0, 1.0, high_open=False, typical=(0.0, 1.0, 0.01),
            doc="lowest weight (TRL: 0; verl: 1 − ε_low)")
 HI = Param("hi", 5.0, 1.0, trl_name="epsilon_high", typical=(1.0, 10.0, 0.05), doc="highest weight (TRL: epsilon_high; verl: 1 + ε_high)")
@@ -181,7 +273,7 @@ SURROGATES: dict[str, SurrogateEntry] = {
             "learns, at the capped weight.",
             "TRL 1.16 grpo_trainer.py loss_type='cispo' (lo = 0, hi = epsilon_high); verl core_algos.py "
             "compute_policy_loss_cispo (lo = 1 − clip_ratio_low, hi = 1 + clip_ratio_high)",
-            (LO, HI), _cispo, lambda w, adv, p, kept: np.clip(w, p["lo"], p["hi"]), sequence=True),
+            (LO, HI), _cispo, _gamma(lambda w, adv, p, kept: np.clip(w, p["lo"], p["hi"])), sequence=True),
         SurrogateEntry(
             "sapo", "SAPO: soft sigmoid gate",
             r"-\tfrac{4}{\tau}\,\sigma(\tau(w_t-1))\,A,\quad \tau=\tau_{+}\ (A>0),\ \tau_{-}\ (A\le 0)",
@@ -189,7 +281,7 @@ SURROGATES: dict[str, SurrogateEntry] = {
             "away from it instead of dropping to 0 at a bound.",
             "TRL 1.16 loss_type='sapo' (sapo_temperature_pos/neg); verl compute_policy_loss_sapo (tau_pos/tau_neg, "
             "always seq-mean-token-mean)",
-            (TAU_POS, TAU_NEG), _sapo, _sapo_weight, sequence=True),
+            (TAU_POS, TAU_NEG), _sapo, _gamma(_sapo_weight), sequence=True),
         SurrogateEntry(
             "vespo", "VESPO: gamma weight of the sequence's ratio",
             r"-\,\mathrm{sg}(\varphi(W_i))\,A\,\log\pi_\theta,\ \varphi(W)=e^{\lambda+k\log W-\lambda W},"
@@ -197,13 +289,13 @@ SURROGATES: dict[str, SurrogateEntry] = {
             "Sequence-level: every token of a completion gets φ of the completion's whole ratio W (product of its "
             "token ratios), φ(1) = 1 and φ → 0 for W far from 1 on either side.",
             "TRL 1.16 loss_type='vespo', GRPOTrainer.get_gamma_weights (vespo_k_pos/neg, vespo_lambda_pos/neg)",
-            _vespo_params(), _vespo, lambda w, adv, p, kept: vespo_phi(np.log(w), adv, p), own_level=True),
+            _vespo_params(), _vespo, _gamma(lambda w, adv, p, kept: vespo_phi(np.log(w), adv, p)), own_level=True),
         SurrogateEntry(
             "gpg", "GPG: plain policy gradient",
             r"-A\,\log\pi_\theta",
             "REINFORCE with the group's advantage and no ratio at all (Chu et al. 2025, GPG): γ = 1 whatever w.",
             "verl core_algos.py compute_policy_loss_gpg (and compute_policy_loss_reinforce)",
-            (), lambda s, p: -s.adv * s.logp_new, lambda w, adv, p, kept: np.ones_like(w)),
+            (), lambda s, p: -s.adv * s.logp_new, _gamma(lambda w, adv, p, kept: np.ones_like(w))),
         SurrogateEntry(
             "dppo", "DPPO: REINFORCE on the tokens the test keeps",
             r"-\,\mathrm{sg}(\min(w_t,c))\,A\,\log\pi_\theta\cdot[C_t\text{ or pulled back}]",
@@ -212,7 +304,7 @@ SURROGATES: dict[str, SurrogateEntry] = {
             "is verl's dppo_tv / dppo_kl.",
             "verl core_algos.py compute_policy_loss_dppo_tv / compute_policy_loss_dppo_kl (c = clip_ratio_c)",
             (Param("c", 3.0, 1.0, low_open=True, typical=(1.05, 20.0, 0.05), doc="largest weight (clip_ratio_c)"),),
-            _dppo, lambda w, adv, p, kept: np.minimum(w, p["c"]) * kept, clip="needs"),
+            _dppo, _gamma(lambda w, adv, p, kept: np.minimum(w, p["c"]) * kept), clip="needs"),
         SurrogateEntry(
             "geo_mean", "GMPO: geometric mean of clipped token ratios",
             r"-\bar A_i\,\exp\!\big(\tfrac{1}{|o_i|}\textstyle\sum_t \mathrm{sgn}(A)\min(\mathrm{sgn}(A)\log w_t,"
@@ -221,7 +313,43 @@ SURROGATES: dict[str, SurrogateEntry] = {
             "ratios, each clipped in log space to the test's [l, u] on the side A pushes toward; one loss per "
             "completion. verl's eps bound the log-ratio: its (ε_low, ε_high) is the box [e^−ε_low, e^ε_high].",
             "verl core_algos.py compute_policy_loss_geo_mean (loss_agg_mode ignored: mean over completions)",
-            (), _geo_mean, lambda w, adv, p, kept: w * kept, clip="needs", own_level=True),
+            (), _geo_mean, _gamma(lambda w, adv, p, kept: w * kept), clip="needs", own_level=True),
+        SurrogateEntry(
+            "dro", "DRO: REINFORCE with a squared log-ratio pull toward π_old",
+            r"-\big(A\,\log\pi_\theta-\tfrac{\beta}{2}\,(\log w_t)^2\big)",
+            "No ratio in the policy term and no clip: the constraint is a quadratic penalty on log w, whose slope "
+            "β log w pulls every token back toward π_old, harder the further it went (Tang et al. 2025, tapered "
+            "off-policy REINFORCE / DRO).",
+            "verl core_algos.py compute_policy_loss_dro (policy_loss.dro_beta, which verl requires > 0)",
+            (Param("beta", 0.1, 0.0, low_open=True, typical=(0.01, 5.0, 0.01), doc="β of the squared log-ratio "
+                   "(verl's dro_beta)"),),
+            _dro, lambda w, adv, p, kept, selected: -adv + p["beta"] * np.log(w)),
+        SurrogateEntry(
+            "kl_cov", "KL-Cov: a |log w| penalty on the tokens of largest covariance",
+            r"-w_t A+\kappa\,|\log w_t|\cdot[t\in\mathrm{top}_k\ \mathrm{Cov}(A,\log\pi)]",
+            "Batch-selecting (Cui et al. 2025, The Entropy Mechanism of RL for LLMs): unclipped −w A everywhere, and "
+            "on the k tokens whose advantage and log-prob covary most — those that drive entropy down — a KL-like "
+            "penalty κ|log w|. Which tokens depends on the whole batch, so the explorer draws both kinds.",
+            "verl core_algos.py compute_policy_loss_kl_cov (kl_cov_ratio, ppo_kl_coef)",
+            (Param("ratio", 2e-4, 0.0, 1.0, low_open=True, high_open=False, typical=(1e-4, 0.5, 1e-4),
+                   doc=RATIO_SHARE.format(name="kl_cov_ratio")),
+             Param("coef", 0.1, 0.0, typical=(0.0, 5.0, 0.01), doc="κ, the penalty's coefficient (ppo_kl_coef)")),
+            _kl_cov, _kl_cov_slope, select=_top_covariance),
+        SurrogateEntry(
+            "clip_cov", "Clip-Cov: detach random tokens of high covariance",
+            r"-\min(w_tA,\ \mathrm{clip}(w_t,l,u)A)\cdot[t\notin\mathrm{rand}_k\{\mathrm{lb}<"
+            r"\mathrm{Cov}(A,\log\pi)<\mathrm{ub}\}]",
+            "Batch-selecting (Cui et al. 2025): PPO's clipped surrogate with the objective's clip test, except on k "
+            "tokens drawn at random among those whose covariance lies in (lb, ub), which get no gradient at all. "
+            "The draw uses torch's global generator (as verl), so a bandit run would depend on the runs beside it: "
+            "it trains in the lab and on the CLI, not in the bandit.",
+            "verl core_algos.py compute_policy_loss_clip_cov (clip_cov_ratio, clip_cov_lb, clip_cov_ub; its box "
+            "is the ratio test clip_higher with clip_ratio_low/high)",
+            (Param("ratio", 2e-4, 0.0, 1.0, low_open=True, high_open=False, typical=(1e-4, 0.5, 1e-4),
+                   doc=RATIO_SHARE.format(name="clip_cov_ratio")),
+             Param("lb", 1.0, typical=(-5.0, 10.0, 0.05), doc="lower end of the covariance band (clip_cov_lb)"),
+             Param("ub", 5.0, typical=(-5.0, 20.0, 0.05), doc="upper end of the covariance band (clip_cov_ub)")),
+            _clip_cov, _clip_cov_slope, clip="needs", select=_random_covariance_band, random=True),
     )
 }
 

@@ -195,7 +195,7 @@ def scale_rewards(page: str, controls: dict[str, Control]) -> str:
                           "none": "nothing (Dr. GRPO)"})
 
 
-def objective_widgets(page: str, controls: dict[str, Control]) -> tuple[list[Objective], list[str]]:
+def objective_widgets(page: str, controls: dict[str, Control], bandit: bool = False) -> tuple[list[Objective], list[str]]:
     """The sidebar block shared by the bandit and the lab: clip tests and surrogates (one run each), a penalty with
     its β, dual-clip, TRL's ratio cap, the importance-sampling level and the aggregation. Returns
     `views.compared_objectives`: (objectives, a message for each entry these settings refuse)."""
@@ -212,7 +212,7 @@ def objective_widgets(page: str, controls: dict[str, Control]) -> tuple[list[Obj
     shared["importance_sampling_level"] = choice(page, controls["level"], "Importance sampling (TRL's level)",
                                                  labels={"token": "token (GRPO)", "sequence": "sequence (GSPO)"})
     shared["aggregation"] = choice(page, controls["agg"], "Aggregation (TRL loss_type)")
-    return views.compared_objectives(tests, surrogates, **shared)
+    return views.compared_objectives(tests, surrogates, bandit, **shared)
 
 
 def show_chart(chart: Chart, name: str) -> None:

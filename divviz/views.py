@@ -27,19 +27,23 @@ RATIO_GRID = np.linspace(0.01, 3.0, 600)
 PI_OLD_GRID = np.linspace(0.001, 1.0, 400)
 
 
-def compared_objectives(tests: list[ClipTest], surrogates: list[Surrogate],
+def compared_objectives(tests: list[ClipTest], surrogates: list[Surrogate], bandit: bool = False,
                         **shared) -> tuple[list[Objective], list[str]]:
     """The objectives a page compares: each clip test under PPO's surrogate, then each surrogate. A surrogate that
     masks with a clip test (dppo, geo_mean) takes the first of `tests`; dual-clip and the ratio cap act on PPO's
     surrogate, so the surrogates go without them. `shared` holds the other `Objective` fields (penalty, beta,
     dual_clip_c, ratio_cap, aggregation, importance_sampling_level). With neither a test nor a surrogate: one
-    objective without a clip. Returns (objectives, one message per entry that these settings refuse)."""
+    objective without a clip. For the `bandit`, a surrogate that draws its tokens at random (clip_cov) is refused.
+    Returns (objectives, one message per entry that these settings refuse)."""
     uncapped = {k: v for k, v in shared.items() if k not in ("dual_clip_c", "ratio_cap")}
     wanted = [(t.label, {"clip": t, **shared}) for t in tests]
     refused = []
     for s in surrogates:
         if s.entry.clip == "needs" and not tests:
             refused.append(f"{s.label}: it masks with a clip test; add one (it takes the first)")
+        elif bandit and s.entry.random:
+            refused.append(f"{s.label}: it draws its tokens at random from torch's global generator, so a bandit run "
+                           "would depend on the runs beside it; train it in the Training lab")
         else:
             wanted.append((s.label, {"clip": tests[0] if s.entry.clip == "needs" else None, "surrogate": s,
                                      **uncapped}))
@@ -50,6 +54,18 @@ def compared_objectives(tests: list[ClipTest], surrogates: list[Surrogate],
         except DivvizInputError as err:
             refused.append(f"{label}: {err}")
     return objectives, refused
+
+
+def weight_curves(objectives: list[Objective], pi_old: float) -> list[tuple[str, dict]]:
+    """(label, γ for A = ±1) of each objective; a batch-selecting surrogate has two: the tokens it picks, the others."""
+    curves = []
+    for label, o in zip(unique_labels([o.label for o in objectives]), objectives):
+        if o.surrogate is not None and o.surrogate.entry.select is not None:
+            curves += [(f"{label}: tokens it picks", explore.gradient_weight(o, RATIO_GRID, pi_old, picked=True)),
+                       (f"{label}: the others", explore.gradient_weight(o, RATIO_GRID, pi_old))]
+        else:
+            curves.append((label, explore.gradient_weight(o, RATIO_GRID, pi_old)))
+    return curves
 
 
 def clipping_regions(tests: list[ClipTest], pi_old: float, dual_clip_c: float | None,
@@ -77,9 +93,7 @@ def clipping_regions(tests: list[ClipTest], pi_old: float, dual_clip_c: float | 
         "surrogate": plots.surrogate_chart(
             [(label, explore.ratio_curves(t, RATIO_GRID, pi_old, dual_clip_c)) for label, t in labelled]),
         "logit": plots.logit_chart(PI_OLD_GRID, [(label, *explore.logit_room(t, PI_OLD_GRID)) for label, t in labelled]),
-        "weight": plots.gradient_weight_chart(RATIO_GRID, [(label, explore.gradient_weight(o, RATIO_GRID, pi_old))
-                                                           for label, o in zip(unique_labels([o.label for o in weighed]),
-                                                                               weighed)]),
+        "weight": plots.gradient_weight_chart(RATIO_GRID, weight_curves(weighed, pi_old)),
     }
 
 

@@ -181,6 +181,9 @@ def test_mass_reallocation_trains_surrogates_and_says_what_it_refuses():
     """A surrogate is a run of its own (dppo masks with the first clip test); at the sequence level a bandit's
     one-token completion trains as at the token level, and what the level refuses is named, not trained."""
     query = {"iterations": "15", "k": "20", "m": "ratio,prob_tv", "s": "cispo:hi=1.28,sapo,dppo", "seeds": "2"}
+    at = open_page("app_pages/mass_reallocation.py", {**query, "s": "kl_cov,clip_cov"})
+    assert [m.label for m in at.metric] == ["ratio ε=0.2", "prob_tv δ=0.1", "kl_cov"]
+    assert "Not trained: clip_cov: it draws its tokens at random" in shown(at.warning[0])
     at = open_page("app_pages/mass_reallocation.py", query)
     labels = [m.label for m in at.metric]
     assert labels == ["ratio ε=0.2", "prob_tv δ=0.1", "cispo hi=1.28", "sapo", "dppo with ratio ε=0.2"]

@@ -33,8 +33,9 @@ def test_clipping_region_figures_validate():
     assert charts["intervals"].data["upper"].tolist()[2] == np.inf
     # the gradient weight: every test with dual-clip, and every surrogate (those with a test take the first, ratio)
     names = {t.name for t in validated(charts["weight"]).data if t.showlegend}
-    assert names == {f"{t.label} c=3" for t in tests} | {s.label for s in surrogates if s.entry.clip == "none"} | {
-        f"{s.label} with ratio ε=0.2" for s in surrogates if s.entry.clip == "needs"}
+    labels = {s.name: s.label if s.entry.clip == "none" else f"{s.label} with ratio ε=0.2" for s in surrogates}
+    assert names == {f"{t.label} c=3" for t in tests} | {labels[s.name] for s in surrogates if not s.entry.select} | {
+        f"{labels[s.name]}: {which}" for s in surrogates if s.entry.select for which in ("tokens it picks", "the others")}
 
 
 def test_kl3_page_figures_and_table():

@@ -34,7 +34,11 @@ def random_rows(seed: int, batch: int = 6, tokens: int = 5, spread: float = 0.5)
     return logp_new.requires_grad_(), logp_old, adv, mask
 
 
-@pytest.mark.parametrize("name", list(SURROGATES))
+PER_TOKEN = [name for name, entry in SURROGATES.items() if entry.select is None]
+SELECTING = [name for name, entry in SURROGATES.items() if entry.select is not None]
+
+
+@pytest.mark.parametrize("name", PER_TOKEN)
 def test_each_surrogates_closed_form_weight_is_its_autograd_gradient(name):
     """γ(w) as `Surrogate.weight` writes it (numpy, the bandit's and the docs') equals −(∂ℓ/∂log π)/A by autograd
     through policy_loss, for A = ±1 over w from 0.05 to 20, with kl3's mask for those that take a test."""
@@ -46,6 +50,39 @@ def test_each_surrogates_closed_form_weight_is_its_autograd_gradient(name):
         want = objective.surrogate.weight(RATIOS, np.full_like(RATIOS, sign), ~masked)
         np.testing.assert_allclose(got[sign], want, rtol=1e-12, atol=1e-15)
     assert np.isclose(got[+1][np.argmin(abs(RATIOS - 1))], objective.surrogate.weight(1.0, 1.0), rtol=1e-12)
+
+
+@pytest.mark.parametrize("name", SELECTING)
+def test_batch_selecting_surrogates_closed_form_is_autograd_on_the_tokens_they_pick(name):
+    """kl_cov and clip_cov on a (B, T) batch with padding: ∂loss/∂log π by autograd equals the closed-form slope
+    with the tokens their `select` picks (clip_cov's draw repeated from the same seed), and they pick some."""
+    objective = Objective(clip=dv.clip_test("ratio") if SURROGATES[name].clip == "needs" else None,
+                          surrogate=surrogate(name, ratio=0.2, **({"lb": -0.5, "ub": 0.5} if name == "clip_cov" else {})),
+                          aggregation="token_sum")
+    logp_new, logp_old, adv, mask = random_rows(3)
+    torch.manual_seed(7)
+    out = objective(logp_new, logp_old, adv, mask)
+    (grad,) = torch.autograd.grad(out.loss, logp_new)
+    torch.manual_seed(7)
+    arrays = [x.detach().numpy() for x in (logp_new, logp_old, adv[:, None].expand_as(mask), mask, ~out.grad_masked)]
+    picked = objective.surrogate.selected(*arrays)
+    assert 0 < picked.sum() < mask.sum()
+    w = np.exp(arrays[0] - arrays[1])
+    want = objective.surrogate.slope(w, arrays[2], arrays[4], picked) * arrays[3]
+    np.testing.assert_allclose(grad.numpy(), want, rtol=1e-12, atol=1e-15)
+
+
+def test_clip_cov_is_refused_by_the_bandit_and_says_why():
+    with pytest.raises(DivvizInputError, match="clip_cov picks its tokens at random .* train it in the lab"):
+        PolicyLossGradient([objective_for("clip_cov")], np.ones((1, 4, 1)))
+
+
+def test_dro_pulls_back_by_its_log_ratio():
+    """DRO's slope is −A + β log w: REINFORCE at w = 1, and a pull toward π_old that grows with |log w|."""
+    dro = surrogate("dro", beta=0.5)
+    w = np.array([0.5, 1.0, 2.0])
+    np.testing.assert_allclose(dro.slope(w, np.zeros(3)), 0.5 * np.log(w), rtol=1e-15)
+    np.testing.assert_allclose(dro.weight(w, np.ones(3)), 1 - 0.5 * np.log(w), rtol=1e-15)
 
 
 def test_soft_weights_have_their_papers_shapes():
@@ -68,7 +105,10 @@ def test_the_bandits_closed_form_gradient_takes_every_surrogate(aggregation):
     logp_old = -torch.rand(12, 1, generator=g, dtype=F64) * 3 - 0.05
     logp_new = (logp_old + torch.randn(12, 1, generator=g, dtype=F64)).clamp(max=-1e-3).requires_grad_()
     adv, mask = torch.randn(12, generator=g, dtype=F64), torch.ones(12, 1, dtype=F64)
-    objectives = [Objective(o.clip, None, 0.0, None, aggregation, o.surrogate) for o in map(objective_for, SURROGATES)]
+    drawn_at_random = [name for name, entry in SURROGATES.items() if entry.random]
+    objectives = [Objective(o.clip, None, 0.0, None, aggregation, o.surrogate)
+                  for o in map(objective_for, [n for n in SURROGATES if n not in drawn_at_random])]
+    objectives.append(Objective(surrogate=surrogate("kl_cov", ratio=0.3, coef=0.5), aggregation=aggregation))
     objectives += [Objective(clip=dv.clip_test("kl3"), importance_sampling_level="sequence", aggregation=aggregation),
                    Objective(clip=dv.clip_test("clip_higher"), ratio_cap=1.1, aggregation=aggregation),
                    Objective(clip=dv.clip_test("kl3", delta=0.01), ratio_cap=1.5, aggregation=aggregation)]

@@ -41,7 +41,7 @@ def tensors(case: dict, *names) -> list[torch.Tensor]:
 
 
 VANILLA = [key for key, case in DATA["policy_loss"].items() if case["loss_mode"] == "vanilla"
-           and case["loss_agg_mode"] in AGGREGATIONS and case["rollout_is_weights"] is None
+           and case["loss_agg_mode"] in AGGREGATIONS
            and not (case["batch"] == "wide" and case["loss_agg_mode"] in PER_SEQUENCE)]  # see below
 
 
@@ -49,7 +49,8 @@ VANILLA = [key for key, case in DATA["policy_loss"].items() if case["loss_mode"]
 def test_verls_vanilla_policy_loss_is_divvizs_box_with_dual_clip(key):
     """verl's `compute_policy_loss_vanilla` (box [1 − clip_ratio_low, 1 + clip_ratio_high], dual-clip cap
     clip_ratio_c, always on) equals policy_loss with clip_higher and dual_clip_c: the loss, its gradient in log π,
-    pg_clipfrac (divviz's clip_ratio/region) and pg_clipfrac_lower (divviz's dual-clipped share). The 'wide' batch
+    pg_clipfrac (divviz's clip_ratio/region) and pg_clipfrac_lower (divviz's dual-clipped share), with and without
+    verl's rollout importance weights (policy_loss's `weight`). The 'wide' batch
     has an empty row, which verl's per-sequence modes do not count and divviz's grpo/dr_grpo/luspo do, so it is
     tested with the token modes only."""
     case = DATA["policy_loss"][key]
@@ -57,10 +58,11 @@ def test_verls_vanilla_policy_loss_is_divvizs_box_with_dual_clip(key):
     logp_old, logp_new, adv, mask = tensors(batch, "old_log_prob", "log_prob", "advantages", "response_mask")
     config = case["config"]
     logp_new.requires_grad_()
+    weight = tensors(batch, "rollout_is_weights")[0] if case["rollout_is_weights"] is not None else None
     out = policy_loss(logp_new, logp_old, adv, mask,
                       clip=clip_test("clip_higher", eps_low=config["clip_ratio_low"], eps_high=config["clip_ratio_high"]),
                       dual_clip_c=config["clip_ratio_c"], aggregation=AGGREGATIONS[case["loss_agg_mode"]],
-                      max_completion_length=mask.shape[1])
+                      max_completion_length=mask.shape[1], weight=weight)
     (grad,) = torch.autograd.grad(out.loss, logp_new)
     close = tolerance(key)
     assert out.loss.item() == pytest.approx(case["loss"], **close)
@@ -128,28 +130,44 @@ def verl_objective(case: dict) -> Objective:
     if mode == "geo_mean":
         box = clip_test("clip_higher", eps_low=-math.expm1(-low), eps_high=math.expm1(high))
         return Objective(clip=box, surrogate=surrogate("geo_mean"))
+    options = config["policy_loss"]
+    if mode == "dro":
+        return Objective(surrogate=surrogate("dro", beta=options["dro_beta"]), aggregation=aggregation)
+    if mode == "kl_cov":
+        return Objective(surrogate=surrogate("kl_cov", ratio=options["kl_cov_ratio"], coef=options["ppo_kl_coef"]),
+                         aggregation=aggregation)
+    if mode == "clip_cov":
+        band = surrogate("clip_cov", ratio=options["clip_cov_ratio"], lb=options["clip_cov_lb"], ub=options["clip_cov_ub"])
+        return Objective(clip=clip_test("clip_higher", eps_low=low, eps_high=high), surrogate=band,
+                         aggregation=aggregation)
     return Objective(clip=clip_test(mode, delta_low=low, delta_high=high), surrogate=surrogate("dppo", c=config["clip_ratio_c"]),
                      aggregation=aggregation)
 
 
 SURROGATE_CASES = [key for key, case in DATA["policy_loss"].items()
-                   if case["loss_mode"] in ("cispo", "sapo", "gpg", "gspo", "geo_mean", "dppo_tv", "dppo_kl")
-                   and case["rollout_is_weights"] is None
+                   if case["loss_mode"] in ("cispo", "sapo", "gpg", "gspo", "geo_mean", "dppo_tv", "dppo_kl", "dro",
+                                            "kl_cov", "clip_cov")
                    and not (case["batch"] == "wide" and case["loss_mode"] != "geo_mean"
                             and (case["loss_agg_mode"] in PER_SEQUENCE or case["loss_mode"] == "sapo"))]
 
 
 @pytest.mark.parametrize("key", SURROGATE_CASES)
 def test_verls_surrogate_losses_are_divvizs(key):
-    """verl's cispo, sapo, gpg, gspo, geo_mean (GMPO), dppo_tv and dppo_kl losses equal policy_loss with the matching
-    surrogate, level and clip test (`verl_objective`), under every aggregation: loss and gradient in log π; where verl
-    logs clip fractions, the tokens they count (dppo: the tokens the test masks; geo_mean: outside the box by the
-    sign of A; cispo: the weight off its box)."""
+    """verl's cispo, sapo, gpg, gspo, geo_mean (GMPO), dppo_tv, dppo_kl, dro, kl_cov and clip_cov losses equal
+    policy_loss with the matching surrogate, level and clip test (`verl_objective`), under every aggregation, with and
+    without verl's rollout importance weights (policy_loss's `weight`; geo_mean's is their geometric mean): loss and gradient in
+    log π; where verl logs clip fractions, the tokens they count (dppo: the tokens the test masks; geo_mean: outside
+    the box by the sign of A; cispo: the weight off its box; clip_cov: the tokens it drew, with torch's global
+    generator seeded as verl's script seeded it)."""
     case = DATA["policy_loss"][key]
     batch = DATA["batches"][case["batch"]]
     logp_old, logp_new, adv, mask = tensors(batch, "old_log_prob", "log_prob", "advantages", "response_mask")
+    weight = None
+    if case["rollout_is_weights"] is not None:
+        (weight,) = tensors(batch, "rollout_is_weights")
     logp_new.requires_grad_()
-    out = verl_objective(case)(logp_new, logp_old, adv, mask, max_completion_length=mask.shape[1])
+    torch.manual_seed(DATA["meta"]["torch_manual_seed_before_each_policy_loss_call"])
+    out = verl_objective(case)(logp_new, logp_old, adv, mask, max_completion_length=mask.shape[1], weight=weight)
     (grad,) = torch.autograd.grad(out.loss, logp_new)
     close = tolerance(key)
     assert out.loss.item() == pytest.approx(case["loss"], **close)
@@ -162,6 +180,12 @@ def test_verls_surrogate_losses_are_divvizs(key):
     if mode == "geo_mean":
         assert share(out.outside & (adv > 0)) == pytest.approx(metrics["actor/pg_clipfrac"], rel=1e-6, abs=1e-9)
         assert share(out.outside & (adv < 0)) == pytest.approx(metrics["actor/pg_clipfrac_lower"], rel=1e-6, abs=1e-9)
+    if mode == "clip_cov":  # the same draw again, from the same seed
+        torch.manual_seed(DATA["meta"]["torch_manual_seed_before_each_policy_loss_call"])
+        arrays = [x.detach().numpy() for x in (logp_new, logp_old, adv, mask, ~out.grad_masked)]
+        drawn = torch.as_tensor(verl_objective(case).surrogate.selected(*arrays))
+        assert sorted(drawn.nonzero().tolist()) == sorted(case["clip_cov_selection"]["chosen"])
+        assert share(drawn) == pytest.approx(metrics["actor/pg_clipfrac"], rel=1e-6)
     if mode == "cispo":
         lo, hi = 1 - case["config"]["clip_ratio_low"], 1 + case["config"]["clip_ratio_high"]
         off = (out.ratio < lo) | (out.ratio > hi)
