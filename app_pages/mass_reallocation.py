@@ -15,7 +15,7 @@ SEEDS = Param("seeds", 8, 1, 64, high_open=False, kind="int", typical=(1, 64, 1)
 CONTROLS = [
     *ui.objective_controls(["ratio", "clip_higher", "kl3"], beta=0.05),
     Control("init", "zipf", options=INIT_SHAPES),
-    ui.SCALE_REWARDS_CONTROL,
+    ui.SCALE_REWARDS_CONTROL, ui.BASELINE_CONTROL,
     Control("reward", "top_k", options=REWARDS),
     Control("optimizer", "sgd", options=OPTIMIZERS),
     Control("seeds", SEEDS.default, param=SEEDS),
@@ -55,7 +55,7 @@ with ui.shown_errors():
         seeds = ui.number(PAGE, BY_NAME["seeds"], "Seeds per measure")
         cfg = {"init": ui.choice(PAGE, BY_NAME["init"], "Initial distribution π_0"),
                "reward": ui.choice(PAGE, BY_NAME["reward"], "Reward", labels=REWARD_LABELS),
-               "scale_rewards": ui.scale_rewards(PAGE, BY_NAME),
+               **ui.advantage_widgets(PAGE, BY_NAME),
                "optimizer": st.selectbox("Optimiser", OPTIMIZERS, key=ui.key(PAGE, "optimizer"),
                                          format_func=OPTIMIZER_LABELS.get, on_change=optimizer_changed)}
         for p in BANDIT_PARAMS:

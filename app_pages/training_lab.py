@@ -19,7 +19,7 @@ SEEDS = Param("seeds", 1, 1, 8, high_open=False, kind="int", typical=(1, 8, 1),
                   "95% band. They queue with everyone's runs, within this machine's limit")
 CONTROLS = [
     *ui.objective_controls(["ratio", "kl3"], beta=0.04),
-    ui.SCALE_REWARDS_CONTROL,
+    ui.SCALE_REWARDS_CONTROL, ui.BASELINE_CONTROL,
     Control("task", "reverse", options=tuple(TASKS)),
     Control("backend", "divviz", options=BACKENDS),
     Control("device", "auto", options=("auto", "cpu", "cuda")),
@@ -66,7 +66,7 @@ with ui.shown_errors():
         model = st.text_input("Model", "builtin", key="lab:model",
                               help="builtin, a local folder with a causal LM, or a hub id (needs the network)")
         task = ui.choice(PAGE, BY_NAME["task"], "Task")
-        scale = ui.scale_rewards(PAGE, BY_NAME)
+        advantages = ui.advantage_widgets(PAGE, BY_NAME)
         backend = ui.choice(PAGE, BY_NAME["backend"], "Backend",
                             help="divviz: its own GRPO engine; TRL: TRL's GRPOTrainer with the same objective "
                                  "(DivvizGRPOTrainer), as you would run it at scale",
@@ -75,7 +75,7 @@ with ui.shown_errors():
         settings = {p.name: ui.number(PAGE, BY_NAME[p.name], p.name) for p in SETTINGS}
         seeds = ui.number(PAGE, BY_NAME["seeds"], "Seeds per measure")
     ui.publish_controls(PAGE, CONTROLS)
-    configs = [RunConfig.make(task=task, backend=backend, model=model.strip(), device=device, scale_rewards=scale,
+    configs = [RunConfig.make(task=task, backend=backend, model=model.strip(), device=device, **advantages,
                               **objective_settings(o), **{**settings, "seed": settings["seed"] + s})
                for o in objectives for s in range(seeds)]
 

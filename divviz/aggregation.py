@@ -51,23 +51,27 @@ def check_scale_rewards(value) -> str:
     return value
 
 
-def group_advantages(rewards, scale="group"):
-    """GRPO's group-relative advantages of rewards shaped (…, groups, G): r − mean of its group, divided by
+BASELINES = ("group", "batch")
+
+
+def group_advantages(rewards, scale="group", baseline="group"):
+    """GRPO's group-relative advantages of rewards shaped (…, groups, G): r − mean of its group (or, with
+    `baseline="batch"`, of the whole batch over the last two axes: RPG's batch-mean estimator), divided by
     std + 1e-4 where std is the group's ("group": Shao et al. 2024), or the whole batch's, over every group of the
     last two axes ("batch": TRL's scale_rewards="batch", its std around the batch mean), or left unscaled ("none":
     Dr. GRPO, Liu et al. 2025). Stds are unbiased, as TRL's nanstd. Takes a torch tensor or a numpy array (G ≥ 2)
     and returns the same kind; True and False mean "group" and "none"."""
     scale = check_scale_rewards(scale)
-    size = rewards.shape[-1]
-    adv = rewards - (rewards.sum(-1) / size)[..., None]
+    if baseline not in BASELINES:
+        raise DivvizInputError(f"unknown baseline {quoted(str(baseline))}; choose {' or '.join(BASELINES)}")
+    size, count = rewards.shape[-1], rewards.shape[-2] * rewards.shape[-1]
+    in_group = rewards - (rewards.sum(-1) / size)[..., None]
+    in_batch = rewards - (rewards.sum((-2, -1)) / count)[..., None, None]
+    adv = in_batch if baseline == "batch" else in_group
     if scale == "group":
-        std = ((adv * adv).sum(-1) / (size - 1)) ** 0.5
-        adv = adv / (std[..., None] + 1e-4)
+        adv = adv / ((((in_group * in_group).sum(-1) / (size - 1)) ** 0.5)[..., None] + 1e-4)
     elif scale == "batch":
-        count = rewards.shape[-2] * size
-        centred = rewards - (rewards.sum((-2, -1)) / count)[..., None, None]
-        std = ((centred * centred).sum((-2, -1)) / (count - 1)) ** 0.5
-        adv = adv / (std[..., None, None] + 1e-4)
+        adv = adv / ((((in_batch * in_batch).sum((-2, -1)) / (count - 1)) ** 0.5)[..., None, None] + 1e-4)
     return adv
 
 

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from divviz.aggregation import SCALE_REWARDS, aggregation_weights, check_scale_rewards, group_advantages
+from divviz.aggregation import BASELINES, SCALE_REWARDS, aggregation_weights, check_scale_rewards, group_advantages
 from divviz.loss_gradient import PolicyLossGradient
 from divviz.losses import Objective
 from divviz.params import DivvizInputError, Param, check_params
@@ -81,12 +81,14 @@ class BanditConfig:
     iterations: int = 80
     seed: int = 0
     scale_rewards: str = "group"  # TRL's: the group's reward std, the batch's (each run's), or none (Dr. GRPO)
+    baseline: str = "group"  # the mean subtracted: the group's, or the batch's (each run's; RPG's batch mean)
     autograd: bool = False
 
     @staticmethod
     def make(**values) -> "BanditConfig":
         choices = {"init": ("initial shape", INIT_SHAPES), "reward": ("reward", REWARDS),
-                   "optimizer": ("optimizer", OPTIMIZERS), "scale_rewards": ("scale_rewards", SCALE_REWARDS)}
+                   "optimizer": ("optimizer", OPTIMIZERS), "scale_rewards": ("scale_rewards", SCALE_REWARDS),
+                   "baseline": ("baseline", BASELINES)}
         if isinstance(values.get("scale_rewards"), bool):  # the older bool
             values["scale_rewards"] = check_scale_rewards(values["scale_rewards"])
         picked = {}
@@ -261,7 +263,7 @@ def sample_batch(cfg: BanditConfig, u: np.ndarray, gradient: PolicyLossGradient,
     np.minimum(actions, cfg.k - 1, out=actions)
     flat_actions = (actions + cfg.k * np.arange(runs)[:, None])[..., None]
     r = np.take_along_axis(rewards, actions, 1)
-    adv = group_advantages(r.reshape(runs, cfg.groups, cfg.group_size), cfg.scale_rewards).reshape(runs, n)
+    adv = group_advantages(r.reshape(runs, cfg.groups, cfg.group_size), cfg.scale_rewards, cfg.baseline).reshape(runs, n)
     old, ref = logp_old.reshape(-1)[flat_actions], np.take_along_axis(logp_ref, actions, 1)[..., None]
     return Batch(actions, flat_actions, adv, old, ref, mask, gradient.batch(old, adv, ref)), r
 

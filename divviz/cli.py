@@ -119,7 +119,7 @@ def cmd_train(args) -> int:
         **soft, importance_sampling_level=args.importance_sampling_level, ratio_cap=args.ratio_cap,
         penalty=args.penalty, penalty_params=parse_assignments(args.penalty_param),
         beta=0.04 if args.beta is None else args.beta, dual_clip_c=args.dual_clip, aggregation=args.aggregation,
-        scale_rewards="none" if args.no_scale_rewards else args.scale_rewards,
+        scale_rewards="none" if args.no_scale_rewards else args.scale_rewards, baseline=args.baseline,
         trust_remote_code=args.trust_remote_code, **{p.name: getattr(args, p.name) for p in RUN_PARAMS})
     stop_on_sigterm()
     root = runs_dir(args.runs_dir)
@@ -335,6 +335,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="TRL's scale_rewards: divide advantages by the group's reward std (group), the batch's (batch) "
                         "or neither (none, Dr. GRPO)")
     p.add_argument("--no-scale-rewards", action="store_true", help="the same as --scale-rewards none")
+    p.add_argument("--baseline", default="group",
+                   help="the mean subtracted from a reward: its group's (GRPO) or the whole batch's (RPG's batch mean)")
     p.add_argument("--task", default="reverse", help="add, sort, reverse or countdown")
     p.add_argument("--backend", default="divviz",
                    help="divviz (its own engine) or trl (TRL's GRPOTrainer; under `accelerate launch` on N processes)")

@@ -120,7 +120,8 @@ class PolicyLossGradient:
         for r, surrogate in self.surrogates:
             kept = ~(clipped_low[r] | clipped_high[r])
             selected = surrogate.selected(logp_new[r], self.logp_old[r], self.adv[r], self.active[r], kept)
-            slope[r] = self.weights[r] * surrogate.slope(w[r], self.adv[r], kept, selected)
+            bounds = tuple(b[r] if np.ndim(b) else b for b in (self.lower, self.upper))
+            slope[r] = self.weights[r] * surrogate.slope(w[r], self.adv[r], kept, selected, bounds)
         for rows, penalty, weight in self.penalties:
             ref = None if self.logp_ref is None else self.logp_ref[rows]
             slope[rows] += weight * penalty.slope(logp_new[rows], self.logp_old[rows], ref)

@@ -119,7 +119,7 @@ def _exp(x):
     return array_ops(x).exp(x)
 
 
-_RPG = {  # name: (title, differentiable loss term in lw = log w, KL part g of the REINFORCE weight, latex)
+RPG_REGULARISERS = {  # name: (title, differentiable loss term in lw = log w, KL part g of the REINFORCE weight, latex)
     "fkl": ("RPG forward KL", lambda lw: -lw, lambda lw: array_ops(lw).ones_like(lw),
             r"\mathrm{KL}(\pi_{\mathrm{old}}\|\pi_\theta):\; -\log w_t", r"g(w)=1"),
     "rkl": ("RPG reverse KL", lambda lw: _exp(lw) * lw, lambda lw: -_exp(lw) * (lw + 1),
@@ -132,7 +132,7 @@ _RPG = {  # name: (title, differentiable loss term in lw = log w, KL part g of t
 
 
 def _rpg_entries():
-    for name, (title, reg, weight, latex, latex_g) in _RPG.items():
+    for name, (title, reg, weight, latex, latex_g) in RPG_REGULARISERS.items():
         value, reinforce, slope = _rpg(reg, weight)
         yield PenaltyEntry(
             name, f"{title} (differentiable)", latex,

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from divviz.params import Configured, DivvizInputError, Param, check_params
+from divviz.penalties import RPG_REGULARISERS
 from divviz.safetext import quoted
 
 LEVELS = ("token", "sequence")  # TRL's importance_sampling_level: w_t, or the sequence's geometric-mean ratio (GSPO)
@@ -55,7 +56,7 @@ class SurrogateInputs:
 @dataclass(frozen=True)
 class SurrogateEntry:
     """One surrogate: `term` gives the per-token loss ℓ (torch, with its gradient); `slope` gives ∂ℓ/∂log π_θ in
-    numpy from (w, A, params, kept, selected) for one-token completions (the bandit and the explorer's curves; tests
+    numpy from (w, A, params, kept, selected, the test's bounds) for one-token completions (the bandit and the explorer's curves; tests
     check it against autograd). `select`, for the batch-selecting ones (clip_cov, kl_cov), picks their tokens from
     the whole batch (torch, detached; `random` if it draws from torch's global generator, as verl does).
     `clip` says whether it takes the objective's clip test ("needs"), refuses one ("none"); `sequence` whether it
@@ -68,7 +69,7 @@ class SurrogateEntry:
     source: str
     params: tuple[Param, ...]
     term: Callable  # (SurrogateInputs, params) -> ℓ, (B, T) or (B, 1)
-    slope: Callable  # (w, adv, params, kept, selected) -> ∂ℓ/∂log π_θ, numpy
+    slope: Callable  # (w, adv, params, kept, selected, bounds) -> ∂ℓ/∂log π_θ, numpy
     clip: str = "none"
     sequence: bool = False
     own_level: bool = False
@@ -92,13 +93,13 @@ class Surrogate(Configured):
             inputs = replace(inputs, selected=self.entry.select(inputs, self.params))
         return self.entry.term(inputs, self.params)
 
-    def slope(self, w, adv, kept=None, selected=None) -> np.ndarray:
+    def slope(self, w, adv, kept=None, selected=None, bounds=(0.0, np.inf)) -> np.ndarray:
         """∂ℓ/∂log π_θ for one-token completions; `kept`: not masked by the clip test; `selected`: picked by a
-        batch-selecting surrogate (default: all kept, none selected)."""
+        batch-selecting surrogate (default: all kept, none selected); `bounds`: the clip test's (l, u)."""
         w, adv = np.asarray(w, dtype=np.float64), np.asarray(adv, dtype=np.float64)
         kept = np.ones(np.shape(w), dtype=bool) if kept is None else kept
         selected = np.zeros(np.shape(w), dtype=bool) if selected is None else selected
-        return self.entry.slope(w, adv, self.params, kept, selected)
+        return self.entry.slope(w, adv, self.params, kept, selected, bounds)
 
     def selected(self, logp_new: np.ndarray, logp_old: np.ndarray, adv: np.ndarray, mask: np.ndarray,
                  kept: np.ndarray) -> np.ndarray | None:
@@ -111,14 +112,14 @@ class Surrogate(Configured):
                                  None, as_torch(kept))
         return self.entry.select(inputs, self.params).numpy()
 
-    def weight(self, w, adv, kept=None, selected=None) -> np.ndarray:
+    def weight(self, w, adv, kept=None, selected=None, bounds=(0.0, np.inf)) -> np.ndarray:
         """γ(w) = −(∂ℓ/∂log π_θ)/A for one-token completions (A ≠ 0; the explorer draws A = ±1)."""
-        return -self.slope(w, adv, kept, selected) / np.asarray(adv, dtype=np.float64)
+        return -self.slope(w, adv, kept, selected, bounds) / np.asarray(adv, dtype=np.float64)
 
 
 def _gamma(weight: Callable) -> Callable:
     """The slope −A γ of a surrogate given by its gradient weight γ(w, A, params, kept)."""
-    return lambda w, adv, p, kept, selected: -adv * weight(w, adv, p, kept)
+    return lambda w, adv, p, kept, selected, bounds: -adv * weight(w, adv, p, kept)
 
 
 def _cispo(s: SurrogateInputs, p):
@@ -240,12 +241,54 @@ def _clip_cov(s: SurrogateInputs, p):
     return -torch.minimum(ratio * s.adv, clipped * s.adv) * ~s.selected
 
 
-def _clip_cov_slope(w, adv, p, kept, selected):
+def _clip_cov_slope(w, adv, p, kept, selected, bounds):
     return -adv * w * kept * ~selected
 
 
-def _kl_cov_slope(w, adv, p, kept, selected):
+def _kl_cov_slope(w, adv, p, kept, selected, bounds):
     return -adv * w + p["coef"] * np.sign(np.log(w)) * selected
+
+
+def _rpg_algorithm_2(g: Callable) -> tuple[Callable, Callable]:
+    """RPG's Algorithm 2 with the KL part g of its REINFORCE weight (RPG Table 2): the effective advantage
+    A′ = A + β g(w̄)/w, w̄ = clip(w, l, u), inside the clip; ℓ = −sg(w) A′ log π there, so ∂ℓ/∂log π = −(w A + β g(w̄)).
+    A > 0 keeps w < u; A ≤ 0 keeps l ≤ w < c; elsewhere the ratio is replaced by the bound it crossed (u, l or c)
+    and log π is detached: no gradient, the KL term's included. Term for term RPG's `compute_policy_loss_reinforce`
+    with kl_type `rpg_rf_<kl>_clip_ppo` (verl/trainer/ppo/core_algos.py of complex-reasoning/RPG)."""
+    def term(s: SurrogateInputs, p):
+        lower, upper = (torch.as_tensor(b, dtype=s.log_ratio.dtype, device=s.log_ratio.device) for b in s.bounds)
+        w = s.log_ratio.exp()
+        kl = (p["beta"] * g(torch.minimum(torch.maximum(w, lower), upper).log())).detach()
+        logp, fixed = s.logp_new, s.logp_new.detach()
+        inside = (s.adv * logp + kl / w.detach() * logp) * w.detach()
+        above = torch.where(w < upper, inside, s.adv * fixed * upper - kl * fixed)
+        below = torch.where(w < lower, s.adv * fixed * lower - kl * fixed, inside)
+        below = torch.where(w < p["c"], below, s.adv * fixed * p["c"] + kl * fixed)
+        return -torch.where(s.adv > 0, above, below)
+
+    def slope(w, adv, p, kept, selected, bounds):
+        lower, upper = bounds
+        inside = np.where(adv > 0, w < upper, (w >= lower) & (w < p["c"]))
+        return -(adv * w + p["beta"] * g(np.log(np.clip(w, lower, upper)))) * inside
+
+    return term, slope
+
+
+def _rpg_entries():
+    for kl, (title, _, g, latex, latex_g) in RPG_REGULARISERS.items():
+        term, slope = _rpg_algorithm_2(g)
+        yield SurrogateEntry(
+            f"rpg_{kl}", f"RPG Algorithm 2, {title}: the KL inside the clipped advantage",
+            rf"-\,\mathrm{{sg}}(w_t)\,A'\log\pi_\theta,\ A'=A+\beta\,g(\bar w_t)/w_t,\ {latex_g}",
+            f"RPG's REINFORCE-style loss with its clip (Zhang et al., ICLR 2026, Algorithm 2): the {kl} term β·g "
+            "enters the advantage that the clip test and dual-clip c judge, so a clipped token loses its KL "
+            f"gradient too — unlike the additive form, PPO's surrogate + β·{kl}_rf, where the KL always acts.",
+            f"RPG core_algos.py compute_policy_loss_reinforce(kl_type='rpg_rf_{kl}_clip_ppo', kl_loss_coef=β, "
+            "clip_ratio_c=c); its box is clip_higher with clip_ratio_low/high",
+            (Param("beta", 1e-4, 0.0, typical=(0.0, 1.0, 1e-4), doc="β, the KL coefficient (RPG's kl_loss_coef)"),
+             Param("c", 3.0, 1.0, low_open=True, typical=(1.05, 20.0, 0.05),
+                   doc="dual-clip cap for A ≤ 0 (RPG's clip_ratio_c)")),
+            term, slope, clip="needs")
 
 
 RATIO_SHARE = "share of the batch's kept tokens it picks, at least 1 (verl's {name}, default 2e-4)"
@@ -323,7 +366,7 @@ SURROGATES: dict[str, SurrogateEntry] = {
             "verl core_algos.py compute_policy_loss_dro (policy_loss.dro_beta, which verl requires > 0)",
             (Param("beta", 0.1, 0.0, low_open=True, typical=(0.01, 5.0, 0.01), doc="β of the squared log-ratio "
                    "(verl's dro_beta)"),),
-            _dro, lambda w, adv, p, kept, selected: -adv + p["beta"] * np.log(w)),
+            _dro, lambda w, adv, p, kept, selected, bounds: -adv + p["beta"] * np.log(w)),
         SurrogateEntry(
             "kl_cov", "KL-Cov: a |log w| penalty on the tokens of largest covariance",
             r"-w_t A+\kappa\,|\log w_t|\cdot[t\in\mathrm{top}_k\ \mathrm{Cov}(A,\log\pi)]",
@@ -350,6 +393,7 @@ SURROGATES: dict[str, SurrogateEntry] = {
              Param("lb", 1.0, typical=(-5.0, 10.0, 0.05), doc="lower end of the covariance band (clip_cov_lb)"),
              Param("ub", 5.0, typical=(-5.0, 20.0, 0.05), doc="upper end of the covariance band (clip_cov_ub)")),
             _clip_cov, _clip_cov_slope, clip="needs", select=_random_covariance_band, random=True),
+        *_rpg_entries(),
     )
 }
 

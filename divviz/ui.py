@@ -11,7 +11,7 @@ import secrets
 import streamlit as st
 
 from divviz import instances, views
-from divviz.aggregation import AGGREGATIONS, SCALE_REWARDS
+from divviz.aggregation import AGGREGATIONS, BASELINES, SCALE_REWARDS
 from divviz.divergences import BETA, DUAL_CLIP, FAMILIES
 from divviz.engine.runner import Viewer
 from divviz.formula import MAX_CHARACTERS
@@ -189,10 +189,17 @@ SCALE_REWARDS_CONTROL = Control("scale_rewards", "group", options=SCALE_REWARDS,
                                 aliases=(("0", "none"), ("1", "group")))  # the bandit's links once had a toggle
 
 
-def scale_rewards(page: str, controls: dict[str, Control]) -> str:
-    return choice(page, controls["scale_rewards"], "Advantages: r − group mean, divided by the reward std of",
-                  labels={"group": "its group (GRPO)", "batch": "the whole batch (TRL's scale_rewards='batch')",
-                          "none": "nothing (Dr. GRPO)"})
+BASELINE_CONTROL = Control("baseline", "group", options=BASELINES)
+
+
+def advantage_widgets(page: str, controls: dict[str, Control]) -> dict[str, str]:
+    """The advantage's baseline and scale: {"baseline": …, "scale_rewards": …}."""
+    return {"baseline": choice(page, controls["baseline"], "Advantages: the reward minus the mean of",
+                               labels={"group": "its group (GRPO)", "batch": "the whole batch (RPG's batch mean)"}),
+            "scale_rewards": choice(page, controls["scale_rewards"], "… divided by the reward std of",
+                                    labels={"group": "its group (GRPO)",
+                                            "batch": "the whole batch (TRL's scale_rewards='batch')",
+                                            "none": "nothing (Dr. GRPO, RPG)"})}
 
 
 def objective_widgets(page: str, controls: dict[str, Control], bandit: bool = False) -> tuple[list[Objective], list[str]]:

@@ -47,9 +47,10 @@ def test_each_surrogates_closed_form_weight_is_its_autograd_gradient(name):
     bounds = (0.0, np.inf) if objective.clip is None else objective.clip.bounds()
     for sign in (+1, -1):
         masked = (RATIOS > bounds[1]) if sign > 0 else (RATIOS < bounds[0])
-        want = objective.surrogate.weight(RATIOS, np.full_like(RATIOS, sign), ~masked)
+        want = objective.surrogate.weight(RATIOS, np.full_like(RATIOS, sign), ~masked, None, bounds)
         np.testing.assert_allclose(got[sign], want, rtol=1e-12, atol=1e-15)
-    assert np.isclose(got[+1][np.argmin(abs(RATIOS - 1))], objective.surrogate.weight(1.0, 1.0), rtol=1e-12)
+    at_one = objective.surrogate.weight(1.0, 1.0, None, None, bounds)
+    assert np.isclose(got[+1][np.argmin(abs(RATIOS - 1))], at_one, rtol=1e-12)
 
 
 @pytest.mark.parametrize("name", SELECTING)

@@ -6,7 +6,7 @@ import importlib.util
 from dataclasses import asdict, dataclass, field, replace
 from typing import Mapping
 
-from divviz.aggregation import AGGREGATIONS, check_scale_rewards
+from divviz.aggregation import AGGREGATIONS, BASELINES, check_scale_rewards
 from divviz.divergences import clip_test
 from divviz.engine.completions import BYTE_CAP, MAX_BYTES
 from divviz.engine.tasks import TASKS
@@ -94,6 +94,7 @@ class RunConfig:
     importance_sampling_level: str = "token"
     aggregation: str = "grpo"
     scale_rewards: str = "group"  # TRL's: "group", "batch" or "none" (True/False of older configs: group/none)
+    baseline: str = "group"  # the mean subtracted from a reward: its group's, or the batch's (RPG's batch mean)
     trust_remote_code: bool = False
     steps: int = 60
     prompts: int = 16
@@ -122,6 +123,11 @@ class RunConfig:
         cfg = RunConfig(**values, **checked)
         if cfg.task not in TASKS:
             raise DivvizInputError(f"unknown task {quoted(cfg.task)}; known: {', '.join(TASKS)}")
+        if cfg.baseline not in BASELINES:
+            raise DivvizInputError(f"unknown baseline {quoted(cfg.baseline)}; choose {' or '.join(BASELINES)}")
+        if cfg.backend == "trl" and cfg.baseline != "group":
+            raise DivvizInputError("TRL's GRPOTrainer subtracts each group's mean; the batch-mean baseline trains "
+                                   "with the divviz backend")
         if cfg.aggregation not in AGGREGATIONS:
             raise DivvizInputError(f"unknown aggregation {quoted(cfg.aggregation)}; known: {', '.join(AGGREGATIONS)}")
         if cfg.backend not in BACKENDS:

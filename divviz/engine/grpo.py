@@ -126,7 +126,7 @@ def make_batch(tr: Trainer, step: int) -> Batch:
     rewards = torch.tensor([tr.task.reward(p, r, c, cfg.format_reward) for p, r, c in zip(prompts, references, texts)],
                            dtype=torch.float32)
     correct = [tr.task.correct(p, r, c) for p, r, c in zip(prompts, references, texts)]
-    adv = group_advantages(rewards.view(cfg.prompts, cfg.group_size), cfg.scale_rewards).reshape(-1).to(tr.device)
+    adv = group_advantages(rewards.view(cfg.prompts, cfg.group_size), cfg.scale_rewards, cfg.baseline).reshape(-1).to(tr.device)
     return Batch(rollout, prompts, texts, rewards, correct, adv)
 
 
