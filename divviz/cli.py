@@ -108,8 +108,13 @@ def cmd_train(args) -> int:
     from divviz.engine.store import read_run, runs_dir
     from divviz.engine.train import stop_on_sigterm
 
-    if args.beta is not None and not args.penalty:
-        raise DivvizInputError("--beta was given without a penalty (--penalty); choose one or drop --beta")
+    for coefficient, flag in ((args.beta, "penalty"), (args.beta2, "penalty2")):
+        if coefficient is not None and not getattr(args, flag):
+            raise DivvizInputError(f"--{flag.replace('penalty', 'beta')} was given without a penalty (--{flag}); "
+                                   "choose one or drop it")
+    if args.penalty2 and args.beta2 is None:
+        raise DivvizInputError("--penalty2 needs its own coefficient --beta2 (e.g. GBMPO's prob_l2kl: --penalty k3 "
+                               "--beta 0.04 --penalty2 prob_l2 --beta2 0.1)")
     soft = surrogate_settings(args.surrogate)
     cfg = RunConfig.make(
         task=args.task, backend=args.backend, model=args.model, device=args.device,
@@ -118,6 +123,8 @@ def cmd_train(args) -> int:
                            else "ratio"),
         **soft, importance_sampling_level=args.importance_sampling_level, ratio_cap=args.ratio_cap,
         penalty=args.penalty, penalty_params=parse_assignments(args.penalty_param),
+        second_penalty=args.penalty2, second_penalty_params=parse_assignments(args.penalty2_param),
+        second_beta=0.0 if args.beta2 is None else args.beta2,
         beta=0.04 if args.beta is None else args.beta, dual_clip_c=args.dual_clip, aggregation=args.aggregation,
         scale_rewards="none" if args.no_scale_rewards else args.scale_rewards, baseline=args.baseline,
         trust_remote_code=args.trust_remote_code, **{p.name: getattr(args, p.name) for p in RUN_PARAMS})
@@ -323,6 +330,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--penalty", help="penalty toward the start policy, e.g. k3, prob_l2, ufkl_rf")
     p.add_argument("--penalty-param", action="append", default=[], metavar="K=V", help="a penalty parameter")
     p.add_argument("--beta", default=None, help="penalty coefficient β (with --penalty; default 0.04)")
+    p.add_argument("--penalty2", help="a second penalty with its own coefficient (GBMPO's prob_l2kl: k3 and prob_l2)")
+    p.add_argument("--penalty2-param", action="append", default=[], metavar="K=V", help="a second-penalty parameter")
+    p.add_argument("--beta2", default=None, help="the second penalty's coefficient (with --penalty2)")
     p.add_argument("--dual-clip", default=None, metavar="C", help="dual-clip cap c > 1 for A < 0")
     p.add_argument("--surrogate", metavar="NAME[:K=V…]",
                    help="replace PPO's clipped surrogate: cispo, sapo, vespo, gpg (no clip test), dppo, geo_mean (with one)")

@@ -3,8 +3,9 @@
 For a token with π_old, ratio w, advantage A (and π_ref for a penalty), and an objective with clip test [l, u]:
 
     ℓ = −min(w·A, clip(w)·A)          clip(w) = w inside the test, else the edge on w's side (l or u)
-        [capped at −c·A for A < 0]     dual-clip (RPG §3.3)
-        + β·penalty                    the penalty term, as the objective adds it
+        [capped at −c·A for A < 0]     dual-clip (RPG §3.3); TRL's ratio cap δ takes min(w, δ)·A first
+        + β·penalty [+ β₂·penalty₂]    the penalty terms, as the objective adds them
+    (a surrogate replaces the min: its own term, and its gradient weight γ = −(∂ℓ/∂log π_θ)/A)
     its weight in the loss: ∂L/∂ℓ (the aggregation's), so the token adds weight·ℓ to L.
 
 Every number comes from `policy_loss` on a 1-token batch (float64): the loss with and without the penalty, the
@@ -15,12 +16,12 @@ clip(w)·A with clip(w) from the test's own `bounds`; the explanation checks tha
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
-from divviz.losses import TOKEN_STATES, Objective, policy_loss
+from divviz.losses import TOKEN_STATES, Objective
 from divviz.params import DivvizInputError
 
 WHY = {  # theory.md §1.4: which side, which sign
@@ -53,9 +54,12 @@ class TokenExplanation:
     winner: str  # "unclipped", "clipped" or "both" (equal)
     dual_cap: float | None  # −c·A for A < 0 with dual-clip
     policy_loss: float  # ℓ without the penalty
-    penalty: str | None
-    penalty_value: float | None
-    penalty_term: float  # β·(the penalty's loss term)
+    penalty: str | None  # "β·name [+ β₂·name₂]"
+    first_penalty: str | None  # the first penalty's name
+    penalty_value: float | None  # its value
+    penalty_term: float  # the penalties' loss terms, with their coefficients
+    surrogate: str | None  # the surrogate's label, None for PPO's clipped surrogate
+    policy_gradient: float  # ∂(ℓ without the penalty)/∂log π_θ
     loss: float  # ℓ
     gradient: float  # ∂ℓ/∂log π_θ
     state: str  # one of TOKEN_STATES
@@ -68,6 +72,9 @@ class TokenExplanation:
 
     @property
     def why(self) -> str:
+        if self.surrogate is not None:
+            weight = "" if self.adv == 0 else f": γ = −(∂ℓ/∂log π_θ)/A = {-self.policy_gradient / self.adv:.6g}"
+            return f"{self.surrogate}'s gradient is its own{weight}"
         if self.adv == 0:
             return "A = 0: the policy term has no gradient, whatever w"
         return WHY[self.state]
@@ -86,19 +93,24 @@ class TokenExplanation:
             inside = self.lower <= self.ratio <= self.upper
             rows.append(("test", f"{self.measure}(w) = {g(self.measure_value)} against {self.threshold}: "
                                  f"w {'inside' if inside else 'outside'} [l, u] = [{g(self.lower)}, {g(self.upper)}]"))
-        terms = {"unclipped": f"w·A = {g(self.unclipped)}", "clipped": f"clip(w)·A = {g(self.clipped)}"}
-        won = {"both": "equal: either", "unclipped": "w·A wins", "clipped": "clip(w)·A wins"}[self.winner]
-        rows.append(("the min", f"min({terms['unclipped']}, {terms['clipped']}) = "
-                                f"{g(min(self.unclipped, self.clipped))}: {won}"))
+        if self.surrogate is not None:
+            rows.append(("surrogate", f"{self.surrogate} replaces PPO's min: its ℓ = {g(self.policy_loss)}, "
+                                      f"∂ℓ/∂log π_θ = {g(self.policy_gradient)}"))
+        else:
+            terms = {"unclipped": f"w·A = {g(self.unclipped)}", "clipped": f"clip(w)·A = {g(self.clipped)}"}
+            won = {"both": "equal: either", "unclipped": "w·A wins", "clipped": "clip(w)·A wins"}[self.winner]
+            rows.append(("the min", f"min({terms['unclipped']}, {terms['clipped']}) = "
+                                    f"{g(min(self.unclipped, self.clipped))}: {won}"))
         if self.dual_cap is not None:
             rows.append(("dual-clip", f"cap −c·A = {g(self.dual_cap)}" + (": binds" if self.state == "dual-clip"
                                                                         else ": does not bind")))
         if self.penalty is not None:
-            rows.append(("penalty", f"β·{self.penalty} = {g(self.penalty_term)}   ({self.penalty} = "
+            rows.append(("penalty", f"{self.penalty} = {g(self.penalty_term)}   ({self.first_penalty} = "
                                     f"{g(self.penalty_value)}" + (f", π_ref = {g(self.pi_ref)})" if self.pi_ref
                                                                   is not None else ")")))
-        policy = "−c·A (the cap)" if self.state == "dual-clip" else "−min(…)"
-        total = f" + β·{self.penalty} = {g(self.policy_loss)} + {g(self.penalty_term)}" if self.penalty else ""
+        policy = "−c·A (the cap)" if self.state == "dual-clip" else "−min(…)" if self.surrogate is None else \
+            self.surrogate
+        total = f" + {self.penalty} = {g(self.policy_loss)} + {g(self.penalty_term)}" if self.penalty else ""
         rows.append(("loss", f"ℓ = {policy}{total} = {g(self.loss)};  ∂ℓ/∂log π_θ = {g(self.gradient)}"
                              + (" (the penalty's slope included)" if self.penalty else "")))
         rows.append(("gradient", f"{'masked' if self.masked else 'kept'} ({self.state}): {self.why}"))
@@ -117,8 +129,8 @@ def explain(objective: Objective, pi_old: float, ratio: float, adv: float, *, pi
     for name, value in (("π_old", pi_old), ("ratio", ratio)):
         if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
             raise DivvizInputError(f"this token's {name} is {value!r}: the explainer needs a positive number")
-    if objective.penalty is not None and objective.penalty.entry.needs_ref and pi_ref is None:
-        raise DivvizInputError(f"{objective.penalty.name} needs π_ref, which this run did not keep")
+    if objective.needs_ref and pi_ref is None:
+        raise DivvizInputError(f"{objective.label} needs π_ref, which this run did not keep")
     logp_old = _one(math.log(pi_old))
     logp_new = (logp_old + math.log(ratio)).requires_grad_()
     logp_ref = None if pi_ref is None else _one(math.log(pi_ref))
@@ -127,8 +139,9 @@ def explain(objective: Objective, pi_old: float, ratio: float, adv: float, *, pi
     out = objective(logp_new, *args, **options)
     loss = float(out.loss.detach())
     (gradient,) = torch.autograd.grad(out.loss, logp_new)
-    policy_only = policy_loss(logp_new.detach(), *args, clip=objective.clip, dual_clip_c=objective.dual_clip_c,
-                              aggregation=objective.aggregation, max_completion_length=1)
+    plain = replace(objective, penalty=None, beta=0.0, second_penalty=None, second_beta=0.0)
+    policy_only = plain(logp_new, *args, **options)
+    (policy_gradient,) = torch.autograd.grad(policy_only.loss, logp_new)
     w = float(out.ratio)
     lower = upper = measure_value = None
     clipped_ratio, threshold = w, ""
@@ -138,7 +151,8 @@ def explain(objective: Objective, pi_old: float, ratio: float, adv: float, *, pi
         threshold = ", ".join(f"{k} = {v:g}" for k, v in objective.clip.params.items())
         if bool(out.outside):
             clipped_ratio = upper if w > 1 else lower
-    unclipped, clipped = w * adv, clipped_ratio * adv
+    unclipped = (w if objective.ratio_cap is None else min(w, objective.ratio_cap)) * adv
+    clipped = clipped_ratio * adv
     winner = "both" if unclipped == clipped else "unclipped" if unclipped < clipped else "clipped"
     penalty_value = None if out.penalty is None else float(out.penalty)
     return TokenExplanation(
@@ -146,8 +160,11 @@ def explain(objective: Objective, pi_old: float, ratio: float, adv: float, *, pi
         measure=objective.clip.name if objective.clip else None, measure_value=measure_value, threshold=threshold,
         lower=lower, upper=upper, unclipped=unclipped, clipped=clipped, winner=winner,
         dual_cap=-objective.dual_clip_c * adv if objective.dual_clip_c is not None and adv < 0 else None,
-        policy_loss=float(policy_only.loss), penalty=objective.penalty.name if objective.penalty else None,
-        penalty_value=penalty_value, penalty_term=loss - float(policy_only.loss), loss=loss,
+        policy_loss=float(policy_only.loss.detach()),
+        penalty=" + ".join(f"{beta:g}·{p.name}" for p, beta in objective.penalties) or None,
+        first_penalty=objective.penalty.name if objective.penalty else None,
+        penalty_value=penalty_value, penalty_term=loss - float(policy_only.loss.detach()), loss=loss,
+        surrogate=objective.surrogate.label if objective.surrogate else None, policy_gradient=float(policy_gradient),
         gradient=float(gradient), state=TOKEN_STATES[int(out.token_state())], weight=weight, pi_ref=pi_ref)
 
 

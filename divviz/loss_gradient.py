@@ -72,13 +72,12 @@ class PolicyLossGradient:
         if sequence_level and weights.shape[-1] != 1:
             raise DivvizInputError("the closed-form gradient takes sequence-level objectives only for one-token "
                                    "completions (the bandit's), where the sequence's ratio is the token's")
-        # (rows, penalty, β·weights): one call for all runs when they share the penalty and β, else one per run
-        terms = [(o.penalty, o.beta) for o in objectives]
-        if terms[0][0] is not None and terms[0][1] > 0 and terms.count(terms[0]) == len(terms):
-            self.penalties = [(slice(None), terms[0][0], terms[0][1] * weights)]
+        # (rows, penalty, β·weights): one call for all runs when they share their penalties, else one per run
+        terms = [o.penalties for o in objectives]
+        if terms.count(terms[0]) == len(terms):
+            self.penalties = [(slice(None), penalty, beta * weights) for penalty, beta in terms[0]]
         else:
-            self.penalties = [(r, penalty, beta * weights[r]) for r, (penalty, beta) in enumerate(terms)
-                              if penalty is not None and beta > 0]
+            self.penalties = [(r, penalty, beta * weights[r]) for r, pairs in enumerate(terms) for penalty, beta in pairs]
 
     def _per_run(self, values):
         """One float or one array like a row of π_old per run -> (R, 1, 1) or (R, B, T)."""

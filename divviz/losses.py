@@ -42,7 +42,8 @@ from divviz.surrogates import LEVELS, Surrogate, SurrogateInputs
 @dataclass(frozen=True)
 class Objective:
     """Everything that picks the loss: a clip test, a surrogate (None: PPO's clipped surrogate), a penalty with its
-    β, a dual-clip cap, TRL's ratio cap δ, the importance-sampling level and an aggregation.
+    β, a dual-clip cap, TRL's ratio cap δ, the importance-sampling level, an aggregation, and a second penalty
+    with its own coefficient (GBMPO's prob_l2kl: β·k3 + λ·prob_l2).
 
     Built once (parameters and their combination checked on construction), used by the explorer, the bandit and
     training alike.
@@ -56,9 +57,12 @@ class Objective:
     surrogate: Surrogate | None = None
     importance_sampling_level: str = "token"
     ratio_cap: float | None = None
+    second_penalty: Penalty | None = None
+    second_beta: float = 0.0
 
     def __post_init__(self):
         object.__setattr__(self, "beta", check_beta(self.beta))
+        object.__setattr__(self, "second_beta", check_beta(self.second_beta))
         object.__setattr__(self, "dual_clip_c", check_dual_clip(self.dual_clip_c))
         object.__setattr__(self, "ratio_cap", check_ratio_cap(self.ratio_cap))
         check_aggregation(self.aggregation)
@@ -72,19 +76,30 @@ class Objective:
             parts = [self.surrogate.label] + (["with", self.clip.label] if self.clip else [])
         if self.importance_sampling_level == "sequence":
             parts.append("(sequence)")
-        if self.penalty is not None and self.beta > 0:
-            parts.append(f"+ {self.beta:g}·{self.penalty.label}")
+        parts += [f"+ {beta:g}·{penalty.label}" for penalty, beta in self.penalties]
         if self.dual_clip_c is not None:
             parts.append(f"c={self.dual_clip_c:g}")
         if self.ratio_cap is not None:
             parts.append(f"δ_cap={self.ratio_cap:g}")
         return " ".join(parts)
 
+    @property
+    def penalties(self) -> list[tuple[Penalty, float]]:
+        """(penalty, coefficient) of each penalty that acts (its coefficient > 0)."""
+        return [(p, b) for p, b in ((self.penalty, self.beta), (self.second_penalty, self.second_beta))
+                if p is not None and b > 0]
+
+    @property
+    def needs_ref(self) -> bool:
+        """Whether a penalty reads π_ref (training then keeps a frozen copy of the start policy)."""
+        return any(p.entry.needs_ref for p in (self.penalty, self.second_penalty) if p is not None)
+
     def __call__(self, logp_new, logp_old, adv, mask, logp_ref=None, **kwargs) -> "LossOutput":
         return policy_loss(logp_new, logp_old, adv, mask, clip=self.clip, penalty=self.penalty, beta=self.beta,
                            logp_ref=logp_ref, dual_clip_c=self.dual_clip_c, aggregation=self.aggregation,
                            surrogate=self.surrogate, importance_sampling_level=self.importance_sampling_level,
-                           ratio_cap=self.ratio_cap, **kwargs)
+                           ratio_cap=self.ratio_cap, second_penalty=self.second_penalty,
+                           second_beta=self.second_beta, **kwargs)
 
 
 RATIO_CAP = Param("ratio_cap", 2.0, 1.0, low_open=True, trl_name="delta", typical=(1.05, 10.0, 0.05),
@@ -181,6 +196,8 @@ def policy_loss(
     surrogate: Surrogate | None = None,
     importance_sampling_level: str = "token",
     ratio_cap: float | None = None,
+    second_penalty: Penalty | None = None,
+    second_beta: float = 0.0,
 ) -> LossOutput:
     """Loss and per-token facts for one batch.
 
@@ -199,8 +216,10 @@ def policy_loss(
     GSPO-token (verl's form): log s_i,t = sg(log s_i) + log π_t − sg(log π_t), so a token's gradient is its own; with one
     advantage per completion (TRL's) this is TRL's (B, 1) ratio exactly, with per-token advantages it is verl's.
     ratio_cap: None or TRL's delta > 1: PPO's unclipped term uses min(w, δ) (INTELLECT-2).
+    second_penalty, second_beta: another penalty added as second_beta·its loss term (GBMPO's prob_l2kl adds
+    λ·prob_l2 to β·k3); LossOutput.penalty is the first penalty's value.
     """
-    beta = check_beta(beta)
+    beta, second_beta = check_beta(beta), check_beta(second_beta)
     dual_clip_c = check_dual_clip(dual_clip_c)
     ratio_cap = check_ratio_cap(ratio_cap)
     check_aggregation(aggregation)
@@ -250,6 +269,8 @@ def policy_loss(
     if penalty is not None:
         penalty_value = penalty.value(logp_new, logp_old, logp_ref).detach()
         per_token = per_token + beta * penalty.loss_term(logp_new, logp_old, logp_ref)
+    if second_penalty is not None:
+        per_token = per_token + second_beta * second_penalty.loss_term(logp_new, logp_old, logp_ref)
 
     per_token = per_token.expand_as(mask)
     outside = outside.expand_as(active) & active

@@ -177,6 +177,7 @@ def objective_controls(tests: list[str], beta: float) -> list[Control]:
     """The controls of `objective_widgets`, with the page's default clip tests and β."""
     return [Control("m", tests, family="clip"), Control("s", [], family="surrogate"),
             Control("pen", "none", options=("none", *PENALTIES)), Control("beta", beta, param=BETA),
+            Control("pen2", "none", options=("none", *PENALTIES)), Control("beta2", 0.1, param=BETA),
             Control("dual", False, param=Param("dual", False, kind="bool", doc="cap the loss of A < 0 tokens at −c·A")),
             Control("c", 3.0, param=DUAL_CLIP),
             Control("cap_on", False, param=Param("cap_on", False, kind="bool", doc=RATIO_CAP.doc)),
@@ -204,7 +205,7 @@ def advantage_widgets(page: str, controls: dict[str, Control]) -> dict[str, str]
 
 def objective_widgets(page: str, controls: dict[str, Control], bandit: bool = False) -> tuple[list[Objective], list[str]]:
     """The sidebar block shared by the bandit and the lab: clip tests and surrogates (one run each), a penalty with
-    its β, dual-clip, TRL's ratio cap, the importance-sampling level and the aggregation. Returns
+    its β and a second one with its own, dual-clip, TRL's ratio cap, the importance-sampling level and the aggregation. Returns
     `views.compared_objectives`: (objectives, a message for each entry these settings refuse)."""
     tests = measure_list(page, controls["m"], "Clip tests under PPO's surrogate (one run each)")
     surrogates = measure_list(page, controls["s"], "Surrogates (one run each; dppo and geo_mean mask with the first "
@@ -212,6 +213,13 @@ def objective_widgets(page: str, controls: dict[str, Control], bandit: bool = Fa
     pen_name = choice(page, controls["pen"], "Penalty toward the start policy")
     pen = penalty_widgets(page, pen_name, controls) if pen_name != "none" else None
     shared = {"penalty": pen, "beta": number(page, controls["beta"], "β") if pen else 0.0}
+    second = choice(page, controls["pen2"], "A second penalty, with its own coefficient",
+                    help="GBMPO's prob_l2kl: k3 with β and prob_l2 with λ")
+    if second != "none" and second == pen_name:
+        st.warning("The second penalty is the first one again: choose another, or raise β.", icon=":material/warning:")
+    elif second != "none":
+        shared["second_penalty"] = penalty_widgets(page, second, controls)
+        shared["second_beta"] = number(page, controls["beta2"], "β₂ (its coefficient)")
     if number(page, controls["dual"], "Dual-clip"):
         shared["dual_clip_c"] = number(page, controls["c"], "dual-clip c")
     if number(page, controls["cap_on"], "Ratio cap δ (TRL's delta)"):

@@ -78,6 +78,10 @@ def test_bounds_unbounded_and_pi_old(capsys):
     (["bounds", "--measure", "kl3:delta=0.1", "--measure", "ratio", "--param", "eps=0.1"],
      "--param belongs to a single --measure"),
     (["train", "--measure", "kl3:eps=0.2"], "kl3: unknown parameter 'eps'"),
+    (["train", "--penalty2", "prob_l2"], "--penalty2 needs its own coefficient --beta2"),
+    (["train", "--beta2", "0.1"], "--beta2 was given without a penalty (--penalty2)"),
+    (["train", "--scale-rewards", "std"], "unknown scale_rewards 'std'; choose group, batch, none"),
+    (["train", "--baseline", "prompt"], "unknown baseline 'prompt'; choose group or batch"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
     ([], "the following arguments are required: command"),
 ])

@@ -78,6 +78,13 @@ def test_gspo_and_the_ratio_cap_train(tmp_path):
     check_folder(run_tiny(tmp_path / "cap", clip="clip_higher", ratio_cap=1.1), 2)
 
 
+def test_two_penalties_train(tmp_path):
+    """GBMPO's prob_l2kl: β·k3 and λ·prob_l2 toward the start policy, with the reference kept for both."""
+    folder = run_tiny(tmp_path, clip="ratio", penalty="k3", beta=0.04, second_penalty="prob_l2", second_beta=0.1)
+    check_folder(folder, 2)
+    assert RunConfig.from_dict(store.read_run(folder).config).objective().label == "ratio ε=0.2 + 0.04·k3 + 0.1·prob_l2"
+
+
 def test_no_clip_and_every_aggregation(tmp_path):
     for aggregation in AGGREGATIONS:
         check_folder(run_tiny(tmp_path, clip=None, aggregation=aggregation, scale_rewards=False, mu=1, steps=1), 1)

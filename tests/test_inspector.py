@@ -22,6 +22,7 @@ from divviz.engine.train import train
 from divviz.losses import Objective
 from divviz.params import DivvizInputError
 from divviz.penalties import penalty
+from divviz.surrogates import surrogate
 
 ROOT = Path(__file__).resolve().parents[1]
 HOSTILE = "<script>alert('x')</script> **bold** [l](http://127.0.0.1:9/) <img src=x onerror=alert(1)>"
@@ -94,6 +95,23 @@ def test_the_explainer_adds_the_penalty_and_puts_kl3s_numbers_in():
         explain.explain(objective, pi_old, w, adv)
     with pytest.raises(DivvizInputError, match="positive number"):
         explain.explain(objective, float("nan"), w, adv, pi_ref=pi_ref)
+
+
+def test_the_explainer_takes_two_penalties_and_a_surrogate_apart():
+    """GBMPO's prob_l2kl on one token: the penalty row adds β·k3 and λ·(π_θ − π_ref)²; a surrogate's row gives its
+    own ℓ and gradient weight (sapo at w = 1: γ = 1) instead of PPO's min."""
+    pi_old, w, adv, pi_ref = 0.3, 1.1, -0.5, 0.2
+    both = Objective(clip=clip_test("ratio"), penalty=penalty("k3"), beta=0.04, second_penalty=penalty("prob_l2"),
+                     second_beta=0.1)
+    e = explain.explain(both, pi_old, w, adv, pi_ref=pi_ref)
+    p, r = pi_old * w, pi_ref / (pi_old * w)
+    assert e.penalty_term == pytest.approx(0.04 * (r - math.log(r) - 1) + 0.1 * (p - pi_ref) ** 2, rel=1e-12)
+    assert e.gradient == pytest.approx(-w * adv + 0.04 * (1 - r) + 0.1 * 2 * p * (p - pi_ref), rel=1e-12)
+    assert dict(e.lines())["penalty"].startswith("0.04·k3 + 0.1·prob_l2 = ")
+    soft = explain.explain(Objective(surrogate=surrogate("sapo")), pi_old, 1.0, 2.0)
+    lines = dict(soft.lines())
+    assert "the min" not in lines and lines["surrogate"].startswith("sapo replaces PPO's min")
+    assert soft.policy_gradient == pytest.approx(-2.0) and "γ = −(∂ℓ/∂log π_θ)/A = 1" in lines["gradient"]
 
 
 def bpe_model(folder: Path) -> Path:

@@ -310,3 +310,26 @@ def test_the_bandits_overshoot_equals_the_engines(clip):
     want = overshoot(t(np.exp(logp_after - logp_old)), t(adv), torch.ones(64, 1, dtype=torch.float64), test,
                      t(np.exp(logp_old)))
     assert counted == pytest.approx(want) and (clip is None) == (want == 0)
+
+
+def test_two_penalties_add_with_their_own_coefficients():
+    """GBMPO's prob_l2kl (aligntune's ProbL2KLGRPOTrainer: PPO + β·k3 + λ·(π_θ − π_ref)²): the loss is the one-penalty
+    loss plus λ times the second penalty aggregated alike, the gradient likewise, and the bandit's closed form
+    equals autograd."""
+    logp_new, logp_old, adv, mask = random_token_batch(11, completions=5, length=4)
+    logp_ref = (logp_old + 0.3 * torch.randn(5, 4, generator=torch.Generator().manual_seed(12), dtype=torch.float64)
+                ).clamp(max=-1e-3)
+    logp_new.requires_grad_()
+    both = Objective(clip=dv.clip_test("ratio"), penalty=pn.penalty("k3"), beta=0.04,
+                     second_penalty=pn.penalty("prob_l2"), second_beta=0.1, aggregation="dr_grpo")
+    one = Objective(clip=dv.clip_test("ratio"), penalty=pn.penalty("k3"), beta=0.04, aggregation="dr_grpo")
+    l2 = Objective(clip=dv.clip_test("ratio"), penalty=pn.penalty("prob_l2"), beta=0.1, aggregation="dr_grpo")
+    plain = Objective(clip=dv.clip_test("ratio"), aggregation="dr_grpo")
+    outs = [o(logp_new, logp_old, adv, mask, logp_ref) for o in (both, one, l2, plain)]
+    assert outs[0].loss.item() == pytest.approx((outs[1].loss + outs[2].loss - outs[3].loss).item(), rel=1e-12)
+    grads = [torch.autograd.grad(out.loss, logp_new)[0] for out in outs]
+    torch.testing.assert_close(grads[0], grads[1] + grads[2] - grads[3], rtol=1e-12, atol=1e-15)
+    assert both.label == "ratio ε=0.2 + 0.04·k3 + 0.1·prob_l2" and both.needs_ref
+    weights = aggregation_weights(mask.numpy(), "dr_grpo")[None]
+    fast = PolicyLossGradient([both], weights).batch(logp_old.numpy()[None], adv.numpy()[None], logp_ref.numpy()[None])
+    np.testing.assert_allclose(fast(logp_new.detach().numpy()[None]).grad[0], grads[0].numpy(), rtol=1e-12, atol=1e-15)

@@ -198,6 +198,17 @@ def test_mass_reallocation_trains_surrogates_and_says_what_it_refuses():
     assert [m.value for m in at.metric] == [token[0], token[2], token[3]]  # one token: the same runs
 
 
+def test_mass_reallocation_with_two_penalties_and_a_batch_baseline():
+    at = open_page("app_pages/mass_reallocation.py", {"iterations": "10", "k": "20", "m": "kl3", "pen": "k3",
+                                                      "pen2": "prob_l2", "beta2": "0.2", "baseline": "batch",
+                                                      "scale_rewards": "none"})
+    assert [m.label for m in at.metric] == ["kl3 δ=0.05 + 0.05·k3 + 0.2·prob_l2"] and not at.warning
+    at = open_page("app_pages/mass_reallocation.py", {"iterations": "10", "k": "20", "pen": "k3", "pen2": "k3"})
+    assert "The second penalty is the first one again" in at.warning[0].value and not at.exception
+    at = open_page("app_pages/mass_reallocation.py", {"iterations": "10", "k": "20", "scale_rewards": "0"})
+    assert at.selectbox(key="bandit:scale_rewards").value == "none" and not at.warning  # an older link's toggle
+
+
 def test_a_bandit_preset_with_surrogates_and_one_without():
     at = open_page("app_pages/mass_reallocation.py", {"iterations": "10", "k": "20"})
     next(b for b in at.button if b.label.startswith("PPO vs surrogates")).click().run()

@@ -232,6 +232,8 @@ def test_agreeing_options_are_accepted_and_beta_loads_the_reference(tmp_path):
     assert trl_args_for(k3, config(tmp_path, loss_type="grpo")).beta == 0.04  # TRL then loads the reference model
     rpg = Objective(penalty=penalty("ufkl"), beta=0.1)  # a penalty to π_old needs no reference model
     assert trl_args_for(rpg, config(tmp_path, loss_type="grpo")).beta == 0.0
+    gbmpo = Objective(penalty=penalty("ufkl"), beta=0.1, second_penalty=penalty("prob_l2"), second_beta=0.3)
+    assert trl_args_for(gbmpo, config(tmp_path, loss_type="grpo")).beta == 0.3  # the second one reads π_ref
 
 
 @pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])

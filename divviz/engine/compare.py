@@ -70,7 +70,7 @@ def same_batch(cfg: RunConfig, objectives: list[tuple[str, Objective]], step: in
                    "masked_share": float(out.grad_masked[active].float().mean())}
         state = out.clipped_low.long() + 2 * out.clipped_high.long() + 3 * out.dual_clipped.long()
         record = inspected_record(tr, batch, out, logp_old, logp_after,
-                                  logp_old if objective.penalty is not None else None, step, objective,
+                                  logp_old if objective.penalties else None, step, objective,
                                   rows=max(inspected_rows(cfg), cfg.group_size))  # at least one group, side by side
         results.append(Comparison(label, metrics, logp_old.exp()[active].cpu().numpy(),
                                   logp_after.exp()[active].cpu().numpy(), out.ratio[active].cpu().numpy(),

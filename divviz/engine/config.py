@@ -48,9 +48,11 @@ BACKENDS = ("divviz", "trl")  # divviz's own engine, or TRL's GRPOTrainer throug
 
 def objective_from(settings: Mapping) -> Objective:
     """The objective named by a run config's objective keys (clip, clip_params, surrogate, surrogate_params, penalty,
-    penalty_params, beta, dual_clip_c, ratio_cap, importance_sampling_level, aggregation): a `RunConfig`, or a
-    config.json written by the engine or by `divviz.trl` (one from before surrogates has none of their keys)."""
+    penalty_params, beta, second_penalty, second_penalty_params, second_beta, dual_clip_c, ratio_cap,
+    importance_sampling_level, aggregation): a `RunConfig`, or a config.json written by the engine or by `divviz.trl`
+    (an older one lacks the newer keys)."""
     clip, pen, sur = settings.get("clip"), settings.get("penalty"), settings.get("surrogate")
+    second = settings.get("second_penalty")
     return Objective(
         clip=clip_test(clip, **(settings.get("clip_params") or {})) if clip else None,
         penalty=penalty(pen, **(settings.get("penalty_params") or {})) if pen else None,
@@ -59,6 +61,8 @@ def objective_from(settings: Mapping) -> Objective:
         surrogate=surrogate(sur, **(settings.get("surrogate_params") or {})) if sur else None,
         importance_sampling_level=settings.get("importance_sampling_level", "token"),
         ratio_cap=settings.get("ratio_cap"),
+        second_penalty=penalty(second, **(settings.get("second_penalty_params") or {})) if second else None,
+        second_beta=settings.get("second_beta", 0.0) if second else 0.0,
     )
 
 
@@ -71,7 +75,10 @@ def objective_settings(objective: Objective) -> dict:
             "penalty": objective.penalty.name if objective.penalty else None,
             "penalty_params": dict(objective.penalty.params) if objective.penalty else {},
             "beta": objective.beta, "dual_clip_c": objective.dual_clip_c, "ratio_cap": objective.ratio_cap,
-            "importance_sampling_level": objective.importance_sampling_level, "aggregation": objective.aggregation}
+            "importance_sampling_level": objective.importance_sampling_level, "aggregation": objective.aggregation,
+            "second_penalty": objective.second_penalty.name if objective.second_penalty else None,
+            "second_penalty_params": dict(objective.second_penalty.params) if objective.second_penalty else {},
+            "second_beta": objective.second_beta}
 
 
 @dataclass(frozen=True)
@@ -89,6 +96,9 @@ class RunConfig:
     penalty: str | None = None
     penalty_params: dict = field(default_factory=dict)
     beta: float = 0.0
+    second_penalty: str | None = None
+    second_penalty_params: dict = field(default_factory=dict)
+    second_beta: float = 0.0
     dual_clip_c: float | None = None
     ratio_cap: float | None = None
     importance_sampling_level: str = "token"
@@ -138,7 +148,8 @@ class RunConfig:
             raise DivvizInputError(f"unknown device {quoted(cfg.device)}; choose auto, cpu, cuda or mps")
         for measure, given, flag in (("clip test", "clip_params", "--measure"),
                                      ("surrogate", "surrogate_params", "--surrogate"),
-                                     ("penalty", "penalty_params", "--penalty")):
+                                     ("penalty", "penalty_params", "--penalty"),
+                                     ("second penalty", "second_penalty_params", "--penalty2")):
             if getattr(cfg, given) and not getattr(cfg, given.removesuffix("_params")):
                 raise DivvizInputError(f"parameters {', '.join(map(quoted, getattr(cfg, given)))} were given without a "
                                        f"{measure} ({flag}); choose one or drop them")

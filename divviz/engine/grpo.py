@@ -79,7 +79,7 @@ def make_trainer(cfg: RunConfig) -> Trainer:
     model.to(device)
     objective = cfg.objective()
     reference = None
-    if objective.penalty is not None and objective.penalty.entry.needs_ref:
+    if objective.needs_ref:
         reference = copy.deepcopy(model).eval().requires_grad_(False)  # frozen copy of the start policy
     return Trainer(cfg, task, model, reference, tokenizer, make_optimiser(model, cfg), objective, device)
 

@@ -35,7 +35,8 @@ def trl_args_for(objective: Objective, args: GRPOConfig) -> GRPOConfig:
 
     A TRL option left at its default defers to the objective; one set to another value must agree with it.
     TRL's `beta` is set to the objective's β when its penalty needs the reference model, so that TRL loads that
-    model and computes its log-probs (`ref_per_token_logps`); the penalty itself is the objective's."""
+    model and computes its log-probs (`ref_per_token_logps`); the penalty itself is the objective's. With two
+    penalties, TRL's `beta` is that of the first one that reads π_ref."""
     check_loss_type(objective, args.loss_type)
     for option, ours, name in (("delta", objective.ratio_cap, "ratio cap"),
                                ("importance_sampling_level", objective.importance_sampling_level, "level")):
@@ -52,8 +53,9 @@ def trl_args_for(objective: Objective, args: GRPOConfig) -> GRPOConfig:
         raise DivvizInputError(
             f"GRPOConfig({names}) sets TRL's clip range, which the objective's clip test "
             f"'{objective.clip.label if objective.clip else 'none'}' replaces; drop {' and '.join(changed)}")
-    penalty, beta = objective.penalty, objective.beta
-    needs_ref = penalty is not None and beta > 0 and penalty.entry.needs_ref
+    penalty = objective.penalty
+    ref_betas = [beta for p, beta in objective.penalties if p.entry.needs_ref]
+    needs_ref, beta = bool(ref_betas), (ref_betas or [0.0])[0]
     if args.beta != 0 and not (needs_ref and args.beta == beta):
         raise DivvizInputError(
             f"GRPOConfig(beta={args.beta}) adds TRL's k3 penalty, which the objective replaces; drop beta and put the "
