@@ -62,6 +62,10 @@ class PolicyLossGradient:
         self.ratio_capped = any(o.ratio_cap is not None for o in objectives)
         if self.ratio_capped:
             self.ratio_cap = self._per_run([np.inf if o.ratio_cap is None else o.ratio_cap for o in objectives])
+        self.masks_off_policy = any(o.off_policy_mask is not None for o in objectives)
+        if self.masks_off_policy:
+            self.off_policy = self._per_run([np.inf if o.off_policy_mask is None else o.off_policy_mask
+                                             for o in objectives])
         self.surrogates = [(r, o.surrogate) for r, o in enumerate(objectives) if o.surrogate is not None]
         drawn = [s.name for _, s in self.surrogates if s.entry.random]
         if drawn:
@@ -121,6 +125,10 @@ class PolicyLossGradient:
             selected = surrogate.selected(logp_new[r], self.logp_old[r], self.adv[r], self.active[r], kept)
             bounds = tuple(b[r] if np.ndim(b) else b for b in (self.lower, self.upper))
             slope[r] = self.weights[r] * surrogate.slope(w[r], self.adv[r], kept, selected, bounds)
+        if self.masks_off_policy:  # `losses.off_policy_sequence_mask`, on the policy term only
+            kl = ((self.logp_old - logp_new) * self.active).sum(-1, keepdims=True) / np.maximum(
+                self.active.sum(-1, keepdims=True), 1)
+            slope *= (self.adv >= 0) | (kl <= self.off_policy)
         for rows, penalty, weight in self.penalties:
             ref = None if self.logp_ref is None else self.logp_ref[rows]
             slope[rows] += weight * penalty.slope(logp_new[rows], self.logp_old[rows], ref)

@@ -43,7 +43,7 @@ from divviz.surrogates import LEVELS, Surrogate, SurrogateInputs
 class Objective:
     """Everything that picks the loss: a clip test, a surrogate (None: PPO's clipped surrogate), a penalty with its
     β, a dual-clip cap, TRL's ratio cap δ, the importance-sampling level, an aggregation, and a second penalty
-    with its own coefficient (GBMPO's prob_l2kl: β·k3 + λ·prob_l2).
+    with its own coefficient (GBMPO's prob_l2kl: β·k3 + λ·prob_l2), and TRL's off-policy sequence mask.
 
     Built once (parameters and their combination checked on construction), used by the explorer, the bandit and
     training alike.
@@ -59,12 +59,14 @@ class Objective:
     ratio_cap: float | None = None
     second_penalty: Penalty | None = None
     second_beta: float = 0.0
+    off_policy_mask: float | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "beta", check_beta(self.beta))
         object.__setattr__(self, "second_beta", check_beta(self.second_beta))
         object.__setattr__(self, "dual_clip_c", check_dual_clip(self.dual_clip_c))
         object.__setattr__(self, "ratio_cap", check_ratio_cap(self.ratio_cap))
+        object.__setattr__(self, "off_policy_mask", check_off_policy_mask(self.off_policy_mask))
         check_aggregation(self.aggregation)
         check_combination(self.clip, self.surrogate, self.importance_sampling_level, self.dual_clip_c, self.ratio_cap)
 
@@ -81,6 +83,8 @@ class Objective:
             parts.append(f"c={self.dual_clip_c:g}")
         if self.ratio_cap is not None:
             parts.append(f"δ_cap={self.ratio_cap:g}")
+        if self.off_policy_mask is not None:
+            parts.append(f"OPSM δ={self.off_policy_mask:g}")
         return " ".join(parts)
 
     @property
@@ -99,7 +103,7 @@ class Objective:
                            logp_ref=logp_ref, dual_clip_c=self.dual_clip_c, aggregation=self.aggregation,
                            surrogate=self.surrogate, importance_sampling_level=self.importance_sampling_level,
                            ratio_cap=self.ratio_cap, second_penalty=self.second_penalty,
-                           second_beta=self.second_beta, **kwargs)
+                           second_beta=self.second_beta, off_policy_mask=self.off_policy_mask, **kwargs)
 
 
 RATIO_CAP = Param("ratio_cap", 2.0, 1.0, low_open=True, trl_name="delta", typical=(1.05, 10.0, 0.05),
@@ -109,6 +113,23 @@ RATIO_CAP = Param("ratio_cap", 2.0, 1.0, low_open=True, trl_name="delta", typica
 
 def check_ratio_cap(value) -> float | None:
     return None if value is None else RATIO_CAP.check(value, "ratio_cap")
+
+
+OFF_POLICY_MASK = Param("off_policy_mask", 0.5, 0.0, trl_name="off_policy_mask_threshold", typical=(0.0, 2.0, 0.01),
+                        doc="DeepSeek-V3.2's off-policy sequence mask (TRL's off_policy_mask_threshold): a completion "
+                            "with A < 0 whose mean log π_old − log π_θ exceeds δ takes no part in the policy term")
+
+
+def check_off_policy_mask(value) -> float | None:
+    return None if value is None else OFF_POLICY_MASK.check(value, "off_policy_mask")
+
+
+def off_policy_sequence_mask(logp_new, logp_old, adv, mask, threshold: float) -> torch.Tensor:
+    """1 where a completion is kept, 0 where it is dropped: A < 0 and its mean KL(π_old‖π_θ) estimate,
+    mean_t (log π_old − log π_θ) over its tokens, above δ (DeepSeek-V3.2; TRL 1.16's `get_off_policy_mask`).
+    (B, 1) for one advantage per completion, else (B, T); detached."""
+    kl = ((logp_old - logp_new.detach()) * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)
+    return ((adv >= 0) | (kl <= threshold)).to(mask.dtype)
 
 
 def check_combination(clip: ClipTest | None, surrogate: Surrogate | None, level: str, dual_clip_c, ratio_cap) -> None:
@@ -198,6 +219,7 @@ def policy_loss(
     ratio_cap: float | None = None,
     second_penalty: Penalty | None = None,
     second_beta: float = 0.0,
+    off_policy_mask: float | None = None,
 ) -> LossOutput:
     """Loss and per-token facts for one batch.
 
@@ -218,10 +240,13 @@ def policy_loss(
     ratio_cap: None or TRL's delta > 1: PPO's unclipped term uses min(w, δ) (INTELLECT-2).
     second_penalty, second_beta: another penalty added as second_beta·its loss term (GBMPO's prob_l2kl adds
     λ·prob_l2 to β·k3); LossOutput.penalty is the first penalty's value.
+    off_policy_mask: None or TRL's off_policy_mask_threshold δ ≥ 0 (`off_policy_sequence_mask`), applied to the
+    policy term as `weight` is, with π_old as the sampling policy.
     """
     beta, second_beta = check_beta(beta), check_beta(second_beta)
     dual_clip_c = check_dual_clip(dual_clip_c)
     ratio_cap = check_ratio_cap(ratio_cap)
+    off_policy_mask = check_off_policy_mask(off_policy_mask)
     check_aggregation(aggregation)
     check_combination(clip, surrogate, importance_sampling_level, dual_clip_c, ratio_cap)
     check_inputs(logp_new, logp_old, adv, mask, logp_ref, weight)
@@ -264,6 +289,8 @@ def policy_loss(
             weight = (((weight + 1e-10).log() * mask).sum(-1, keepdim=True)  # of its tokens' weights, as verl's
                       / mask.sum(-1, keepdim=True).clamp(min=1)).exp()
         per_token = per_token * weight.detach()
+    if off_policy_mask is not None:
+        per_token = per_token * off_policy_sequence_mask(logp_new, logp_old, adv, mask, off_policy_mask)
 
     penalty_value = None
     if penalty is not None:

@@ -15,7 +15,7 @@ from divviz.aggregation import AGGREGATIONS, BASELINES, SCALE_REWARDS
 from divviz.divergences import BETA, DUAL_CLIP, FAMILIES
 from divviz.engine.runner import Viewer
 from divviz.formula import MAX_CHARACTERS
-from divviz.losses import Objective, RATIO_CAP
+from divviz.losses import OFF_POLICY_MASK, Objective, RATIO_CAP
 from divviz.ownership import browser_id, is_teacher_key
 from divviz.params import DivvizInputError, Param
 from divviz.penalties import penalty, PENALTIES
@@ -182,6 +182,8 @@ def objective_controls(tests: list[str], beta: float) -> list[Control]:
             Control("c", 3.0, param=DUAL_CLIP),
             Control("cap_on", False, param=Param("cap_on", False, kind="bool", doc=RATIO_CAP.doc)),
             Control("cap", RATIO_CAP.default, param=RATIO_CAP),
+            Control("opsm_on", False, param=Param("opsm_on", False, kind="bool", doc=OFF_POLICY_MASK.doc)),
+            Control("opsm", OFF_POLICY_MASK.default, param=OFF_POLICY_MASK),
             Control("level", "token", options=LEVELS), Control("agg", "grpo", options=AGGREGATIONS),
             *measure_param_controls(("penalty",))]
 
@@ -224,6 +226,8 @@ def objective_widgets(page: str, controls: dict[str, Control], bandit: bool = Fa
         shared["dual_clip_c"] = number(page, controls["c"], "dual-clip c")
     if number(page, controls["cap_on"], "Ratio cap δ (TRL's delta)"):
         shared["ratio_cap"] = number(page, controls["cap"], "δ")
+    if number(page, controls["opsm_on"], "Off-policy sequence mask (TRL's)"):
+        shared["off_policy_mask"] = number(page, controls["opsm"], "mask threshold δ")
     shared["importance_sampling_level"] = choice(page, controls["level"], "Importance sampling (TRL's level)",
                                                  labels={"token": "token (GRPO)", "sequence": "sequence (GSPO)"})
     shared["aggregation"] = choice(page, controls["agg"], "Aggregation (TRL loss_type)")

@@ -85,6 +85,12 @@ def test_two_penalties_train(tmp_path):
     assert RunConfig.from_dict(store.read_run(folder).config).objective().label == "ratio ε=0.2 + 0.04·k3 + 0.1·prob_l2"
 
 
+def test_the_off_policy_sequence_mask_trains(tmp_path):
+    folder = run_tiny(tmp_path, clip="kl3", off_policy_mask=0.0)
+    check_folder(folder, 2)
+    assert RunConfig.from_dict(store.read_run(folder).config).objective().off_policy_mask == 0.0
+
+
 def test_no_clip_and_every_aggregation(tmp_path):
     for aggregation in AGGREGATIONS:
         check_folder(run_tiny(tmp_path, clip=None, aggregation=aggregation, scale_rewards=False, mu=1, steps=1), 1)

@@ -333,3 +333,27 @@ def test_two_penalties_add_with_their_own_coefficients():
     weights = aggregation_weights(mask.numpy(), "dr_grpo")[None]
     fast = PolicyLossGradient([both], weights).batch(logp_old.numpy()[None], adv.numpy()[None], logp_ref.numpy()[None])
     np.testing.assert_allclose(fast(logp_new.detach().numpy()[None]).grad[0], grads[0].numpy(), rtol=1e-12, atol=1e-15)
+
+
+def test_the_off_policy_sequence_mask_is_trls_and_acts_on_the_policy_term_only():
+    """TRL 1.16's `get_off_policy_mask` (DeepSeek-V3.2) with π_old as the sampling policy: policy_loss drops exactly
+    its completions from the policy term, keeps the penalty on them, and the bandit's closed form agrees."""
+    from trl import GRPOTrainer
+
+    logp_new, logp_old, adv, mask = random_token_batch(5, completions=12, length=6, spread=0.8)
+    logp_ref = logp_old - 0.2
+    logp_new.requires_grad_()
+    trl_mask = GRPOTrainer.get_off_policy_mask(advantages=adv[:, None], per_token_logps=logp_new,
+                                               sampling_per_token_logps=logp_old, mask=mask, off_policy_threshold=0.1)
+    assert 0 < trl_mask.sum() < len(trl_mask)
+    masked = Objective(clip=dv.clip_test("kl3"), penalty=pn.penalty("k3"), beta=0.1, off_policy_mask=0.1)
+    weighted = Objective(clip=dv.clip_test("kl3"), penalty=pn.penalty("k3"), beta=0.1)
+    ours = masked(logp_new, logp_old, adv, mask, logp_ref)
+    theirs = weighted(logp_new, logp_old, adv, mask, logp_ref, weight=trl_mask)
+    assert ours.loss.item() == pytest.approx(theirs.loss.item(), rel=1e-12)
+    grad = torch.autograd.grad(ours.loss, logp_new)[0]
+    torch.testing.assert_close(grad, torch.autograd.grad(theirs.loss, logp_new)[0], rtol=1e-12, atol=1e-15)
+    assert masked.label == "kl3 δ=0.05 + 0.1·k3 OPSM δ=0.1"
+    weights = aggregation_weights(mask.numpy(), "grpo")[None]
+    fast = PolicyLossGradient([masked], weights).batch(logp_old.numpy()[None], adv.numpy()[None], logp_ref.numpy()[None])
+    np.testing.assert_allclose(fast(logp_new.detach().numpy()[None]).grad[0], grad.numpy(), rtol=1e-12, atol=1e-15)

@@ -183,9 +183,12 @@ GSPO_BOX = dict(eps_low=0.03, eps_high=0.04)  # the batch's sequence ratios fall
      Objective(clip=clip_test("clip_higher", eps_high=0.28), ratio_cap=1.5, aggregation="bnpo"), TRL_METRICS),
     (dict(loss_type="grpo", delta=1.1, epsilon_high=0.28),
      Objective(clip=clip_test("clip_higher", eps_high=0.28), ratio_cap=1.1), ("clip_ratio/low_mean", "entropy")),
-], ids=["cispo", "sapo", "vespo", "luspo", "gspo", "sapo-sequence", "delta", "delta-below-u"])
+    (dict(loss_type="grpo", off_policy_mask_threshold=0.01, epsilon_high=0.28),
+     Objective(clip=clip_test("clip_higher", eps_high=0.28), off_policy_mask=0.01), TRL_METRICS),
+], ids=["cispo", "sapo", "vespo", "luspo", "gspo", "sapo-sequence", "delta", "delta-below-u", "off-policy-mask"])
 def test_trls_own_surrogates_levels_and_caps_equal_trl(tmp_path, policy, batch, settings, objective, metrics):
-    """TRL's cispo, sapo, vespo and luspo losses, GSPO's sequence level and INTELLECT-2's delta, through TRL's own
+    """TRL's cispo, sapo, vespo and luspo losses, GSPO's sequence level, INTELLECT-2's delta and DeepSeek-V3.2's
+    off-policy sequence mask, through TRL's own
     `_compute_loss` and through DivvizGRPOTrainer with the catalogue's surrogate, level or ratio cap: loss, every
     gradient and the metrics TRL logs for that loss agree to float32 rounding. (With δ < u TRL counts a capped
     A > 0 token as not clipped high, so only its low clip metric is compared.)"""
@@ -199,6 +202,9 @@ def test_trls_own_surrogates_levels_and_caps_equal_trl(tmp_path, policy, batch, 
     assert want[0] != loss_and_grads(make_trainer(GRPOTrainer, policy, config(tmp_path, loss_type="grpo")), batch)[0]
     if "cispo_clip_ratio" in metrics:
         assert 0 < want[2]["cispo_clip_ratio"] < 1
+    if "off_policy_mask_threshold" in settings:  # it drops some completion of this batch
+        unmasked = {k: v for k, v in settings.items() if k != "off_policy_mask_threshold"}
+        assert want[0] != loss_and_grads(make_trainer(GRPOTrainer, policy, config(tmp_path, **unmasked)), batch)[0]
 
 
 @pytest.mark.parametrize("settings, objective, says", [

@@ -49,7 +49,7 @@ BACKENDS = ("divviz", "trl")  # divviz's own engine, or TRL's GRPOTrainer throug
 def objective_from(settings: Mapping) -> Objective:
     """The objective named by a run config's objective keys (clip, clip_params, surrogate, surrogate_params, penalty,
     penalty_params, beta, second_penalty, second_penalty_params, second_beta, dual_clip_c, ratio_cap,
-    importance_sampling_level, aggregation): a `RunConfig`, or a config.json written by the engine or by `divviz.trl`
+    off_policy_mask, importance_sampling_level, aggregation): a `RunConfig`, or a config.json written by the engine or by `divviz.trl`
     (an older one lacks the newer keys)."""
     clip, pen, sur = settings.get("clip"), settings.get("penalty"), settings.get("surrogate")
     second = settings.get("second_penalty")
@@ -63,6 +63,7 @@ def objective_from(settings: Mapping) -> Objective:
         ratio_cap=settings.get("ratio_cap"),
         second_penalty=penalty(second, **(settings.get("second_penalty_params") or {})) if second else None,
         second_beta=settings.get("second_beta", 0.0) if second else 0.0,
+        off_policy_mask=settings.get("off_policy_mask"),
     )
 
 
@@ -78,7 +79,7 @@ def objective_settings(objective: Objective) -> dict:
             "importance_sampling_level": objective.importance_sampling_level, "aggregation": objective.aggregation,
             "second_penalty": objective.second_penalty.name if objective.second_penalty else None,
             "second_penalty_params": dict(objective.second_penalty.params) if objective.second_penalty else {},
-            "second_beta": objective.second_beta}
+            "second_beta": objective.second_beta, "off_policy_mask": objective.off_policy_mask}
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,7 @@ class RunConfig:
     second_penalty: str | None = None
     second_penalty_params: dict = field(default_factory=dict)
     second_beta: float = 0.0
+    off_policy_mask: float | None = None
     dual_clip_c: float | None = None
     ratio_cap: float | None = None
     importance_sampling_level: str = "token"

@@ -39,7 +39,8 @@ def trl_args_for(objective: Objective, args: GRPOConfig) -> GRPOConfig:
     penalties, TRL's `beta` is that of the first one that reads π_ref."""
     check_loss_type(objective, args.loss_type)
     for option, ours, name in (("delta", objective.ratio_cap, "ratio cap"),
-                               ("importance_sampling_level", objective.importance_sampling_level, "level")):
+                               ("importance_sampling_level", objective.importance_sampling_level, "level"),
+                               ("off_policy_mask_threshold", objective.off_policy_mask, "off-policy mask")):
         theirs = getattr(args, option)
         if theirs != _default(option) and theirs != ours:
             raise DivvizInputError(f"GRPOConfig({option}={theirs!r}) contradicts the objective's {name} {ours!r}; "
@@ -72,6 +73,7 @@ def trl_args_for(objective: Objective, args: GRPOConfig) -> GRPOConfig:
     args = copy.copy(args)
     args.beta = beta if needs_ref else 0.0
     args.delta, args.importance_sampling_level = objective.ratio_cap, objective.importance_sampling_level
+    args.off_policy_mask_threshold = objective.off_policy_mask  # TRL computes it, from vLLM's log-probs where any
     return args
 
 
@@ -126,11 +128,13 @@ def trl_objective(args) -> Objective | None:
     """The objective a plain `GRPOTrainer` optimises, in the catalogue's words: TRL's box [1 − epsilon,
     1 + epsilon_high] is `clip_higher` (none for its own surrogates cispo, sapo and vespo, which are catalogue
     surrogates), its `beta` k3 penalty is `k3` (importance-weighted when `use_bias_correction_kl`), `delta` the ratio
-    cap, `importance_sampling_level` the level. None where a setting is outside the catalogue's ranges."""
+    cap, `importance_sampling_level` the level, `off_policy_mask_threshold` the off-policy mask. None where a
+    setting is outside the catalogue's ranges."""
     try:
         high = args.epsilon if args.epsilon_high is None else args.epsilon_high
         k3 = penalty("k3", importance_weight=bool(args.use_bias_correction_kl)) if args.beta else None
-        level = dict(penalty=k3, beta=args.beta, importance_sampling_level=args.importance_sampling_level)
+        level = dict(penalty=k3, beta=args.beta, importance_sampling_level=args.importance_sampling_level,
+                     off_policy_mask=args.off_policy_mask_threshold)
         for name, (loss_type, aggregation) in TRL_SURROGATES.items():
             if args.loss_type == loss_type:
                 params = {param: getattr(args, option) for param, option in trl_options(name).items()

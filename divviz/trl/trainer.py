@@ -24,6 +24,7 @@ aggregation, which has no TRL loss_type.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -75,6 +76,7 @@ class DivvizGRPOTrainer(GRPOTrainer):
         else:
             kwargs["args"] = trl_args_for(objective, kwargs.get("args") or GRPOConfig())
         self.objective = objective
+        self._loss_objective = replace(objective, off_policy_mask=None)  # TRL's own mask is a weight (`_token_weight`)
         super().__init__(*args, **kwargs)
 
     def _run_callbacks(self) -> list[DivvizRunCallback]:
@@ -107,7 +109,7 @@ class DivvizGRPOTrainer(GRPOTrainer):
         logp_old = inputs.get("old_per_token_logps")
         logp_old = logp_new.detach() if logp_old is None else logp_old
 
-        out = finite_loss(self.objective, f"step {self.state.global_step + 1}", self.args.learning_rate,
+        out = finite_loss(self._loss_objective, f"step {self.state.global_step + 1}", self.args.learning_rate,
                           logp_new, logp_old, adv, mask, logp_ref=inputs.get("ref_per_token_logps"),
                           max_completion_length=self.max_completion_length,
                           num_items_in_batch=self._dapo_normaliser(inputs, mode),
