@@ -122,8 +122,8 @@ def cmd_train(args) -> int:
                            default="none" if soft["surrogate"] and get_entry(soft["surrogate"]).clip == "none"
                            else "ratio"),
         **soft, importance_sampling_level=args.importance_sampling_level, ratio_cap=args.ratio_cap,
-        penalty=args.penalty, penalty_params=parse_assignments(args.penalty_param),
-        second_penalty=args.penalty2, second_penalty_params=parse_assignments(args.penalty2_param),
+        penalty=args.penalty, penalty_params=penalty_params(args.penalty_param),
+        second_penalty=args.penalty2, second_penalty_params=penalty_params(args.penalty2_param),
         second_beta=0.0 if args.beta2 is None else args.beta2,
         beta=0.04 if args.beta is None else args.beta, dual_clip_c=args.dual_clip, aggregation=args.aggregation,
         scale_rewards="none" if args.no_scale_rewards else args.scale_rewards, baseline=args.baseline,
@@ -144,6 +144,21 @@ def cmd_train(args) -> int:
     print(f"{run.state}: {run.message}" if run.message else run.state)
     print(folder)
     return 0 if run.state in ("done", "stopped") else 1
+
+
+def penalty_params(items: list[str]) -> dict:
+    """--penalty-param K=V pairs; phi=@FILE reads a mirror map's φ from FILE (`mirror.phi_text`)."""
+    from divviz.mirror import PHI_MAX_CHARACTERS, phi_text
+
+    params = parse_assignments(items)
+    if params.get("phi", "").startswith("@"):
+        path = params["phi"][1:]
+        try:
+            with open(path, "rb") as handle:
+                params["phi"] = phi_text(handle.read(64 * PHI_MAX_CHARACTERS + 1), path)
+        except OSError as err:
+            raise DivvizInputError(f"cannot read φ from {path!r}: {err.strerror or type(err).__name__}") from None
+    return params
 
 
 def surrogate_settings(spec: str | None) -> dict:

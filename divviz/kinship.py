@@ -48,6 +48,7 @@ GROUPS = (
     Group("GBMPO's Bregman penalties", "penalty", "Bregman divergences D_h(π_θ‖π_ref) on the sampled token.", (
         ("prob_l2", "mirror", "h = ‖p‖² fixed: the slope 2p(p − p_ref) leaves rare tokens almost free"),
         ("mirror", "prob_l2", "h from a seeded non-negative neural map ψ = ∇h instead of ‖p‖²"),
+        ("mirror_phi", "mirror", "the map's 380 numbers given (e.g. an ES run's best φ) instead of drawn from a seed"),
     )),
     Group("RPG's regularisers to π_old", "penalty", "RPG's KL family (Zhang et al. 2026) toward the sampling policy, "
           "each in a differentiable and a REINFORCE-style form with the same gradient.", (

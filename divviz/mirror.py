@@ -16,18 +16,23 @@ the generalised KL y log(y/y0) − (y − y0).
 
 Source: Yuan, Khandoga, Sankarapu 2026, "Beyond KL Divergence" (GBMPO, arXiv 2602.04380), as
 implemented in Lexsi-Labs/aligntune. The 380 numbers (126 v + 126 w + 126 b + a + c) are the φ that
-GBMPO's evolution strategies search over; divviz draws them from a seed and keeps them fixed.
+GBMPO's evolution strategies search over: divviz draws them from a seed, or takes them as given (`phi_map`, in
+aligntune's layout, e.g. an ES run's best φ), and keeps them fixed.
 """
 
 from __future__ import annotations
 
 import functools
+import io
+import json
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from divviz.estimators import array_ops
+from divviz.params import DivvizInputError
+from divviz.safetext import quoted
 
 UNITS_PER_ACTIVATION = 21
 _EPS_LOG = 1e-3
@@ -116,3 +121,65 @@ class MirrorMap:
 @functools.lru_cache(maxsize=16)
 def random_mirror_map(seed: int, init_scale: float) -> MirrorMap:
     return MirrorMap.random(seed, init_scale)
+
+
+PHI_SIZE = 3 * len(_ACTIVATIONS) * UNITS_PER_ACTIVATION + 2  # 380
+PHI_MAX_CHARACTERS = 40 * PHI_SIZE  # room for 380 numbers written in full, and nothing like a file's worth more
+
+
+@functools.lru_cache(maxsize=16)
+def phi_map(text: str) -> MirrorMap:
+    """The mirror map of an explicit φ: 380 non-negative numbers, comma- or space-separated (brackets allowed), in
+    aligntune's layout [v (126), w (126), b (126), a, c] (`meta_es/es_utils.phi_to_mirror_params`), units ordered
+    by activation as `_ACTIVATIONS`. Raises `DivvizInputError` saying what is wrong."""
+    if len(text) > PHI_MAX_CHARACTERS:
+        raise DivvizInputError(f"φ is {len(text):,} characters long; 380 numbers need at most {PHI_MAX_CHARACTERS:,}")
+    items = [t for t in text.strip().strip("[]").replace(",", " ").split() if t]
+    if len(items) != PHI_SIZE:
+        raise DivvizInputError(f"φ needs {PHI_SIZE} numbers (126 v, 126 w, 126 b, a, c); got {len(items)}")
+    try:
+        phi = np.array([float(t) for t in items])
+    except ValueError:
+        bad = next(t for t in items if not _is_number(t))
+        raise DivvizInputError(f"φ has {quoted(bad, 20)}, which is not a number") from None
+    if not np.isfinite(phi).all() or (phi < 0).any():
+        where = int(np.flatnonzero(~np.isfinite(phi) | (phi < 0))[0])
+        raise DivvizInputError(f"φ's number {where + 1} is {phi[where]:g}; every number must be finite and ≥ 0 "
+                               "(so that h is convex and the divergence ≥ 0)")
+    shape = (len(_ACTIVATIONS), UNITS_PER_ACTIVATION)
+    v, w, b = (torch.tensor(phi[i * 126:(i + 1) * 126], dtype=torch.float64).reshape(shape) for i in range(3))
+    return MirrorMap(v, w, b, float(phi[378]), float(phi[379]))
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def phi_text(source: bytes, name: str) -> str:
+    """φ as `phi_map` reads it, from a file's bytes: a .npy array (no pickles), or JSON — a list, or an object with
+    "best_phi" or "phi" (aligntune's ES state) — or plain numbers. Raises `DivvizInputError` for anything else."""
+    if len(source) > 64 * PHI_MAX_CHARACTERS:
+        raise DivvizInputError(f"{quoted(name, 60)} is {len(source):,} bytes: too large to be a φ of 380 numbers")
+    if name.endswith(".npy"):
+        try:
+            phi = np.load(io.BytesIO(source), allow_pickle=False)
+        except (ValueError, OSError) as err:
+            raise DivvizInputError(f"{quoted(name, 60)} is not a readable .npy array ({type(err).__name__})") from None
+        return " ".join(f"{x:.9g}" for x in np.ravel(phi).astype(np.float64))
+    try:
+        text = source.decode("utf-8")
+    except UnicodeDecodeError:
+        raise DivvizInputError(f"{quoted(name, 60)} is neither a .npy array nor text") from None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text  # plain numbers, checked by phi_map
+    if isinstance(data, dict):
+        data = data.get("best_phi", data.get("phi"))
+    if not isinstance(data, list):
+        raise DivvizInputError(f"{quoted(name, 60)} holds JSON but no list of numbers (or \"best_phi\" / \"phi\")")
+    return " ".join(str(x) for x in data)

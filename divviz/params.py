@@ -7,6 +7,7 @@ and its valid range.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -116,8 +117,8 @@ def label(name: str, params: dict) -> str:
     shown = {"delta": "δ", "eps": "ε", "eps_low": "ε_low", "eps_high": "ε_high"}
 
     def part(k, v):
-        if isinstance(v, str):
-            return v
+        if isinstance(v, str):  # a typed formula as it is; a long text (a mirror map's φ) by a short digest
+            return v if len(v) <= 200 else f"{k}#{hashlib.sha1(v.encode()).hexdigest()[:6]}"
         return (k if v else "") if isinstance(v, bool) else f"{shown.get(k, k)}={v:.4g}"
 
     return " ".join([name, *[p for p in (part(k, v) for k, v in params.items()) if p]])

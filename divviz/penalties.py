@@ -11,7 +11,7 @@ from typing import Callable
 import numpy as np
 
 from divviz.estimators import array_ops, k1, k2, k3
-from divviz.mirror import random_mirror_map
+from divviz.mirror import PHI_SIZE, phi_map, random_mirror_map
 from divviz.params import Configured, DivvizInputError, Param, check_params
 from divviz.safetext import quoted
 
@@ -35,6 +35,7 @@ class PenaltyEntry:
     slope: Callable  # (logp_new, logp_old, logp_ref, params) -> ∂ loss_term / ∂ logp_new, numpy
     loss_term: Callable | None = None
     needs_ref: bool = True
+    check: Callable | None = None  # (params) -> None, raising DivvizInputError: what a Param cannot say
     family: str = field(default="penalty", init=False)
 
 
@@ -115,6 +116,9 @@ def _rpg(regulariser, weight):
     return value, reinforce, slope
 
 
+GENERALISED_KL_PHI = " ".join(["0"] * (PHI_SIZE - 1) + ["1"])  # ψ(y) = log y: h(y) = y log y − y
+
+
 def _exp(x):
     return array_ops(x).exp(x)
 
@@ -188,6 +192,18 @@ PENALTIES: dict[str, PenaltyEntry] = {
                    doc="weights drawn uniformly from [0, init_scale]")),
             lambda new, old, ref, p: random_mirror_map(p["seed"], p["init_scale"]).bregman(new, ref),
             lambda new, old, ref, p: random_mirror_map(p["seed"], p["init_scale"]).bregman_slope(new, ref)),
+        PenaltyEntry(
+            "mirror_phi", "GBMPO mirror map from a given φ",
+            r"D_h(\pi_\theta\|\pi_{\mathrm{ref}}),\ h\ \text{from}\ \varphi\in\mathbb{R}^{380}_{\ge 0}",
+            "The same Bregman divergence with the 380 numbers of ψ given, e.g. the best φ of GBMPO's evolution "
+            "strategies (aligntune's layout: 126 v, 126 w, 126 b, a, c). The default φ is the generalised KL "
+            "(only c = 1).",
+            (Param("phi", GENERALISED_KL_PHI, kind="text",
+                   doc="380 non-negative numbers, or on the CLI phi=@FILE (.npy, a JSON list, or an ES state with "
+                       "best_phi)"),),
+            lambda new, old, ref, p: phi_map(p["phi"]).bregman(new, ref),
+            lambda new, old, ref, p: phi_map(p["phi"]).bregman_slope(new, ref),
+            check=lambda p: phi_map(p["phi"])),
         *_rpg_entries(),
     )
 }
@@ -197,4 +213,7 @@ def penalty(name: str, **params) -> Penalty:
     if name not in PENALTIES:
         raise DivvizInputError(f"unknown penalty {quoted(name)}; known: {', '.join(PENALTIES)}")
     entry = PENALTIES[name]
-    return Penalty(entry, check_params(name, entry.params, params))
+    params = check_params(name, entry.params, params)
+    if entry.check is not None:
+        entry.check(params)
+    return Penalty(entry, params)

@@ -146,3 +146,23 @@ def test_step_inspector_colours_tokens_and_explains_one(page, app_url, app_runs_
     assert "<script>alert('x')</script>" in shown
     assert page.locator(".dv-c script, .dv-c img, .dv-c a").count() == 0
     assert not page.locator('[data-testid="stException"]').count()
+
+
+def test_a_mirror_map_phi_is_uploaded_and_a_bad_file_refused(page, app_url, tmp_path):
+    """The Mass reallocation page takes GBMPO's φ from a file (an ES state's best_phi); a file that is not 380
+    non-negative numbers is refused with its reason, and the previous φ stays."""
+    import json
+
+    good, bad = tmp_path / "es_state.json", tmp_path / "bad.json"
+    good.write_text(json.dumps({"best_phi": [0.001] * 378 + [0.5, 0.25]}))
+    bad.write_text(json.dumps([1.0] * 379))
+    page.goto(f"{app_url}/mass_reallocation?pen=mirror_phi&iterations=10&k=20")
+    page.get_by_text("the default: the generalised KL").wait_for(timeout=90_000)
+    uploader = page.locator('[data-testid="stSidebar"] [data-testid="stFileUploader"] input[type=file]')
+    uploader.set_input_files(str(good))
+    page.get_by_text("a = 0.5, c = 0.25").wait_for(timeout=60_000)
+    page.wait_for_url(lambda url: "mirror_phi.phi=" in url, timeout=30_000)
+    uploader.set_input_files(str(bad))
+    page.get_by_text("φ needs 380 numbers (126 v, 126 w, 126 b, a, c); got 379").wait_for(timeout=60_000)
+    page.get_by_text("a = 0.5, c = 0.25").wait_for(timeout=30_000)
+    assert not page.locator('[data-testid="stException"]').count()

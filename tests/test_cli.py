@@ -100,3 +100,22 @@ def test_console_script_is_installed():
     proc = subprocess.run([exe, "bounds", "--measure", "kl3", "--param", "delta=inf"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1
+
+
+def test_train_takes_a_mirror_maps_phi_from_a_file_and_refuses_a_bad_one(tmp_path, capsys):
+    phi = tmp_path / "es_state.json"
+    phi.write_text(json.dumps({"best_phi": [0.002] * 378 + [0.3, 0.7]}))
+    code, out, err = run(capsys, "train", "--steps", "1", "--prompts", "2", "--group-size", "2", "--max-new-tokens",
+                         "4", "--runs-dir", str(tmp_path / "runs"), "--now", "--penalty", "mirror_phi",
+                         "--penalty-param", f"phi=@{phi}", "--beta", "0.1")
+    assert code == 0, err
+    (config,) = [json.loads(p.read_text()) for p in (tmp_path / "runs").glob("*/config.json")]
+    assert config["penalty"] == "mirror_phi" and len(config["penalty_params"]["phi"].split()) == 380
+    for text, says in ((json.dumps([1.0] * 10), "φ needs 380 numbers"), (None, "cannot read φ from")):
+        path = tmp_path / "bad.json"
+        if text is not None:
+            path.write_text(text)
+        else:
+            path = tmp_path / "missing.json"
+        code, out, err = run(capsys, "train", "--penalty", "mirror_phi", "--penalty-param", f"phi=@{path}")
+        assert code == 2 and err.count("\n") == 1 and says in err

@@ -1,6 +1,8 @@
 """The one policy loss: theory.md §5.5 spot checks, TRL's clip fractions, the interval equivalences
 (value and autograd gradient, float64, 1e-12), aggregations against hand-written sums, RPG Prop. 4.1."""
 
+import io
+import json
 import math
 
 import numpy as np
@@ -357,3 +359,39 @@ def test_the_off_policy_sequence_mask_is_trls_and_acts_on_the_policy_term_only()
     weights = aggregation_weights(mask.numpy(), "grpo")[None]
     fast = PolicyLossGradient([masked], weights).batch(logp_old.numpy()[None], adv.numpy()[None], logp_ref.numpy()[None])
     np.testing.assert_allclose(fast(logp_new.detach().numpy()[None]).grad[0], grad.numpy(), rtol=1e-12, atol=1e-15)
+
+
+def test_a_mirror_map_from_an_explicit_phi():
+    """GBMPO's φ in aligntune's layout [v, w, b, a, c] rebuilds a seeded map exactly; the default φ is the generalised
+    KL; hostile φ texts and files are refused, each with its reason."""
+    from divviz.mirror import MirrorMap, phi_map, phi_text
+
+    seeded = MirrorMap.random(3, 0.05)
+    phi = np.concatenate([seeded.v.numpy().ravel(), seeded.w.numpy().ravel(), seeded.b.numpy().ravel(),
+                          [seeded.a, seeded.c]])
+    text = " ".join(f"{x:.17g}" for x in phi)
+    new, ref = torch.tensor([-0.7, -2.0], dtype=torch.float64), torch.tensor([-0.9, -1.5], dtype=torch.float64)
+    torch.testing.assert_close(pn.penalty("mirror_phi", phi=text).value(new, None, ref), seeded.bregman(new, ref),
+                               rtol=0, atol=0)
+    y, y0 = new.exp(), ref.exp()
+    torch.testing.assert_close(pn.penalty("mirror_phi").value(new, None, ref), y * (y / y0).log() - (y - y0),
+                               rtol=1e-12, atol=1e-15)
+    state = json.dumps({"best_phi": phi.tolist()}).encode()
+    assert phi_map(phi_text(state, "es_state.json")).a == pytest.approx(seeded.a, rel=1e-15)
+    buffer = io.BytesIO()
+    np.save(buffer, phi)
+    assert phi_map(phi_text(buffer.getvalue(), "phi.npy")).c == pytest.approx(seeded.c, rel=1e-8)
+    hostile = [("1 2 3", "needs 380 numbers"), (" ".join(["0.1"] * 379 + ["nan"]), "number 380 is nan"),
+               (" ".join(["0.1"] * 379 + ["-1"]), "must be finite and ≥ 0"),
+               (" ".join(["0.1"] * 379 + ["__import__"]), "'__import__', which is not a number"),
+               ("9" * 20_000, "characters long")]
+    for bad, says in hostile:
+        with pytest.raises(pn.DivvizInputError, match=says):
+            pn.penalty("mirror_phi", phi=bad)
+    pickled = io.BytesIO()
+    np.save(pickled, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    for source, name, says in ((pickled.getvalue(), "phi.npy", "not a readable .npy"),
+                               (b"\xff\xfe\x00", "phi.txt", "neither a .npy array nor text"),
+                               (b'{"weights": 1}', "phi.json", "no list of numbers")):
+        with pytest.raises(pn.DivvizInputError, match=says):
+            phi_text(source, name)
