@@ -290,3 +290,26 @@ def test_sigterm_during_a_write_waits_for_the_write(tmp_path):
             time.sleep(1)
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_the_top_entropy_mask_is_trls_and_trains(tmp_path):
+    """TRL's get_high_entropy_mask (its accelerator on one process) on a batch with padding equals
+    `top_entropy_mask`; a run with the mask (ρ = 0.2) trains with finite metrics."""
+    from types import SimpleNamespace
+
+    from accelerate import Accelerator
+    from trl import GRPOTrainer
+
+    from divviz.engine.grpo import top_entropy_mask
+
+    g = torch.Generator().manual_seed(0)
+    entropy = torch.rand(6, 9, generator=g) * 3
+    mask = (torch.arange(9)[None] < torch.tensor([9, 4, 1, 7, 9, 2])[:, None]).float()
+    trl = SimpleNamespace(accelerator=Accelerator(cpu=True))
+    for quantile in (0.2, 0.5, 1.0):
+        want = GRPOTrainer.get_high_entropy_mask(trl, entropy, mask, 1 - quantile)
+        got = top_entropy_mask(entropy, mask, quantile)
+        assert torch.equal(got, want) and 0 < got.sum() <= mask.sum()
+    folder = run_tiny(tmp_path, clip="kl3", top_entropy_quantile=0.2)
+    check_folder(folder, 2)
+    assert store.read_run(folder).config["top_entropy_quantile"] == 0.2

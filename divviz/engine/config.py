@@ -33,6 +33,9 @@ RUN_PARAMS = (
     Param("format_reward", 0.0, 0.0, 1.0, high_open=False, typical=(0.0, 0.5, 0.05),
           doc="reward for a wrong but well-formed answer"),
     Param("max_grad_norm", 1.0, 0.0, low_open=True, typical=(0.1, 10.0, 0.1), doc="gradient clipping"),
+    Param("top_entropy_quantile", 1.0, 0.0, 1.0, low_open=True, high_open=False, trl_name="top_entropy_quantile",
+          typical=(0.05, 1.0, 0.05), doc="TRL's top-entropy mask: the policy term acts only on the tokens whose "
+                                         "entropy is in the batch's top share ρ (1: every token)"),
     Param("checkpoint_every", 10, 0, 100_000, high_open=False, kind="int", typical=(0, 100, 1),
           doc="save the weights every N steps for the same-batch comparison (0: never; models ≤ 50M parameters)"),
     Param("inspect_prompts", 2, 0, 4096, high_open=False, kind="int", typical=(0, 16, 1),
@@ -118,6 +121,7 @@ class RunConfig:
     seed: int = 0
     format_reward: float = 0.0
     max_grad_norm: float = 1.0
+    top_entropy_quantile: float = 1.0
     checkpoint_every: int = 10
     inspect_prompts: int = 2
     inspect_bytes: int = BYTE_CAP

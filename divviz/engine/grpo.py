@@ -130,6 +130,17 @@ def make_batch(tr: Trainer, step: int) -> Batch:
     return Batch(rollout, prompts, texts, rewards, correct, adv)
 
 
+def top_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float) -> torch.Tensor:
+    """TRL's top-entropy token mask (`get_high_entropy_mask`, after Wang et al. 2025, "Beyond the 80/20 rule"): the
+    completion tokens whose entropy is at least the batch's (1 − quantile)-quantile of them; the policy term acts on
+    those alone. Bool (N, T)."""
+    kept = mask > 0
+    if not kept.any():
+        return torch.zeros_like(kept)
+    threshold = torch.quantile(entropy[kept].float(), 1 - quantile)
+    return (entropy * mask >= threshold) & kept
+
+
 def update(tr: Trainer, batch: Batch, objective: Objective, logp_old, logp_ref, step: int):
     """μ optimisation steps of `objective` on `batch`; returns the last LossOutput, the old log-probs used,
     the clip fractions averaged over μ and the gradient norms."""
@@ -138,11 +149,16 @@ def update(tr: Trainer, batch: Batch, objective: Objective, logp_old, logp_ref, 
     tr.model.train()
     fractions, grad_norms = {}, []
     for inner in range(cfg.mu):
-        logp_new = logps(tr.model)
+        weight = None
+        if cfg.top_entropy_quantile < 1.0:
+            logp_new, entropy = logps(tr.model, entropy=True)
+            weight = top_entropy_mask(entropy, mask, cfg.top_entropy_quantile)
+        else:
+            logp_new = logps(tr.model)
         if logp_old is None:  # μ = 1: the current policy is the old one (TRL)
             logp_old = logp_new.detach()
         out = finite_loss(objective, f"step {step + 1} (inner step {inner + 1})", cfg.lr, logp_new, logp_old,
-                          batch.adv, mask, logp_ref=logp_ref, max_completion_length=cfg.max_new_tokens)
+                          batch.adv, mask, logp_ref=logp_ref, max_completion_length=cfg.max_new_tokens, weight=weight)
         tr.optimiser.zero_grad(set_to_none=True)
         out.loss.backward()
         grad_norms.append(float(torch.nn.utils.clip_grad_norm_(tr.model.parameters(), cfg.max_grad_norm)))

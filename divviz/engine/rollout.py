@@ -147,8 +147,14 @@ def completion_logits(model, rollout: Rollout, temperature: float, autocast) -> 
     return torch.cat(logits, dim=1).float() / temperature
 
 
-def completion_logps(model, rollout: Rollout, temperature: float, autocast) -> torch.Tensor:
-    """(N, T) log-probs of the sampled completion tokens under `model`'s tempered policy (with grad)."""
+def completion_logps(model, rollout: Rollout, temperature: float, autocast, entropy: bool = False):
+    """(N, T) log-probs of the sampled completion tokens under `model`'s tempered policy (with grad); with
+    `entropy`, also each position's entropy under that policy (N, T), detached, as TRL computes it for its
+    top-entropy mask."""
     logits = completion_logits(model, rollout, temperature, autocast)
-    logp = torch.log_softmax(logits, dim=-1).gather(2, rollout.completion_ids[:, :, None]).squeeze(2)
-    return logp * rollout.completion_mask
+    logp_all = torch.log_softmax(logits, dim=-1)
+    logp = logp_all.gather(2, rollout.completion_ids[:, :, None]).squeeze(2) * rollout.completion_mask
+    if not entropy:
+        return logp
+    with torch.no_grad():
+        return logp, -(logp_all.exp() * logp_all).nan_to_num().sum(-1) * rollout.completion_mask

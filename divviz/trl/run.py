@@ -59,7 +59,7 @@ def grpo_config(cfg: RunConfig, processes: int, device: torch.device, output_dir
         output_dir=output_dir, per_device_train_batch_size=completions // processes, gradient_accumulation_steps=1,
         steps_per_generation=1, num_generations=cfg.group_size, num_iterations=cfg.mu, max_steps=cfg.steps * cfg.mu,
         learning_rate=cfg.lr, lr_scheduler_type="constant", weight_decay=0.0, optim="adamw_torch",
-        max_grad_norm=cfg.max_grad_norm, temperature=cfg.temperature, max_completion_length=cfg.max_new_tokens,
+        max_grad_norm=cfg.max_grad_norm, top_entropy_quantile=cfg.top_entropy_quantile, temperature=cfg.temperature, max_completion_length=cfg.max_new_tokens,
         seed=cfg.seed, loss_type=trl_loss_type(cfg.objective()), scale_rewards=cfg.scale_rewards,
         shuffle_dataset=False, reward_weights=[1.0, 0.0], use_cpu=device.type == "cpu",
         bf16=device.type == "cuda" and torch.cuda.is_bf16_supported(), gradient_checkpointing=False,
