@@ -294,6 +294,9 @@ def get_entry(name: str, family: str | None = None) -> ClipTestEntry | PenaltyEn
     pool = CATALOGUE if family is None else FAMILIES[family]
     if name not in pool:
         kind = {"clip": "clip test", "penalty": "penalty", "surrogate": "surrogate", None: "measure"}[family]
+        if family is None:  # the whole catalogue is too long for one line: its clip tests, and where the rest are
+            raise DivvizInputError(f"unknown measure {quoted(name)}; clip tests: {', '.join(FAMILIES['clip'])} "
+                                   "(`divviz measures` lists the penalties and surrogates too)")
         raise DivvizInputError(f"unknown {kind} {quoted(name)}; known: {', '.join(pool)}")
     return pool[name]
 

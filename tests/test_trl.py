@@ -156,10 +156,10 @@ def test_dual_clip_and_trl_weights_enter_the_loss(tmp_path, policy, batch):
                                          objective=Objective(clip=base.clip, dual_clip_c=1.05, aggregation="grpo")),
                             batch)
     assert capped[0] != plain[0]
-    for weighting in ({"top_entropy_quantile": 0.5}, {"off_policy_mask_threshold": 0.01}):
+    for weighting, mask in (({"top_entropy_quantile": 0.5}, None), ({"off_policy_mask_threshold": 0.01}, 0.01)):
         theirs = make_trainer(GRPOTrainer, policy, config(tmp_path, loss_type="bnpo", **weighting))
         ours = make_trainer(DivvizGRPOTrainer, policy, config(tmp_path, loss_type="bnpo", **weighting),
-                            objective=Objective(clip=clip_test("ratio"), aggregation="bnpo"))
+                            objective=Objective(clip=clip_test("ratio"), aggregation="bnpo", off_policy_mask=mask))
         assert_same(loss_and_grads(ours, batch), loss_and_grads(theirs, batch), exact=True)
 
 
@@ -218,6 +218,8 @@ def test_trls_own_surrogates_levels_and_caps_equal_trl(tmp_path, policy, batch, 
     (dict(loss_type="grpo", epsilon=0.3), Objective(clip=clip_test("kl3")), "drop epsilon"),
     (dict(loss_type="grpo", epsilon_high=0.28), Objective(clip=clip_test("ratio")), "drop epsilon_high"),
     (dict(loss_type="grpo", delta=2.0), Objective(clip=clip_test("kl3")), "or drop delta"),
+    (dict(loss_type="grpo", off_policy_mask_threshold=0.1), Objective(clip=clip_test("kl3"), off_policy_mask=0.2),
+     "contradicts the objective's off-policy mask 0.2"),
     (dict(loss_type="grpo", beta=0.04), Objective(clip=clip_test("kl3")), "drop beta"),
     (dict(loss_type="grpo", beta=0.04), Objective(penalty=penalty("ufkl"), beta=0.04), "drop beta"),
     (dict(loss_type="grpo", use_bias_correction_kl=False),
