@@ -34,8 +34,8 @@ with ui.shown_errors():
                                                     "as often as you like with other parameters")
         st.subheader("Surrogates")
         surrogates = ui.measure_list(PAGE, BY_NAME["s"], "Replacements of PPO's clipped surrogate, drawn in the "
-                                                         "gradient-weight chart (dppo and geo_mean mask with the first "
-                                                         "clip test)")
+                                                         "gradient-weight chart (those that mask with a clip test "
+                                                         "take the first)")
         pi_old = ui.number(PAGE, BY_NAME["pi_old"], "π_old of the token (for the surrogate and prob_tv)")
         dual = ui.number(PAGE, BY_NAME["dual"], "Dual-clip for A < 0")
         c = ui.number(PAGE, BY_NAME["c"], "dual-clip c") if dual else None

@@ -81,7 +81,7 @@ def main():
     large = {"k": 1000, "iterations": 200}
     regions(0.05), kl3(0.05), bandit(True)(0.05)  # warm-up: imports, first SciPy call
     print(f"{'page (one control change)':<58} {'median ms':>10} {'/ 50 ms':>8} {'+ sent to browser ms':>21}")
-    for name, fn in (("clipping regions (3 tests, 5 figures)", regions), ("KL3 ⇔ asymmetric clipping (2 figures)", kl3),
+    for name, fn in (("clipping regions (3 tests, 6 figures)", regions), ("KL3 ⇔ asymmetric clipping (2 figures)", kl3),
                      ("mass reallocation, 8 seeds × 3: δ change, 8 of 24 re-train", bandit(False)),
                      ("mass reallocation, 8 seeds × 3: shared setting, 24 re-train", bandit(True)),
                      ("  one seed × 3, δ change (before seeds; baseline)", bandit(False, seeds=1)),

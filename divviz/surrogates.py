@@ -16,10 +16,21 @@ so what a surrogate does is read off γ against the ratio (PPO: γ = w inside th
                 the token, else 0
     geo_mean  γ_t = s_i / |o_i| on kept tokens       −Ā_i s_i, s_i = exp(mean_t clip-min(log w_t)) (GMPO)
 
-Soft surrogates (cispo, sapo, vespo, gpg) have no clip test: γ is the constraint. dppo and geo_mean take the
-objective's clip test (its interval [l, u]) and mask with it as PPO does. Formulas are TRL 1.16's `_compute_loss`
-and verl 0.9.1's `core_algos.compute_policy_loss_*`; tests/test_trl.py and tests/test_verl.py check them against
-that code.
+A few add a term that A does not scale, so the primitive is the slope ∂ℓ/∂log π_θ, and γ = −slope/A:
+
+    dro       slope −A + β log w                     −(A log π − β/2 (log w)²) (verl's DRO)
+    kl_cov    slope −A w + κ sgn(log w) on the k     −w A + κ |log w| on the k tokens of largest Cov(A, log π)
+              tokens it picks                        (Cui et al. 2025; verl)
+    clip_cov  PPO's slope, 0 on the k tokens drawn   PPO's surrogate × [not drawn] (Cui et al. 2025; verl)
+              among those with Cov in (lb, ub)
+    rpg_<kl>  slope −(w A + β g(w̄)) where the clip   RPG's Algorithm 2: the KL part g of RPG's REINFORCE weight
+              keeps the token, else 0                inside the clipped advantage (RPG's own code)
+
+Soft surrogates (cispo, sapo, vespo, gpg, dro, kl_cov) have no clip test: γ is the constraint. dppo, geo_mean,
+clip_cov and rpg_<kl> take the objective's clip test (its interval [l, u]) and mask with it as PPO does. Formulas are
+TRL 1.16's `_compute_loss`, verl 0.9.1's `core_algos.compute_policy_loss_*` and RPG's
+`compute_policy_loss_reinforce`; tests/test_trl.py, tests/test_verl.py and tests/test_rpg.py check them against that
+code.
 """
 
 from __future__ import annotations
@@ -56,7 +67,7 @@ class SurrogateInputs:
 @dataclass(frozen=True)
 class SurrogateEntry:
     """One surrogate: `term` gives the per-token loss ℓ (torch, with its gradient); `slope` gives ∂ℓ/∂log π_θ in
-    numpy from (w, A, params, kept, selected, the test's bounds) for one-token completions (the bandit and the explorer's curves; tests
+    numpy from (w, A, params, kept, selected, the test's bounds), the bandit's step and the explorer's curves (tests
     check it against autograd). `select`, for the batch-selecting ones (clip_cov, kl_cov), picks their tokens from
     the whole batch (torch, detached; `random` if it draws from torch's global generator, as verl does).
     `clip` says whether it takes the objective's clip test ("needs"), refuses one ("none"); `sequence` whether it

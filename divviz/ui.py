@@ -240,11 +240,12 @@ def advantage_widgets(page: str, controls: dict[str, Control]) -> dict[str, str]
 
 def objective_widgets(page: str, controls: dict[str, Control], bandit: bool = False) -> tuple[list[Objective], list[str]]:
     """The sidebar block shared by the bandit and the lab: clip tests and surrogates (one run each), a penalty with
-    its β and a second one with its own, dual-clip, TRL's ratio cap, the importance-sampling level and the aggregation. Returns
-    `views.compared_objectives`: (objectives, a message for each entry these settings refuse)."""
+    its β and a second one with its own, dual-clip, TRL's ratio cap and off-policy mask, the importance-sampling
+    level and the aggregation. Returns `views.compared_objectives`: (objectives, a message for each entry these
+    settings refuse)."""
     tests = measure_list(page, controls["m"], "Clip tests under PPO's surrogate (one run each)")
-    surrogates = measure_list(page, controls["s"], "Surrogates (one run each; dppo and geo_mean mask with the first "
-                                                   "clip test)")
+    surrogates = measure_list(page, controls["s"], "Surrogates (one run each; those that mask with a clip test take "
+                                                   "the first)")
     pen_name = choice(page, controls["pen"], "Penalty toward the start policy")
     pen = penalty_widgets(page, pen_name, controls) if pen_name != "none" else None
     shared = {"penalty": pen, "beta": number(page, controls["beta"], "β") if pen else 0.0}
