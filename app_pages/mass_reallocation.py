@@ -70,7 +70,8 @@ with ui.shown_errors():
         groups = views.bandit_runs(cfg, objectives, seeds)
     charts = views.mass_reallocation(groups)
 
-    cols = st.columns(len(groups))
+    per_row = min(len(groups), 4)  # more in one row would cut the numbers short
+    cols = [col for _ in range(0, len(groups), per_row) for col in st.columns(per_row)]
     for col, runs in zip(cols, groups):
         reward = views.across_seeds(runs, "expected_reward")
         entropy = views.across_seeds(runs, "entropy")
