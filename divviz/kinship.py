@@ -66,6 +66,8 @@ GROUPS = (
         ("cispo", "gpg", "the weight is w clipped to [lo, hi] instead of 1; unlike PPO no token loses its gradient"),
         ("sapo", "cispo", "a smooth gate: γ = 4σ(1−σ)·w fades away from w = 1 instead of flattening at a cap"),
         ("gpg", "cispo", "γ = 1: plain REINFORCE, no ratio (cispo with lo = hi = 1)"),
+        ("icepop", "cispo", "the weight is w inside [lo, hi] and 0 outside instead of flat at the edges: verl's IcePop "
+                            "in bypass mode (its TIS, min(w, hi), is cispo with lo = 0)"),
         ("dro", "gpg", "REINFORCE plus β/2·(log w)²: its slope β log w pulls a token back toward π_old, harder the "
                        "further it went"),
     )),

@@ -12,6 +12,7 @@ so what a surrogate does is read off γ against the ratio (PPO: γ = w inside th
     sapo      γ = 4 σ(τ(w−1)) (1 − σ(τ(w−1))) w      −(4/τ) σ(τ(w−1)) A, τ = τ_pos if A > 0 else τ_neg (SAPO)
     vespo     γ = φ(W) = e^{λ + k log W − λ W}       −sg(φ(W)) A log π, W the sequence's ratio Π_t w_t (VESPO)
     gpg       γ = 1                                  −A log π (GPG: REINFORCE, no ratio)
+    icepop    γ = w on [lo, hi], else 0              −sg(w [lo ≤ w ≤ hi]) A log π (IcePop; verl's bypass mode)
     dppo      γ = min(w, c) where the test keeps     −sg(min(w, c)) A log π on kept tokens (verl's DPPO losses)
                 the token, else 0
     geo_mean  γ_t = s_i / |o_i| on kept tokens       −Ā_i s_i, s_i = exp(mean_t clip-min(log w_t)) (GMPO)
@@ -26,7 +27,7 @@ A few add a term that A does not scale, so the primitive is the slope ∂ℓ/∂
     rpg_<kl>  slope −(w A + β g(w̄)) where the clip   RPG's Algorithm 2: the KL part g of RPG's REINFORCE weight
               keeps the token, else 0                inside the clipped advantage (RPG's own code)
 
-Soft surrogates (cispo, sapo, vespo, gpg, dro, kl_cov) have no clip test: γ is the constraint. dppo, geo_mean,
+Soft surrogates (cispo, sapo, vespo, gpg, icepop, dro, kl_cov) have no clip test: γ is the constraint. dppo, geo_mean,
 clip_cov and rpg_<kl> take the objective's clip test (its interval [l, u]) and mask with it as PPO does. Formulas are
 TRL 1.16's `_compute_loss`, verl 0.9.1's `core_algos.compute_policy_loss_*` and RPG's
 `compute_policy_loss_reinforce`; tests/test_trl.py, tests/test_verl.py and tests/test_rpg.py check them against that
@@ -359,6 +360,19 @@ SURROGATES: dict[str, SurrogateEntry] = {
             "verl core_algos.py compute_policy_loss_dppo_tv / compute_policy_loss_dppo_kl (c = clip_ratio_c)",
             (Param("c", 3.0, 1.0, low_open=True, typical=(1.05, 20.0, 0.05), doc="largest weight (clip_ratio_c)"),),
             _dppo, _gamma(lambda w, adv, p, kept: np.minimum(w, p["c"]) * kept), clip="needs"),
+        SurrogateEntry(
+            "icepop", "IcePop: REINFORCE weighted by w, zero outside [lo, hi]",
+            r"-\,\mathrm{sg}(w_t\,[lo\le w_t\le hi])\,A\,\log\pi_\theta",
+            "A token's REINFORCE weight is its ratio while lo ≤ w ≤ hi and 0 outside, whatever the sign of A (Ring-1T's "
+            "IcePop; verl's rollout correction 'lo_hi' in bypass mode, where π_old is the rollout policy). Its "
+            "truncated sibling, TIS, min(w, hi), is cispo with lo = 0.",
+            "verl rollout_corr_helper.compute_rollout_correction_weights(rollout_is='token', threshold 'lo_hi') with "
+            "compute_policy_loss_bypass_mode(loss_type='reinforce')",
+            (Param("lo", 0.5, 0.0, 1.0, high_open=False, typical=(0.0, 1.0, 0.01), doc="lowest ratio kept"),
+             Param("hi", 2.0, 1.0, typical=(1.0, 10.0, 0.05), doc="highest ratio kept")),
+            lambda s, p: -(s.log_ratio.exp() * ((s.log_ratio.exp() >= p["lo"]) & (s.log_ratio.exp() <= p["hi"]))
+                           ).detach() * s.adv * s.logp_new,
+            _gamma(lambda w, adv, p, kept: w * ((w >= p["lo"]) & (w <= p["hi"])))),
         SurrogateEntry(
             "geo_mean", "GMPO: geometric mean of clipped token ratios",
             r"-\bar A_i\,\exp\!\big(\tfrac{1}{|o_i|}\textstyle\sum_t \mathrm{sgn}(A)\min(\mathrm{sgn}(A)\log w_t,"

@@ -74,6 +74,37 @@ def test_verls_vanilla_policy_loss_is_divvizs_box_with_dual_clip(key):
     assert 0 < case["metrics"]["actor/pg_clipfrac"] < 1
 
 
+BYPASS = {"reinforce_token_tis": lambda rc: Objective(surrogate=surrogate("cispo", lo=0.0, hi=rc["rollout_is_threshold"])),
+          "reinforce_token_icepop": lambda rc: Objective(surrogate=surrogate(
+              "icepop", **dict(zip(("lo", "hi"), map(float, rc["rollout_is_threshold"].split("_")))))),
+          "reinforce_no_is": lambda rc: Objective(surrogate=surrogate("gpg")),
+          "ppo_clip_no_is": lambda rc: Objective(clip=clip_test("ratio"), dual_clip_c=3.0),
+          "default": lambda rc: Objective(clip=clip_test("ratio"), dual_clip_c=3.0)}
+BYPASS_CASES = [key for key, case in DATA["policy_loss"].items() if case["loss_mode"] == "bypass_mode"
+                and case["variant"] in BYPASS and case["loss_agg_mode"] in AGGREGATIONS
+                and not (case["batch"] == "wide" and case["loss_agg_mode"] in PER_SEQUENCE)]
+
+
+@pytest.mark.parametrize("key", BYPASS_CASES)
+def test_verls_bypass_mode_rollout_corrections_are_divviz_surrogates(key):
+    """verl's bypass mode (π_old is the rollout policy, its IS weights taken from the ratio itself): REINFORCE with
+    token TIS min(w, u) is cispo with lo = 0, with token IcePop w·[l ≤ w ≤ u] the icepop surrogate, without IS gpg;
+    PPO's clip with the sequence IS weights (there for its metrics only) is verl's vanilla loss."""
+    case = DATA["policy_loss"][key]
+    batch = DATA["batches"][case["batch"]]
+    logp_old, logp_new, adv, mask = tensors(batch, "old_log_prob", "log_prob", "advantages", "response_mask")
+    logp_new.requires_grad_()
+    objective = BYPASS[case["variant"]](case["config"]["policy_loss"]["rollout_correction"])
+    objective = Objective(**{**{f: getattr(objective, f) for f in ("clip", "surrogate", "dual_clip_c")},
+                             "aggregation": AGGREGATIONS[case["loss_agg_mode"]]})
+    out = objective(logp_new, logp_old, adv, mask, max_completion_length=mask.shape[1])
+    (grad,) = torch.autograd.grad(out.loss, logp_new)
+    close = tolerance(key)
+    assert out.loss.item() == pytest.approx(case["loss"], **close)
+    torch.testing.assert_close(grad, torch.tensor(case["grad_log_prob"], dtype=F64), rtol=max(close["rel"] * 100, 1e-10),
+                               atol=close["abs"])
+
+
 @pytest.mark.parametrize("key", [k for k in DATA["agg_loss"] if k.split("/")[1] in AGGREGATIONS and "local" in k
                                  and k.startswith("grpo/")])
 def test_verls_aggregation_modes_are_divvizs(key):
