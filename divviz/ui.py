@@ -20,7 +20,7 @@ from divviz.mirror import phi_map, phi_text
 from divviz.ownership import browser_id, is_teacher_key
 from divviz.params import DivvizInputError, Param
 from divviz.penalties import penalty, PENALTIES
-from divviz.plots import Chart
+from divviz.figures import Chart
 from divviz.safetext import literal, shorten
 from divviz.surrogates import LEVELS
 from divviz.urlstate import Control, measure_param_controls, read_query, write_query

@@ -11,12 +11,13 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
-from divviz import explore, plots, theory
+from divviz import explore, plots, run_plots, theory
 from divviz.bandit import BanditConfig, BanditRun, run_bandits
 from divviz.divergences import ClipTest, clip_test
 from divviz.engine.config import RunConfig, objective_from, objective_settings
 from divviz.estimators import k3
 from divviz.evidence import Summary, paired, summarize
+from divviz.figures import Chart
 from divviz.instances import unique_labels
 from divviz.losses import Objective
 from divviz.metrics import bin_labels, mass_shift_by_bin, metric
@@ -69,7 +70,7 @@ def weight_curves(objectives: list[Objective], pi_old: float) -> list[tuple[str,
 
 
 def clipping_regions(tests: list[ClipTest], pi_old: float, dual_clip_c: float | None,
-                     surrogates: list[Surrogate] = ()) -> dict[str, plots.Chart]:
+                     surrogates: list[Surrogate] = ()) -> dict[str, Chart]:
     """Intervals now, intervals as the parameter moves, the (π_old, π_new) region, surrogate/gradient, logit room,
     and the gradient weight of each test under PPO's surrogate and of each surrogate. The same test may come several
     times (its labels are made distinct)."""
@@ -110,7 +111,7 @@ class KL3Facts:
 
 
 def kl3_equivalence(delta: float, eps: float, eps_low: float, eps_high: float, seed: int,
-                    completions: int = 64) -> tuple[KL3Facts, dict[str, plots.Chart]]:
+                    completions: int = 64) -> tuple[KL3Facts, dict[str, Chart]]:
     """Numbers and figures of the KL3 ⇔ asymmetric clipping page."""
     deltas = np.geomspace(1e-4, 1.0, 200)
     bounds = theory.kl3_bounds(delta)
@@ -188,7 +189,7 @@ def across_seeds(runs: list[BanditRun], metric: str) -> Summary:
     return summarize(np.stack([run.history[metric] for run in runs]))
 
 
-def mass_reallocation(groups: list[list[BanditRun]]) -> dict[str, plots.Chart]:
+def mass_reallocation(groups: list[list[BanditRun]]) -> dict[str, Chart]:
     """Figures of the bandit page from already computed runs (one list over seeds per measure): means with 95%
     bands when there are several seeds."""
     labels = [runs[0].label for runs in groups]
@@ -196,14 +197,14 @@ def mass_reallocation(groups: list[list[BanditRun]]) -> dict[str, plots.Chart]:
                               for label, runs in zip(labels, groups)]
     first = groups[0][0]
     return {
-        "distribution": plots.bandit_distribution_chart(
+        "distribution": run_plots.bandit_distribution_chart(
             np.mean([run.initial for run in groups[0]], axis=0), first.rewards,
             [(label, summarize([run.final for run in runs])) for label, runs in zip(labels, groups)]),
-        "mass": plots.mass_shift_chart([(label, summarize([mass_shift_by_bin(run.initial, run.final) for run in runs]))
+        "mass": run_plots.mass_shift_chart([(label, summarize([mass_shift_by_bin(run.initial, run.final) for run in runs]))
                                         for label, runs in zip(labels, groups)]),
-        "history": plots.history_chart(series(BANDIT_MEASURES), BANDIT_MEASURES, "iteration",
+        "history": run_plots.history_chart(series(BANDIT_MEASURES), BANDIT_MEASURES, "iteration",
                                        "Expected reward, entropy, and where the mass sits"),
-        "clipping": plots.history_chart(series(BANDIT_CLIPPING), BANDIT_CLIPPING, "iteration",
+        "clipping": run_plots.history_chart(series(BANDIT_CLIPPING), BANDIT_CLIPPING, "iteration",
                                         "How often each clip binds, how many samples end past it (after the update, "
                                         "and after one inner step), how far π moves"),
     }
@@ -225,12 +226,12 @@ def paired_differences(groups: list[list[BanditRun]], baseline: int, metrics=BAN
     return pd.DataFrame(rows)
 
 
-def paired_difference_chart(groups: list[list[BanditRun]], baseline: int, metric: str) -> plots.Chart:
+def paired_difference_chart(groups: list[list[BanditRun]], baseline: int, metric: str) -> Chart:
     """A metric's paired difference to the baseline measure over the iterations: mean and 95% band per measure."""
     base = np.stack([run.history[metric] for run in groups[baseline]])
     series = [(runs[0].label, {metric: summarize(np.stack([run.history[metric] for run in runs]) - base)})
               for i, runs in enumerate(groups) if i != baseline]
-    return plots.history_chart(series, (metric,), "iteration",
+    return run_plots.history_chart(series, (metric,), "iteration",
                                f"{metric}: each measure minus {groups[baseline][0].label}, seed by seed "
                                f"(mean and 95% band, n = {len(base)})")
 
@@ -260,7 +261,7 @@ def trailing_mean(values, window: int) -> np.ndarray:
     return (sums[idx] - sums[start]) / (idx - start)
 
 
-def training_charts(runs: list[tuple[str, list[dict]]], smooth: int = 1) -> dict[str, plots.Chart]:
+def training_charts(runs: list[tuple[str, list[dict]]], smooth: int = 1) -> dict[str, Chart]:
     """Metric curves of several runs (label, metrics rows), one chart per panel of TRAINING_PANELS, each
     curve the trailing mean over `smooth` steps (1 = the raw per-step values). Runs that share a label (one
     measure with several seeds) are drawn thin, under their mean and its 95% band over the steps all of them
@@ -283,7 +284,7 @@ def training_charts(runs: list[tuple[str, list[dict]]], smooth: int = 1) -> dict
                           "the update",
               "kl": "KL of each update, new vs old (k1, k2, k3 of w = π_new/π_old)",
               "update": "Share of the mass gained that went to argmax tokens, and the gradient's norm"}
-    return {name: plots.history_chart(series, metrics, "step", titles[name], members=members)
+    return {name: run_plots.history_chart(series, metrics, "step", titles[name], members=members)
             for name, metrics in TRAINING_PANELS.items()}
 
 
@@ -296,7 +297,7 @@ def grouped(runs: list[tuple[str, list[dict]]]) -> list[tuple[str, list[list[dic
     return list(groups.items())
 
 
-def mass_shift(runs: list[tuple[str, list[dict]]], last: int = 10) -> plots.Chart:
+def mass_shift(runs: list[tuple[str, list[dict]]], last: int = 10) -> Chart:
     """Δπ per token by π_old bin, averaged over each run's last `last` steps (and over a label's runs, with their
     95% interval)."""
     series = []
@@ -304,10 +305,10 @@ def mass_shift(runs: list[tuple[str, list[dict]]], last: int = 10) -> plots.Char
         per_run = [np.array([np.mean([r.get(f"mass_shift/{b}", 0.0) for r in rows[-last:]]) for b in bin_labels()])
                    for rows in group]
         series.append((label, per_run[0]) if len(group) == 1 else (f"{label} (n = {len(group)})", summarize(per_run)))
-    return plots.mass_bins_chart(series, f"Mass reallocation: Δπ of sampled tokens by π_old (last {last} steps)")
+    return run_plots.mass_bins_chart(series, f"Mass reallocation: Δπ of sampled tokens by π_old (last {last} steps)")
 
 
-def token_scatter(runs: list[tuple[str, dict, dict]]) -> plots.Chart:
+def token_scatter(runs: list[tuple[str, dict, dict]]) -> Chart:
     """runs: [(label, run config dict, tokens of one step)] → scatter with each run's clip boundary."""
     drawn, grid = [], np.linspace(0.005, 1.0, 200)
     for label, config, tokens in runs:
@@ -317,7 +318,7 @@ def token_scatter(runs: list[tuple[str, dict, dict]]) -> plots.Chart:
         else:
             lower, upper = np.full_like(grid, np.nan), np.full_like(grid, np.nan)
         drawn.append((label, tokens, (grid, lower, upper)))
-    return plots.token_scatter(drawn)
+    return run_plots.token_scatter(drawn)
 
 
 def run_label(run, unique: bool = False) -> str:
@@ -347,9 +348,9 @@ def same_batch(configs: list[RunConfig], step: int, weights=None):
     table = pd.DataFrame([{"objective": r.label, **{name: r.metrics[key] for key, name in COMPARISON_COLUMNS.items()}}
                           for r in results])
     charts = {
-        "mass": plots.mass_bins_chart([(r.label, np.array([r.metrics[f"mass_shift/{b}"] for b in bin_labels()]))
+        "mass": run_plots.mass_bins_chart([(r.label, np.array([r.metrics[f"mass_shift/{b}"] for b in bin_labels()]))
                                        for r in results], "Same batch: Δπ of sampled tokens by π_old"),
-        "shift": plots.probability_shift_scatter([(r.label, r.pi_old, r.pi_new) for r in results]),
+        "shift": run_plots.probability_shift_scatter([(r.label, r.pi_old, r.pi_new) for r in results]),
     }
     return table, charts, [(r.label, r.record) for r in results]
 

@@ -1,0 +1,115 @@
+"""The drawing layer under the charts: a plotly figure kept as the plain dict it is written as (`Figure`), a chart
+with the table behind it (`Chart`), the palette, and layout helpers (panels, lines, shaded spans).
+
+Figures are written as plain dicts and kept as they are: plotly's own objects, even built without validation, cost
+~3 ms a figure to build and ~7 ms to turn back into a dict for the browser, and the incremental API (`add_trace`,
+`add_vrect`, `make_subplots`) re-validates on every call, 10–100× more; either would break the explorer's 50 ms
+budget per control change (bench/explorer.py). tests/test_plots.py validates every figure instead. The template is
+left empty so that Streamlit's theme applies.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
+BASE_LAYOUT = {"margin": {"l": 60, "r": 20, "t": 60, "b": 50}, "font": {"size": 14},
+               "legend": {"orientation": "h", "y": -0.2}, "template": {}}
+
+
+class Figure(go.Figure):
+    """A plotly figure that keeps the plain dict it was written as and hands it out from `to_dict`, which is
+    all that Streamlit's `st.plotly_chart`, `to_html` and `plotly.io` read of a figure. Numeric arrays go out
+    as plotly.js typed arrays, as plotly's own `to_dict` sends them: base64 float64, several times faster to
+    encode than JSON lists of floats."""
+
+    def __init__(self, spec: dict):
+        super().__init__()
+        self._spec = spec
+
+    def to_dict(self) -> dict:
+        return typed_arrays(self._spec)
+
+
+def typed_arrays(value):
+    """A copy of a figure spec with every 1-D numeric numpy array as {"dtype": "f8", "bdata": base64}."""
+    if isinstance(value, np.ndarray) and value.ndim == 1 and value.dtype.kind in "fiu":
+        return {"dtype": "f8", "bdata": base64.b64encode(value.astype("<f8").tobytes()).decode("ascii")}
+    if isinstance(value, dict):
+        return {key: typed_arrays(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [typed_arrays(item) for item in value]
+    return value
+
+
+@dataclass
+class Chart:
+    figure: Figure
+    data: pd.DataFrame
+
+
+def color(i: int) -> str:
+    return PALETTE[i % len(PALETTE)]
+
+
+def rgba(i: int, alpha: float) -> str:
+    hex_color = color(i).lstrip("#")
+    r, g, b = (int(hex_color[k:k + 2], 16) for k in (0, 2, 4))
+    return f"rgba({r},{g},{b},{alpha})"
+
+
+def fmt(x: float) -> str:
+    return "∞" if np.isinf(x) else f"{x:.4f}"
+
+
+def figure(traces: list[dict], layout: dict, shapes: list[dict] = (), annotations: list[dict] = ()) -> Figure:
+    full = {**BASE_LAYOUT, **layout, "shapes": list(shapes), "annotations": [*layout.get("annotations", []),
+                                                                           *annotations]}
+    return Figure({"data": traces, "layout": full})  # tests/test_plots.py validates them
+
+
+def concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """The CSV data of several runs, one block of rows each."""
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def panels(rows: int, cols: int, titles: list[str], gap: float = 0.07) -> tuple[dict, list[list[tuple[str, str]]]]:
+    """Axes for a rows × cols grid (like make_subplots, written out): the layout entries and, per panel,
+    its (xref, yref) names such as ("x2", "y2")."""
+    layout, refs, annotations = {}, [], []
+    width, height = (1 - gap * (cols - 1)) / cols, (1 - gap * (rows - 1)) / rows
+    for r in range(rows):
+        row = []
+        for c in range(cols):
+            n = r * cols + c + 1
+            suffix = "" if n == 1 else str(n)
+            x0, y1 = c * (width + gap), 1 - r * (height + gap)
+            layout[f"xaxis{suffix}"] = {"domain": [max(0.0, x0), min(1.0, x0 + width)], "anchor": f"y{suffix}"}
+            layout[f"yaxis{suffix}"] = {"domain": [max(0.0, y1 - height), min(1.0, y1)], "anchor": f"x{suffix}"}
+            if n - 1 < len(titles):
+                annotations.append({"text": titles[n - 1], "x": x0 + width / 2, "y": y1, "xref": "paper",
+                                    "yref": "paper", "showarrow": False, "yanchor": "bottom", "font": {"size": 14}})
+            row.append((f"x{suffix}", f"y{suffix}"))
+        refs.append(row)
+    layout["annotations"] = annotations
+    return layout, refs
+
+
+def vline(x: float, xref: str = "x", yref: str = "y", **line) -> dict:
+    return {"type": "line", "x0": x, "x1": x, "y0": 0, "y1": 1, "xref": xref, "yref": f"{yref} domain",
+            "line": {"color": "grey", "dash": "dot", **line}}
+
+
+def hline(y: float, xref: str = "x", yref: str = "y", **line) -> dict:
+    return {"type": "line", "y0": y, "y1": y, "x0": 0, "x1": 1, "yref": yref, "xref": f"{xref} domain",
+            "line": {"color": "lightgrey", **line}}
+
+
+def vrect(x0: float, x1: float, fill: str, xref: str = "x", yref: str = "y", opacity: float = 0.12) -> dict:
+    return {"type": "rect", "x0": x0, "x1": x1, "y0": 0, "y1": 1, "xref": xref, "yref": f"{yref} domain",
+            "fillcolor": fill, "opacity": opacity, "line": {"width": 0}, "layer": "below"}

@@ -1,0 +1,166 @@
+"""The charts of runs: the bandit's and training's curves with their seed bands, mass reallocation, token
+scatters. Pure functions from computed data to plotly figures, each a `figures.Chart` (figure and the numbers drawn);
+the explorer's charts are in `plots.py`."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from divviz.evidence import Summary
+from divviz.figures import Chart, color, concat, figure, hline, panels, rgba
+from divviz.metrics import GLOSSARY, bin_labels
+
+def bandit_distribution_chart(initial: np.ndarray, rewards: np.ndarray, finals: list[tuple[str, Summary]],
+                              max_actions: int = 60) -> Chart:
+    """π_0 and each objective's final π over actions (sorted by π_0), the mean over seeds with its interval as
+    error bars; rewarded actions (of the first seed, where rewards are random) marked."""
+    k = len(rewards)
+    shown = np.arange(min(k, max_actions))
+    traces = [{"type": "bar", "x": shown, "y": initial[shown], "name": "π_0 (start)", "marker": {"color": "lightgrey"}}]
+    data = {"action (rank under π_0)": shown, "reward": rewards[shown], "pi_0": initial[shown]}
+    for i, (label, final) in enumerate(finals):
+        trace = {"type": "scatter", "x": shown, "y": final.mean[shown], "mode": "lines+markers",
+                 "name": f"{label}: final" + (f" (mean of {final.n})" if final.n > 1 else ""), "line": {"color": color(i)}}
+        if final.n > 1:
+            trace["error_y"] = _error_bars(final, shown)
+        traces.append(trace)
+        data.update(_summary_columns(f"{label} final", final, shown))
+    rewarded = shown[rewards[shown] >= 0.5]
+    traces.append({"type": "scatter", "x": rewarded, "y": np.zeros(len(rewarded)), "mode": "markers",
+                   "name": "reward ≥ 0.5", "marker": {"symbol": "star", "size": 13, "color": "gold",
+                                                      "line": {"color": "black", "width": 1}}})
+    title = "Distribution before and after" + (f" (first {max_actions} of {k} actions)" if k > max_actions else "")
+    layout = {"height": 440, "title": {"text": title}, "xaxis": {"title": {"text": "action, ranked by π_0"}},
+              "yaxis": {"title": {"text": "probability"}}}
+    return Chart(figure(traces, layout), pd.DataFrame(data))
+
+
+def _error_bars(summary: Summary, pick=slice(None)) -> dict:
+    """Plotly's asymmetric error bars from a summary's interval."""
+    return {"type": "data", "symmetric": False, "array": summary.high[pick] - summary.mean[pick],
+            "arrayminus": summary.mean[pick] - summary.low[pick], "thickness": 1.2, "width": 3}
+
+
+def _summary_columns(name: str, summary: Summary, pick=slice(None)) -> dict:
+    """CSV columns of a summary: the mean, and with several seeds its interval and n."""
+    if summary.n < 2:
+        return {name: summary.mean[pick]}
+    return {name: summary.mean[pick], f"{name} low": summary.low[pick], f"{name} high": summary.high[pick],
+            f"{name} n": summary.n}
+
+
+def history_chart(series: list[tuple[str, dict[str, np.ndarray | Summary]]], metrics: tuple[str, ...], x_title: str,
+                  title: str, members: dict[str, list[dict[str, np.ndarray]]] | None = None) -> Chart:
+    """Metrics over steps, one panel per metric, one line per run or measure: [(label, {metric: values})]. A
+    `Summary` is drawn as its mean with a shaded 95% band; `members` ({label: [one run's {metric: values}]}) are
+    drawn thin under their label's line."""
+    layout, refs = panels(1, len(metrics), [m.removeprefix("clip_ratio/") for m in metrics], gap=0.05)
+    traces, frames = [], []
+    for i, (label, history) in enumerate(series):
+        columns, steps = {}, None
+        for j, metric in enumerate(metrics):
+            xref, yref = refs[0][j]
+            value = history[metric]
+            summary = value if isinstance(value, Summary) else None
+            mean = np.asarray(summary.mean if summary else value, dtype=np.float64)
+            steps = np.arange(1, len(mean) + 1)
+            axes = {"xaxis": xref, "yaxis": yref, "legendgroup": label}
+            for member in (members or {}).get(label, []):
+                traces.append({"type": "scatter", "x": steps, "y": np.asarray(member[metric], dtype=np.float64),
+                               "mode": "lines", "showlegend": False, "hoverinfo": "skip", **axes,
+                               "line": {"color": rgba(i, 0.35), "width": 1}})
+            if summary is not None and summary.n > 1:
+                traces += _band(steps, summary, i, axes)
+            traces.append({"type": "scatter", "x": steps, "y": mean, "mode": "lines", "name": label,
+                           "showlegend": j == 0, **axes, "line": {"color": color(i), "width": 2.5},
+                           "hovertemplate": f"{metric}: %{{y:.4f}}<br>{GLOSSARY.get(metric, '')}"
+                                            f"<extra>{label}</extra>"})
+            columns.update(_summary_columns(metric, summary) if summary else {metric: mean})
+        frames.append(pd.DataFrame({"run": label, x_title: steps, **columns}))
+    for xref, _ in refs[0]:
+        layout[f"xaxis{xref[1:]}"]["title"] = {"text": x_title}
+    layout.update(height=380, title={"text": title})
+    return Chart(figure(traces, layout), concat(frames))
+
+
+def _band(x: np.ndarray, summary: Summary, i: int, axes: dict) -> list[dict]:
+    """A shaded band between a summary's low and high (two traces: the upper edge, then the lower filled to it)."""
+    edge = {"type": "scatter", "x": x, "mode": "lines", "line": {"width": 0}, "showlegend": False,
+            "hoverinfo": "skip", **axes}
+    return [{**edge, "y": summary.high},
+            {**edge, "y": summary.low, "fill": "tonexty", "fillcolor": rgba(i, 0.18)}]
+
+
+def mass_shift_chart(series: list[tuple[str, Summary]]) -> Chart:
+    """Where probability mass went: Σ(π_final − π_0) over actions binned by their π_0 (mean and interval)."""
+    return mass_bins_chart(series, "Mass reallocation: Σ Δπ over actions, by the probability they started with",
+                           x_title="π_0 of the action", y_title="Σ (π_final − π_0)", bin_column="pi_0 bin",
+                           height=400)
+
+
+CLIP_STATES = {0: ("inside / kept", "#7f7f7f"), 1: ("clipped low (A < 0)", "#1f77b4"),
+               2: ("clipped high (A > 0)", "#d62728"), 3: ("dual-clipped", "#ff7f0e")}
+
+
+def token_scatter(runs: list[tuple[str, dict, tuple[np.ndarray, np.ndarray, np.ndarray]]]) -> Chart:
+    """Per-token (π_old, ratio) of one step, coloured by clip state, with each measure's boundary l(π_old),
+    u(π_old) drawn over it. runs: [(label, tokens, (pi_grid, lower, upper))]."""
+    traces, frames = [], []
+    state_names = np.array([name for name, _ in CLIP_STATES.values()])
+    for i, (label, tokens, (grid, lower, upper)) in enumerate(runs):
+        for state, (name, colour) in CLIP_STATES.items():
+            pick = tokens["state"] == state
+            if not pick.any():
+                continue
+            traces.append({"type": "scatter", "x": tokens["pi_old"][pick], "y": tokens["ratio"][pick],
+                           "mode": "markers", "name": f"{label}: {name}", "legendgroup": label,
+                           "marker": {"color": colour, "size": 6, "opacity": 0.6,
+                                      "symbol": ["circle", "diamond", "square", "triangle-up"][i % 4]},
+                           "hovertemplate": "π_old %{x:.3f}<br>w %{y:.3f}<extra>" + label + "</extra>"})
+        for edge, values in (("u", upper), ("l", lower)):
+            traces.append({"type": "scatter", "x": grid, "y": np.where(np.isfinite(values), values, np.nan),
+                           "mode": "lines", "name": f"{label}: {edge}(π_old)", "legendgroup": label,
+                           "showlegend": edge == "u", "line": {"color": color(i), "width": 2, "dash": "dash"}})
+        frames.append(pd.DataFrame({"run": label, "pi_old": tokens["pi_old"], "ratio": tokens["ratio"],
+                                    "adv": tokens["adv"], "state": state_names[tokens["state"].astype(int)]}))
+    layout = {"height": 480, "title": {"text": "Tokens of one step: π_old against the ratio, with each measure's "
+                                               "feasible region"},
+              "xaxis": {"title": {"text": "π_old of the sampled token"}, "range": [0, 1]},
+              "yaxis": {"title": {"text": "ratio w at the last inner step"}}}
+    return Chart(figure(traces, layout, [hline(1.0)]), concat(frames))
+
+
+def mass_bins_chart(series: list[tuple[str, np.ndarray | Summary]], title: str,
+                    x_title: str = "π_old of the sampled token", y_title: str = "Δπ per token",
+                    bin_column: str = "pi_old bin", height: int = 380) -> Chart:
+    """Bars of a per-π_old-bin quantity, one group per run: [(label, values per bin)]; a `Summary` gets error bars."""
+    labels = bin_labels()
+    traces, data = [], {bin_column: labels}
+    for i, (label, values) in enumerate(series):
+        summary = values if isinstance(values, Summary) else None
+        trace = {"type": "bar", "x": labels, "y": summary.mean if summary else values, "name": label,
+                 "marker": {"color": color(i)}}
+        if summary is not None and summary.n > 1:
+            trace["error_y"] = _error_bars(summary)
+        traces.append(trace)
+        data.update(_summary_columns(label, summary) if summary else {label: values})
+    layout = {"height": height, "barmode": "group", "title": {"text": title},
+              "xaxis": {"title": {"text": x_title}}, "yaxis": {"title": {"text": y_title}}}
+    return Chart(figure(traces, layout, [hline(0.0, color="grey")]), pd.DataFrame(data))
+
+
+def probability_shift_scatter(series: list[tuple[str, np.ndarray, np.ndarray]]) -> Chart:
+    """π_old against π_new of the same tokens under each objective: above the diagonal, the update raised the
+    token. series: [(label, pi_old, pi_new)]."""
+    traces, frames = [], []
+    for i, (label, before, after) in enumerate(series):
+        traces.append({"type": "scatter", "x": before, "y": after, "mode": "markers", "name": label,
+                       "marker": {"color": color(i), "size": 5, "opacity": 0.5}})
+        frames.append(pd.DataFrame({"objective": label, "pi_old": before, "pi_new": after}))
+    traces.append({"type": "scatter", "x": [0, 1], "y": [0, 1], "mode": "lines", "name": "unchanged",
+                   "line": {"color": "grey", "dash": "dash"}})
+    layout = {"height": 480, "title": {"text": "Each token's probability before and after the update, same batch"},
+              "xaxis": {"title": {"text": "π_old"}, "range": [0, 1]},
+              "yaxis": {"title": {"text": "π after μ steps"}, "range": [0, 1]}}
+    return Chart(figure(traces, layout), concat(frames))
