@@ -6,7 +6,8 @@ from divviz import ui, views
 from divviz.divergences import DUAL_CLIP
 from divviz.params import Param
 from divviz.presets import CLIPPING_PRESETS
-from divviz.urlstate import Control
+from divviz.penalties import PENALTIES
+from divviz.urlstate import Control, measure_param_controls
 
 PAGE = "regions"
 CONTROLS = [
@@ -17,6 +18,8 @@ CONTROLS = [
                                        "only probability-space tests (prob_tv) depend on it")),
     Control("dual", False, param=Param("dual", False, kind="bool", doc="cap the loss of A < 0 tokens at −c·A")),
     Control("c", 3.0, param=DUAL_CLIP),
+    Control("p", ["k3", "prob_l2"], options=tuple(PENALTIES), multi=True),
+    *measure_param_controls(("penalty",)),
 ]
 BY_NAME = {c.name: c for c in CONTROLS}
 
@@ -39,11 +42,14 @@ with ui.shown_errors():
         pi_old = ui.number(PAGE, BY_NAME["pi_old"], "π_old of the token (for the surrogate and prob_tv)")
         dual = ui.number(PAGE, BY_NAME["dual"], "Dual-clip for A < 0")
         c = ui.number(PAGE, BY_NAME["c"], "dual-clip c") if dual else None
+        st.subheader("Penalties")
+        names = ui.choice(PAGE, BY_NAME["p"], "Penalties to draw (toward π_ref; RPG's toward π_old)")
+        penalties = [ui.penalty_widgets(PAGE, name, BY_NAME) for name in names]
     ui.publish_controls(PAGE, CONTROLS)
     if not tests:
         st.info("Pick at least one clip test in the sidebar.")
         st.stop()
-    charts = views.clipping_regions(tests, pi_old, c, surrogates)
+    charts = views.clipping_regions(tests, pi_old, c, surrogates, penalties)
 
     ui.show_chart(charts["intervals"], "intervals")
     ui.show_chart(charts["sweeps"], "interval sweeps")
@@ -56,6 +62,12 @@ with ui.shown_errors():
              "0 where the test masks (a hard region); a soft surrogate has no region, and γ is its constraint: cispo "
              "flattens it past its cap, sapo fades it smoothly, vespo weighs a whole completion by its ratio.")
     ui.show_chart(charts["weight"], "gradient weight")
+    if penalties:
+        st.subheader("Penalties: what β adds to the gradient")
+        st.write("A penalty is not a region: it adds β·slope to every token's ∂ℓ/∂log π_θ, clipped or not. Against "
+                 "r = π_θ/π_ref at π_ref = the π_old set above: k3's slope 1 − 1/r is the same for every π_ref, "
+                 "while ProbL2's and a mirror map's are in probability space and vanish for rare tokens.")
+        ui.show_chart(charts["penalty"], "penalties")
     left, right = st.columns(2)
     with left:
         st.write("A ratio box is a cone in probability space; a probability-space test is a band of constant "

@@ -15,6 +15,7 @@ import torch
 from divviz import theory
 from divviz.divergences import ClipTest, clip_test
 from divviz.losses import Objective, policy_loss
+from divviz.penalties import Penalty
 
 F64 = torch.float64
 
@@ -82,6 +83,19 @@ def gradient_weight(objective: Objective, ratio: np.ndarray, pi_old: float = 0.5
     (grad,) = torch.autograd.grad(plain(logp_new, logp_old, adv, torch.ones_like(w)).loss, logp_new)
     weight = (-grad.squeeze(1) / adv).numpy()
     return {+1: weight[:n], -1: weight[n:]}
+
+
+def penalty_curves(penalty: Penalty, ratio: np.ndarray, anchor: float) -> tuple[np.ndarray, np.ndarray]:
+    """A penalty's value and the slope of its loss term ∂/∂log π_θ (closed form, tested against autograd) against
+    r = π_θ/π_anchor, with π_anchor both π_ref and π_old (penalties toward the reference read the first, RPG's the
+    second); NaN where π_θ would exceed 1."""
+    inside = ratio * anchor <= 1.0
+    new = np.log(np.where(inside, ratio * anchor, anchor))
+    anchor_logp = np.full_like(new, np.log(anchor))
+    value = penalty.value(torch.as_tensor(new, dtype=F64), torch.as_tensor(anchor_logp, dtype=F64),
+                          torch.as_tensor(anchor_logp, dtype=F64)).numpy()
+    slope = penalty.slope(new, anchor_logp, anchor_logp)
+    return np.where(inside, value, np.nan), np.where(inside, slope, np.nan)
 
 
 def masked_spans(ratio: np.ndarray, masked: np.ndarray) -> list[tuple[float, float]]:

@@ -131,6 +131,24 @@ def gradient_weight_chart(ratio: np.ndarray, curves: list[tuple[str, dict[int, n
                                           vline(1.0, refs[0][1][0], refs[0][1][1])]), pd.DataFrame(data))
 
 
+def penalty_chart(ratio: np.ndarray, curves: list[tuple[str, np.ndarray, np.ndarray]], anchor: float) -> Chart:
+    """Each penalty's value and the slope of its loss term in log π_θ against r = π_θ/π_anchor."""
+    layout, refs = panels(1, 2, ["value", "slope ∂/∂log π_θ (what β multiplies in the gradient)"], gap=0.08)
+    traces, data = [], {"ratio": ratio}
+    for i, (label, value, slope) in enumerate(curves):
+        for col, (ys, what) in enumerate(((value, "value"), (slope, "slope"))):
+            xref, yref = refs[0][col]
+            traces.append({"type": "scatter", "x": ratio, "y": ys, "mode": "lines", "name": label, "legendgroup": label,
+                           "showlegend": col == 0, "xaxis": xref, "yaxis": yref, "line": {"color": color(i), "width": 2.5},
+                           "hovertemplate": f"r = %{{x:.3f}}<br>{what} = %{{y:.4g}}<extra>{label}</extra>"})
+            data[f"{label} {what}"] = ys
+    for xref, _ in refs[0]:
+        layout[f"xaxis{xref[1:]}"]["title"] = {"text": f"r = π_θ / π_ref (or π_old), at π_ref = {anchor:g}"}
+    layout.update(height=420, title={"text": "Penalties against the ratio to their anchor",
+                                     "subtitle": {"text": "a positive slope pushes log π_θ down, toward the anchor"}})
+    return Chart(figure(traces, layout, [vline(1.0, *refs[0][0]), vline(1.0, *refs[0][1])]), pd.DataFrame(data))
+
+
 def logit_chart(pi_old: np.ndarray, rooms: list[tuple[str, np.ndarray, np.ndarray]]) -> Chart:
     """How far the sampled token's logit may move before clipping, against π_old (softmax head)."""
     traces, data = [], {"pi_old": pi_old}

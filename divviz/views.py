@@ -22,10 +22,12 @@ from divviz.instances import unique_labels
 from divviz.losses import Objective
 from divviz.metrics import bin_labels, mass_shift_by_bin, metric
 from divviz.params import DivvizInputError
+from divviz.penalties import Penalty
 from divviz.surrogates import Surrogate
 
 RATIO_GRID = np.linspace(0.01, 3.0, 600)
 PI_OLD_GRID = np.linspace(0.001, 1.0, 400)
+PENALTY_GRID = np.linspace(0.2, 3.0, 400)  # r = π_θ/π_ref; below 0.2 k3's 1/r dwarfs the others
 
 
 def compared_objectives(tests: list[ClipTest], surrogates: list[Surrogate], bandit: bool = False,
@@ -70,10 +72,10 @@ def weight_curves(objectives: list[Objective], pi_old: float) -> list[tuple[str,
 
 
 def clipping_regions(tests: list[ClipTest], pi_old: float, dual_clip_c: float | None,
-                     surrogates: list[Surrogate] = ()) -> dict[str, Chart]:
+                     surrogates: list[Surrogate] = (), penalties: list[Penalty] = ()) -> dict[str, Chart]:
     """Intervals now, intervals as the parameter moves, the (π_old, π_new) region, surrogate/gradient, logit room,
-    and the gradient weight of each test under PPO's surrogate and of each surrogate. The same test may come several
-    times (its labels are made distinct)."""
+    the gradient weight of each test under PPO's surrogate and of each surrogate, and each penalty's value and slope
+    against π_θ/π_ref at π_ref = π_old. The same test may come several times (its labels are made distinct)."""
     labels = unique_labels([t.label for t in tests])
     sweeps = []
     for test, label in zip(tests, labels):
@@ -95,6 +97,8 @@ def clipping_regions(tests: list[ClipTest], pi_old: float, dual_clip_c: float | 
             [(label, explore.ratio_curves(t, RATIO_GRID, pi_old, dual_clip_c)) for label, t in labelled]),
         "logit": plots.logit_chart(PI_OLD_GRID, [(label, *explore.logit_room(t, PI_OLD_GRID)) for label, t in labelled]),
         "weight": plots.gradient_weight_chart(RATIO_GRID, weight_curves(weighed, pi_old)),
+        "penalty": plots.penalty_chart(PENALTY_GRID, [(p.label, *explore.penalty_curves(p, PENALTY_GRID, pi_old))
+                                                      for p in penalties], pi_old),
     }
 
 

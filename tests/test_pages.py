@@ -1,10 +1,12 @@
 """Each page under streamlit's AppTest: runs clean, draws its charts, reacts to a control, and restores
 its controls from a shared link."""
 
+import base64
 import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
@@ -28,6 +30,13 @@ def open_page(page: str | None = None, query: dict | None = None) -> AppTest:
         at.switch_page(page).run()
     assert not at.exception, at.exception
     return at
+
+
+def typed(array) -> np.ndarray:
+    """A figure's array as the browser gets it: a plotly.js typed array (base64 float64) or a list."""
+    if isinstance(array, dict):
+        return np.frombuffer(base64.b64decode(array["bdata"]), dtype="<f8")
+    return np.asarray(array, dtype=float)
 
 
 def specs(at) -> list[str]:
@@ -68,11 +77,13 @@ def add_measure(at, name):
 def test_clipping_regions_page_reacts_and_shares():
     at = open_page("app_pages/clipping_regions.py")
     before = specs(at)
-    assert len(before) == 6
+    assert len(before) == 7
     slider(at, "delta").set_value(0.1).run()
     assert not at.exception
     after = specs(at)
-    assert all(a != b for a, b in zip(before, after))  # every figure followed δ
+    penalties = 4  # the page's fifth chart
+    assert before[penalties] == after[penalties] and all(a != b for i, (a, b) in enumerate(zip(before, after))
+                                                        if i != penalties)  # the tests' figures followed δ
     assert at.query_params["m"] == "ratio,clip_higher,kl3:delta=0.1"
     # choose other tests; the URL follows
     for _ in range(3):
@@ -119,7 +130,7 @@ def test_bad_link_values_warn_and_fall_back():
     warnings = " ".join(shown(w) for w in at.warning)
     assert "'delta' must be a finite number" in warnings and "unknown clip test 'bogus'" in warnings
     assert slider(at, "delta").value == pytest.approx(0.05)
-    assert len(specs(at)) == 6
+    assert len(specs(at)) == 7
 
 
 def test_clipping_regions_preset_and_empty_selection():
@@ -228,7 +239,7 @@ def test_a_typed_formula_on_the_clipping_regions_page():
     assert not at.exception and at.query_params["m"] == "kl3,formula:f=abs(log(w)):delta=0.5"
     assert "[0.6065, 1.6487]" in specs(at)[0]
     box.set_value('__import__("os").system("touch /tmp/owned")').run()
-    assert not at.exception and len(specs(at)) == 6
+    assert not at.exception and len(specs(at)) == 7
     assert "is not allowed" in shown(at.error[0]) and "still shown: formula abs(log(w))" in shown(at.error[0])
     assert at.query_params["m"] == "kl3,formula:f=abs(log(w)):delta=0.5"  # the last good formula stays
 
@@ -254,7 +265,7 @@ def test_the_clipping_regions_page_draws_surrogates_gradient_weights_and_shares_
 def test_a_refused_formula_in_a_link_is_reported():
     at = open_page("app_pages/clipping_regions.py", {"m": "formula:f=(w-1)**2*(w-3)**2"})
     assert "is not one interval" in " ".join(shown(w) for w in at.warning)
-    assert len(specs(at)) == 6  # the default measures instead
+    assert len(specs(at)) == 7  # the default measures instead
 
 
 def test_a_formula_can_be_added_from_the_list():
@@ -263,3 +274,19 @@ def test_a_formula_can_be_added_from_the_list():
     assert measure_labels(at) == ["kl3 δ=0.05", "formula w - 1 - log(w) δ=0.05"]
     first, second = (json.loads(specs(at)[0])["data"][i] for i in (0, 1))
     assert first["x"] == second["x"]  # the typed KL3 has KL3's interval
+
+
+def test_the_clipping_regions_page_draws_penalties_with_their_parameters():
+    """Penalties are drawn as their value and slope against π_θ/π_ref; k3's slope is 1 − 1/r at any π_ref, ProbL2's
+    2p(p − p_ref) vanishes for a rare token; a penalty's parameter and the choice travel in the link."""
+    at = open_page("app_pages/clipping_regions.py", {"p": "k3,prob_l2,abs", "pi_old": "0.01", "abs.straight_through": "1"})
+    chart = next(c for c in map(json.loads, specs(at)) if "Penalties" in c["layout"]["title"]["text"])
+    slopes = {t["name"]: t for t in chart["data"] if t["xaxis"] == "x2"}
+    assert set(slopes) == {"k3", "prob_l2", "abs straight_through"}
+    ratio = typed(slopes["k3"]["x"])
+    at_two = int(np.argmin(abs(ratio - 2.0)))
+    k3 = typed(slopes["k3"]["y"])[at_two]
+    assert k3 == pytest.approx(1 - 1 / ratio[at_two], rel=1e-9)
+    p = 0.01 * ratio[at_two]
+    assert typed(slopes["prob_l2"]["y"])[at_two] == pytest.approx(2 * p * (p - 0.01), rel=1e-9)
+    assert at.query_params["p"] == "k3,prob_l2,abs" and at.query_params["abs.straight_through"] == "1"

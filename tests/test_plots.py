@@ -9,7 +9,7 @@ from divviz import views
 from divviz.bandit import BanditConfig, run_bandit
 from divviz.divergences import clip_test
 from divviz.losses import Objective
-from divviz.penalties import penalty
+from divviz.penalties import PENALTIES, penalty
 from divviz.surrogates import SURROGATES, surrogate
 
 
@@ -23,8 +23,10 @@ def validated(chart):
 def test_clipping_region_figures_validate():
     tests = [clip_test(n) for n in ("ratio", "clip_higher", "kl1", "kl2", "kl3", "prob_tv")]
     surrogates = [surrogate(n) for n in SURROGATES]
-    charts = views.clipping_regions(tests, pi_old=0.2, dual_clip_c=3.0, surrogates=surrogates)
-    assert set(charts) == {"intervals", "sweeps", "region", "surrogate", "logit", "weight"}
+    penalties = [penalty(n) for n in PENALTIES]
+    charts = views.clipping_regions(tests, pi_old=0.2, dual_clip_c=3.0, surrogates=surrogates, penalties=penalties)
+    assert set(charts) == {"intervals", "sweeps", "region", "surrogate", "logit", "weight", "penalty"}
+    assert {t.name for t in validated(charts["penalty"]).data if t.showlegend} == {p.label for p in penalties}
     for chart in charts.values():
         validated(chart)
     # one legend entry per test in the surrogate chart; kl1's unbounded top is drawn as an arrow
