@@ -12,7 +12,9 @@ import torch
 from divviz.aggregation import aggregate
 from divviz.divergences import clip_test
 from divviz.losses import Objective, policy_loss
+from divviz.params import DivvizInputError
 from divviz.penalties import penalty
+from divviz.rollout_correction import rejection_mask, rollout_weights
 from divviz.surrogates import surrogate
 
 DATA = json.loads((Path(__file__).parent / "data" / "verl_policy_losses.json").read_text())
@@ -221,3 +223,41 @@ def test_verls_surrogate_losses_are_divvizs(key):
         lo, hi = 1 - case["config"]["clip_ratio_low"], 1 + case["config"]["clip_ratio_high"]
         off = (out.ratio < lo) | (out.ratio > hi)
         assert share(off) == pytest.approx(metrics["actor/pg_clipfrac"], rel=1e-6, abs=1e-9)
+
+
+@pytest.mark.parametrize("key", [k for k in DATA["rollout_correction"] if not k.startswith("offpolicy")])
+def test_verls_rollout_correction_weights_and_rejection_masks(key):
+    """verl's `compute_rollout_correction_weights` (TIS and IcePop, per token or completion, with and without batch
+    normalisation) and `compute_rollout_rejection_mask` (k1/k2/k3 per token, summed, averaged or maxed over the
+    completion, several at once) equal `divviz.rollout_correction`'s: exactly, or to 1e-8 where verl's masked mean
+    adds 1e-8 to its count."""
+    case = DATA["rollout_correction"][key]
+    batch = DATA["batches"][case["batch"]]
+    old, rollout, mask = tensors(batch, "old_log_prob", "rollout_log_prob", "response_mask")
+    if key.startswith("weights"):
+        got = rollout_weights(old - rollout, mask, case["rollout_is"], case["rollout_is_threshold"],
+                              case["rollout_is_batch_normalize"])
+        want = torch.tensor(case["weights"], dtype=F64)
+    else:
+        got = rejection_mask(old - rollout, mask, case["rollout_rs"], case["rollout_rs_threshold"])
+        want = torch.tensor(case["mask"], dtype=F64)
+    torch.testing.assert_close(got, want, rtol=1e-8 if "norm_True" in key else 0, atol=0)
+
+
+def test_the_rejection_cases_reject_something():
+    """Most of verl's rejection cases drop some tokens and keep others, so the equalities above can fail."""
+    dropping = [k for k, c in DATA["rollout_correction"].items() if k.startswith("rejection")
+                and 0 < sum(map(sum, c["mask"])) < sum(map(sum, DATA["batches"][c["batch"]]["response_mask"]))]
+    assert len(dropping) >= 12
+
+
+@pytest.mark.parametrize("call, says", [
+    (lambda lr, m: rollout_weights(lr, m, "chunk"), "unknown rollout-correction level 'chunk'"),
+    (lambda lr, m: rollout_weights(lr, m, threshold="2_1"), "need 0 ≤ l < u"),
+    (lambda lr, m: rollout_weights(lr, m, threshold="1_2_3"), "write u, or l_u"),
+    (lambda lr, m: rejection_mask(lr, m, "token_k4", "0.1"), "unknown rejection option 'token_k4'"),
+    (lambda lr, m: rejection_mask(lr, m, "token_k1,seq_mean_k3", "0.7_1.5"), "differ in number"),
+])
+def test_bad_rollout_correction_settings_are_refused(call, says):
+    with pytest.raises(DivvizInputError, match=says):
+        call(torch.zeros(2, 3, dtype=F64), torch.ones(2, 3, dtype=F64))
