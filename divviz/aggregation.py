@@ -65,8 +65,8 @@ def group_advantages(rewards, scale="group", baseline="group"):
     if baseline not in BASELINES:
         raise DivvizInputError(f"unknown baseline {quoted(str(baseline))}; choose {' or '.join(BASELINES)}")
     size, count = rewards.shape[-1], rewards.shape[-2] * rewards.shape[-1]
-    in_group = rewards - (rewards.sum(-1) / size)[..., None]
-    in_batch = rewards - (rewards.sum((-2, -1)) / count)[..., None, None]
+    in_group = rewards - (rewards.sum(-1) / size)[..., None] if "group" in (baseline, scale) else None
+    in_batch = rewards - (rewards.sum((-2, -1)) / count)[..., None, None] if "batch" in (baseline, scale) else None
     adv = in_batch if baseline == "batch" else in_group
     if scale == "group":
         adv = adv / ((((in_group * in_group).sum(-1) / (size - 1)) ** 0.5)[..., None] + 1e-4)

@@ -148,14 +148,14 @@ def cmd_train(args) -> int:
 
 def penalty_params(items: list[str]) -> dict:
     """--penalty-param K=V pairs; phi=@FILE reads a mirror map's φ from FILE (`mirror.phi_text`)."""
-    from divviz.mirror import PHI_MAX_CHARACTERS, phi_text
+    from divviz.mirror import PHI_MAX_BYTES, phi_text
 
     params = parse_assignments(items)
     if params.get("phi", "").startswith("@"):
         path = params["phi"][1:]
         try:
             with open(path, "rb") as handle:
-                params["phi"] = phi_text(handle.read(64 * PHI_MAX_CHARACTERS + 1), path)
+                params["phi"] = phi_text(handle.read(PHI_MAX_BYTES + 1), path)
         except OSError as err:
             raise DivvizInputError(f"cannot read φ from {path!r}: {err.strerror or type(err).__name__}") from None
     return params

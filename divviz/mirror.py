@@ -125,6 +125,7 @@ def random_mirror_map(seed: int, init_scale: float) -> MirrorMap:
 
 PHI_SIZE = 3 * len(_ACTIVATIONS) * UNITS_PER_ACTIVATION + 2  # 380
 PHI_MAX_CHARACTERS = 40 * PHI_SIZE  # room for 380 numbers written in full, and nothing like a file's worth more
+PHI_MAX_BYTES = 64 * PHI_MAX_CHARACTERS  # a φ file: JSON with its layout, or a .npy
 
 
 @functools.lru_cache(maxsize=16)
@@ -162,7 +163,7 @@ def _is_number(text: str) -> bool:
 def phi_text(source: bytes, name: str) -> str:
     """φ as `phi_map` reads it, from a file's bytes: a .npy array (no pickles), or JSON — a list, or an object with
     "best_phi" or "phi" (aligntune's ES state) — or plain numbers. Raises `DivvizInputError` for anything else."""
-    if len(source) > 64 * PHI_MAX_CHARACTERS:
+    if len(source) > PHI_MAX_BYTES:
         raise DivvizInputError(f"{quoted(name, 60)} is {len(source):,} bytes: too large to be a φ of 380 numbers")
     if name.endswith(".npy"):
         try:

@@ -25,11 +25,11 @@ import math
 
 import torch
 
+from divviz.estimators import ESTIMATORS
 from divviz.params import DivvizInputError
 from divviz.safetext import quoted
 
 LEVELS = ("token", "sequence")
-STATISTICS = {"k1": lambda lr: -lr, "k2": lambda lr: 0.5 * lr * lr, "k3": lambda lr: torch.expm1(lr) - lr}
 REDUCTIONS = ("token", "seq_sum", "seq_mean", "seq_max")
 
 
@@ -82,9 +82,9 @@ def rejection_mask(log_ratio: torch.Tensor, mask: torch.Tensor, options: str, th
         keep = mask > 0
         for name, limit in zip(names, limits):
             reduction, _, statistic = name.strip().rpartition("_")
-            if reduction not in REDUCTIONS or statistic not in STATISTICS:
+            if reduction not in REDUCTIONS or statistic not in ESTIMATORS:
                 raise DivvizInputError(f"unknown rejection option {quoted(name)}; e.g. token_k1, seq_mean_k3")
-            value = STATISTICS[statistic](log_ratio) * mask
+            value = ESTIMATORS[statistic](log_ratio) * mask
             if reduction == "seq_sum":
                 value = value.sum(-1, keepdim=True)
             elif reduction == "seq_mean":

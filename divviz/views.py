@@ -168,8 +168,9 @@ def bandit_runs(cfg: dict, objectives: list[Objective], seeds: int = 1) -> list[
     first = cfg.get("seed", 0)
     seed_list = list(range(first, first + seeds))
     shared = {**cfg, "seed": 0}
-    key = lambda o, seed: json.dumps([shared, seed, objective_settings(o)], sort_keys=True)  # noqa: E731
-    keys = [[key(o, seed) for seed in seed_list] for o in objectives]
+    settings = [objective_settings(o) for o in objectives]
+    key = lambda i, seed: json.dumps([shared, seed, settings[i]], sort_keys=True)  # noqa: E731
+    keys = [[key(i, seed) for seed in seed_list] for i in range(len(objectives))]
     with _bandit_cache_lock:
         runs = {k: _bandit_cache[k] for row in keys for k in row if k in _bandit_cache}
     missing = [i for i, row in enumerate(keys) if any(k not in runs for k in row)]
@@ -177,7 +178,7 @@ def bandit_runs(cfg: dict, objectives: list[Objective], seeds: int = 1) -> list[
     if missing:
         trained = run_bandits(BanditConfig.make(**cfg), [objectives[i] for i in missing], missing_seeds)
         for r, run in enumerate(trained):  # the product of missing objectives and seeds: keep what was kept
-            runs.setdefault(key(objectives[missing[r % len(missing)]], run.seed), run)
+            runs.setdefault(key(missing[r % len(missing)], run.seed), run)
     with _bandit_cache_lock:
         for k in (k for row in keys for k in row):
             _bandit_cache[k] = runs[k]
