@@ -16,7 +16,7 @@ clip(w)·A with clip(w) from the test's own `bounds`; the explanation checks tha
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -139,8 +139,7 @@ def explain(objective: Objective, pi_old: float, ratio: float, adv: float, *, pi
     out = objective(logp_new, *args, **options)
     loss = float(out.loss.detach())
     (gradient,) = torch.autograd.grad(out.loss, logp_new)
-    plain = replace(objective, penalty=None, beta=0.0, second_penalty=None, second_beta=0.0)
-    policy_only = plain(logp_new, *args, **options)
+    policy_only = objective.policy_term()(logp_new, *args, **options)
     (policy_gradient,) = torch.autograd.grad(policy_only.loss, logp_new)
     w = float(out.ratio)
     lower = upper = measure_value = None

@@ -78,8 +78,8 @@ def gradient_weight(objective: Objective, ratio: np.ndarray, pi_old: float = 0.5
     logp_old = torch.full_like(w, float(np.log(pi_old)))
     logp_new = (logp_old + w.log()).requires_grad_()
     adv = torch.cat([torch.ones(n, dtype=F64), -torch.ones(n, dtype=F64)])
-    plain = replace(objective, penalty=None, beta=0.0, aggregation="token_sum",  # the policy term alone, each
-                    importance_sampling_level="token")  # token's own gradient (one token: its level is the sequence's)
+    plain = replace(objective.policy_term(), aggregation="token_sum",  # each token's own gradient (one token: its
+                    importance_sampling_level="token")  # level is the sequence's)
     (grad,) = torch.autograd.grad(plain(logp_new, logp_old, adv, torch.ones_like(w)).loss, logp_new)
     weight = (-grad.squeeze(1) / adv).numpy()
     return {+1: weight[:n], -1: weight[n:]}

@@ -27,7 +27,7 @@ A < 0 where the cap binds. TRL's clip fractions count exactly the first two
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import torch
 
@@ -92,6 +92,10 @@ class Objective:
         """(penalty, coefficient) of each penalty that acts (its coefficient > 0)."""
         return [(p, b) for p, b in ((self.penalty, self.beta), (self.second_penalty, self.second_beta))
                 if p is not None and b > 0]
+
+    def policy_term(self) -> "Objective":
+        """The same objective without its penalties: the policy term alone."""
+        return replace(self, penalty=None, beta=0.0, second_penalty=None, second_beta=0.0)
 
     @property
     def needs_ref(self) -> bool:
