@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from divviz.estimators import array_ops
-from divviz.params import DivvizInputError
+from divviz.params import DivvizInputError, Upload
 from divviz.safetext import quoted
 
 UNITS_PER_ACTIVATION = 21
@@ -126,6 +126,7 @@ def random_mirror_map(seed: int, init_scale: float) -> MirrorMap:
 PHI_SIZE = 3 * len(_ACTIVATIONS) * UNITS_PER_ACTIVATION + 2  # 380
 PHI_MAX_CHARACTERS = 40 * PHI_SIZE  # room for 380 numbers written in full, and nothing like a file's worth more
 PHI_MAX_BYTES = 64 * PHI_MAX_CHARACTERS  # a φ file: JSON with its layout, or a .npy
+GENERALISED_KL_PHI = " ".join(["0"] * (PHI_SIZE - 1) + ["1"])  # ψ(y) = log y: h(y) = y log y − y
 
 
 @functools.lru_cache(maxsize=16)
@@ -184,3 +185,19 @@ def phi_text(source: bytes, name: str) -> str:
     if not isinstance(data, list):
         raise DivvizInputError(f"{quoted(name, 60)} holds JSON but no list of numbers (or \"best_phi\" / \"phi\")")
     return " ".join(str(x) for x in data)
+
+
+def _checked_phi(source: bytes, name: str) -> str:
+    text = phi_text(source, name)
+    phi_map(text)
+    return text
+
+
+def _describe_phi(text: str) -> str:
+    psi = phi_map(text)
+    default = " (the default: the generalised KL)" if text == GENERALISED_KL_PHI else ""
+    return f"φ in use: Σv = {float(psi.v.sum()):.4g}, a = {psi.a:.4g}, c = {psi.c:.4g}{default}"
+
+
+PHI_UPLOAD = Upload("φ: 380 numbers (.npy, JSON list or ES state, or text)", ("npy", "json", "txt"), _checked_phi,
+                    _describe_phi)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from divviz.safetext import quoted
 
@@ -20,6 +20,17 @@ class DivvizInputError(ValueError):
 
     The message is one line, meant to be shown as it is (CLI exit code 2, an `st.error` in the app).
     """
+
+
+@dataclass(frozen=True)
+class Upload:
+    """How a text parameter comes from a file in the app: the uploader's label and file types, `parse` (the file's
+    bytes and name -> the checked text, or a `DivvizInputError`) and `describe` (the text -> a short caption)."""
+
+    label: str
+    types: tuple[str, ...]
+    parse: Callable[[bytes, str], str]
+    describe: Callable[[str], str]
 
 
 @dataclass(frozen=True)
@@ -42,6 +53,7 @@ class Param:
     doc: str = ""
     trl_name: str | None = None
     typical: tuple[float, float, float] | None = None  # (min, max, step) for a slider; the valid range is wider
+    upload: Upload | None = None  # a text parameter the app takes from a file rather than a text box
 
     def slider_range(self) -> tuple[float, float, float]:
         """(min, max, step) for a slider: `typical` if given, else the valid range (which must be finite)."""

@@ -11,7 +11,7 @@ from typing import Callable
 import numpy as np
 
 from divviz.estimators import array_ops, k1, k2, k3
-from divviz.mirror import PHI_SIZE, phi_map, random_mirror_map
+from divviz.mirror import GENERALISED_KL_PHI, PHI_UPLOAD, phi_map, random_mirror_map
 from divviz.params import Configured, DivvizInputError, Param, check_params
 from divviz.safetext import quoted
 
@@ -116,9 +116,6 @@ def _rpg(regulariser, weight):
     return value, reinforce, slope
 
 
-GENERALISED_KL_PHI = " ".join(["0"] * (PHI_SIZE - 1) + ["1"])  # ψ(y) = log y: h(y) = y log y − y
-
-
 def _exp(x):
     return array_ops(x).exp(x)
 
@@ -198,7 +195,7 @@ PENALTIES: dict[str, PenaltyEntry] = {
             "The same Bregman divergence with the 380 numbers of ψ given, e.g. the best φ of GBMPO's evolution "
             "strategies (aligntune's layout: 126 v, 126 w, 126 b, a, c). The default φ is the generalised KL "
             "(only c = 1).",
-            (Param("phi", GENERALISED_KL_PHI, kind="text",
+            (Param("phi", GENERALISED_KL_PHI, kind="text", upload=PHI_UPLOAD,
                    doc="380 non-negative numbers, or on the CLI phi=@FILE (.npy, a JSON list, or an ES state with "
                        "best_phi)"),),
             lambda new, old, ref, p: phi_map(p["phi"]).bregman(new, ref),

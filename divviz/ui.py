@@ -16,7 +16,6 @@ from divviz.divergences import BETA, DUAL_CLIP, FAMILIES
 from divviz.engine.runner import Viewer
 from divviz.formula import MAX_CHARACTERS
 from divviz.losses import OFF_POLICY_MASK, Objective, RATIO_CAP
-from divviz.mirror import phi_map, phi_text
 from divviz.ownership import browser_id, is_teacher_key
 from divviz.params import DivvizInputError, Param
 from divviz.penalties import penalty, PENALTIES
@@ -79,7 +78,9 @@ def number(page: str, control: Control, label: str, help: str | None = None, whe
 
 
 def slider_for(p: Param, widget_key: str, label: str, help: str | None = None, where=st):
-    """A slider (toggle, text box) with the range of `p`, bound to session key `widget_key`."""
+    """A slider (toggle, text box, file upload) with the range of `p`, bound to session key `widget_key`."""
+    if p.upload is not None:
+        return upload_for(p, widget_key, where)
     if p.kind == "bool":
         return where.toggle(label, key=widget_key, help=help or p.doc)
     if p.kind == "text":
@@ -166,43 +167,37 @@ def measure_list(page: str, control: Control, title: str) -> list:
 
 
 def penalty_widgets(page: str, name: str, controls: dict[str, Control]):
-    """Sliders for the chosen penalty's parameters (in an expander; a mirror map's φ from a file), then the
-    configured penalty."""
+    """Sliders for the chosen penalty's parameters (in an expander), then the configured penalty."""
     entry = PENALTIES[name]
     with st.expander(f"{name}: {entry.title}", expanded=True):
-        values = {p.name: phi_upload(page, controls[f"{name}.{p.name}"]) if p.name == "phi"
-                  else number(page, controls[f"{name}.{p.name}"], p.name) for p in entry.params}
+        values = {p.name: number(page, controls[f"{name}.{p.name}"], p.name) for p in entry.params}
         st.caption(entry.doc)
     return penalty(name, **values)
 
 
-def _take_phi(page: str, control: Control) -> None:
-    """An uploaded φ file becomes the control's text, or a message in the page (an `on_change` callback)."""
-    upload = st.session_state.get(key(page, f"{control.name}:file"))
+def _take_upload(p: Param, widget_key: str) -> None:
+    """An uploaded file becomes the parameter's text, or a message in the page (an `on_change` callback)."""
+    upload = st.session_state.get(f"{widget_key}:file")
     if upload is None:
         return
     try:
-        text = phi_text(upload.getvalue(), upload.name)
-        phi_map(text)
+        st.session_state[widget_key] = p.upload.parse(upload.getvalue(), upload.name)
     except DivvizInputError as err:
-        st.session_state[key(page, f"{control.name}:refused")] = str(err)
+        st.session_state[f"{widget_key}:refused"] = str(err)
     else:
-        st.session_state[key(page, control.name)] = text
-        st.session_state.pop(key(page, f"{control.name}:refused"), None)
+        st.session_state.pop(f"{widget_key}:refused", None)
 
 
-def phi_upload(page: str, control: Control) -> str:
-    """A mirror map's 380 numbers from an uploaded file (.npy, JSON, or plain numbers); returns the current φ."""
-    st.file_uploader("φ: 380 numbers (.npy, JSON list or ES state, or text)", type=["npy", "json", "txt"],
-                     key=key(page, f"{control.name}:file"), on_change=_take_phi, args=(page, control))
-    refused = st.session_state.get(key(page, f"{control.name}:refused"))
+def upload_for(p: Param, widget_key: str, where=st) -> str:
+    """A text parameter taken from an uploaded file (`Param.upload`); returns the text in use."""
+    where.file_uploader(p.upload.label, type=list(p.upload.types), key=f"{widget_key}:file", help=p.doc,
+                        on_change=_take_upload, args=(p, widget_key))
+    refused = st.session_state.get(f"{widget_key}:refused")
     if refused:
-        st.error(f"{literal(refused)} — still using the previous φ", icon=":material/error:")
-    text = st.session_state[key(page, control.name)]
+        where.error(f"{literal(refused)} — still using the previous {p.name}", icon=":material/error:")
+    text = st.session_state[widget_key]
     with contextlib.suppress(DivvizInputError):
-        psi = phi_map(text)
-        st.caption(f"φ in use: Σv = {float(psi.v.sum()):.4g}, a = {psi.a:.4g}, c = {psi.c:.4g}"
-                   + (" (the default: the generalised KL)" if text == control.default else ""))
+        where.caption(p.upload.describe(text))
     return text
 
 
