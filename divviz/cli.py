@@ -26,7 +26,7 @@ import numpy as np
 from divviz import instances
 from divviz.divergences import CATALOGUE, DUAL_CLIP, clip_test, get_entry
 from divviz.engine.config import RUN_PARAMS
-from divviz.params import DivvizInputError, Param, parse_assignments
+from divviz.params import UPLOAD_MAX_BYTES, DivvizInputError, Param, parse_assignments
 from divviz.safetext import shorten
 
 
@@ -122,8 +122,8 @@ def cmd_train(args) -> int:
                            default="none" if soft["surrogate"] and get_entry(soft["surrogate"]).clip == "none"
                            else "ratio"),
         **soft, importance_sampling_level=args.importance_sampling_level, ratio_cap=args.ratio_cap,
-        penalty=args.penalty, penalty_params=penalty_params(args.penalty_param),
-        second_penalty=args.penalty2, second_penalty_params=penalty_params(args.penalty2_param),
+        penalty=args.penalty, penalty_params=penalty_params(args.penalty, args.penalty_param),
+        second_penalty=args.penalty2, second_penalty_params=penalty_params(args.penalty2, args.penalty2_param),
         second_beta=0.0 if args.beta2 is None else args.beta2,
         beta=0.04 if args.beta is None else args.beta, dual_clip_c=args.dual_clip, aggregation=args.aggregation,
         scale_rewards="none" if args.no_scale_rewards else args.scale_rewards, baseline=args.baseline,
@@ -146,18 +146,21 @@ def cmd_train(args) -> int:
     return 0 if run.state in ("done", "stopped") else 1
 
 
-def penalty_params(items: list[str]) -> dict:
-    """--penalty-param K=V pairs; phi=@FILE reads a mirror map's φ from FILE (`mirror.phi_text`)."""
-    from divviz.mirror import PHI_MAX_BYTES, phi_text
-
+def penalty_params(name: str | None, items: list[str]) -> dict:
+    """--penalty-param K=V pairs; K=@FILE reads a parameter that comes from a file (`Param.upload`, e.g. a mirror
+    map's φ) from FILE."""
     params = parse_assignments(items)
-    if params.get("phi", "").startswith("@"):
-        path = params["phi"][1:]
-        try:
-            with open(path, "rb") as handle:
-                params["phi"] = phi_text(handle.read(PHI_MAX_BYTES + 1), path)
-        except OSError as err:
-            raise DivvizInputError(f"cannot read φ from {path!r}: {err.strerror or type(err).__name__}") from None
+    uploads = {p.name: p.upload for p in get_entry(name, "penalty").params if p.upload} if name else {}
+    for key, value in params.items():
+        if key in uploads and value.startswith("@"):
+            path = value[1:]
+            try:
+                with open(path, "rb") as handle:
+                    source = handle.read(UPLOAD_MAX_BYTES + 1)
+            except OSError as err:
+                raise DivvizInputError(f"cannot read {uploads[key].what} from {path!r}: "
+                                       f"{err.strerror or type(err).__name__}") from None
+            params[key] = uploads[key].parse(source, path)
     return params
 
 

@@ -199,5 +199,5 @@ def _describe_phi(text: str) -> str:
     return f"φ in use: Σv = {float(psi.v.sum()):.4g}, a = {psi.a:.4g}, c = {psi.c:.4g}{default}"
 
 
-PHI_UPLOAD = Upload("φ: 380 numbers (.npy, JSON list or ES state, or text)", ("npy", "json", "txt"), _checked_phi,
+PHI_UPLOAD = Upload("φ", "φ: 380 numbers (.npy, JSON list or ES state, or text)", ("npy", "json", "txt"), _checked_phi,
                     _describe_phi)

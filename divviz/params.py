@@ -22,11 +22,16 @@ class DivvizInputError(ValueError):
     """
 
 
+UPLOAD_MAX_BYTES = 1 << 20  # as .streamlit/config.toml's maxUploadSize
+
+
 @dataclass(frozen=True)
 class Upload:
-    """How a text parameter comes from a file in the app: the uploader's label and file types, `parse` (the file's
-    bytes and name -> the checked text, or a `DivvizInputError`) and `describe` (the text -> a short caption)."""
+    """How a text parameter comes from a file (an upload in the app, K=@FILE on the CLI): what it holds, the uploader's
+    label and file types, `parse` (the file's bytes and name -> the checked text, or a `DivvizInputError`) and
+    `describe` (the text -> a short caption)."""
 
+    what: str
     label: str
     types: tuple[str, ...]
     parse: Callable[[bytes, str], str]

@@ -194,7 +194,7 @@ def upload_for(p: Param, widget_key: str, where=st) -> str:
                         on_change=_take_upload, args=(p, widget_key))
     refused = st.session_state.get(f"{widget_key}:refused")
     if refused:
-        where.error(f"{literal(refused)} — still using the previous {p.name}", icon=":material/error:")
+        where.error(f"{literal(refused)} — still using the previous {p.upload.what}", icon=":material/error:")
     text = st.session_state[widget_key]
     with contextlib.suppress(DivvizInputError):
         where.caption(p.upload.describe(text))
