@@ -53,10 +53,10 @@ def metric(row: dict, key: str, default=float("nan")):
     return row.get(key, row.get(METRIC_ALIASES.get(key), default))
 
 
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """H = −Σ_a π(a) log π(a) over the last dimension, stable for very negative logits."""
-    logp = torch.log_softmax(logits, dim=-1)
-    return -(logp.exp() * logp).sum(-1)
+def entropy(logp: torch.Tensor, probs: torch.Tensor | None = None) -> torch.Tensor:
+    """H = −Σ_a π(a) log π(a) over the last dimension, from log-probs (and their exp, when already at hand); an
+    action of probability 0 (log π = −∞) adds 0."""
+    return -((logp.exp() if probs is None else probs) * logp).nan_to_num().sum(-1)
 
 
 def clip_fractions(out: LossOutput, mask: torch.Tensor) -> dict[str, float]:

@@ -151,7 +151,7 @@ def update(tr: Trainer, batch: Batch, objective: Objective, logp_old, logp_ref, 
     for inner in range(cfg.mu):
         weight = None
         if cfg.top_entropy_quantile < 1.0:
-            logp_new, entropy = logps(tr.model, entropy=True)
+            logp_new, entropy = logps(tr.model, with_entropy=True)
             weight = top_entropy_mask(entropy, mask, cfg.top_entropy_quantile)
         else:
             logp_new = logps(tr.model)

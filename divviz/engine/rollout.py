@@ -11,6 +11,8 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from divviz.metrics import entropy
+
 
 @dataclass
 class Rollout:
@@ -119,7 +121,7 @@ class _Columns:
         self.ids[rows, t] = token
         self.mask[rows, t] = 1.0
         self.logp[rows, t] = logp_all.gather(1, token[:, None]).squeeze(1)
-        self.entropy[rows, t] = -(probs * logp_all).nan_to_num().sum(-1)
+        self.entropy[rows, t] = entropy(logp_all, probs)
         self.top1[rows, t] = top1
         self.argmax[rows, t] = token == argmax
         return token
@@ -147,14 +149,14 @@ def completion_logits(model, rollout: Rollout, temperature: float, autocast) -> 
     return torch.cat(logits, dim=1).float() / temperature
 
 
-def completion_logps(model, rollout: Rollout, temperature: float, autocast, entropy: bool = False):
+def completion_logps(model, rollout: Rollout, temperature: float, autocast, with_entropy: bool = False):
     """(N, T) log-probs of the sampled completion tokens under `model`'s tempered policy (with grad); with
-    `entropy`, also each position's entropy under that policy (N, T), detached, as TRL computes it for its
+    `with_entropy`, also each position's entropy under that policy (N, T), detached, as TRL computes it for its
     top-entropy mask."""
     logits = completion_logits(model, rollout, temperature, autocast)
     logp_all = torch.log_softmax(logits, dim=-1)
     logp = logp_all.gather(2, rollout.completion_ids[:, :, None]).squeeze(2) * rollout.completion_mask
-    if not entropy:
+    if not with_entropy:
         return logp
     with torch.no_grad():
-        return logp, -(logp_all.exp() * logp_all).nan_to_num().sum(-1) * rollout.completion_mask
+        return logp, entropy(logp_all) * rollout.completion_mask
