@@ -175,11 +175,14 @@ def vespo_phi(log_w_seq, adv, p):
     return xp.nan_to_num(phi, nan=0.0, posinf=0.0, neginf=0.0)
 
 
-def _vespo(s: SurrogateInputs, p):
+def vespo_sequence_phi(log_ratio: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, p) -> torch.Tensor:
+    """φ(W) of each completion, W = Π_t w_t over its tokens (each log w_t clamped to ±20, as TRL), (B, 1), detached."""
     with torch.no_grad():
-        log_w_seq = (s.log_ratio.clamp(-20.0, 20.0) * s.mask).sum(-1, keepdim=True)
-        phi = vespo_phi(log_w_seq, s.adv, p)
-    return -phi * s.adv * s.logp_new
+        return vespo_phi((log_ratio.clamp(-20.0, 20.0) * mask).sum(-1, keepdim=True), adv, p)
+
+
+def _vespo(s: SurrogateInputs, p):
+    return -vespo_sequence_phi(s.log_ratio, s.adv, s.mask, p) * s.adv * s.logp_new
 
 
 def _dppo(s: SurrogateInputs, p):

@@ -38,7 +38,7 @@ from divviz.engine.grpo import finite_loss
 from divviz.estimators import k1, k2, k3
 from divviz.losses import LossOutput, Objective
 from divviz.params import DivvizInputError
-from divviz.surrogates import vespo_phi
+from divviz.surrogates import vespo_sequence_phi
 from divviz.trl.callback import TOKEN_SAMPLE, DivvizRunCallback, run_end
 from divviz.trl.options import trl_args_for
 
@@ -207,7 +207,7 @@ class DivvizGRPOTrainer(GRPOTrainer):
             capped = (out.ratio > surrogate.params["hi"]) & (adv > 0)
             metrics["cispo_clip_ratio"].append(self._global_masked_mean(capped.float(), mask))
             return
-        phi = vespo_phi((log_ratio.clamp(-20.0, 20.0) * mask).sum(-1), adv[:, 0], surrogate.params)
+        phi = vespo_sequence_phi(log_ratio, adv[:, :1], mask, surrogate.params)[:, 0]
         totals = self.accelerator.reduce(torch.stack([phi.sum(), torch.tensor(float(len(phi)), device=phi.device)]),
                                          reduction="sum")
         metrics["vespo/phi_seq_mean"].append((totals[0] / totals[1].clamp(min=1.0)).item())
