@@ -14,7 +14,7 @@ from divviz.divergences import clip_test
 from divviz.losses import Objective, policy_loss
 from divviz.params import DivvizInputError
 from divviz.penalties import penalty
-from divviz.rollout_correction import rejection_mask, rollout_weights
+from divviz.rollout_correction import RolloutCorrection, offpolicy_metrics, rejection_mask, rollout_weights
 from divviz.surrogates import surrogate
 
 DATA = json.loads((Path(__file__).parent / "data" / "verl_policy_losses.json").read_text())
@@ -225,23 +225,51 @@ def test_verls_surrogate_losses_are_divvizs(key):
         assert share(off) == pytest.approx(metrics["actor/pg_clipfrac"], rel=1e-6, abs=1e-9)
 
 
-@pytest.mark.parametrize("key", [k for k in DATA["rollout_correction"] if not k.startswith("offpolicy")])
-def test_verls_rollout_correction_weights_and_rejection_masks(key):
+@pytest.mark.parametrize("key", list(DATA["rollout_correction"]))
+def test_verls_rollout_correction_weights_masks_and_metrics(key):
     """verl's `compute_rollout_correction_weights` (TIS and IcePop, per token or completion, with and without batch
-    normalisation) and `compute_rollout_rejection_mask` (k1/k2/k3 per token, summed, averaged or maxed over the
-    completion, several at once) equal `divviz.rollout_correction`'s: exactly, or to 1e-8 where verl's masked mean
-    adds 1e-8 to its count."""
+    normalisation), `compute_rollout_rejection_mask` (k1/k2/k3 per token, summed, averaged or maxed over the
+    completion, several at once) and `compute_offpolicy_metrics` equal `divviz.rollout_correction`'s: the weights and
+    masks exactly, or to 1e-8 where verl's masked mean adds 1e-8 to its count; every metric divviz reports, under
+    verl's name, to 1e-7 (the same 1e-8)."""
     case = DATA["rollout_correction"][key]
     batch = DATA["batches"][case["batch"]]
     old, rollout, mask = tensors(batch, "old_log_prob", "rollout_log_prob", "response_mask")
     if key.startswith("weights"):
-        got = rollout_weights(old - rollout, mask, case["rollout_is"], case["rollout_is_threshold"],
-                              case["rollout_is_batch_normalize"])
+        got, metrics = rollout_weights(old - rollout, mask, case["rollout_is"], case["rollout_is_threshold"],
+                                       case["rollout_is_batch_normalize"])
         want = torch.tensor(case["weights"], dtype=F64)
-    else:
-        got = rejection_mask(old - rollout, mask, case["rollout_rs"], case["rollout_rs_threshold"])
+    elif key.startswith("rejection"):
+        got, metrics = rejection_mask(old - rollout, mask, case["rollout_rs"], case["rollout_rs_threshold"])
         want = torch.tensor(case["mask"], dtype=F64)
-    torch.testing.assert_close(got, want, rtol=1e-8 if "norm_True" in key else 0, atol=0)
+    else:
+        got = want = None
+        metrics = offpolicy_metrics(old, rollout, mask)
+    if want is not None:
+        torch.testing.assert_close(got, want, rtol=1e-8 if "norm_True" in key else 0, atol=0)
+    assert metrics and set(metrics) <= set(case["metrics"])
+    for name, value in metrics.items():
+        assert value == pytest.approx(case["metrics"][name], rel=1e-7, abs=1e-9), name
+
+
+def test_the_correction_applies_all_of_it_under_verls_prefix():
+    """`RolloutCorrection.apply` is the weights, the mask and verl's metrics of the three functions together, under
+    "rollout_corr/", as verl's `compute_rollout_correction_and_rejection_mask` returns them."""
+    batch = DATA["batches"]["grpo"]
+    old, rollout, mask = tensors(batch, "old_log_prob", "rollout_log_prob", "response_mask")
+    correction = RolloutCorrection("sequence", "0.8_1.5", rollout_rs="token_k1, seq_mean_k3",
+                                   rollout_rs_threshold="0.7_1.5,0.06")
+    out = correction.apply(old, rollout, mask)
+    weights = DATA["rollout_correction"]["weights/sequence/0.8_1.5/norm_False/grpo"]
+    rejection = DATA["rollout_correction"]["rejection/token_k1,seq_mean_k3/0.7_1.5,0.06/grpo"]
+    torch.testing.assert_close(out.weight, torch.tensor(weights["weights"], dtype=F64), rtol=0, atol=0)
+    torch.testing.assert_close(out.mask, torch.tensor(rejection["mask"], dtype=F64), rtol=0, atol=0)
+    expected = {**DATA["rollout_correction"]["offpolicy_metrics/grpo"]["metrics"], **weights["metrics"],
+                **rejection["metrics"]}
+    assert set(out.metrics) <= {f"rollout_corr/{k}" for k in expected}
+    assert {"rollout_corr/k3_kl", "rollout_corr/rollout_is_eff_sample_size", "rollout_corr/rollout_rs_masked_fraction",
+            "rollout_corr/chi2_seq"} <= set(out.metrics)
+    assert correction.label == "IcePop sequence [0.8, 1.5] RS token_k1,seq_mean_k3 0.7_1.5,0.06"
 
 
 def test_the_rejection_cases_reject_something():
@@ -253,10 +281,19 @@ def test_the_rejection_cases_reject_something():
 
 @pytest.mark.parametrize("call, says", [
     (lambda lr, m: rollout_weights(lr, m, "chunk"), "unknown rollout-correction level 'chunk'"),
-    (lambda lr, m: rollout_weights(lr, m, threshold="2_1"), "need 0 ≤ l < u"),
-    (lambda lr, m: rollout_weights(lr, m, threshold="1_2_3"), "write u, or l_u"),
+    (lambda lr, m: rollout_weights(lr, m, threshold="2_1"), "need u > 0 .TIS. or 0 < l < u"),
+    (lambda lr, m: rollout_weights(lr, m, threshold="nan"), "need u > 0"),
+    (lambda lr, m: rollout_weights(lr, m, threshold=-1.0), "need u > 0"),
+    (lambda lr, m: rollout_weights(lr, m, threshold="1_2_3"), "write u .TIS., or l_u .IcePop."),
+    (lambda lr, m: rollout_weights(lr, m, threshold="__import__('os')"), "write u .TIS., or l_u .IcePop."),
     (lambda lr, m: rejection_mask(lr, m, "token_k4", "0.1"), "unknown rejection option 'token_k4'"),
-    (lambda lr, m: rejection_mask(lr, m, "token_k1,seq_mean_k3", "0.7_1.5"), "differ in number"),
+    (lambda lr, m: rejection_mask(lr, m, "seq_max_k1", "2"), "unknown rejection option 'seq_max_k1'"),
+    (lambda lr, m: rejection_mask(lr, m, "token_k1,seq_mean_k3,token_k2", "0.7_1.5,0.06"), "one threshold each"),
+    (lambda lr, m: rejection_mask(lr, m, "token_k2", "0.1_0.2"), "need a number u > 0"),
+    (lambda lr, m: rejection_mask(lr, m, "token_k1", "0.5"), "need l_u with 0 < l ≤ u"),
+    (lambda lr, m: rejection_mask(lr, m, "token_k1", None), "one threshold each or one for all"),
+    (lambda lr, m: RolloutCorrection("tokens"), "unknown rollout_is 'tokens'"),
+    (lambda lr, m: RolloutCorrection(rollout_rs_threshold="0.1"), "without rollout_rs"),
 ])
 def test_bad_rollout_correction_settings_are_refused(call, says):
     with pytest.raises(DivvizInputError, match=says):
