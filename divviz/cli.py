@@ -127,7 +127,10 @@ def cmd_train(args) -> int:
         second_beta=0.0 if args.beta2 is None else args.beta2,
         beta=0.04 if args.beta is None else args.beta, dual_clip_c=args.dual_clip, aggregation=args.aggregation,
         scale_rewards="none" if args.no_scale_rewards else args.scale_rewards, baseline=args.baseline,
-        off_policy_mask=args.off_policy_mask,
+        off_policy_mask=args.off_policy_mask, rollout_dtype=args.rollout_dtype,
+        rollout_is=None if args.rollout_is == "none" else args.rollout_is, rollout_is_threshold=args.rollout_is_threshold,
+        rollout_is_batch_normalize=args.rollout_is_batch_normalize, rollout_rs=args.rollout_rs,
+        rollout_rs_threshold=args.rollout_rs_threshold, bypass_mode=args.bypass_mode,
         trust_remote_code=args.trust_remote_code, **{p.name: getattr(args, p.name) for p in RUN_PARAMS})
     stop_on_sigterm()
     root = runs_dir(args.runs_dir)
@@ -368,6 +371,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-scale-rewards", action="store_true", help="the same as --scale-rewards none")
     p.add_argument("--baseline", default="group",
                    help="the mean subtracted from a reward: its group's (GRPO) or the whole batch's (RPG's batch mean)")
+    p.add_argument("--rollout-dtype", default="same",
+                   help="the sampler's precision: same (the trained policy samples), bfloat16 or float16 (a copy cast "
+                        "whole, as vLLM holds it); with --rollout-lag, a simulated train/inference mismatch")
+    p.add_argument("--rollout-is", default="none", help="verl's rollout importance weights π_old/π_roll: token, "
+                                                        "sequence or none")
+    p.add_argument("--rollout-is-threshold", default="2.0", metavar="U|L_U",
+                   help="u: truncated IS (TIS, min(ρ, u)); l_u: IcePop (ρ kept in [l, u], else 0)")
+    p.add_argument("--rollout-is-batch-normalize", action="store_true", help="divide the weights by their batch mean")
+    p.add_argument("--rollout-rs", default=None, metavar="OPTIONS",
+                   help="verl's rejection: token_k1, seq_mean_k3, … (comma-separated; all must keep a token)")
+    p.add_argument("--rollout-rs-threshold", default=None, metavar="T[,T…]",
+                   help="one per option or one for all: l_u (or u) for k1, an upper bound for k2/k3")
+    p.add_argument("--bypass-mode", action="store_true",
+                   help="verl's bypass mode: π_old is the sampler's π_roll (the loss's ratio corrects)")
     p.add_argument("--task", default="reverse", help="add, sort, reverse or countdown")
     p.add_argument("--backend", default="divviz",
                    help="divviz (its own engine) or trl (TRL's GRPOTrainer; under `accelerate launch` on N processes)")

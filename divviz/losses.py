@@ -161,7 +161,9 @@ def check_combination(clip: ClipTest | None, surrogate: Surrogate | None, level:
                                    "level (GSPO) needs a test in the ratio alone")
 
 
-TOKEN_STATES = ("inside", "masked low", "masked high", "dual-clip", "outside, pulled back")  # token_state's codes
+# token_state's codes; a step record (`engine/completions.py`) adds code 5 for a token that the rollout correction's
+# rejection took out of the loss (`token_state` never gives it: such a token is not in the loss's mask)
+TOKEN_STATES = ("inside", "masked low", "masked high", "dual-clip", "outside, pulled back", "rejected (rollout)")
 
 
 @dataclass
@@ -179,6 +181,8 @@ class LossOutput:
     grad_masked: torch.Tensor  # no gradient through w: clipped_low | clipped_high | dual_clipped
     pulled_back: torch.Tensor  # fails the test where A ≠ 0 pulls it back toward the region (gradient kept)
     penalty: torch.Tensor | None  # the penalty's value per token, None without a penalty
+    policy_weight: torch.Tensor | None = None  # ρ_t, what multiplies the policy term (`weight` × the off-policy
+    # mask), None when nothing does
 
     def rows(self, index: torch.Tensor) -> "LossOutput":
         """The per-token facts of the completions in `index` (the scalar loss is kept as it is)."""
@@ -224,6 +228,7 @@ def policy_loss(
     second_penalty: Penalty | None = None,
     second_beta: float = 0.0,
     off_policy_mask: float | None = None,
+    logp_sampling: torch.Tensor | None = None,
 ) -> LossOutput:
     """Loss and per-token facts for one batch.
 
@@ -245,7 +250,9 @@ def policy_loss(
     second_penalty, second_beta: another penalty added as second_beta·its loss term (GBMPO's prob_l2kl adds
     λ·prob_l2 to β·k3); LossOutput.penalty is the first penalty's value.
     off_policy_mask: None or TRL's off_policy_mask_threshold δ ≥ 0 (`off_policy_sequence_mask`), applied to the
-    policy term as `weight` is, with π_old as the sampling policy.
+    policy term as `weight` is, with `logp_sampling` as the sampling policy (default π_old; TRL takes vLLM's
+    log-probs where there are any).
+    LossOutput.policy_weight is the product of what multiplies the policy term: `weight` and the off-policy mask.
     """
     beta, second_beta = check_beta(beta), check_beta(second_beta)
     dual_clip_c = check_dual_clip(dual_clip_c)
@@ -253,7 +260,7 @@ def policy_loss(
     off_policy_mask = check_off_policy_mask(off_policy_mask)
     check_aggregation(aggregation)
     check_combination(clip, surrogate, importance_sampling_level, dual_clip_c, ratio_cap)
-    check_inputs(logp_new, logp_old, adv, mask, logp_ref, weight)
+    check_inputs(logp_new, logp_old, adv, mask, logp_ref, weight, logp_sampling)
     active = mask > 0
     if adv.dim() == 1:
         adv = adv.unsqueeze(1)  # (B, 1)
@@ -263,6 +270,7 @@ def policy_loss(
     adv = torch.where(active, adv.to(logp_new.dtype), zero)
     logp_ref = None if logp_ref is None else torch.where(active, logp_ref, zero)
     weight = None if weight is None else torch.where(active, weight.to(logp_new.dtype), zero)
+    logp_sampling = logp_old if logp_sampling is None else torch.where(active, logp_sampling.detach(), zero)
     mask = mask.to(logp_new.dtype)
 
     log_ratio = logp_new - logp_old
@@ -288,13 +296,14 @@ def policy_loss(
     else:
         kept = (~(clipped_low | clipped_high)).to(logp_new.dtype)
         per_token = surrogate.term(SurrogateInputs(log_ratio, logp_new, adv, mask, bounds, kept))
-    if weight is not None:
-        if per_token.shape[-1] == 1 and weight.shape[-1] > 1:  # one term per completion (GMPO): the geometric mean
-            weight = (((weight + 1e-10).log() * mask).sum(-1, keepdim=True)  # of its tokens' weights, as verl's
-                      / mask.sum(-1, keepdim=True).clamp(min=1)).exp()
-        per_token = per_token * weight.detach()
+    if weight is not None and per_token.shape[-1] == 1 and weight.shape[-1] > 1:  # one term per completion (GMPO):
+        weight = (((weight + 1e-10).log() * mask).sum(-1, keepdim=True)  # the geometric mean of its tokens'
+                  / mask.sum(-1, keepdim=True).clamp(min=1)).exp()  # weights, as verl's
     if off_policy_mask is not None:
-        per_token = per_token * off_policy_sequence_mask(logp_new, logp_old, adv, mask, off_policy_mask)
+        sequences_kept = off_policy_sequence_mask(logp_new, logp_sampling, adv, mask, off_policy_mask)
+        weight = sequences_kept if weight is None else weight * sequences_kept
+    if weight is not None:
+        per_token = per_token * weight.detach()
 
     penalty_value = None
     if penalty is not None:
@@ -318,6 +327,7 @@ def policy_loss(
         grad_masked=clipped_low | clipped_high | capped,
         pulled_back=outside & (adv != 0) & ~(clipped_low | clipped_high | capped),
         penalty=None if penalty_value is None else penalty_value * mask,
+        policy_weight=None if weight is None else (weight.detach() * mask).expand_as(mask),
     )
 
 
@@ -350,13 +360,14 @@ class NonFiniteInput(DivvizInputError):
         self.name = name
 
 
-def check_inputs(logp_new, logp_old, adv, mask, logp_ref=None, weight=None) -> None:
+def check_inputs(logp_new, logp_old, adv, mask, logp_ref=None, weight=None, logp_sampling=None) -> None:
     """`policy_loss`'s inputs, or one `DivvizInputError` saying what is wrong: torch tensors; floating-point
-    log-probs and advantages (a weight may also be a bool mask); logp_old, mask and logp_ref shaped like logp_new,
+    log-probs and advantages (a weight may also be a bool mask); logp_old, mask, logp_ref and logp_sampling shaped
+    like logp_new,
     (B, T) with B, T ≥ 1; adv (B,), (B, 1) or (B, T); weight (B, T) or (B, 1); finite values wherever the mask
     keeps a token (else `NonFiniteInput`)."""
     given = {"logp_new": logp_new, "logp_old": logp_old, "adv": adv, "mask": mask, "logp_ref": logp_ref,
-             "weight": weight}
+             "weight": weight, "logp_sampling": logp_sampling}
     for name, x in given.items():
         if x is not None and not isinstance(x, torch.Tensor):
             raise DivvizInputError(f"policy_loss: {name} is a {type(x).__module__}.{type(x).__name__}; it takes torch "
@@ -368,6 +379,7 @@ def check_inputs(logp_new, logp_old, adv, mask, logp_ref=None, weight=None) -> N
                                f"got shape {tuple(logp_new.shape)}")
     batch, tokens = logp_new.shape
     allowed = {"logp_old": [(batch, tokens)], "mask": [(batch, tokens)], "logp_ref": [(batch, tokens)],
+               "logp_sampling": [(batch, tokens)],
                "adv": [(batch,), (batch, 1), (batch, tokens)], "weight": [(batch, tokens), (batch, 1)]}
     for name, shapes in allowed.items():
         x = given[name]
@@ -375,7 +387,7 @@ def check_inputs(logp_new, logp_old, adv, mask, logp_ref=None, weight=None) -> N
             raise DivvizInputError(f"policy_loss: {name} has shape {tuple(x.shape)}; with logp_new {(batch, tokens)} "
                                    f"it must be {' or '.join(map(str, shapes))}")
     active = mask > 0
-    for name in ("logp_new", "logp_old", "logp_ref", "adv", "weight"):
+    for name in ("logp_new", "logp_old", "logp_ref", "logp_sampling", "adv", "weight"):
         x = given[name]
         if x is None:
             continue

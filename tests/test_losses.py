@@ -361,6 +361,30 @@ def test_the_off_policy_sequence_mask_is_trls_and_acts_on_the_policy_term_only()
     np.testing.assert_allclose(fast(logp_new.detach().numpy()[None]).grad[0], grad.numpy(), rtol=1e-12, atol=1e-15)
 
 
+def test_the_off_policy_mask_reads_the_sampling_policy_where_one_is_given():
+    """With a sampler's log-probs (vLLM's in TRL, divviz's lagging or low-precision sampler), TRL's mask judges π_θ
+    against them, not against π_old: policy_loss(logp_sampling=…) drops TRL's completions for that sampling policy,
+    which are not those for π_old here; LossOutput.policy_weight is that mask times the weight, on every token."""
+    from trl import GRPOTrainer
+
+    logp_new, logp_old, adv, mask = random_token_batch(6, completions=12, length=6, spread=0.3)
+    logp_sampling = logp_old + 0.6 * torch.randn(logp_old.shape, generator=torch.Generator().manual_seed(1),
+                                                 dtype=logp_old.dtype)
+    trl_mask = GRPOTrainer.get_off_policy_mask(advantages=adv[:, None], per_token_logps=logp_new,
+                                               sampling_per_token_logps=logp_sampling, mask=mask,
+                                               off_policy_threshold=0.1)
+    for_old = GRPOTrainer.get_off_policy_mask(advantages=adv[:, None], per_token_logps=logp_new,
+                                              sampling_per_token_logps=logp_old, mask=mask, off_policy_threshold=0.1)
+    assert not torch.equal(trl_mask, for_old) and 0 < trl_mask.sum() < len(trl_mask)
+    weight = torch.rand(logp_old.shape, generator=torch.Generator().manual_seed(2), dtype=logp_old.dtype)
+    masked = Objective(clip=dv.clip_test("ratio"), off_policy_mask=0.1)
+    ours = masked(logp_new, logp_old, adv, mask, weight=weight, logp_sampling=logp_sampling)
+    theirs = Objective(clip=dv.clip_test("ratio"))(logp_new, logp_old, adv, mask, weight=weight * trl_mask)
+    assert ours.loss.item() == pytest.approx(theirs.loss.item(), rel=1e-12)
+    torch.testing.assert_close(ours.policy_weight, weight * trl_mask * mask, rtol=0, atol=0)
+    assert Objective(clip=dv.clip_test("ratio"))(logp_new, logp_old, adv, mask).policy_weight is None
+
+
 def test_a_mirror_map_from_an_explicit_phi():
     """GBMPO's φ in aligntune's layout [v, w, b, a, c] rebuilds a seeded map exactly; the default φ is the generalised
     KL; hostile φ texts and files are refused, each with its reason."""

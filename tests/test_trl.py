@@ -31,6 +31,7 @@ from divviz.engine.tasks import get_task  # noqa: E402
 from divviz.losses import Objective  # noqa: E402
 from divviz.params import DivvizInputError  # noqa: E402
 from divviz.penalties import penalty  # noqa: E402
+from divviz.rollout_correction import rollout_weights  # noqa: E402
 from divviz.surrogates import surrogate  # noqa: E402
 from divviz.trl import DivvizGRPOTrainer, DivvizRunCallback, trl_args_for  # noqa: E402
 from divviz.trl.trainer import REWARDS  # noqa: E402
@@ -161,6 +162,41 @@ def test_dual_clip_and_trl_weights_enter_the_loss(tmp_path, policy, batch):
         ours = make_trainer(DivvizGRPOTrainer, policy, config(tmp_path, loss_type="bnpo", **weighting),
                             objective=Objective(clip=clip_test("ratio"), aggregation="bnpo", off_policy_mask=mask))
         assert_same(loss_and_grads(ours, batch), loss_and_grads(theirs, batch), exact=True)
+
+
+@pytest.mark.parametrize("settings, objective", [
+    (dict(loss_type="bnpo", off_policy_mask_threshold=0.05),
+     Objective(clip=clip_test("ratio"), aggregation="bnpo", off_policy_mask=0.05)),
+    (dict(loss_type="vespo"), Objective(surrogate=surrogate("vespo"), aggregation="dapo")),
+], ids=["ppo-with-opsm", "vespo"])
+def test_vllms_importance_sampling_correction_is_trls(tmp_path, policy, batch, settings, objective):
+    """With vLLM beside it, TRL hands `_compute_loss` the sampler's log-probs and its importance-sampling ratio
+    π_old/π_vllm (here divviz's token TIS of them, which is TRL's token_truncate): TRL weighs the policy term by the
+    ratio, puts it into VESPO's sequence ratio instead, and judges the off-policy mask against the sampler.
+    DivvizGRPOTrainer does each the same, to float32 rounding, and the record's ρ is what multiplied the policy term."""
+    mask = batch["completion_mask"].float()
+    sampling = batch["old_per_token_logps"] + 0.3 * torch.randn(8, 6, generator=torch.Generator().manual_seed(3))
+    ratio, _ = rollout_weights(batch["old_per_token_logps"] - sampling, mask, "token", 1.5)
+    ratio = ratio + (1 - mask)  # 1 on padding, as TRL's ratio exp((old − sampling)·mask) is there
+    inputs = {**batch, "sampling_per_token_logps": sampling, "importance_sampling_ratio": ratio}
+    callback = DivvizRunCallback(tmp_path, inspect_prompts=2)
+    theirs = make_trainer(GRPOTrainer, policy, config(tmp_path, **settings))
+    ours = make_trainer(DivvizGRPOTrainer, policy, config(tmp_path, loss_type=settings["loss_type"]),
+                        objective=objective, callbacks=[callback])
+    for trainer in (theirs, ours):  # as if vLLM sampled: set after construction, which would start a vLLM server
+        trainer.use_vllm = trainer.vllm_importance_sampling_correction = True
+    want = loss_and_grads(theirs, inputs)
+    # VESPO's φ: TRL sums log w and log ratio apart, divviz their sum per token (the same numbers, float32's order)
+    assert_same(loss_and_grads(ours, {**inputs, REWARDS: torch.zeros(8)}), want, ("entropy",),
+                gradient=1e-5 if objective.surrogate else 1e-6)
+    without = make_trainer(GRPOTrainer, policy, config(tmp_path, **settings))
+    assert want[0] != loss_and_grads(without, batch)[0]  # the correction changed TRL's loss
+    rho = [c["tokens"]["rho"] for g in check_record(callback._inspected, "record")["groups"] for c in g["completions"]]
+    if objective.surrogate:  # VESPO took the ratio into W: nothing multiplies its policy term
+        assert rho == [None] * 8
+    else:
+        rho = [r for completion in rho for r in completion]
+        assert len(rho) == int(mask.sum()) and min(rho) >= 0 and max(rho) <= 1.5 and len(set(rho)) > 2
 
 
 GSPO_BOX = dict(eps_low=0.03, eps_high=0.04)  # the batch's sequence ratios fall on both sides of it

@@ -9,14 +9,14 @@ each token's probability, where the mass went, and how the policy's entropy on t
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from divviz.engine.config import RunConfig
+from divviz.engine.config import RunConfig, objective_settings
 from divviz.engine.grpo import (Trainer, inspected_record, inspected_rows, make_batch, make_optimiser, make_trainer,
                                 update, update_metrics)
 from divviz.engine.rollout import Rollout, completion_logits
@@ -43,15 +43,18 @@ def position_logps_and_entropy(model, rollout: Rollout, temperature: float, auto
     return logp * rollout.completion_mask, entropy * rollout.completion_mask
 
 
-def same_batch(cfg: RunConfig, objectives: list[tuple[str, Objective]], step: int = 0,
+def same_batch(cfg: RunConfig, settings: list[tuple[str, RunConfig | Objective]], step: int = 0,
                trainer: Trainer | None = None, weights: Path | None = None) -> list[Comparison]:
-    """Apply each (label, objective) to step `step`'s batch, all from the same weights: `cfg`'s start model, or
-    a checkpoint saved by a run (`weights`, a safetensors file)."""
+    """Apply each (label, setting) to step `step`'s batch, all from the same weights: `cfg`'s start model, or a
+    checkpoint saved by a run (`weights`, a safetensors file). A setting is an objective (under `cfg`'s rollout
+    correction), or a run config whose objective, rollout correction and bypass mode apply; `cfg` says the rest."""
     tr = trainer or make_trainer(cfg)
     if weights is not None:
         from safetensors.torch import load_model
 
         load_model(tr.model, str(weights), device=str(tr.device))
+        if tr.sampler is not None:
+            tr.sampler.reset(tr.model)
     start_weights = copy.deepcopy(tr.model.state_dict())
     batch = make_batch(tr, step)
     mask = batch.rollout.completion_mask
@@ -60,18 +63,23 @@ def same_batch(cfg: RunConfig, objectives: list[tuple[str, Objective]], step: in
     logp_old, entropy_before = measure(tr.model)
     active = mask > 0
     results = []
-    for label, objective in objectives:
+    for label, setting in settings:
+        run = setting if isinstance(setting, RunConfig) else replace(cfg, **objective_settings(setting))
+        objective = run.objective()
         tr.model.load_state_dict(start_weights)
         tr.optimiser = make_optimiser(tr.model, cfg)
-        out, _, fractions, _ = update(tr, batch, objective, logp_old if cfg.mu > 1 else None, logp_old, step)
+        done = update(tr, batch, objective, logp_old if cfg.mu > 1 else None, logp_old, step,
+                      correction=run.correction(), bypass=run.bypass_mode)
+        out = done.out
         logp_after, entropy_after = measure(tr.model)
-        metrics = {**fractions, **update_metrics(batch.rollout, logp_old, logp_after, None),
+        metrics = {**done.fractions, **update_metrics(batch.rollout, logp_old, logp_after, None),
                    "entropy_change": float(((entropy_after - entropy_before) * mask).sum() / mask.sum()),
-                   "masked_share": float(out.grad_masked[active].float().mean())}
+                   "masked_share": float(out.grad_masked[active].float().mean()),
+                   "rejected_share": float(0.0 if done.correction is None else
+                                           (done.correction.mask[active] == 0).float().mean())}
         state = out.clipped_low.long() + 2 * out.clipped_high.long() + 3 * out.dual_clipped.long()
-        record = inspected_record(tr, batch, out, logp_old, logp_after,
-                                  logp_old if objective.penalties else None, step, objective,
-                                  rows=max(inspected_rows(cfg), cfg.group_size))  # at least one group, side by side
+        record = inspected_record(tr, batch, done, logp_after, logp_old if objective.penalties else None, step,
+                                  objective, rows=max(inspected_rows(cfg), cfg.group_size))  # ≥ 1 group, side by side
         results.append(Comparison(label, metrics, logp_old.exp()[active].cpu().numpy(),
                                   logp_after.exp()[active].cpu().numpy(), out.ratio[active].cpu().numpy(),
                                   state[active].cpu().numpy(), record))

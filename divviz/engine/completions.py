@@ -10,6 +10,11 @@ it is a special token, and the facts of the last inner step of the update:
     measure  the clip test's value (None: none)  state    `losses.TOKEN_STATES` code
     penalty  the penalty's value (None: none)    pi_ref   π_ref (None without a reference)
     loss     the token's loss ℓ_t                weight   its aggregation weight ∂L/∂ℓ_t (so Σ weight·loss = L)
+    rho      ρ_t, what multiplied the policy term (a rollout importance weight, TRL's masks; None: nothing did)
+    pi_roll  π_roll, the sampler's probability of the token, where it may differ from π_old (None: on-policy)
+
+A token that a rollout correction's rejection took out of the loss has state 5 ("rejected (rollout)"), weight 0 and
+no ratio, loss or measure (the loss did not see it).
 
 Numbers are kept to 7 significant digits (float32's precision). A record stays within `byte_cap` bytes of JSON:
 completions are added in order until the next would pass it, and `omitted` counts the ones left out.
@@ -29,7 +34,8 @@ if TYPE_CHECKING:  # the app reads records without importing torch
 
     from divviz.losses import LossOutput
 
-FACTS = ("pi_old", "pi_new", "ratio", "adv", "measure", "state", "penalty", "pi_ref", "loss", "weight")
+FACTS = ("pi_old", "pi_new", "ratio", "adv", "measure", "state", "penalty", "pi_ref", "loss", "weight", "rho", "pi_roll")
+STATES = 6  # `losses.TOKEN_STATES`: code 5, rejected by the rollout correction, is a record's only
 BYTE_CAP, MAX_BYTES = 262_144, 67_108_864  # a record's default cap, and the largest cap a run may set
 
 
@@ -61,21 +67,28 @@ def _numbers(values: list | None, n: int) -> list | None:
 def step_record(*, step: int, tokenizer, groups: list[tuple[str, list[int]]], texts, rewards, adv: "torch.Tensor",
                 completion_ids: "torch.Tensor", mask: "torch.Tensor", out: "LossOutput", logp_old: "torch.Tensor",
                 logp_after: "torch.Tensor | None", logp_ref: "torch.Tensor | None", weight: np.ndarray,
-                byte_cap: int = BYTE_CAP) -> dict:
+                byte_cap: int = BYTE_CAP, kept: "torch.Tensor | None" = None,
+                logp_roll: "torch.Tensor | None" = None) -> dict:
     """The record of the completions in `groups`: (prompt, its completions' rows of the batch), in order.
 
     `out`, `logp_old`, `adv` ((B,) or (B, T)), `mask`, `logp_ref`, `weight`, `completion_ids`, `texts` and
     `rewards` are indexed by the batch's rows; so is `logp_after` (log-probs after the update, at least up to the
-    last row kept), or it is None where π after the update is not known (a TRL run makes no such forward)."""
+    last row kept), or it is None where π after the update is not known (a TRL run makes no such forward). `kept` is
+    the loss's mask where a rollout correction rejected tokens of `mask` (the completions'), and `logp_roll` the
+    sampler's log-probs where the batch may be off-policy."""
     rows = [i for _, members in groups for i in members]
     lengths = mask.detach()[rows].sum(-1).long().tolist()
     adv = adv.unsqueeze(1) if adv.dim() == 1 else adv
+    rejected = None if kept is None else (mask > 0) & ~(kept > 0)
+    unseen = lambda x: x if x is None or rejected is None else x.masked_fill(rejected, float("nan"))  # noqa: E731
     columns = {
-        "pi_old": logp_old.exp(), "pi_new": None if logp_after is None else logp_after.exp(), "ratio": out.ratio,
-        "adv": adv.expand_as(mask), "measure": out.measure, "penalty": out.penalty,
-        "pi_ref": None if logp_ref is None else logp_ref.exp(), "loss": out.per_token_loss, "weight": weight}
+        "pi_old": logp_old.exp(), "pi_new": None if logp_after is None else logp_after.exp(),
+        "ratio": unseen(out.ratio), "adv": adv.expand_as(mask), "measure": unseen(out.measure),
+        "penalty": unseen(out.penalty), "pi_ref": None if logp_ref is None else logp_ref.exp(),
+        "loss": unseen(out.per_token_loss), "weight": weight, "rho": out.policy_weight,
+        "pi_roll": None if logp_roll is None else logp_roll.exp()}
     columns = {fact: _rows(x, rows) for fact, x in columns.items()}
-    states = _rows(out.token_state(), rows)
+    states = _rows(out.token_state() if rejected is None else out.token_state().masked_fill(rejected, STATES - 1), rows)
     ids = completion_ids.detach()[rows].tolist()
     pieces = token_pieces(tokenizer, [i for k, n in enumerate(lengths) for i in ids[k][:n]])
 
@@ -132,6 +145,6 @@ def check_record(record: object, name: str) -> dict:
                 need(values is None or (isinstance(values, list) and len(values) == len(ids)
                                         and all(v is None or number(v) for v in values)),
                      f"{where}: '{fact}' is not one number per token")
-            need(isinstance(tokens.get("state"), list) and all(v in range(5) for v in tokens["state"]),
-                 f"{where}: a clip state is not one of {len(range(5))} codes")
+            need(isinstance(tokens.get("state"), list) and all(v in range(STATES) for v in tokens["state"]),
+                 f"{where}: a clip state is not one of {STATES} codes")
     return record

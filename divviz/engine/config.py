@@ -9,10 +9,12 @@ from typing import Mapping
 from divviz.aggregation import AGGREGATIONS, BASELINES, check_scale_rewards
 from divviz.divergences import clip_test
 from divviz.engine.completions import BYTE_CAP, MAX_BYTES
+from divviz.engine.sampler import DTYPES
 from divviz.engine.tasks import TASKS
 from divviz.losses import Objective
 from divviz.params import DivvizInputError, Param, check_params
 from divviz.penalties import penalty
+from divviz.rollout_correction import RolloutCorrection
 from divviz.safetext import quoted
 from divviz.surrogates import surrogate
 
@@ -36,6 +38,8 @@ RUN_PARAMS = (
     Param("top_entropy_quantile", 1.0, 0.0, 1.0, low_open=True, high_open=False, trl_name="top_entropy_quantile",
           typical=(0.05, 1.0, 0.05), doc="TRL's top-entropy mask: the policy term acts only on the tokens whose "
                                          "entropy is in the batch's top share ρ (1: every token)"),
+    Param("rollout_lag", 0, 0, 64, high_open=False, kind="int", typical=(0, 16, 1),
+          doc="the sampler's weights are this many updates behind the trained policy (asynchronous RL; 0: current)"),
     Param("checkpoint_every", 10, 0, 100_000, high_open=False, kind="int", typical=(0, 100, 1),
           doc="save the weights every N steps for the same-batch comparison (0: never; models ≤ 50M parameters)"),
     Param("inspect_prompts", 2, 0, 4096, high_open=False, kind="int", typical=(0, 16, 1),
@@ -47,6 +51,7 @@ RUN_PARAMS = (
 
 
 BACKENDS = ("divviz", "trl")  # divviz's own engine, or TRL's GRPOTrainer through divviz.trl
+ROLLOUT_KEYS = ("rollout_is", "rollout_is_threshold", "rollout_is_batch_normalize", "rollout_rs", "rollout_rs_threshold")
 
 
 def objective_from(settings: Mapping) -> Objective:
@@ -68,6 +73,27 @@ def objective_from(settings: Mapping) -> Objective:
         second_beta=settings.get("second_beta", 0.0) if second else 0.0,
         off_policy_mask=settings.get("off_policy_mask"),
     )
+
+
+def correction_from(settings: Mapping) -> RolloutCorrection:
+    """The rollout correction named by a config's verl keys (`ROLLOUT_KEYS`; an older config has none: no correction)."""
+    defaults = RolloutCorrection()
+    return RolloutCorrection(**{k: settings.get(k, getattr(defaults, k)) for k in ROLLOUT_KEYS})
+
+
+def rollout_label(settings: Mapping) -> str:
+    """How a config's rollout differs from on-policy sampling: "sampler bfloat16, lag 2 · TIS token u=2 · bypass";
+    "" when it does not."""
+    dtype, lag = settings.get("rollout_dtype", "same"), settings.get("rollout_lag", 0)
+    sampler = ", ".join(([] if dtype == "same" else [dtype]) + ([f"lag {lag}"] if lag else []))
+    parts = [f"sampler {sampler}"] if sampler else []
+    parts += [correction_from(settings).label] if correction_from(settings).active else []
+    return " · ".join(parts + (["bypass"] if settings.get("bypass_mode") else []))
+
+
+def config_label(settings: Mapping) -> str:
+    """A run's legend label from its config: the objective's, then how its rollout differs (`rollout_label`)."""
+    return " · ".join(part for part in (objective_from(settings).label, rollout_label(settings)) if part)
 
 
 def objective_settings(objective: Objective) -> dict:
@@ -110,6 +136,13 @@ class RunConfig:
     aggregation: str = "grpo"
     scale_rewards: str = "group"  # TRL's: "group", "batch" or "none" (True/False of older configs: group/none)
     baseline: str = "group"  # the mean subtracted from a reward: its group's, or the batch's (RPG's batch mean)
+    rollout_dtype: str = "same"  # the sampler's precision (`engine/sampler.py`): same, bfloat16 or float16
+    rollout_is: str | None = None  # verl's rollout correction (`rollout_correction.RolloutCorrection`)
+    rollout_is_threshold: float | str = 2.0
+    rollout_is_batch_normalize: bool = False
+    rollout_rs: str | None = None
+    rollout_rs_threshold: str | None = None
+    bypass_mode: bool = False  # verl's: π_old is the sampler's log-probs (no forward of the trained policy for them)
     trust_remote_code: bool = False
     steps: int = 60
     prompts: int = 16
@@ -122,6 +155,7 @@ class RunConfig:
     format_reward: float = 0.0
     max_grad_norm: float = 1.0
     top_entropy_quantile: float = 1.0
+    rollout_lag: int = 0
     checkpoint_every: int = 10
     inspect_prompts: int = 2
     inspect_bytes: int = BYTE_CAP
@@ -152,6 +186,19 @@ class RunConfig:
             raise DivvizInputError("the TRL backend needs TRL, which is not installed: pip install 'divviz[trl]'")
         if cfg.device not in ("auto", "cpu", "cuda", "mps"):
             raise DivvizInputError(f"unknown device {quoted(cfg.device)}; choose auto, cpu, cuda or mps")
+        if cfg.rollout_dtype not in DTYPES:
+            raise DivvizInputError(f"unknown rollout_dtype {quoted(cfg.rollout_dtype)}; choose {', '.join(DTYPES)}")
+        correction = cfg.correction()
+        if cfg.bypass_mode and correction.active:
+            raise DivvizInputError("in bypass mode π_old is the sampler's, so the loss's own ratio corrects: verl's token "
+                                   "TIS is the surrogate cispo:lo=0:hi=u, IcePop the surrogate icepop; drop rollout_is "
+                                   "and rollout_rs")
+        if cfg.backend == "trl" and (cfg.rollout_dtype != "same" or cfg.rollout_lag or correction.active
+                                     or cfg.bypass_mode):
+            raise DivvizInputError("TRL's GRPOTrainer samples with the policy it trains (its vLLM correction is TRL's "
+                                   "vllm_importance_sampling_*, which DivvizGRPOTrainer honours); a simulated rollout "
+                                   "mismatch and verl's corrections train with the divviz backend")
+        cfg = replace(cfg, **{k: getattr(correction, k) for k in ROLLOUT_KEYS})
         for measure, given, flag in (("clip test", "clip_params", "--measure"),
                                      ("surrogate", "surrogate_params", "--surrogate"),
                                      ("penalty", "penalty_params", "--penalty"),
@@ -164,6 +211,9 @@ class RunConfig:
     def objective(self) -> Objective:
         return objective_from(asdict(self))
 
+    def correction(self) -> RolloutCorrection:
+        return correction_from(asdict(self))
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -173,4 +223,4 @@ class RunConfig:
 
     @property
     def label(self) -> str:
-        return self.objective().label
+        return config_label(asdict(self))

@@ -2,11 +2,14 @@
 μ optimisation steps of the chosen objective → metrics from the step's facts.
 
     for each step:
-        sample `prompts` prompts; G completions each with the KV cache (temperature τ)
+        sample `prompts` prompts; G completions each with the KV cache (temperature τ), by the trained policy or by
+            a rollout policy π_roll in lower precision or some updates behind (`sampler.py`)
         r_i = task reward;  A_i = (r_i − mean_group) [/ (std_group + 1e-4)]             (Shao et al. 2024)
-        logp_old = the pre-update policy's log-probs (with μ = 1: the current ones, detached, as TRL)
-        repeat μ times: loss = Objective(logp_new, logp_old, A, mask, logp_ref); AdamW step
-        metrics, plus one no-grad forward after the update for the KL and the mass that moved
+        logp_old = the pre-update policy's log-probs (with μ = 1: the current ones, detached, as TRL; in verl's
+            bypass mode: π_roll's)
+        verl's rollout correction of π_old against π_roll: importance weights ρ and a rejection mask
+        repeat μ times: loss = Objective(logp_new, logp_old, A, mask, logp_ref, weight=ρ); AdamW step
+        metrics, plus one no-grad forward after the update for the KL and the mass that moved; π_roll synced
 """
 
 from __future__ import annotations
@@ -25,10 +28,12 @@ from divviz.engine.completions import step_record
 from divviz.engine.config import RunConfig
 from divviz.engine.model import load_policy, pick_device
 from divviz.engine.rollout import Rollout, completion_logps, decode_completions, encode_prompts, sample
+from divviz.engine.sampler import RolloutPolicy, rollout_policy
 from divviz.engine.tasks import Task, get_task
 from divviz.estimators import k1, k2, k3
 from divviz.losses import LossOutput, NonFiniteInput, Objective
 from divviz.metrics import PI_OLD_BINS, bin_labels, clip_fractions, overshoot
+from divviz.rollout_correction import Correction, RolloutCorrection
 
 TOKEN_SAMPLE = 256  # per-token facts kept per step for the scatter plots
 AFTER_ROWS = 256  # completions re-scored after the update for the KL and mass metrics (all, in small batches)
@@ -63,12 +68,20 @@ class Trainer:
     optimiser: torch.optim.Optimizer
     objective: Objective
     device: torch.device
+    correction: RolloutCorrection
+    sampler: RolloutPolicy | None = None  # None: the trained model samples its own completions
 
     def autocast(self):
         """bf16 autocast on CUDA; full precision elsewhere."""
         if self.device.type == "cuda" and torch.cuda.is_bf16_supported():
             return torch.autocast("cuda", dtype=torch.bfloat16)
         return nullcontext()
+
+    def sampling(self) -> tuple[torch.nn.Module, object]:
+        """The model that samples and its autocast: the sampler in its own precision, or the trained model."""
+        if self.sampler is None:
+            return self.model, self.autocast
+        return self.sampler.model, self.autocast if self.cfg.rollout_dtype == "same" else nullcontext
 
 
 def make_trainer(cfg: RunConfig) -> Trainer:
@@ -81,7 +94,8 @@ def make_trainer(cfg: RunConfig) -> Trainer:
     reference = None
     if objective.needs_ref:
         reference = copy.deepcopy(model).eval().requires_grad_(False)  # frozen copy of the start policy
-    return Trainer(cfg, task, model, reference, tokenizer, make_optimiser(model, cfg), objective, device)
+    return Trainer(cfg, task, model, reference, tokenizer, make_optimiser(model, cfg), objective, device,
+                   cfg.correction(), rollout_policy(model, cfg.rollout_dtype, cfg.rollout_lag))
 
 
 def make_optimiser(model, cfg: RunConfig) -> torch.optim.AdamW:
@@ -119,9 +133,10 @@ def make_batch(tr: Trainer, step: int) -> Batch:
     prompt_ids, prompt_mask = encode_prompts(tok, [p for p, _ in pairs], cfg.group_size, tr.device)
     generator = torch.Generator(device=tr.device).manual_seed(cfg.seed * 7_919 + step)
     tr.model.eval()
-    rollout = sample(tr.model, prompt_ids, prompt_mask, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
+    sampler, autocast = tr.sampling()
+    rollout = sample(sampler, prompt_ids, prompt_mask, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
                      max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, generator=generator,
-                     autocast=tr.autocast)
+                     autocast=autocast)
     texts = decode_completions(tok, rollout)
     rewards = torch.tensor([tr.task.reward(p, r, c, cfg.format_reward) for p, r, c in zip(prompts, references, texts)],
                            dtype=torch.float32)
@@ -141,13 +156,35 @@ def top_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float)
     return (entropy * mask >= threshold) & kept
 
 
-def update(tr: Trainer, batch: Batch, objective: Objective, logp_old, logp_ref, step: int):
-    """μ optimisation steps of `objective` on `batch`; returns the last LossOutput, the old log-probs used,
-    the clip fractions averaged over μ and the gradient norms."""
-    cfg, mask = tr.cfg, batch.rollout.completion_mask
-    logps = partial(completion_logps, rollout=batch.rollout, temperature=cfg.temperature, autocast=tr.autocast)
+@dataclass
+class Update:
+    """What `update` did: the last inner step's LossOutput, the old log-probs it used, the clip fractions averaged
+    over the μ inner steps, the gradient norms, and the rollout correction (None when the batch is on-policy)."""
+
+    out: LossOutput
+    logp_old: torch.Tensor
+    fractions: dict[str, float]
+    grad_norms: list[float]
+    correction: Correction | None
+
+
+def update(tr: Trainer, batch: Batch, objective: Objective, logp_old, logp_ref, step: int,
+           correction: RolloutCorrection | None = None, bypass: bool | None = None) -> Update:
+    """μ optimisation steps of `objective` on `batch` from `logp_old` (None: the policy's log-probs at the first inner
+    step). With a sampler or an active rollout correction (default: the run's), the correction of π_old against the
+    sampler's π_roll weighs and masks every inner step, and its metrics measure the mismatch; in verl's bypass mode
+    (default: the run's) π_old is π_roll, and the metrics compare it with the policy at the first inner step, as
+    verl's do. TRL's off-policy sequence mask compares π_θ with π_roll, as TRL does with vLLM's log-probs."""
+    cfg, rollout = tr.cfg, batch.rollout
+    mask = rollout.completion_mask
+    correction = tr.correction if correction is None else correction
+    bypass = cfg.bypass_mode if bypass is None else bypass
+    logp_old = rollout.logp if bypass else logp_old
+    measured = tr.sampler is not None or correction.active
+    logps = partial(completion_logps, rollout=rollout, temperature=cfg.temperature, autocast=tr.autocast)
+    sampling = {"logp_sampling": rollout.logp} if tr.sampler is not None else {}
     tr.model.train()
-    fractions, grad_norms = {}, []
+    fractions, grad_norms, corrected = {}, [], None
     for inner in range(cfg.mu):
         weight = None
         if cfg.top_entropy_quantile < 1.0:
@@ -157,16 +194,22 @@ def update(tr: Trainer, batch: Batch, objective: Objective, logp_old, logp_ref, 
             logp_new = logps(tr.model)
         if logp_old is None:  # μ = 1: the current policy is the old one (TRL)
             logp_old = logp_new.detach()
+        if inner == 0 and measured:
+            corrected = correction.apply(logp_new.detach() if bypass else logp_old, rollout.logp, mask)
+        loss_mask = mask if corrected is None else corrected.mask
+        if corrected is not None and corrected.weight is not None:
+            weight = corrected.weight if weight is None else weight * corrected.weight
         out = finite_loss(objective, f"step {step + 1} (inner step {inner + 1})", cfg.lr, logp_new, logp_old,
-                          batch.adv, mask, logp_ref=logp_ref, max_completion_length=cfg.max_new_tokens, weight=weight)
+                          batch.adv, loss_mask, logp_ref=logp_ref, max_completion_length=cfg.max_new_tokens,
+                          weight=weight, **sampling)
         tr.optimiser.zero_grad(set_to_none=True)
         out.loss.backward()
         grad_norms.append(float(torch.nn.utils.clip_grad_norm_(tr.model.parameters(), cfg.max_grad_norm)))
         tr.optimiser.step()
-        for key, value in clip_fractions(out, mask).items():
+        for key, value in clip_fractions(out, loss_mask).items():
             fractions[key] = fractions.get(key, 0.0) + value / cfg.mu
     tr.model.eval()
-    return out, logp_old, fractions, grad_norms
+    return Update(out, logp_old, fractions, grad_norms, corrected)
 
 
 def grpo_step(tr: Trainer, step: int) -> StepResult:
@@ -179,8 +222,11 @@ def grpo_step(tr: Trainer, step: int) -> StepResult:
     logps = partial(completion_logps, rollout=rollout, temperature=cfg.temperature, autocast=tr.autocast)
     with torch.no_grad():
         logp_ref = logps(tr.reference) if tr.reference is not None else None
-        logp_old = logps(tr.model) if cfg.mu > 1 else None
-    out, logp_old, fractions, grad_norms = update(tr, batch, tr.objective, logp_old, logp_ref, step)
+        logp_old = logps(tr.model) if cfg.mu > 1 and not cfg.bypass_mode else None
+    done = update(tr, batch, tr.objective, logp_old, logp_ref, step)
+    out, logp_old = done.out, done.logp_old
+    if tr.sampler is not None:
+        tr.sampler.after_update(tr.model)
     # one no-grad forward after the update, on at most AFTER_ROWS completions (a seeded subset): the only
     # cost divviz adds to a bare GRPO step, kept bounded for large batches; its log-probs feed metrics only,
     # never autograd, hence inference mode (no autograd bookkeeping at all)
@@ -200,20 +246,23 @@ def grpo_step(tr: Trainer, step: int) -> StepResult:
         "frac_reward_zero_std": float((grouped.std(dim=1) == 0).float().mean()),
         "accuracy": float(np.mean(batch.correct)),
         "completions/mean_length": float(rollout.completion_mask.sum(1).mean()),
-        **fractions,
+        **done.fractions,
+        **(done.correction.metrics if done.correction else {}),
         **update_metrics(seen, logp_old[rows], logp_after, None if logp_ref is None else logp_ref[rows]),
         "clip_ratio/overshoot_mean": overshoot((logp_after - logp_old[rows]).exp(), batch.adv[rows],
                                                seen.completion_mask, tr.objective.clip, logp_old[rows].exp()),
         "entropy": _masked_mean(rollout.entropy, rollout.completion_mask),  # over every completion
         "top1_mass": _masked_mean(rollout.top1, rollout.completion_mask),
         "loss": float(out.loss.detach()),
-        "grad_norm": float(np.mean(grad_norms)),
+        "grad_norm": float(np.mean(done.grad_norms)),
         "step_time": elapsed,
         "tokens_per_s": float(rollout.completion_mask.sum()) / elapsed,
     }
-    tokens = _token_sample(seen, logp_old[rows], logp_after, out.rows(rows), batch.adv[rows], seed=cfg.seed * 31 + step)
+    kept = (rollout.completion_mask if done.correction is None else done.correction.mask)[rows]
+    tokens = _token_sample(seen, kept, logp_old[rows], logp_after, out.rows(rows), batch.adv[rows],
+                           seed=cfg.seed * 31 + step)
     shown = [(batch.prompts[i], batch.texts[i], float(rewards[i])) for i in range(0, len(rewards), cfg.group_size)][:8]
-    return StepResult(metrics, tokens, shown, inspected_record(tr, batch, out, logp_old, logp_after, logp_ref, step))
+    return StepResult(metrics, tokens, shown, inspected_record(tr, batch, done, logp_after, logp_ref, step))
 
 
 def inspected_rows(cfg: RunConfig) -> int:
@@ -228,21 +277,24 @@ def after_rows(n: int, inspected: int, step: int) -> torch.Tensor:
     return torch.cat([torch.arange(inspected), inspected + others[:max(AFTER_ROWS - inspected, 0)].sort().values])
 
 
-def inspected_record(tr: Trainer, batch: Batch, out: LossOutput, logp_old, logp_after, logp_ref, step: int,
+def inspected_record(tr: Trainer, batch: Batch, done: Update, logp_after, logp_ref, step: int,
                      objective: Objective | None = None, rows: int | None = None):
     """The step inspector's record (`completions.step_record`) of the first `rows` completions (default: the
-    `inspect_prompts` prompts' groups; None when that is none) under `objective` (default: the run's)."""
+    `inspect_prompts` prompts' groups; None when that is none) under `objective` (default: the run's), with the
+    sampler's π_roll where the batch may be off-policy."""
     cfg, rows = tr.cfg, inspected_rows(tr.cfg) if rows is None else rows
     if not rows:
         return None
     mask = batch.rollout.completion_mask
-    weight = aggregation_weights(mask.cpu().numpy(), (objective or tr.objective).aggregation, cfg.max_new_tokens)
+    kept = mask if done.correction is None else done.correction.mask
+    weight = aggregation_weights(kept.cpu().numpy(), (objective or tr.objective).aggregation, cfg.max_new_tokens)
     size = cfg.group_size
     groups = [(batch.prompts[start], list(range(start, start + size))) for start in range(0, rows, size)]
     return step_record(step=step + 1, tokenizer=tr.tokenizer, groups=groups, texts=batch.texts,
                        rewards=batch.rewards, adv=batch.adv, completion_ids=batch.rollout.completion_ids, mask=mask,
-                       out=out, logp_old=logp_old, logp_after=logp_after, logp_ref=logp_ref, weight=weight,
-                       byte_cap=cfg.inspect_bytes)
+                       out=done.out, logp_old=done.logp_old, logp_after=logp_after, logp_ref=logp_ref, weight=weight,
+                       byte_cap=cfg.inspect_bytes, kept=kept,
+                       logp_roll=None if done.correction is None else batch.rollout.logp)
 
 
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
@@ -273,10 +325,11 @@ def update_metrics(rollout: Rollout, logp_old, logp_after, logp_ref) -> dict[str
     return metrics
 
 
-def _token_sample(rollout: Rollout, logp_old, logp_after, out, adv, seed: int) -> dict[str, np.ndarray]:
-    """Up to TOKEN_SAMPLE completion tokens: π_old, the ratio at the last inner step, π after the update,
-    the advantage and the clip state (0 inside, 1 clipped low, 2 clipped high, 3 dual-clipped)."""
-    mask = rollout.completion_mask > 0
+def _token_sample(rollout: Rollout, kept, logp_old, logp_after, out, adv, seed: int) -> dict[str, np.ndarray]:
+    """Up to TOKEN_SAMPLE of the tokens the loss `kept` (a rollout correction may have rejected some): π_old, the
+    ratio at the last inner step, π after the update, the advantage and the clip state (0 inside, 1 clipped low,
+    2 clipped high, 3 dual-clipped)."""
+    mask = kept > 0
     rows, cols = mask.nonzero(as_tuple=True)
     g = torch.Generator().manual_seed(seed)
     keep = torch.randperm(len(rows), generator=g)[:TOKEN_SAMPLE].sort().values.to(rows.device)

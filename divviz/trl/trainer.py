@@ -38,7 +38,7 @@ from divviz.engine.grpo import finite_loss
 from divviz.estimators import k1, k2, k3
 from divviz.losses import LossOutput, Objective
 from divviz.params import DivvizInputError
-from divviz.surrogates import vespo_sequence_phi
+from divviz.surrogates import VESPO_FLOOR, vespo_sequence_phi
 from divviz.trl.callback import TOKEN_SAMPLE, DivvizRunCallback, run_end
 from divviz.trl.options import trl_args_for
 
@@ -110,8 +110,8 @@ class DivvizGRPOTrainer(GRPOTrainer):
         logp_old = logp_new.detach() if logp_old is None else logp_old
 
         out = finite_loss(self._loss_objective, f"step {self.state.global_step + 1}", self.args.learning_rate,
-                          logp_new, logp_old, adv, mask, logp_ref=inputs.get("ref_per_token_logps"),
-                          max_completion_length=self.max_completion_length,
+                          logp_new, self._vespo_old(inputs, logp_old), adv, mask,
+                          logp_ref=inputs.get("ref_per_token_logps"), max_completion_length=self.max_completion_length,
                           num_items_in_batch=self._dapo_normaliser(inputs, mode),
                           weight=self._token_weight(inputs, adv, logp_new, logp_old, entropies, mask))
         # grpo, bnpo, dr_grpo: TRL divides by the accumulation steps; dapo's normaliser already counts them
@@ -162,10 +162,25 @@ class DivvizGRPOTrainer(GRPOTrainer):
         if self.top_entropy_quantile < 1.0:
             entropy_mask = self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)
             weight = entropy_mask if weight is None else weight * entropy_mask
-        if self.use_vllm and self.vllm_importance_sampling_correction:
+        if self._vllm_correction() and not self._vespo():
             ratio = inputs["importance_sampling_ratio"]
             weight = ratio if weight is None else weight * ratio
         return weight
+
+    def _vllm_correction(self) -> bool:
+        return bool(self.use_vllm and self.vllm_importance_sampling_correction)
+
+    def _vespo(self) -> bool:
+        return self.objective.surrogate is not None and self.objective.surrogate.name == "vespo"
+
+    def _vespo_old(self, inputs, logp_old):
+        """The old log-probs VESPO's loss reads. TRL puts vLLM's importance-sampling ratio π_old/π_vllm into VESPO's
+        sequence ratio W instead of weighing the loss by it (`get_gamma_weights`: log W = Σ log w + Σ log ratio, the
+        ratio's log clamped to [log 1e-8, 20]); VESPO's loss reads π_old only through W, so dividing π_old by the
+        ratio is the same."""
+        if not (self._vllm_correction() and self._vespo()):
+            return logp_old
+        return logp_old - inputs["importance_sampling_ratio"].log().clamp(VESPO_FLOOR, 20.0)
 
     def _global_masked_mean(self, x: torch.Tensor, mask: torch.Tensor) -> float:
         """TRL's `global_masked_mean`: Σ x·mask / Σ mask over every process."""
