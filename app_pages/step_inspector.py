@@ -80,8 +80,10 @@ with ui.shown_errors():
 
     st.subheader("This token's loss")
     objectives = views.explained_objectives(run.config, extra)
-    columns = st.columns(len(objectives))
-    for column, (label, objective) in zip(columns, objectives):
+    rejected = tokens["state"][i] == len(TOKEN_STATES) - 1  # by the rollout correction: no loss to take apart
+    if rejected:
+        st.info(literal(views.rejected_note(run.config, tokens, i)), icon=":material/block:")
+    for column, (label, objective) in zip(st.columns(len(objectives)) if not rejected else [], objectives):
         with column:
             st.markdown(f"**{literal(label)}**")
             try:

@@ -13,13 +13,13 @@ from divviz.safetext import literal
 from divviz.urlstate import Control
 
 PAGE = "lab"
-SETTINGS = [p for p in RUN_PARAMS if p.name not in ("format_reward", "max_grad_norm")]
+SETTINGS = [p for p in RUN_PARAMS if p.name not in ("format_reward", "max_grad_norm", "rollout_lag")]
 SEEDS = Param("seeds", 1, 1, 8, high_open=False, kind="int", typical=(1, 8, 1),
               doc="runs per measure with seeds seed, seed + 1, …; the charts show each thinly and their mean with a "
                   "95% band. They queue with everyone's runs, within this machine's limit")
 CONTROLS = [
     *ui.objective_controls(["ratio", "kl3"], beta=0.04),
-    ui.SCALE_REWARDS_CONTROL, ui.BASELINE_CONTROL,
+    ui.SCALE_REWARDS_CONTROL, ui.BASELINE_CONTROL, *ui.rollout_controls(),
     Control("task", "reverse", options=tuple(TASKS)),
     Control("backend", "divviz", options=BACKENDS),
     Control("device", "auto", options=("auto", "cpu", "cuda")),
@@ -74,10 +74,15 @@ with ui.shown_errors():
         device = ui.choice(PAGE, BY_NAME["device"], "Device")
         settings = {p.name: ui.number(PAGE, BY_NAME[p.name], p.name) for p in SETTINGS}
         seeds = ui.number(PAGE, BY_NAME["seeds"], "Seeds per measure")
+        with st.expander("Rollout: a sampler unlike the policy, and verl's corrections"):
+            st.caption("Sample with a copy of the policy in lower precision or some updates behind, as an inference "
+                       "engine beside the trainer does, and compare verl's corrections of it (one run each).")
+            sampler, corrections = ui.rollout_widgets(PAGE, BY_NAME)
     ui.publish_controls(PAGE, CONTROLS)
     configs = [RunConfig.make(task=task, backend=backend, model=model.strip(), device=device, **advantages,
-                              **objective_settings(o), **{**settings, "seed": settings["seed"] + s})
-               for o in objectives for s in range(seeds)]
+                              **objective_settings(o), **sampler, **correction,
+                              **{**settings, "seed": settings["seed"] + s})
+               for o in objectives for correction in corrections for s in range(seeds)]
 
 runs = [store.read_run(root / name) for name in st.session_state["lab_runs"] if (root / name).is_dir()]
 running = any(run.state in ("queued", "running") for run in runs)
@@ -139,7 +144,8 @@ st.subheader("Same-batch comparison")
 st.write("Apply each chosen measure to the *same* rollouts from the *same* starting weights, and see how differently "
          "they move the policy: which tokens they clip, how far probabilities move, where the mass goes, and what "
          "happens to the entropy. Uses the μ and learning rate set in the sidebar; start from the model itself or "
-         "from a run's saved weights (every `checkpoint_every` steps).")
+         "from a run's saved weights (every `checkpoint_every` steps). With corrections to compare, each is applied "
+         "to the same batch, drawn by the starting weights in the sampler's precision (a lag has no history here).")
 with ui.shown_errors():
     starts = {"the start model": None}
     for name in st.session_state["lab_runs"]:
@@ -150,7 +156,7 @@ with ui.shown_errors():
     start_from = left.selectbox("Starting weights", list(starts), key="lab:compare_from")
     batch_step = right.number_input("Batch of step", 1, 100_000, 1, key="lab:compare_step",
                                     help="the prompts and sampling seed of this step of a run with these settings")
-    first_seed = [cfg for cfg in configs if cfg.seed == configs[0].seed]  # one update per measure
+    first_seed = [cfg for cfg in configs if cfg.seed == configs[0].seed]  # one update per measure and correction
     if st.button("Compare on the same batch", icon=":material/compare_arrows:", disabled=not configs,
                  key="lab:compare"):
         with st.spinner("Sampling once, then one update per measure…"):

@@ -2,9 +2,11 @@
 
 For a token with π_old, ratio w, advantage A (and π_ref for a penalty), and an objective with clip test [l, u]:
 
-    ℓ = −min(w·A, clip(w)·A)          clip(w) = w inside the test, else the edge on w's side (l or u)
+    ℓ = ρ · −min(w·A, clip(w)·A)      clip(w) = w inside the test, else the edge on w's side (l or u)
         [capped at −c·A for A < 0]     dual-clip (RPG §3.3); TRL's ratio cap δ takes min(w, δ)·A first
         + β·penalty [+ β₂·penalty₂]    the penalty terms, as the objective adds them
+    ρ: what multiplied the policy term in training (a rollout importance weight, TRL's top-entropy and off-policy
+    masks), as the run recorded it; 1 when nothing did
     (a surrogate replaces the min: its own term, and its gradient weight γ = −(∂ℓ/∂log π_θ)/A)
     its weight in the loss: ∂L/∂ℓ (the aggregation's), so the token adds weight·ℓ to L.
 
@@ -16,7 +18,7 @@ clip(w)·A with clip(w) from the test's own `bounds`; the explanation checks tha
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -65,13 +67,16 @@ class TokenExplanation:
     state: str  # one of TOKEN_STATES
     weight: float | None  # the token's aggregation weight in its batch
     pi_ref: float | None
+    rho: float | None = None  # what multiplied the policy term (None: nothing)
 
     @property
     def masked(self) -> bool:
-        return self.state in ("masked low", "masked high", "dual-clip")
+        return self.state in ("masked low", "masked high", "dual-clip") or self.rho == 0
 
     @property
     def why(self) -> str:
+        if self.rho == 0:
+            return "ρ = 0: the run's rollout correction or TRL's mask dropped the policy term, and its gradient"
         if self.surrogate is not None:
             weight = "" if self.adv == 0 else f": γ = −(∂ℓ/∂log π_θ)/A = {-self.policy_gradient / self.adv:.6g}"
             return f"{self.surrogate}'s gradient is its own{weight}"
@@ -93,6 +98,9 @@ class TokenExplanation:
             inside = self.lower <= self.ratio <= self.upper
             rows.append(("test", f"{self.measure}(w) = {g(self.measure_value)} against {self.threshold}: "
                                  f"w {'inside' if inside else 'outside'} [l, u] = [{g(self.lower)}, {g(self.upper)}]"))
+        if self.rho is not None:
+            rows.append(("ρ", f"the policy term is multiplied by ρ = {g(self.rho)}: a rollout importance weight or "
+                              "TRL's masks, as the run applied them"))
         if self.surrogate is not None:
             rows.append(("surrogate", f"{self.surrogate} replaces PPO's min: its ℓ = {g(self.policy_loss)}, "
                                       f"∂ℓ/∂log π_θ = {g(self.policy_gradient)}"))
@@ -110,6 +118,7 @@ class TokenExplanation:
                                                                   is not None else ")")))
         policy = "−c·A (the cap)" if self.state == "dual-clip" else "−min(…)" if self.surrogate is None else \
             self.surrogate
+        policy = policy if self.rho is None else f"ρ·({policy})"
         total = f" + {self.penalty} = {g(self.policy_loss)} + {g(self.penalty_term)}" if self.penalty else ""
         rows.append(("loss", f"ℓ = {policy}{total} = {g(self.loss)};  ∂ℓ/∂log π_θ = {g(self.gradient)}"
                              + (" (the penalty's slope included)" if self.penalty else "")))
@@ -124,8 +133,10 @@ def _one(x: float) -> torch.Tensor:
 
 
 def explain(objective: Objective, pi_old: float, ratio: float, adv: float, *, pi_ref: float | None = None,
-            weight: float | None = None, label: str = "") -> TokenExplanation:
-    """`objective`'s loss on one token, taken apart (see the module's docstring)."""
+            weight: float | None = None, rho: float | None = None, label: str = "") -> TokenExplanation:
+    """`objective`'s loss on one token, taken apart (see the module's docstring). With `rho`, the policy term is
+    multiplied by it instead of by the objective's off-policy mask (which judges a whole completion; ρ holds its
+    verdict)."""
     for name, value in (("π_old", pi_old), ("ratio", ratio)):
         if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
             raise DivvizInputError(f"this token's {name} is {value!r}: the explainer needs a positive number")
@@ -136,6 +147,8 @@ def explain(objective: Objective, pi_old: float, ratio: float, adv: float, *, pi
     logp_ref = None if pi_ref is None else _one(math.log(pi_ref))
     args = (logp_old, torch.tensor([float(adv)], dtype=torch.float64), torch.ones(1, 1, dtype=torch.float64))
     options = {"logp_ref": logp_ref, "max_completion_length": 1}  # one token: every aggregation gives ℓ itself
+    if rho is not None:
+        objective, options["weight"] = replace(objective, off_policy_mask=None), _one(rho)
     out = objective(logp_new, *args, **options)
     loss = float(out.loss.detach())
     (gradient,) = torch.autograd.grad(out.loss, logp_new)
@@ -164,12 +177,12 @@ def explain(objective: Objective, pi_old: float, ratio: float, adv: float, *, pi
         first_penalty=objective.penalty.name if objective.penalty else None,
         penalty_value=penalty_value, penalty_term=loss - float(policy_only.loss.detach()), loss=loss,
         surrogate=objective.surrogate.label if objective.surrogate else None, policy_gradient=float(policy_gradient),
-        gradient=float(gradient), state=TOKEN_STATES[int(out.token_state())], weight=weight, pi_ref=pi_ref)
+        gradient=float(gradient), state=TOKEN_STATES[int(out.token_state())], weight=weight, pi_ref=pi_ref, rho=rho)
 
 
 def explain_stored(objective: Objective, tokens: dict, i: int, label: str = "") -> TokenExplanation:
     """The explanation of token `i` of a kept completion (`completions.step_record`'s "tokens")."""
     value = lambda key: None if tokens.get(key) is None else tokens[key][i]  # noqa: E731
     return explain(objective, value("pi_old"), value("ratio"), value("adv"), pi_ref=value("pi_ref"),
-                   weight=value("weight"), label=label)
+                   weight=value("weight"), rho=value("rho"), label=label)
 

@@ -41,6 +41,12 @@ GLOSSARY = {
     "divviz/grad_masked_mean": "share of tokens whose gradient through w is masked (clipped or dual-capped)",
     "divviz/outside_mean": "share of tokens outside the clip test's region, whatever their advantage",
     "divviz/outside_last_mean": "the same at the last of the μ inner steps (after μ − 1 updates)",
+    "rollout_corr/k3_kl": "verl: mean ρ − 1 − log ρ over tokens, ρ = π_old/π_roll: KL(π_roll ‖ π_old), how far the "
+                          "sampler is from the policy the loss divides by",
+    "rollout_corr/rollout_is_mean": "verl: mean rollout importance weight (after TIS or IcePop)",
+    "rollout_corr/rollout_is_eff_sample_size": "verl: 1 / mean (w / mean w)², the weights' effective sample size "
+                                               "as a share of the tokens (1: all weights equal)",
+    "rollout_corr/rollout_rs_masked_fraction": "verl: share of tokens the rejection took out of the loss",
 }
 
 # Where a TRL run logs what the engine calls otherwise: TRL names each reward function's mean

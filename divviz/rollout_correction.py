@@ -31,13 +31,26 @@ from dataclasses import dataclass
 import torch
 
 from divviz.estimators import ESTIMATORS
-from divviz.params import DivvizInputError
+from divviz.params import DivvizInputError, Param
 from divviz.safetext import quoted
 
 LEVELS = ("token", "sequence")
 REDUCTIONS = ("token", "seq_sum", "seq_mean", "seq_max")
 OPTIONS = tuple(f"{r}_{k}" for r in REDUCTIONS for k in ESTIMATORS if (r, k) != ("seq_max", "k1"))  # verl's 11
 SAFETY_BOUND = 20.0  # verl's: log-ratios are clamped to ±20 before exp
+
+# The numbers behind verl's threshold strings, as the app's sliders set them (verl's typical ranges: TIS u 1.5–5 per
+# token, 2–10 per completion)
+TIS_CAP = Param("tis_u", 2.0, 0.0, low_open=True, typical=(1.05, 10.0, 0.05), doc="TIS: the weight is min(ρ, u)")
+ICEPOP_LOW = Param("icepop_l", 0.5, 0.0, 1.0, low_open=True, high_open=False, typical=(0.05, 1.0, 0.05),
+                   doc="IcePop: ρ is kept in [l, u], else 0")
+ICEPOP_HIGH = Param("icepop_u", 2.0, 1.0, typical=(1.05, 10.0, 0.05), doc="IcePop: ρ is kept in [l, u], else 0")
+RS_RATIO_LOW = Param("rs_l", 0.5, 0.0, 1.0, low_open=True, high_open=False, typical=(0.05, 1.0, 0.05),
+                     doc="k1 rejection: kept where the token's (or completion's) statistic lies in [log l, log u]")
+RS_RATIO_HIGH = Param("rs_u", 2.0, 1.0, typical=(1.05, 10.0, 0.05),
+                      doc="k1 rejection: kept where the token's (or completion's) statistic lies in [log l, log u]")
+RS_BOUND = Param("rs_bound", 0.05, 0.0, low_open=True, typical=(0.0001, 1.0, 0.0001),
+                 doc="k2/k3 rejection: kept where the statistic is at most this")
 
 
 def is_threshold(threshold) -> tuple[float | None, float]:

@@ -55,7 +55,7 @@ def history_chart(series: list[tuple[str, dict[str, np.ndarray | Summary]]], met
     """Metrics over steps, one panel per metric, one line per run or measure: [(label, {metric: values})]. A
     `Summary` is drawn as its mean with a shaded 95% band; `members` ({label: [one run's {metric: values}]}) are
     drawn thin under their label's line."""
-    layout, refs = panels(1, len(metrics), [m.removeprefix("clip_ratio/") for m in metrics], gap=0.05)
+    layout, refs = panels(1, len(metrics), [m.removeprefix("clip_ratio/").removeprefix("rollout_corr/") for m in metrics], gap=0.05)
     traces, frames = [], []
     for i, (label, history) in enumerate(series):
         columns, steps = {}, None

@@ -7,7 +7,8 @@ HTML, markdown or `<script>` shows as those characters. Pieces are shown as they
 UTF-8 character) shown as the tokenizer's raw piece in a dashed box. Hovering a token shows all its facts.
 
 Colour scales: the clip state is categorical; the others diverge around their neutral value (1 for the ratio, read
-on log w; 0 for the rest), blue below and red above, saturating at the largest |value − neutral| of the record.
+on log w; 1 for ρ; 0 for the rest), blue below and red above, saturating at the largest |value − neutral| of the
+record.
 """
 
 from __future__ import annotations
@@ -18,14 +19,14 @@ import operator
 
 from divviz.losses import TOKEN_STATES
 
-STATE_COLOURS = ("transparent", "#9ecae1", "#fc9272", "#c994c7", "#fdd49e")  # TOKEN_STATES, in order
+STATE_COLOURS = ("transparent", "#9ecae1", "#fc9272", "#c994c7", "#fdd49e", "#bdbdbd")  # TOKEN_STATES, in order
 BELOW, ABOVE = (33, 102, 172), (178, 24, 43)
 
 
 def fact(tokens: dict, name: str, i: int):
     """Token i's `name`; None where it is not known (a fact its writer did not have is None as a whole, e.g. π after
-    the update in a TRL run)."""
-    values = tokens[name]
+    the update in a TRL run, or absent from a record written before it was kept)."""
+    values = tokens.get(name)
     return None if values is None else values[i]
 
 
@@ -51,6 +52,17 @@ def _log_ratio(t, i):
     return None if not w or w <= 0 else math.log(w)
 
 
+def _rollout_gap(t, i):
+    """log π_old − log π_roll: how the sampler's probability of the token differs from the trained policy's."""
+    old, roll = fact(t, "pi_old", i), fact(t, "pi_roll", i)
+    return None if not old or not roll else math.log(old) - math.log(roll)
+
+
+def _rho_from_one(t, i):
+    rho = fact(t, "rho", i)
+    return None if rho is None else rho - 1
+
+
 COLOUR_BY = {  # name → (value of token i of tokens t, what the legend says)
     "clip state": (None, "what the constraint did to the token"),
     "ratio": (_log_ratio, "w = π_θ/π_old at the last inner step (scale on log w, white at w = 1)"),
@@ -58,6 +70,10 @@ COLOUR_BY = {  # name → (value of token i of tokens t, what the legend says)
     "A·w": (_adv_times_ratio, "advantage × ratio, the unclipped surrogate term (white at 0)"),
     "penalty": (lambda t, i: fact(t, "penalty", i), "the penalty's value (white at 0)"),
     "loss share": (_loss_share, "weight·ℓ: what the token adds to the batch's loss (white at 0; they sum to L)"),
+    "ρ": (_rho_from_one, "ρ − 1: what multiplied the token's policy term, a rollout importance weight or TRL's masks "
+                         "(white at ρ = 1; blank: nothing did)"),
+    "rollout gap": (_rollout_gap, "log π_old − log π_roll: the trained policy against the sampler that drew the token "
+                                  "(white at 0; blank: on-policy)"),
 }
 
 
@@ -100,6 +116,11 @@ def hover(tokens: dict, i: int) -> str:
              f"w {_fmt(fact(tokens, 'ratio', i))} · A {_fmt(fact(tokens, 'adv', i))} · "
              f"A·w {_fmt(_adv_times_ratio(tokens, i))}",
              f"state: {TOKEN_STATES[tokens['state'][i]]}"]
+    if tokens.get("pi_roll") is not None:
+        parts.append(f"π_roll {_fmt(fact(tokens, 'pi_roll', i))} (the sampler's) · log π_old/π_roll "
+                     f"{_fmt(_rollout_gap(tokens, i))}")
+    if tokens.get("rho") is not None:
+        parts.append(f"ρ {_fmt(fact(tokens, 'rho', i))} (multiplied the policy term)")
     if tokens["measure"] is not None:
         parts.append(f"measure {_fmt(fact(tokens, 'measure', i))}")
     if tokens["penalty"] is not None:
@@ -159,9 +180,10 @@ def legend_html(colour_by: str, scale: float) -> str:
         items = [f"<span style='background:{c if c != 'transparent' else '#fff'}'>{html.escape(s)}</span>"
                  for s, c in zip(TOKEN_STATES, STATE_COLOURS)]
     else:
-        neutral = "w = 1" if colour_by == "ratio" else "0"
-        low, high = (f"w = {math.exp(-scale):.3g}", f"w = {math.exp(scale):.3g}") if colour_by == "ratio" else \
-            (f"{-scale:.3g}", f"{scale:.3g}")
+        neutral = {"ratio": "w = 1", "ρ": "ρ = 1"}.get(colour_by, "0")
+        low, high = {"ratio": (f"w = {math.exp(-scale):.3g}", f"w = {math.exp(scale):.3g}"),
+                     "ρ": (f"ρ = {1 - scale:.3g}", f"ρ = {1 + scale:.3g}")}.get(colour_by,
+                                                                           (f"{-scale:.3g}", f"{scale:.3g}"))
         items = [f"<span style='background:{background(-scale, scale)};color:#fff'>{low} or below</span>",
                  f"<span style='background:#fff'>{neutral}</span>",
                  f"<span style='background:{background(scale, scale)};color:#fff'>{high} or above</span>"]

@@ -13,12 +13,16 @@ import streamlit as st
 from divviz import instances, views
 from divviz.aggregation import AGGREGATIONS, BASELINES, SCALE_REWARDS
 from divviz.divergences import BETA, DUAL_CLIP, FAMILIES
+from divviz.engine.config import ROLLOUT_LAG
 from divviz.engine.runner import Viewer
+from divviz.engine.sampler import DTYPES
 from divviz.formula import MAX_CHARACTERS
 from divviz.losses import OFF_POLICY_MASK, Objective, RATIO_CAP
 from divviz.ownership import browser_id, is_teacher_key
 from divviz.params import DivvizInputError, Param
 from divviz.penalties import penalty, PENALTIES
+from divviz.rollout_correction import (ICEPOP_HIGH, ICEPOP_LOW, OPTIONS as RS_OPTIONS, RS_BOUND, RS_RATIO_HIGH,
+                                       RS_RATIO_LOW, TIS_CAP)
 from divviz.figures import Chart
 from divviz.safetext import literal, shorten
 from divviz.surrogates import LEVELS
@@ -214,6 +218,47 @@ def objective_controls(tests: list[str], beta: float) -> list[Control]:
             Control("opsm", OFF_POLICY_MASK.default, param=OFF_POLICY_MASK),
             Control("level", "token", options=LEVELS), Control("agg", "grpo", options=AGGREGATIONS),
             *measure_param_controls(("penalty",))]
+
+
+def rollout_controls() -> list[Control]:
+    """The controls of `rollout_widgets`."""
+    return [Control("rollout_dtype", "same", options=tuple(DTYPES)),
+            Control("rollout_lag", ROLLOUT_LAG.default, param=ROLLOUT_LAG),
+            Control("rc", ["none"], options=tuple(views.ROLLOUT_VARIANTS), multi=True),
+            *[Control(p.name, p.default, param=p) for p in (TIS_CAP, ICEPOP_LOW, ICEPOP_HIGH, RS_RATIO_LOW,
+                                                            RS_RATIO_HIGH, RS_BOUND)],
+            Control("rs_option", "token_k1", options=RS_OPTIONS),
+            Control("rc_norm", False, param=Param("rc_norm", False, kind="bool",
+                                                  doc="verl's rollout_is_batch_normalize: weights divided by their "
+                                                      "batch mean"))]
+
+
+def rollout_widgets(page: str, controls: dict[str, Control]) -> tuple[dict, list[dict]]:
+    """The Training lab's rollout block: the sampler's precision and lag (one for all runs), and the rollout
+    corrections to compare (one run each). Returns the shared run-config keys and one dict of keys per correction."""
+    shared = {"rollout_dtype": choice(page, controls["rollout_dtype"], "Sampler precision",
+                                      help="a copy of the policy cast whole, as vLLM holds it (same: the trained "
+                                           "policy samples itself)"),
+              "rollout_lag": number(page, controls["rollout_lag"], "Sampler lag (updates behind)")}
+    names = choice(page, controls["rc"], "Corrections to compare (one run each)",
+                   help="; ".join(f"{k}: {v}" for k, v in views.ROLLOUT_VARIANTS.items()))
+    values = {"tis_u": 2.0, "icepop": (0.5, 2.0), "rs_option": "token_k1", "rs_ratio": (0.5, 2.0), "rs_bound": 0.05,
+              "normalize": False}
+    if any(n.startswith("TIS") for n in names):
+        values["tis_u"] = number(page, controls["tis_u"], "TIS cap u")
+    if any(n.startswith("IcePop") for n in names):
+        values["icepop"] = (number(page, controls["icepop_l"], "IcePop l"),
+                            number(page, controls["icepop_u"], "IcePop u"))
+    if any(n.startswith(("TIS", "IcePop")) for n in names):
+        values["normalize"] = number(page, controls["rc_norm"], "Normalise the weights to mean 1 (verl)")
+    if "rejection" in names:
+        values["rs_option"] = choice(page, controls["rs_option"], "Rejection statistic")
+        if values["rs_option"].endswith("k1"):
+            values["rs_ratio"] = (number(page, controls["rs_l"], "kept from l"),
+                                  number(page, controls["rs_u"], "to u"))
+        else:
+            values["rs_bound"] = number(page, controls["rs_bound"], "kept up to")
+    return shared, [views.rollout_variant(name, **values) for name in names or ["none"]]
 
 
 SCALE_REWARDS_CONTROL = Control("scale_rewards", "group", options=SCALE_REWARDS,

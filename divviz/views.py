@@ -14,7 +14,7 @@ import pandas as pd
 from divviz import explore, plots, run_plots, theory
 from divviz.bandit import BanditConfig, BanditRun, run_bandits
 from divviz.divergences import ClipTest, clip_test
-from divviz.engine.config import RunConfig, objective_from, objective_settings
+from divviz.engine.config import RunConfig, config_label, correction_from, objective_from, objective_settings
 from divviz.estimators import k3
 from divviz.evidence import Summary, paired, summarize
 from divviz.figures import Chart
@@ -253,6 +253,36 @@ TRAINING_PANELS = {
     "kl": ("kl/k1", "kl/k2", "kl/k3"),
     "update": ("mass_to_argmax", "grad_norm"),
 }
+# drawn when a run's sampler may differ from its policy: verl's measures of the mismatch and of what corrected it
+ROLLOUT_PANEL = ("rollout_corr/k3_kl", "rollout_corr/rollout_is_mean", "rollout_corr/rollout_is_eff_sample_size",
+                 "rollout_corr/rollout_rs_masked_fraction")
+
+ROLLOUT_VARIANTS = {  # the corrections the Training lab compares, one run each: name → what it does
+    "none": "no correction: the loss divides by π_old, whatever sampled the tokens",
+    "TIS token": "verl's truncated importance weight min(ρ_t, u) on each token, ρ = π_old/π_roll",
+    "TIS sequence": "min(Π_t ρ_t, u) on every token of the completion",
+    "IcePop token": "ρ_t where l ≤ ρ_t ≤ u, else 0",
+    "IcePop sequence": "Π_t ρ_t where it lies in [l, u], else 0, per completion",
+    "rejection": "verl's rejection: tokens (token_…) or completions (seq_…) whose k1/k2/k3 of ρ passes the bound leave "
+                 "the loss",
+    "bypass": "verl's bypass mode: π_old is π_roll, so the loss's own ratio and clip correct",
+}
+
+
+def rollout_variant(name: str, tis_u: float, icepop: tuple[float, float], rs_option: str,
+                    rs_ratio: tuple[float, float], rs_bound: float, normalize: bool) -> dict:
+    """The run-config keys of one of `ROLLOUT_VARIANTS`, from the numbers the sidebar sets: the TIS cap u, IcePop's
+    [l, u], the rejection option with its ratio bounds (k1) or bound (k2, k3), and verl's batch normalisation."""
+    if name == "bypass":
+        return {"bypass_mode": True}
+    if name == "rejection":
+        threshold = f"{rs_ratio[0]:g}_{rs_ratio[1]:g}" if rs_option.endswith("k1") else f"{rs_bound:g}"
+        return {"rollout_rs": rs_option, "rollout_rs_threshold": threshold}
+    if name == "none":
+        return {}
+    kind, level = name.split()
+    threshold = tis_u if kind == "TIS" else f"{icepop[0]:g}_{icepop[1]:g}"
+    return {"rollout_is": level, "rollout_is_threshold": threshold, "rollout_is_batch_normalize": normalize}
 
 
 def trailing_mean(values, window: int) -> np.ndarray:
@@ -271,7 +301,10 @@ def training_charts(runs: list[tuple[str, list[dict]]], smooth: int = 1) -> dict
     curve the trailing mean over `smooth` steps (1 = the raw per-step values). Runs that share a label (one
     measure with several seeds) are drawn thin, under their mean and its 95% band over the steps all of them
     have reached, labelled with their n."""
-    keys = {k for metrics in TRAINING_PANELS.values() for k in metrics}
+    panels = dict(TRAINING_PANELS)
+    if any(ROLLOUT_PANEL[0] in row for _, rows in runs for row in rows[:1]):
+        panels["rollout"] = ROLLOUT_PANEL
+    keys = {k for metrics in panels.values() for k in metrics}
     curves = lambda rows: {key: trailing_mean([metric(row, key) for row in rows], smooth) for key in keys}  # noqa: E731
     series, members = [], {}
     for label, group in grouped(runs):
@@ -288,9 +321,11 @@ def training_charts(runs: list[tuple[str, list[dict]]], smooth: int = 1) -> dict
               "clipping": "Clip fractions (TRL: clip_ratio/low_mean, high_mean) and the share past the bound after "
                           "the update",
               "kl": "KL of each update, new vs old (k1, k2, k3 of w = π_new/π_old)",
-              "update": "Share of the mass gained that went to argmax tokens, and the gradient's norm"}
+              "update": "Share of the mass gained that went to argmax tokens, and the gradient's norm",
+              "rollout": "The sampler against the policy (verl: KL k3 of π_roll‖π_old) and its correction: mean "
+                         "importance weight, its effective sample size, the share of tokens rejected"}
     return {name: run_plots.history_chart(series, metrics, "step", titles[name], members=members)
-            for name, metrics in TRAINING_PANELS.items()}
+            for name, metrics in panels.items()}
 
 
 def grouped(runs: list[tuple[str, list[dict]]]) -> list[tuple[str, list[list[dict]]]]:
@@ -329,7 +364,7 @@ def token_scatter(runs: list[tuple[str, dict, dict]]) -> Chart:
 def run_label(run, unique: bool = False) -> str:
     """A legend label for a run: its objective (and the end of its folder name when `unique`)."""
     try:
-        label = objective_from(run.config).label
+        label = config_label(run.config)
     except (DivvizInputError, TypeError, AttributeError):  # a config written by another version, or none
         return run.name
     if run.config.get("backend") == "trl":
@@ -343,14 +378,16 @@ COMPARISON_COLUMNS = {"clip_ratio/low_mean": "clipped low", "clip_ratio/high_mea
 
 
 def same_batch(configs: list[RunConfig], step: int, weights=None):
-    """Every config's objective on step `step`'s batch from the same weights (the start model, or a run's
-    checkpoint file): a table, two charts, and each objective's (label, record of whole completions)."""
+    """Every config's objective and rollout correction on step `step`'s batch from the same weights (the start model,
+    or a run's checkpoint file), sampled by the first config's sampler: a table, two charts, and each one's (label,
+    record of whole completions)."""
     from divviz.engine.compare import same_batch as compare
 
     labels = unique_labels([cfg.label for cfg in configs])
-    results = compare(configs[0], [(label, cfg.objective()) for label, cfg in zip(labels, configs)], step,
-                      weights=weights)
-    table = pd.DataFrame([{"objective": r.label, **{name: r.metrics[key] for key, name in COMPARISON_COLUMNS.items()}}
+    results = compare(configs[0], list(zip(labels, configs)), step, weights=weights)
+    columns = {**COMPARISON_COLUMNS, **({"rejected_share": "rejected (rollout)"}
+                                        if any(cfg.correction().rollout_rs for cfg in configs) else {})}
+    table = pd.DataFrame([{"objective": r.label, **{name: r.metrics[key] for key, name in columns.items()}}
                           for r in results])
     charts = {
         "mass": run_plots.mass_bins_chart([(r.label, np.array([r.metrics[f"mass_shift/{b}"] for b in bin_labels()]))
@@ -369,11 +406,19 @@ def explained_objectives(config: dict, extra: list[ClipTest]) -> list[tuple[str,
     return list(zip(labels, objectives))
 
 
-def token_region(objectives: list[tuple[str, Objective]], pi_old: float, ratio: float, pi_after: float | None):
+def rejected_note(config: dict, tokens: dict, i: int) -> str:
+    """Why token i has no loss to explain: the run's rollout correction rejected it (`completions` state 5)."""
+    pi_old, pi_roll = (tokens.get(key)[i] if tokens.get(key) else None for key in ("pi_old", "pi_roll"))
+    ratio = f"π_old/π_roll = {pi_old / pi_roll:.4g}; " if pi_old and pi_roll else ""
+    return (f"The run's rollout correction ({correction_from(config).label}) rejected this token: {ratio}it took no "
+            "part in the loss. A sequence-level option (seq_…) judges the whole completion.")
+
+
+def token_region(objectives: list[tuple[str, Objective]], pi_old: float, ratio: float | None, pi_after: float | None):
     """The Clipping regions picture (π_old, π_new) of the objectives' clip tests, with the token on it: at the
-    last inner step (π_old·w) and after the update."""
+    last inner step (π_old·w; not for a token the loss did not see) and after the update."""
     tests = [(label, o.clip) for label, o in objectives if o.clip is not None]
-    marks = [("token at the last inner step", pi_old, pi_old * ratio)]
+    marks = [] if ratio is None else [("token at the last inner step", pi_old, pi_old * ratio)]
     if pi_after is not None:
         marks.append(("token after the update", pi_old, pi_after))
     return plots.region_chart(PI_OLD_GRID, [(label, *explore.feasible_region(t, PI_OLD_GRID)) for label, t in tests],

@@ -4,6 +4,7 @@ text is escaped, the store keeps its byte cap, and the page works (AppTest; the 
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -112,6 +113,51 @@ def test_the_explainer_takes_two_penalties_and_a_surrogate_apart():
     lines = dict(soft.lines())
     assert "the min" not in lines and lines["surrogate"].startswith("sapo replaces PPO's min")
     assert soft.policy_gradient == pytest.approx(-2.0) and "γ = −(∂ℓ/∂log π_θ)/A = 1" in lines["gradient"]
+
+
+def test_the_explainer_multiplies_the_policy_term_by_the_recorded_rho():
+    """A token whose policy term the run multiplied by ρ (a rollout importance weight, TRL's masks): ℓ = ρ·policy +
+    penalty and its gradient likewise, the off-policy mask left to ρ (it judged the whole completion); ρ = 0 masks
+    the gradient."""
+    pi_old, w, adv, pi_ref = 0.3, 1.1, 0.8, 0.2
+    objective = Objective(clip=clip_test("ratio"), penalty=penalty("k3"), beta=0.04, off_policy_mask=0.0)
+    plain = explain.explain(replace(objective, off_policy_mask=None), pi_old, w, adv, pi_ref=pi_ref)
+    for rho in (0.0, 0.4, 1.7):
+        e = explain.explain(objective, pi_old, w, adv, pi_ref=pi_ref, rho=rho)
+        assert e.loss == pytest.approx(rho * plain.policy_loss + plain.penalty_term, rel=1e-12)
+        assert e.gradient == pytest.approx(rho * plain.policy_gradient + (plain.gradient - plain.policy_gradient),
+                                           rel=1e-12)
+        lines = dict(e.lines())
+        assert lines["ρ"].startswith(f"the policy term is multiplied by ρ = {rho:g}") and "ρ·(−min(…))" in lines["loss"]
+        assert e.masked == (rho == 0)
+    assert "ρ = 0" in dict(explain.explain(objective, pi_old, w, adv, pi_ref=pi_ref, rho=0.0).lines())["gradient"]
+
+
+def test_the_page_explains_a_corrected_token_and_says_why_a_rejected_one_has_no_loss(tmp_path, monkeypatch):
+    """A run with a sampler one update behind, token TIS and token_k1 rejection: a rejected token's explanation is
+    the rejection's note, a kept one's multiplies by its ρ; ρ and the rollout gap colour the tokens."""
+    monkeypatch.setenv("DIVVIZ_RUNS_DIR", str(tmp_path))
+    cfg = RunConfig.make(steps=2, prompts=4, group_size=4, max_new_tokens=6, lr=0.01, mu=1, inspect_prompts=4,
+                         rollout_lag=1, rollout_is="token", rollout_is_threshold=1.2, rollout_rs="token_k1",
+                         rollout_rs_threshold="0.8_1.25")
+    folder = train(cfg, tmp_path)
+    record = store.read_completions(folder, 2)
+    where = [(g, c, i) for g, group in enumerate(record["groups"]) for c, comp in enumerate(group["completions"])
+             for i, state in enumerate(comp["tokens"]["state"])]
+    rejected = next(p for p in where if record["groups"][p[0]]["completions"][p[1]]["tokens"]["state"][p[2]] == 5)
+    kept = next(p for p in where if record["groups"][p[0]]["completions"][p[1]]["tokens"]["state"][p[2]] != 5)
+    at = app()  # on the run's last step, 2, where the sampler lags
+    for (g, c, i), expect in ((rejected, "rejected this token"), (kept, "multiplied by ρ")):
+        at.selectbox(key="inspector:completion").set_value((g, c)).run()
+        next(sb for sb in at.selectbox if sb.label == "Token").set_value(i).run()
+        assert not at.exception, at.exception
+        shown = html_bodies(at) + "".join(x.value for x in at.info)
+        assert expect in shown, expect
+    colour = next(sb for sb in at.selectbox if sb.label == "Colour tokens by")
+    for choice in ("ρ", "rollout gap", "clip state"):
+        colour.set_value(choice).run()
+        assert not at.exception and choice in html_bodies(at)
+    assert "rejected (rollout)" in html_bodies(at)
 
 
 def bpe_model(folder: Path) -> Path:

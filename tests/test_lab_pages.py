@@ -118,6 +118,33 @@ def test_same_batch_comparison_on_the_page(runs_root):
     assert not at.exception and any("Δπ" in h.proto.body for h in at.get("html"))
 
 
+def test_the_lab_compares_rollout_corrections_under_a_lagging_sampler(runs_root):
+    """A link with a bfloat16 sampler two updates behind and three corrections to compare: one run per correction,
+    each labelled with it, verl's rollout panel drawn, the rejection rejecting, and the same-batch comparison's table
+    telling the corrections apart (rejected share, KL of the update)."""
+    at = lab({"m": "kl3", "rollout_dtype": "bfloat16", "rollout_lag": "2", "rc": "none,TIS token,rejection",
+              "tis_u": "1.2", "rs_option": "token_k3", "rs_bound": "0.0001", "steps": "4", "prompts": "4",
+              "group_size": "4", "lr": "0.01", "mu": "1"})
+    button(at, "Start").click().run()
+    names = at.session_state["lab_runs"]
+    configs = [store.read_run(runs_root / n).config for n in names]
+    assert [(c["rollout_is"], c["rollout_rs"], c["rollout_lag"], c["rollout_dtype"]) for c in configs] == [
+        (None, None, 2, "bfloat16"), ("token", None, 2, "bfloat16"), (None, "token_k3", 2, "bfloat16")]
+    wait_for(at, lambda at: all(store.read_run(runs_root / n).state == "done" for n in names))
+    charts = at.get("plotly_chart")
+    assert len(charts) == 8  # the five panels, verl's rollout panel, mass by π_old, the token scatter
+    last = [store.read_metrics(runs_root / n)[-1] for n in names]
+    assert last[0]["rollout_corr/k3_kl"] > 0 and "rollout_corr/rollout_is_mean" in last[1]
+    assert last[2]["rollout_corr/rollout_rs_masked_fraction"] > 0
+    at.button(key="lab:compare").click().run()
+    assert not at.exception, at.exception
+    table = at.dataframe[0].value
+    assert [label.split(" · ")[-1] for label in table["objective"]] == [
+        "sampler bfloat16, lag 2", "TIS token u=1.2", "RS token_k3 0.0001"]
+    assert table["rejected (rollout)"].tolist()[:2] == [0.0, 0.0] and table["rejected (rollout)"].iloc[2] > 0
+    assert table["KL k3 of the update"].nunique() == 3
+
+
 def test_same_batch_shares_rollouts_and_start_weights():
     from divviz.divergences import clip_test
     from divviz.engine.compare import same_batch

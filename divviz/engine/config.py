@@ -18,6 +18,10 @@ from divviz.rollout_correction import RolloutCorrection
 from divviz.safetext import quoted
 from divviz.surrogates import surrogate
 
+ROLLOUT_LAG = Param("rollout_lag", 0, 0, 64, high_open=False, kind="int", typical=(0, 16, 1),
+                    doc="the sampler's weights are this many updates behind the trained policy (asynchronous RL; 0: "
+                        "current)")
+
 RUN_PARAMS = (
     Param("steps", 60, 1, 100_000, high_open=False, kind="int", typical=(1, 200, 1), doc="GRPO steps"),
     Param("prompts", 16, 1, 4096, high_open=False, kind="int", typical=(1, 64, 1), doc="prompts per step"),
@@ -38,8 +42,7 @@ RUN_PARAMS = (
     Param("top_entropy_quantile", 1.0, 0.0, 1.0, low_open=True, high_open=False, trl_name="top_entropy_quantile",
           typical=(0.05, 1.0, 0.05), doc="TRL's top-entropy mask: the policy term acts only on the tokens whose "
                                          "entropy is in the batch's top share ρ (1: every token)"),
-    Param("rollout_lag", 0, 0, 64, high_open=False, kind="int", typical=(0, 16, 1),
-          doc="the sampler's weights are this many updates behind the trained policy (asynchronous RL; 0: current)"),
+    ROLLOUT_LAG,
     Param("checkpoint_every", 10, 0, 100_000, high_open=False, kind="int", typical=(0, 100, 1),
           doc="save the weights every N steps for the same-batch comparison (0: never; models ≤ 50M parameters)"),
     Param("inspect_prompts", 2, 0, 4096, high_open=False, kind="int", typical=(0, 16, 1),
