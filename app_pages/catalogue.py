@@ -6,16 +6,18 @@ import streamlit as st
 from divviz.divergences import CATALOGUE, DUAL_CLIP
 from divviz.kinship import GROUPS
 from divviz.losses import RATIO_CAP
+from divviz.rollout_correction import CORRECTIONS, OPTIONS
 
 st.title("Catalogue")
 st.write("Everything the training loss can be built from, in three families. Clip tests decide per token whether "
          "the ratio w = π_θ/π_old is still inside the trust region; surrogates replace PPO's clipped surrogate "
          "(their gradient weight is the constraint); penalties add β·value to the loss. Each entry says how it differs "
-         "from its nearest sibling. The same list is printed by `divviz measures`.")
+         "from its nearest sibling. The same list is printed by `divviz measures`. A fourth tab holds verl's "
+         "rollout corrections, which are options of a run rather than of the loss.")
 
 
-def show(name: str, sibling: str, how: str) -> None:
-    entry = CATALOGUE[name]
+def show(name: str, sibling: str, how: str, entry=None, usage: str = "") -> None:
+    entry = entry or CATALOGUE[name]
     with st.container(border=True):
         st.markdown(f"**`{entry.name}`** — {entry.title}")
         st.latex(entry.latex)
@@ -23,13 +25,16 @@ def show(name: str, sibling: str, how: str) -> None:
         st.markdown(f"*Beside `{sibling}`:* {how}.")
         if getattr(entry, "source", ""):
             st.caption(f"Source: {entry.source}")
+        if usage:
+            st.caption(usage)
         if entry.params:
             st.table(pd.DataFrame([{"parameter": p.name, "default": str(p.default), "valid range": p.range_text(),
                                     "TRL name": p.trl_name or "", "meaning": p.doc}
                                    for p in entry.params]).set_index("parameter"))  # a table wraps long text
 
 
-tabs = dict(zip(("clip", "surrogate", "penalty"), st.tabs(["Clip tests", "Surrogates", "Penalties"])))
+tabs = dict(zip(("clip", "surrogate", "penalty", "rollout"),
+                st.tabs(["Clip tests", "Surrogates", "Penalties", "Rollout corrections"])))
 for group in GROUPS:
     with tabs[group.family]:
         st.subheader(group.title)
@@ -43,3 +48,14 @@ with tabs["surrogate"]:
     st.markdown("**Sequence level (GSPO)**: with `importance_sampling_level = sequence`, every token of a completion "
                 "takes the completion's geometric-mean ratio s_i = exp(mean_t log w_t), and the clip test judges s_i "
                 "(PPO's surrogate, cispo or sapo).")
+with tabs["rollout"]:
+    st.subheader("When the sampler is not the policy")
+    st.write("An inference engine beside the trainer samples with a copy of the policy that differs from the one the "
+             "loss divides by: in another precision (vLLM in bf16 against the trainer's fp32), or some updates behind "
+             "(asynchronous RL). With ρ = π_old/π_roll of each sampled token, verl weighs or rejects tokens before the "
+             "loss; the weights multiply the policy term, and a rejected token leaves the loss and its normaliser. "
+             "divviz simulates the sampler (Training lab → Rollout; `divviz train --rollout-dtype bfloat16 "
+             "--rollout-lag K`) and logs verl's `rollout_corr/` measures of the mismatch each step.")
+    for entry in CORRECTIONS.values():
+        show(entry.name, entry.sibling, entry.how, entry, f"`divviz train {entry.flags}`")
+    st.markdown(f"**Rejection options** (verl's): {', '.join(f'`{o}`' for o in OPTIONS)}.")

@@ -53,6 +53,70 @@ RS_BOUND = Param("rs_bound", 0.05, 0.0, low_open=True, typical=(0.0001, 1.0, 0.0
                  doc="k2/k3 rejection: kept where the statistic is at most this")
 
 
+@dataclass(frozen=True)
+class CorrectionEntry:
+    """One of verl's rollout corrections as the catalogue and the Training lab show it: a run option, not a loss."""
+
+    name: str
+    title: str
+    latex: str
+    doc: str
+    source: str
+    params: tuple[Param, ...]
+    flags: str  # how `divviz train` asks for it
+    sibling: str
+    how: str  # how it differs from `sibling`
+
+
+HELPER = "verl 0.9.1 trainer/ppo/rollout_corr_helper.py"
+CORRECTIONS = {e.name: e for e in (
+    CorrectionEntry("TIS token", "truncated importance weight per token", r"\min(\rho_t,\,u)\cdot\ell_t",
+                    "Each token's policy term times its weight ρ_t = π_old/π_roll, capped at u: the mismatch is undone "
+                    "where it is small, and no token's weight passes u.",
+                    f"{HELPER}, compute_rollout_correction_weights(rollout_is='token'); Yao et al., "
+                    "fengyao.notion.site/off-policy-rl", (TIS_CAP,),
+                    "--rollout-is token --rollout-is-threshold U", "IcePop token",
+                    "keeps a capped weight u where IcePop drops the token (weight 0)"),
+    CorrectionEntry("TIS sequence", "truncated importance weight per completion",
+                    r"\min\big(\textstyle\prod_t \rho_t,\,u\big)\cdot\ell_t",
+                    "Every token of a completion times the completion's weight Π_t ρ_t, capped at u: unbiased for the "
+                    "sequence before the cap, with a variance that grows with the length.",
+                    f"{HELPER}, compute_rollout_correction_weights(rollout_is='sequence')", (TIS_CAP,),
+                    "--rollout-is sequence --rollout-is-threshold U", "TIS token",
+                    "one weight per completion, the product of its tokens' ρ, instead of one per token"),
+    CorrectionEntry("IcePop token", "masked importance weight per token",
+                    r"\rho_t\,[l\le\rho_t\le u]\cdot\ell_t",
+                    "Each token's policy term times ρ_t while l ≤ ρ_t ≤ u, and 0 outside: tokens the sampler saw "
+                    "very differently are left out instead of capped.",
+                    f"{HELPER}, compute_rollout_correction_weights(rollout_is='token', threshold 'l_u'); IcePop "
+                    "(Ring-1T)", (ICEPOP_LOW, ICEPOP_HIGH),
+                    "--rollout-is token --rollout-is-threshold L_U", "TIS token",
+                    "zero outside [l, u] where TIS caps at u; also drops ρ below l"),
+    CorrectionEntry("IcePop sequence", "masked importance weight per completion",
+                    r"\textstyle\prod_t\rho_t\,\big[l\le\prod_t\rho_t\le u\big]\cdot\ell_t",
+                    "Every token of a completion times Π_t ρ_t while it lies in [l, u], else 0.",
+                    f"{HELPER}, compute_rollout_correction_weights(rollout_is='sequence', threshold 'l_u')",
+                    (ICEPOP_LOW, ICEPOP_HIGH), "--rollout-is sequence --rollout-is-threshold L_U", "IcePop token",
+                    "judges the completion's product of ratios, not each token"),
+    CorrectionEntry("rejection", "rejection by a divergence of π_old from π_roll",
+                    r"k_1=-\log\rho,\ k_2=\tfrac12(\log\rho)^2,\ k_3=\rho-1-\log\rho",
+                    "Tokens (token_kX) or whole completions (seq_sum_kX, seq_mean_kX, seq_max_kX) whose statistic "
+                    "passes its bound leave the loss and its normaliser: k1 must lie in [log l, log u], k2 and k3 "
+                    "stay at most the bound. Several options together must all keep a token. It measures the same "
+                    "k1/k2/k3 as the clip tests, but of the sampler's ratio, and drops instead of clipping.",
+                    f"{HELPER}, compute_rollout_rejection_mask; Liu, Li et al., richardli.xyz/rl-collapse",
+                    (RS_RATIO_LOW, RS_RATIO_HIGH, RS_BOUND),
+                    "--rollout-rs OPTION[,OPTION…] --rollout-rs-threshold T[,T…]", "IcePop token",
+                    "takes the token out of the loss's normaliser too, where IcePop's zero weight keeps it counted"),
+    CorrectionEntry("bypass", "verl's bypass mode: π_old is the sampler's", r"w_t=\pi_\theta/\pi_{roll}",
+                    "The loss's π_old is π_roll itself (no forward of the trained policy for it), so the loss's own "
+                    "ratio and clip correct the mismatch. verl's bypass losses are then surrogates: REINFORCE with "
+                    "token TIS is cispo (lo = 0), with IcePop it is icepop, PPO's clip is the ratio box.",
+                    "verl 0.9.1 core_algos.py compute_policy_loss_bypass_mode", (), "--bypass-mode", "TIS token",
+                    "divides by π_roll inside the loss instead of weighing a loss that divides by π_old"),
+)}
+
+
 def is_threshold(threshold) -> tuple[float | None, float]:
     """(l, u) of verl's `rollout_is_threshold`: a number or "u" is TIS (l None), "l_u" IcePop; refused in one line
     unless 0 < l < u, finite."""

@@ -254,10 +254,10 @@ def rollout_widgets(page: str, controls: dict[str, Control]) -> tuple[dict, list
     if "rejection" in names:
         values["rs_option"] = choice(page, controls["rs_option"], "Rejection statistic")
         if values["rs_option"].endswith("k1"):
-            values["rs_ratio"] = (number(page, controls["rs_l"], "kept from l"),
+            values["rs_ratio"] = (number(page, controls["rs_l"], "kept for ratio bounds from l"),
                                   number(page, controls["rs_u"], "to u"))
         else:
-            values["rs_bound"] = number(page, controls["rs_bound"], "kept up to")
+            values["rs_bound"] = number(page, controls["rs_bound"], f"kept while {values['rs_option']} ≤")
     return shared, [views.rollout_variant(name, **values) for name in names or ["none"]]
 
 

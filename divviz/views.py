@@ -23,6 +23,7 @@ from divviz.losses import Objective
 from divviz.metrics import bin_labels, mass_shift_by_bin, metric
 from divviz.params import DivvizInputError
 from divviz.penalties import Penalty
+from divviz.rollout_correction import CORRECTIONS
 from divviz.surrogates import Surrogate
 
 RATIO_GRID = np.linspace(0.01, 3.0, 600)
@@ -257,16 +258,8 @@ TRAINING_PANELS = {
 ROLLOUT_PANEL = ("rollout_corr/k3_kl", "rollout_corr/rollout_is_mean", "rollout_corr/rollout_is_eff_sample_size",
                  "rollout_corr/rollout_rs_masked_fraction")
 
-ROLLOUT_VARIANTS = {  # the corrections the Training lab compares, one run each: name → what it does
-    "none": "no correction: the loss divides by π_old, whatever sampled the tokens",
-    "TIS token": "verl's truncated importance weight min(ρ_t, u) on each token, ρ = π_old/π_roll",
-    "TIS sequence": "min(Π_t ρ_t, u) on every token of the completion",
-    "IcePop token": "ρ_t where l ≤ ρ_t ≤ u, else 0",
-    "IcePop sequence": "Π_t ρ_t where it lies in [l, u], else 0, per completion",
-    "rejection": "verl's rejection: tokens (token_…) or completions (seq_…) whose k1/k2/k3 of ρ passes the bound leave "
-                 "the loss",
-    "bypass": "verl's bypass mode: π_old is π_roll, so the loss's own ratio and clip correct",
-}
+ROLLOUT_VARIANTS = {"none": "no correction: the loss divides by π_old, whatever sampled the tokens",  # the lab's list
+                    **{name: f"{e.title}: {e.doc}" for name, e in CORRECTIONS.items()}}
 
 
 def rollout_variant(name: str, tis_u: float, icepop: tuple[float, float], rs_option: str,

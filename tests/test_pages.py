@@ -11,6 +11,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from divviz.divergences import CLIP_TESTS
+from divviz.rollout_correction import CORRECTIONS
 from divviz.safetext import WORD_JOINER
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
@@ -58,6 +59,10 @@ def test_catalogue_page_lists_every_measure():
     text = " ".join(m.value for m in at.markdown)
     for name in ("ratio", "clip_higher", "kl3", "prob_tv", "prob_l2", "mirror", "urkl_rf"):
         assert f"`{name}`" in text
+    for name, entry in CORRECTIONS.items():  # verl's rollout corrections, each with its sibling and its flags
+        assert f"`{name}`" in text and f"*Beside `{entry.sibling}`:* {entry.how}." in text
+        assert any(entry.flags in c.value for c in at.caption)
+    assert all(e.sibling in CORRECTIONS and e.sibling != name for name, e in CORRECTIONS.items())
 
 
 def measure_labels(at) -> list[str]:
