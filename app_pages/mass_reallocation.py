@@ -20,7 +20,8 @@ CONTROLS = [
     Control("optimizer", "sgd", options=OPTIMIZERS),
     Control("seeds", SEEDS.default, param=SEEDS),
     Control("base", 0, param=Param("base", 0, 0, 63, high_open=False, kind="int", typical=(0, 63, 1))),
-    *[Control(p.name, p.default, param=p) for p in BANDIT_PARAMS],
+    *[Control(p.name, p.default, param=p) for p in BANDIT_PARAMS if p.name != "rollout_lag"],
+    *ui.rollout_controls(next(p for p in BANDIT_PARAMS if p.name == "rollout_lag")),
 ]
 BY_NAME = {c.name: c for c in CONTROLS}
 REWARD_LABELS = {"one_correct": "one correct action (at a rank)", "top_k": "the top k actions are correct",
@@ -59,7 +60,15 @@ with ui.shown_errors():
                "optimizer": st.selectbox("Optimiser", OPTIMIZERS, key=ui.key(PAGE, "optimizer"),
                                          format_func=OPTIMIZER_LABELS.get, on_change=optimizer_changed)}
         for p in BANDIT_PARAMS:
-            cfg[p.name] = ui.number(PAGE, BY_NAME[p.name], p.name)
+            if p.name != "rollout_lag":
+                cfg[p.name] = ui.number(PAGE, BY_NAME[p.name], p.name)
+        with st.expander("Rollout: a sampler unlike the policy, and verl's corrections"):
+            st.caption("Draw the samples from the policy of some iterations ago, its logits rounded to a lower "
+                       "precision, as an inference engine beside a trainer does; π_old stays the current policy. "
+                       "Compare verl's corrections of it (one run each).")
+            sampler, variants = ui.rollout_widgets(PAGE, BY_NAME, "the sampler's logits rounded to this precision "
+                                                                  "(same: exact)", "Sampler lag (iterations behind)")
+            cfg.update(sampler)
     ui.publish_controls(PAGE, CONTROLS)
 
     for message in refused:
@@ -67,7 +76,7 @@ with ui.shown_errors():
     if not objectives:
         st.stop()
     with st.spinner("Training the bandit…"):
-        groups = views.bandit_runs(cfg, objectives, seeds)
+        groups = views.bandit_runs(cfg, objectives, seeds, variants)
     charts = views.mass_reallocation(groups)
 
     per_row = min(len(groups), 4)  # more in one row would cut the numbers short
@@ -92,6 +101,8 @@ with ui.shown_errors():
     ui.show_chart(charts["mass"], "mass reallocation by initial probability")
     ui.show_chart(charts["history"], "reward entropy and mass over iterations")
     ui.show_chart(charts["clipping"], "clip fractions and kl over iterations")
+    if "rollout" in charts:
+        ui.show_chart(charts["rollout"], "sampler mismatch and corrections over iterations")
 
     st.subheader("Paired differences")
     labels = [runs[0].label for runs in groups]

@@ -6,7 +6,7 @@ import streamlit as st
 
 from divviz import token_view, ui, views
 from divviz.engine import runner, store
-from divviz.engine.config import BACKENDS, RUN_PARAMS, RunConfig, objective_settings
+from divviz.engine.config import BACKENDS, ROLLOUT_LAG, RUN_PARAMS, RunConfig, objective_settings
 from divviz.engine.tasks import TASKS
 from divviz.params import DivvizInputError, Param
 from divviz.safetext import literal
@@ -19,7 +19,7 @@ SEEDS = Param("seeds", 1, 1, 8, high_open=False, kind="int", typical=(1, 8, 1),
                   "95% band. They queue with everyone's runs, within this machine's limit")
 CONTROLS = [
     *ui.objective_controls(["ratio", "kl3"], beta=0.04),
-    ui.SCALE_REWARDS_CONTROL, ui.BASELINE_CONTROL, *ui.rollout_controls(),
+    ui.SCALE_REWARDS_CONTROL, ui.BASELINE_CONTROL, *ui.rollout_controls(ROLLOUT_LAG),
     Control("task", "reverse", options=tuple(TASKS)),
     Control("backend", "divviz", options=BACKENDS),
     Control("device", "auto", options=("auto", "cpu", "cuda")),
@@ -77,7 +77,9 @@ with ui.shown_errors():
         with st.expander("Rollout: a sampler unlike the policy, and verl's corrections"):
             st.caption("Sample with a copy of the policy in lower precision or some updates behind, as an inference "
                        "engine beside the trainer does, and compare verl's corrections of it (one run each).")
-            sampler, corrections = ui.rollout_widgets(PAGE, BY_NAME)
+            sampler, corrections = ui.rollout_widgets(
+                PAGE, BY_NAME, "a copy of the policy cast whole, as vLLM holds it (same: the trained policy samples "
+                               "itself)", "Sampler lag (updates behind)")
     ui.publish_controls(PAGE, CONTROLS)
     configs = [RunConfig.make(task=task, backend=backend, model=model.strip(), device=device, **advantages,
                               **objective_settings(o), **sampler, **correction,

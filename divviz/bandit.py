@@ -12,6 +12,11 @@ Policy π_θ = softmax(θ) over K actions, θ ∈ R^K. Each iteration (one GRPO 
 
 Plain SGD keeps the picture honest: the step is the loss's gradient, not an optimiser's rescaling; Adam shows
 what a trainer's optimiser does to the same comparison. Penalties use the start policy π_0 as the reference.
+
+A sampler unlike the policy (`BanditRollout`): step 1 may draw from π_roll, the policy of `rollout_lag` iterations
+ago with its logits rounded to bfloat16 or float16, as an inference engine beside a trainer samples; π_old stays the
+current policy, and each run may correct with verl's rollout corrections (`rollout_correction.py`), exactly as
+training does, or take π_old from the sampler (verl's bypass mode).
 Many seeds run side by side as easily as many objectives: a page shows means with intervals, not one seed.
 
 The step's gradient is the chain rule through the softmax, ∂/∂θ Σ_i g_i log π(a_i) = Σ_i g_i (e_{a_i} − π),
@@ -24,6 +29,7 @@ checks that all give the same runs.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -33,6 +39,7 @@ from divviz.aggregation import BASELINES, SCALE_REWARDS, aggregation_weights, ch
 from divviz.loss_gradient import PolicyLossGradient
 from divviz.losses import Objective
 from divviz.params import DivvizInputError, Param, check_params
+from divviz.rollout_correction import SAMPLER_DTYPES, RolloutCorrection, rejection_mask, rollout_weights
 from divviz.safetext import quoted
 
 INIT_SHAPES = ("zipf", "uniform", "random")
@@ -58,6 +65,8 @@ BANDIT_PARAMS = (
     Param("iterations", 80, 1, 2000, high_open=False, kind="int", typical=(1, 500, 1), doc="GRPO iterations"),
     Param("seed", 0, 0, 2**31 - 1, high_open=False, kind="int", typical=(0, 999, 1),
           doc="sampling seed (the first of the seeds)"),
+    Param("rollout_lag", 0, 0, 64, high_open=False, kind="int", typical=(0, 16, 1),
+          doc="the sampler draws from the policy of this many iterations ago (0: the current one)"),
     Param("autograd", False, kind="bool",
           doc="take each step's gradient by autograd through policy_loss, as training does (~10× slower)"),
 )
@@ -82,13 +91,15 @@ class BanditConfig:
     seed: int = 0
     scale_rewards: str = "group"  # TRL's: the group's reward std, the batch's (each run's), or none (Dr. GRPO)
     baseline: str = "group"  # the mean subtracted: the group's, or the batch's (each run's; RPG's batch mean)
+    rollout_dtype: str = "same"  # the sampler's logits rounded to bfloat16 or float16 (`BanditRollout`)
+    rollout_lag: int = 0
     autograd: bool = False
 
     @staticmethod
     def make(**values) -> "BanditConfig":
         choices = {"init": ("initial shape", INIT_SHAPES), "reward": ("reward", REWARDS),
                    "optimizer": ("optimizer", OPTIMIZERS), "scale_rewards": ("scale_rewards", SCALE_REWARDS),
-                   "baseline": ("baseline", BASELINES)}
+                   "baseline": ("baseline", BASELINES), "rollout_dtype": ("rollout_dtype", tuple(SAMPLER_DTYPES))}
         if isinstance(values.get("scale_rewards"), bool):  # the older bool
             values["scale_rewards"] = check_scale_rewards(values["scale_rewards"])
         picked = {}
@@ -164,7 +175,8 @@ def softmax(theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 class Batch:
     """One iteration's samples for R runs stepped together: actions (R, n) and their indices into θ.ravel(),
     (R, n, 1); advantages (R, n); log-probs under π_old and π_0, (R, n, 1) (each action is a one-token
-    completion); the mask (n, 1); the runs' loss gradient, prepared for these samples."""
+    completion); the mask (n, 1); the runs' loss gradient, prepared for these samples; and from a sampler unlike the
+    policy, π_roll's log-probs, the correction's weights and each run's mask less its rejected samples (R, n, 1)."""
 
     actions: np.ndarray
     flat_actions: np.ndarray
@@ -173,6 +185,9 @@ class Batch:
     logp_ref: np.ndarray
     mask: np.ndarray
     gradient: PolicyLossGradient
+    logp_roll: np.ndarray | None = None
+    weight: np.ndarray | None = None
+    kept: np.ndarray | None = None
 
 
 def sampled_logp(theta: np.ndarray, batch: Batch) -> np.ndarray:
@@ -211,7 +226,10 @@ def autograd_gradient(objectives: list[Objective], theta: np.ndarray,
         theta_t = torch.from_numpy(theta[r].copy()).requires_grad_()
         logp_new = torch.log_softmax(theta_t, dim=-1)[torch.from_numpy(batch.actions[r])].unsqueeze(1)
         old, ref, adv = (torch.from_numpy(x[r]) for x in (batch.logp_old, batch.logp_ref, batch.adv))
-        out = objective(logp_new, old, adv, torch.from_numpy(batch.mask), logp_ref=ref)
+        row = {name: None if x is None else torch.from_numpy(x[r])
+               for name, x in (("weight", batch.weight), ("logp_sampling", batch.logp_roll))}
+        mask = torch.from_numpy(batch.mask if batch.kept is None else batch.kept[r])
+        out = objective(logp_new, old, adv, mask, logp_ref=ref, **row)
         grads.append(torch.autograd.grad(out.loss, theta_t)[0].numpy())
         outs.append(out)
     flags = (np.stack([getattr(out, flag).numpy() for out in outs]) for flag in ("clipped_low", "clipped_high"))
@@ -253,23 +271,89 @@ class SGD:
 
 
 def sample_batch(cfg: BanditConfig, u: np.ndarray, gradient: PolicyLossGradient, logp_old: np.ndarray,
-                 p_old: np.ndarray, logp_ref: np.ndarray, rewards: np.ndarray,
-                 mask: np.ndarray) -> tuple[Batch, np.ndarray]:
-    """`groups` × G actions from each run's π_old (R, K) by inverse CDF of its uniform numbers u (R, n), with
-    their group-relative advantages; also the rewards (R, n). The runs' `gradient` is set to this batch."""
+                 p_old: np.ndarray, logp_ref: np.ndarray, rewards: np.ndarray, mask: np.ndarray,
+                 rollout: "BanditRollout | None" = None) -> tuple[Batch, np.ndarray]:
+    """`groups` × G actions from each run's π_old (R, K), or from the `rollout`'s sampler, by inverse CDF of its
+    uniform numbers u (R, n), with their group-relative advantages; also the rewards (R, n). The runs' `gradient`
+    is set to this batch, with the rollout's corrections where it has a sampler."""
     runs, n = len(p_old), cfg.groups * cfg.group_size
+    logp_roll, p_roll = (logp_old, p_old) if rollout is None else rollout.policy()
     actions = np.array([np.searchsorted(cdf, row * cdf[-1], side="right")
-                        for cdf, row in zip(np.cumsum(p_old, 1), u)])
+                        for cdf, row in zip(np.cumsum(p_roll, 1), u)])
     np.minimum(actions, cfg.k - 1, out=actions)
     flat_actions = (actions + cfg.k * np.arange(runs)[:, None])[..., None]
     r = np.take_along_axis(rewards, actions, 1)
     adv = group_advantages(r.reshape(runs, cfg.groups, cfg.group_size), cfg.scale_rewards, cfg.baseline).reshape(runs, n)
     old, ref = logp_old.reshape(-1)[flat_actions], np.take_along_axis(logp_ref, actions, 1)[..., None]
-    return Batch(actions, flat_actions, adv, old, ref, mask, gradient.batch(old, adv, ref)), r
+    if rollout is None:
+        return Batch(actions, flat_actions, adv, old, ref, mask, gradient.batch(old, adv, ref)), r
+    roll = logp_roll.reshape(-1)[flat_actions]
+    old, weight, kept = rollout.correct(old, roll, mask)
+    return Batch(actions, flat_actions, adv, old, ref, mask,
+                 gradient.batch(old, adv, ref, weight=weight, mask=kept, logp_sampling=roll), roll, weight, kept), r
 
 
-def run_bandits(cfg: BanditConfig, objectives: list[Objective], seeds: list[int] | None = None) -> list[BanditRun]:
-    """Run `cfg.iterations` GRPO iterations of each objective with each seed (default: `cfg.seed` alone), from π_0.
+class BanditRollout:
+    """The sampler of bandit runs stepped together and their rollout corrections, one per run: (correction,
+    bypass). π_roll is the policy of `rollout_lag` iterations ago (the start policy until then), its logits rounded
+    to `rollout_dtype`. With ρ = π_old/π_roll of each sample, a run's `RolloutCorrection` gives its weights and
+    rejected samples as `rollout_weights` and `rejection_mask` give them to training (each sample a one-token
+    completion); in bypass mode the run's π_old is π_roll."""
+
+    def __init__(self, cfg: BanditConfig, rows: list[tuple[RolloutCorrection, bool]], policy: tuple[np.ndarray, np.ndarray]):
+        self.dtype, self.history = SAMPLER_DTYPES[cfg.rollout_dtype], deque([policy], maxlen=cfg.rollout_lag + 1)
+        self.rows, self.bypass = rows, np.array([bypass for _, bypass in rows])
+        self.weighs = any(c.rollout_is is not None for c, _ in rows)
+        self.rejects = any(c.rollout_rs is not None for c, _ in rows)
+        self.groups: dict[RolloutCorrection, list[int]] = {}  # the runs of each correction, corrected in one call
+        for r, (correction, _) in enumerate(rows):
+            self.groups.setdefault(correction, []).append(r)
+
+    @staticmethod
+    def needed(cfg: BanditConfig, rows: list[tuple[RolloutCorrection, bool]]) -> bool:
+        """Whether these settings sample or correct otherwise than on-policy."""
+        return cfg.rollout_dtype != "same" or cfg.rollout_lag > 0 or any(c.active or b for c, b in rows)
+
+    def policy(self) -> tuple[np.ndarray, np.ndarray]:
+        """π_roll's (log π, π), (R, K): the policy itself (same precision, no lag) to the last bit."""
+        logp, p = self.history[0]
+        if self.dtype is None:
+            return logp, p
+        return softmax(torch.from_numpy(logp).to(self.dtype).double().numpy())
+
+    def push(self, policy: tuple[np.ndarray, np.ndarray]) -> None:
+        """The policy (log π, π) after an iteration: the sampler reaches it `rollout_lag` iterations later."""
+        self.history.append(policy)
+
+    def correct(self, logp_old: np.ndarray, logp_roll: np.ndarray, mask: np.ndarray):
+        """(π_old the loss divides by, the policy term's weights or None, each run's kept samples or None), each
+        (R, n, 1), from the samples' log-probs under π_old and π_roll."""
+        weight = np.ones_like(logp_old) if self.weighs else None
+        kept = np.broadcast_to(mask, logp_old.shape).copy() if self.rejects else None
+        log_ratio = torch.from_numpy(logp_old - logp_roll)
+        for correction, rows in self.groups.items():
+            # every sample is a one-token completion, so the runs' samples stack into one batch, (runs · n, 1), but
+            # for batch normalisation, whose mean is each run's own
+            parts = [[r] for r in rows] if correction.rollout_is_batch_normalize else [rows]
+            for part in parts:
+                ratio = log_ratio[part].reshape(-1, 1)
+                ones = torch.ones_like(ratio)
+                if correction.rollout_is is not None:
+                    weight[part] = rollout_weights(ratio, ones, correction.rollout_is, correction.rollout_is_threshold,
+                                                   correction.rollout_is_batch_normalize)[0].reshape(
+                        len(part), -1, 1).numpy()
+                if correction.rollout_rs is not None:
+                    kept[part] *= rejection_mask(ratio, ones, correction.rollout_rs,
+                                                 correction.rollout_rs_threshold)[0].reshape(len(part), -1, 1).numpy()
+        return np.where(self.bypass[:, None, None], logp_roll, logp_old) if self.bypass.any() else logp_old, \
+            weight, kept
+
+
+def run_bandits(cfg: BanditConfig, objectives: list[Objective], seeds: list[int] | None = None,
+                rollouts: list[tuple[RolloutCorrection, bool]] | None = None) -> list[BanditRun]:
+    """Run `cfg.iterations` GRPO iterations of each objective with each seed (default: `cfg.seed` alone), from π_0;
+    `rollouts` gives each objective its rollout correction and bypass flag (default: none, which with no sampler set
+    in `cfg` is on-policy GRPO).
 
     Returns the runs seed by seed: [(seed 0, objective 0), (seed 0, objective 1), …, (seed 1, objective 0), …].
     All runs step together as one (R, K) array of logits, which is several times faster than one by one; each
@@ -277,6 +361,7 @@ def run_bandits(cfg: BanditConfig, objectives: list[Objective], seeds: list[int]
     seed giving the same draws), and each seed has its own generator, π_0 and rewards where those are random."""
     seeds = [cfg.seed] if seeds is None else list(seeds)
     rows = [o for _ in seeds for o in objectives]  # run r = (seed r // M, objective r % M)
+    corrections = [x for _ in seeds for x in (rollouts or [(RolloutCorrection(), False)] * len(objectives))]
     runs, each, n = len(rows), len(objectives), cfg.groups * cfg.group_size
     generators = [np.random.default_rng(seed) for seed in seeds]
     gradient_of = autograd_gradient if cfg.autograd else closed_form_gradient
@@ -287,10 +372,11 @@ def run_bandits(cfg: BanditConfig, objectives: list[Objective], seeds: list[int]
     gradient = PolicyLossGradient(rows, np.stack([aggregation_weights(mask, o.aggregation) for o in rows]))
     optimiser = (Adam if cfg.optimizer == "adam" else SGD)((runs, cfg.k), cfg.lr)
 
-    history = {name: np.empty((runs, cfg.iterations)) for name in HISTORY}
+    rollout = BanditRollout(cfg, corrections, (logp, p)) if BanditRollout.needed(cfg, corrections) else None
+    history = {name: np.full((runs, cfg.iterations), np.nan) for name in HISTORY + (ROLLOUT_HISTORY if rollout else ())}
     for it in range(cfg.iterations):
         u = np.repeat(np.stack([g.random(n) for g in generators]), each, axis=0)
-        batch, sampled = sample_batch(cfg, u, gradient, logp, p, logp_ref, rewards, mask)
+        batch, sampled = sample_batch(cfg, u, gradient, logp, p, logp_ref, rewards, mask, rollout)
         theta = logp.copy()
         low_count, high_count = np.zeros(batch.logp_old.shape, dtype=int), np.zeros(batch.logp_old.shape, dtype=int)
         with np.errstate(over="ignore", invalid="ignore"):  # a step that overflows is caught just below
@@ -312,6 +398,9 @@ def run_bandits(cfg: BanditConfig, objectives: list[Objective], seeds: list[int]
         record(history, it, initial, logp, p, new_logp, new_p, rewards, sampled.mean(axis=1),
                low_count.sum(axis=(1, 2)), high_count.sum(axis=(1, 2)), cfg.mu * n, overshot / n,
                first_past_high / positive)
+        if rollout is not None:
+            record_rollout(history, it, rollout, logp, batch)
+            rollout.push((new_logp, new_p))
         logp, p = new_logp, new_p
     return [BanditRun(o.label, seeds[r // each], initial[r], p[r], rewards[r],
                       {name: values[r] for name, values in history.items()}) for r, o in enumerate(rows)]
@@ -325,6 +414,24 @@ def run_bandit(cfg: BanditConfig, objective: Objective) -> BanditRun:
 HISTORY = ("reward", "entropy", "top1_mass", "initial_top_mass", "kl", "expected_reward", "clip_ratio/low_mean",
            "clip_ratio/high_mean", "clip_ratio/region_mean", "clip_ratio/overshoot_mean",
            "clip_ratio/first_step_past_high", "initial_top_moved", "initial_rare_moved")
+
+
+ROLLOUT_HISTORY = ("rollout_corr/kl", "rollout_corr/rollout_is_mean", "rollout_corr/rollout_rs_masked_fraction")
+
+
+def record_rollout(history: dict[str, np.ndarray], it: int, rollout: BanditRollout, logp_old: np.ndarray,
+                   batch: Batch) -> None:
+    """Iteration `it`'s sampler against the policy: the exact KL(π_roll ‖ π_old) over actions (verl logs its sample
+    estimate under this name), the mean weight of the runs that weigh (NaN for the others) and the share of samples
+    the rejection took out (0 where nothing rejects)."""
+    logp_roll, p_roll = rollout.policy()
+    history["rollout_corr/kl"][:, it] = (p_roll * (logp_roll - logp_old)).sum(axis=1)
+    weighs = np.array([c.rollout_is is not None for c, _ in rollout.rows])
+    if batch.weight is not None:
+        history["rollout_corr/rollout_is_mean"][weighs, it] = batch.weight[weighs].mean(axis=(1, 2))
+    kept = batch.mask if batch.kept is None else batch.kept
+    history["rollout_corr/rollout_rs_masked_fraction"][:, it] = 1 - np.broadcast_to(kept, batch.logp_old.shape).mean(
+        axis=(1, 2))
 
 
 def record(history: dict[str, np.ndarray], it: int, initial: np.ndarray, old_logp: np.ndarray, old: np.ndarray,

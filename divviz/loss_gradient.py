@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from divviz.aggregation import aggregation_weights
 from divviz.losses import Objective
 from divviz.params import DivvizInputError
 
@@ -49,7 +50,8 @@ class PolicyLossGradient:
     """
 
     def __init__(self, objectives: list[Objective], weights: np.ndarray):
-        self.objectives, self.weights, self.active = objectives, weights, weights > 0
+        self.objectives, self.base_weights = objectives, weights
+        self.weights, self.active = weights, weights > 0
         self.clips = any(o.clip is not None for o in objectives)
         self.bounds_need_pi_old = any(o.clip is not None and o.clip.needs_pi_old for o in objectives)
         if self.clips and not self.bounds_need_pi_old:
@@ -76,12 +78,12 @@ class PolicyLossGradient:
         if sequence_level and weights.shape[-1] != 1:
             raise DivvizInputError("the closed-form gradient takes sequence-level objectives only for one-token "
                                    "completions (the bandit's), where the sequence's ratio is the token's")
-        # (rows, penalty, β·weights): one call for all runs when they share their penalties, else one per run
+        # (rows, penalty, β): one call for all runs when they share their penalties, else one per run
         terms = [o.penalties for o in objectives]
         if terms.count(terms[0]) == len(terms):
-            self.penalties = [(slice(None), penalty, beta * weights) for penalty, beta in terms[0]]
+            self.penalties = [(slice(None), penalty, beta) for penalty, beta in terms[0]]
         else:
-            self.penalties = [(r, penalty, beta * weights[r]) for r, pairs in enumerate(terms) for penalty, beta in pairs]
+            self.penalties = [(r, penalty, beta) for r, pairs in enumerate(terms) for penalty, beta in pairs]
 
     def _per_run(self, values):
         """One float or one array like a row of π_old per run -> (R, 1, 1) or (R, B, T)."""
@@ -94,10 +96,17 @@ class PolicyLossGradient:
                   for r, o in enumerate(self.objectives)]
         return tuple(self._per_run(side) for side in zip(*bounds))
 
-    def batch(self, logp_old, adv, logp_ref=None) -> "PolicyLossGradient":
-        """Take the batch whose inner steps come next; returns self."""
+    def batch(self, logp_old, adv, logp_ref=None, weight=None, mask=None, logp_sampling=None) -> "PolicyLossGradient":
+        """Take the batch whose inner steps come next; returns self. `weight` (R, B, T) multiplies the policy term
+        (`policy_loss`'s weight); `mask` (R, B, T), where given, replaces the batch's mask, so the aggregation weighs
+        the tokens it keeps (a rollout correction's rejection); `logp_sampling` is the sampling policy that the
+        off-policy mask judges (default π_old)."""
         adv = adv[..., None] if adv.ndim == logp_old.ndim - 1 else adv
         self.logp_old, self.logp_ref = logp_old, logp_ref
+        self.rho, self.logp_sampling = weight, logp_old if logp_sampling is None else logp_sampling
+        self.weights = self.base_weights if mask is None else np.stack(
+            [aggregation_weights(m, o.aggregation) for m, o in zip(mask, self.objectives)])
+        self.active = self.weights > 0
         self.adv = adv
         self.surrogate_slope = -adv * self.weights  # times γ (PPO: w) for the tokens that keep their gradient
         self.negative, self.positive = (adv < 0) & self.active, (adv > 0) & self.active
@@ -126,12 +135,14 @@ class PolicyLossGradient:
             bounds = tuple(b[r] if np.ndim(b) else b for b in (self.lower, self.upper))
             slope[r] = self.weights[r] * surrogate.slope(w[r], self.adv[r], kept, selected, bounds)
         if self.masks_off_policy:  # `losses.off_policy_sequence_mask`, on the policy term only
-            kl = ((self.logp_old - logp_new) * self.active).sum(-1, keepdims=True) / np.maximum(
+            kl = ((self.logp_sampling - logp_new) * self.active).sum(-1, keepdims=True) / np.maximum(
                 self.active.sum(-1, keepdims=True), 1)
             slope *= (self.adv >= 0) | (kl <= self.off_policy)
-        for rows, penalty, weight in self.penalties:
+        if self.rho is not None:
+            slope *= self.rho
+        for rows, penalty, beta in self.penalties:
             ref = None if self.logp_ref is None else self.logp_ref[rows]
-            slope[rows] += weight * penalty.slope(logp_new[rows], self.logp_old[rows], ref)
+            slope[rows] += beta * self.weights[rows] * penalty.slope(logp_new[rows], self.logp_old[rows], ref)
         return LossGradient(slope, clipped_low, clipped_high)
 
     def overshoot(self, logp_after) -> np.ndarray:

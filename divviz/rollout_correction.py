@@ -38,6 +38,8 @@ LEVELS = ("token", "sequence")
 REDUCTIONS = ("token", "seq_sum", "seq_mean", "seq_max")
 OPTIONS = tuple(f"{r}_{k}" for r in REDUCTIONS for k in ESTIMATORS if (r, k) != ("seq_max", "k1"))  # verl's 11
 SAFETY_BOUND = 20.0  # verl's: log-ratios are clamped to ±20 before exp
+# a simulated sampler's precision (the engine's and the bandit's): "same" is the trained policy's own
+SAMPLER_DTYPES = {"same": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 # The numbers behind verl's threshold strings, as the app's sliders set them (verl's typical ranges: TIS u 1.5–5 per
 # token, 2–10 per completion)

@@ -13,16 +13,14 @@ import streamlit as st
 from divviz import instances, views
 from divviz.aggregation import AGGREGATIONS, BASELINES, SCALE_REWARDS
 from divviz.divergences import BETA, DUAL_CLIP, FAMILIES
-from divviz.engine.config import ROLLOUT_LAG
 from divviz.engine.runner import Viewer
-from divviz.engine.sampler import DTYPES
 from divviz.formula import MAX_CHARACTERS
 from divviz.losses import OFF_POLICY_MASK, Objective, RATIO_CAP
 from divviz.ownership import browser_id, is_teacher_key
 from divviz.params import DivvizInputError, Param
 from divviz.penalties import penalty, PENALTIES
 from divviz.rollout_correction import (ICEPOP_HIGH, ICEPOP_LOW, OPTIONS as RS_OPTIONS, RS_BOUND, RS_RATIO_HIGH,
-                                       RS_RATIO_LOW, TIS_CAP)
+                                       RS_RATIO_LOW, SAMPLER_DTYPES, TIS_CAP)
 from divviz.figures import Chart
 from divviz.safetext import literal, shorten
 from divviz.surrogates import LEVELS
@@ -220,10 +218,10 @@ def objective_controls(tests: list[str], beta: float) -> list[Control]:
             *measure_param_controls(("penalty",))]
 
 
-def rollout_controls() -> list[Control]:
-    """The controls of `rollout_widgets`."""
-    return [Control("rollout_dtype", "same", options=tuple(DTYPES)),
-            Control("rollout_lag", ROLLOUT_LAG.default, param=ROLLOUT_LAG),
+def rollout_controls(lag: Param) -> list[Control]:
+    """The controls of `rollout_widgets`, with the page's parameter for the sampler's lag."""
+    return [Control("rollout_dtype", "same", options=tuple(SAMPLER_DTYPES)),
+            Control("rollout_lag", lag.default, param=lag),
             Control("rc", ["none"], options=tuple(views.ROLLOUT_VARIANTS), multi=True),
             *[Control(p.name, p.default, param=p) for p in (TIS_CAP, ICEPOP_LOW, ICEPOP_HIGH, RS_RATIO_LOW,
                                                             RS_RATIO_HIGH, RS_BOUND)],
@@ -233,13 +231,13 @@ def rollout_controls() -> list[Control]:
                                                       "batch mean"))]
 
 
-def rollout_widgets(page: str, controls: dict[str, Control]) -> tuple[dict, list[dict]]:
-    """The Training lab's rollout block: the sampler's precision and lag (one for all runs), and the rollout
-    corrections to compare (one run each). Returns the shared run-config keys and one dict of keys per correction."""
-    shared = {"rollout_dtype": choice(page, controls["rollout_dtype"], "Sampler precision",
-                                      help="a copy of the policy cast whole, as vLLM holds it (same: the trained "
-                                           "policy samples itself)"),
-              "rollout_lag": number(page, controls["rollout_lag"], "Sampler lag (updates behind)")}
+def rollout_widgets(page: str, controls: dict[str, Control], precision_help: str,
+                    lag_label: str) -> tuple[dict, list[dict]]:
+    """The rollout block of the Training lab and the bandit: the sampler's precision and lag (one for all runs), and
+    the rollout corrections to compare (one run each). Returns the shared config keys and one dict of run-config keys
+    per correction (`views.rollout_variant`)."""
+    shared = {"rollout_dtype": choice(page, controls["rollout_dtype"], "Sampler precision", help=precision_help),
+              "rollout_lag": number(page, controls["rollout_lag"], lag_label)}
     names = choice(page, controls["rc"], "Corrections to compare (one run each)",
                    help="; ".join(f"{k}: {v}" for k, v in views.ROLLOUT_VARIANTS.items()))
     values = {"tis_u": 2.0, "icepop": (0.5, 2.0), "rs_option": "token_k1", "rs_ratio": (0.5, 2.0), "rs_bound": 0.05,

@@ -12,9 +12,10 @@ import numpy as np
 import pandas as pd
 
 from divviz import explore, plots, run_plots, theory
-from divviz.bandit import BanditConfig, BanditRun, run_bandits
+from divviz.bandit import ROLLOUT_HISTORY, BanditConfig, BanditRun, run_bandits
 from divviz.divergences import ClipTest, clip_test
-from divviz.engine.config import RunConfig, config_label, correction_from, objective_from, objective_settings
+from divviz.engine.config import (RunConfig, config_label, correction_from, objective_from, objective_settings,
+                                  rollout_label)
 from divviz.estimators import k3
 from divviz.evidence import Summary, paired, summarize
 from divviz.figures import Chart
@@ -160,33 +161,39 @@ BANDIT_CLIPPING = ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/ov
                    "clip_ratio/first_step_past_high", "kl")
 
 
-def bandit_runs(cfg: dict, objectives: list[Objective], seeds: int = 1) -> list[list[BanditRun]]:
-    """For each objective, its runs with seeds cfg["seed"], cfg["seed"] + 1, … (`seeds` of them), from plain
-    values; labels made distinct.
+def bandit_runs(cfg: dict, objectives: list[Objective], seeds: int = 1,
+                variants: list[dict] | None = None) -> list[list[BanditRun]]:
+    """For each objective under each rollout correction of `variants` (run-config keys, `rollout_variant`; default:
+    none), its runs with seeds cfg["seed"], cfg["seed"] + 1, … (`seeds` of them), from plain values; labels made
+    distinct.
 
     The latest runs are kept: a change to one objective re-trains its runs only, more seeds train only the new
     seeds, and what is not kept trains side by side (`run_bandits`; a run is the same alone or together)."""
     first = cfg.get("seed", 0)
     seed_list = list(range(first, first + seeds))
     shared = {**cfg, "seed": 0}
-    settings = [objective_settings(o) for o in objectives]
+    pairs = [(o, v) for o in objectives for v in variants or [{}]]
+    rollouts = [(correction_from(v), bool(v.get("bypass_mode"))) for _, v in pairs]
+    settings = [{**objective_settings(o), **v} for o, v in pairs]
     key = lambda i, seed: json.dumps([shared, seed, settings[i]], sort_keys=True)  # noqa: E731
-    keys = [[key(i, seed) for seed in seed_list] for i in range(len(objectives))]
+    keys = [[key(i, seed) for seed in seed_list] for i in range(len(pairs))]
     with _bandit_cache_lock:
         runs = {k: _bandit_cache[k] for row in keys for k in row if k in _bandit_cache}
     missing = [i for i, row in enumerate(keys) if any(k not in runs for k in row)]
     missing_seeds = sorted({s for i in missing for s, k in zip(seed_list, keys[i]) if k not in runs})
     if missing:
-        trained = run_bandits(BanditConfig.make(**cfg), [objectives[i] for i in missing], missing_seeds)
+        trained = run_bandits(BanditConfig.make(**cfg), [pairs[i][0] for i in missing], missing_seeds,
+                              [rollouts[i] for i in missing])
         for r, run in enumerate(trained):  # the product of missing objectives and seeds: keep what was kept
             runs.setdefault(key(missing[r % len(missing)], run.seed), run)
     with _bandit_cache_lock:
         for k in (k for row in keys for k in row):
             _bandit_cache[k] = runs[k]
             _bandit_cache.move_to_end(k)
-        while len(_bandit_cache) > max(BANDIT_CACHE_RUNS, len(objectives) * seeds):
+        while len(_bandit_cache) > max(BANDIT_CACHE_RUNS, len(pairs) * seeds):
             _bandit_cache.popitem(last=False)
-    labels = unique_labels([runs[row[0]].label for row in keys])
+    labels = unique_labels([" · ".join(part for part in (runs[row[0]].label, rollout_label(v)) if part)
+                            for row, (_, v) in zip(keys, pairs)])
     return [[replace(runs[k], label=label) for k in row] for label, row in zip(labels, keys)]
 
 
@@ -213,6 +220,10 @@ def mass_reallocation(groups: list[list[BanditRun]]) -> dict[str, Chart]:
         "clipping": run_plots.history_chart(series(BANDIT_CLIPPING), BANDIT_CLIPPING, "iteration",
                                         "How often each clip binds, how many samples end past it (after the update, "
                                         "and after one inner step), how far π moves"),
+        **({"rollout": run_plots.history_chart(series(ROLLOUT_HISTORY), ROLLOUT_HISTORY, "iteration",
+                                               "The sampler against the policy (exact KL(π_roll ‖ π_old)), the mean "
+                                               "importance weight and the share of samples rejected")}
+           if ROLLOUT_HISTORY[0] in first.history else {}),
     }
 
 

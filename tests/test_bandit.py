@@ -13,6 +13,7 @@ from divviz.losses import Objective
 from divviz.metrics import PI_OLD_BINS, mass_shift_by_bin
 from divviz.params import DivvizInputError
 from divviz.penalties import penalty
+from divviz.rollout_correction import RolloutCorrection
 
 SMALL = dict(k=20, iterations=15)
 
@@ -235,3 +236,69 @@ def test_first_step_past_high_warns_at_a_large_step_only():
     early = lambda runs: np.mean([run.history["clip_ratio/first_step_past_high"][:10] for run in runs])  # noqa: E731
     assert early(calm) == 0 and early(leap) > 0.2
     assert run_bandit(BanditConfig.make(lr=5.0), Objective()).history["clip_ratio/first_step_past_high"].max() == 0
+
+
+ROLLOUTS = [(RolloutCorrection(), False), (RolloutCorrection("token", 1.1), False),
+            (RolloutCorrection("sequence", "0.9_1.1", rollout_is_batch_normalize=True), False),
+            (RolloutCorrection(rollout_rs="token_k1,token_k3", rollout_rs_threshold="0.95_1.05,0.001"), False),
+            (RolloutCorrection(), True)]
+ROLLOUT_OBJECTIVES = [Objective(clip=clip_test("kl3", delta=0.02)), Objective(clip=clip_test("ratio"),
+                                                                               off_policy_mask=0.01),
+                      Objective(clip=clip_test("clip_higher"), penalty=penalty("k3"), beta=0.1, aggregation="bnpo"),
+                      Objective(clip=clip_test("ratio"), aggregation="dr_grpo"), Objective(clip=clip_test("kl3"))]
+
+
+def test_a_lagging_low_precision_sampler_with_corrections_is_autograds_run_and_each_run_alone():
+    """A bfloat16 sampler two iterations behind, and per run no correction, token TIS, sequence IcePop with batch
+    normalisation, two rejection options and bypass mode: the closed-form step equals autograd through policy_loss
+    (weights, the rejection's mask and the off-policy mask's sampler included), every run equals itself alone, the
+    corrections act (weights below 1, samples rejected) and the sampler is off the policy."""
+    cfg = dict(**SMALL, reward="graded", lr=1.0, rollout_dtype="bfloat16", rollout_lag=2)
+    fast = run_bandits(BanditConfig.make(**cfg), ROLLOUT_OBJECTIVES, [0, 1], ROLLOUTS)
+    slow = run_bandits(BanditConfig.make(**cfg, autograd=True), ROLLOUT_OBJECTIVES, [0, 1], ROLLOUTS)
+    for a, b in zip(fast, slow):
+        assert np.abs(a.final - b.final).max() < 1e-12
+        for key in a.history:
+            np.testing.assert_allclose(a.history[key], b.history[key], rtol=0, atol=1e-12, err_msg=key)
+    for i, (objective, rollout) in enumerate(zip(ROLLOUT_OBJECTIVES, ROLLOUTS)):
+        alone = run_bandits(BanditConfig.make(**cfg, seed=1), [objective], None, [rollout])[0]
+        assert np.abs(fast[len(ROLLOUTS) + i].final - alone.final).max() < 1e-14
+    first = fast[:len(ROLLOUTS)]
+    assert first[0].history["rollout_corr/kl"][0] < 1e-4 < first[0].history["rollout_corr/kl"][5]
+    assert np.nanmin(first[1].history["rollout_corr/rollout_is_mean"]) < 1
+    assert np.isnan(first[0].history["rollout_corr/rollout_is_mean"]).all()
+    assert first[3].history["rollout_corr/rollout_rs_masked_fraction"].max() > 0
+    assert not np.allclose(first[0].final, first[4].final)  # bypass mode changes the run
+
+
+def test_without_a_sampler_corrections_change_nothing():
+    """On-policy, the bandit's π_roll is π_old exactly: every weight is 1, nothing is rejected, and bypass mode divides
+    by the same π_old, so each corrected run is the plain run to the last bit."""
+    cfg = BanditConfig.make(**SMALL, reward="graded", lr=4.0)
+    plain = run_bandits(cfg, ROLLOUT_OBJECTIVES[:1], [0])[0]
+    for rollout in ROLLOUTS[1:]:
+        run = run_bandits(cfg, ROLLOUT_OBJECTIVES[:1], [0], [rollout])[0]
+        assert np.array_equal(run.final, plain.final), rollout
+        assert (run.history["rollout_corr/kl"] == 0).all()
+
+
+def test_the_sampler_draws_from_the_policy_of_lag_iterations_ago_rounded_to_its_precision():
+    from divviz.bandit import BanditRollout, softmax
+
+    cfg = BanditConfig.make(**SMALL, rollout_dtype="bfloat16", rollout_lag=2)
+    logits = [np.log(np.random.default_rng(i).dirichlet(np.ones(20)))[None] for i in range(5)]
+    sampler = BanditRollout(cfg, [(RolloutCorrection(), False)], softmax(logits[0]))
+    for it in range(1, 5):
+        sampler.push(softmax(logits[it]))
+        lagged = softmax(logits[max(it - 2, 0)])[0]
+        rounded = torch.from_numpy(lagged).to(torch.bfloat16).double().numpy()
+        logp, p = sampler.policy()
+        assert np.array_equal(p, softmax(rounded)[1]) and not np.allclose(p, softmax(logits[max(it - 2, 0)])[1],
+                                                                          rtol=0, atol=1e-6)
+
+
+def test_bad_sampler_settings_are_refused():
+    with pytest.raises(DivvizInputError, match="unknown rollout_dtype 'fp8'"):
+        BanditConfig.make(rollout_dtype="fp8")
+    with pytest.raises(DivvizInputError, match="rollout_lag"):
+        BanditConfig.make(rollout_lag=65)

@@ -193,6 +193,27 @@ def test_mass_reallocation_the_same_measure_twice_and_one_seed():
 
 
 
+def test_mass_reallocation_compares_rollout_corrections_under_a_lagging_sampler():
+    """A link with a bfloat16 sampler three iterations behind and three corrections: a run per measure and correction,
+    labelled with the correction, verl's rollout chart beside the others, and paired differences between them; the
+    on-policy page draws no rollout chart."""
+    query = {"iterations": "15", "k": "20", "m": "kl3", "seeds": "3", "lr": "2", "rollout_dtype": "bfloat16",
+             "rollout_lag": "3", "rc": "none,TIS token,rejection", "tis_u": "1.1", "rs_option": "token_k1",
+             "rs_l": "0.95", "rs_u": "1.05"}
+    at = open_page("app_pages/mass_reallocation.py", query)
+    assert [m.label for m in at.metric] == ["kl3 δ=0.05", "kl3 δ=0.05 · TIS token u=1.1",
+                                            "kl3 δ=0.05 · RS token_k1 0.95_1.05"]
+    assert len(specs(at)) == 6  # distribution, mass, history, clipping, the rollout chart, the paired difference
+    rollout = next(f for f in map(json.loads, specs(at)) if "KL(π_roll" in f["layout"]["title"]["text"])
+    assert [t["name"] for t in rollout["data"] if t.get("showlegend", True) and "name" in t] == [
+        "kl3 δ=0.05", "kl3 δ=0.05 · TIS token u=1.1", "kl3 δ=0.05 · RS token_k1 0.95_1.05"]
+    table = at.dataframe[0].value
+    assert set(table.measure) == {"kl3 δ=0.05 · TIS token u=1.1", "kl3 δ=0.05 · RS token_k1 0.95_1.05"}
+    assert not table.difference.eq(0).all()
+    on_policy = open_page("app_pages/mass_reallocation.py", {"iterations": "15", "k": "20", "m": "kl3"})
+    assert not any("π_roll" in json.loads(spec)["layout"]["title"]["text"] for spec in specs(on_policy))
+
+
 def test_mass_reallocation_trains_surrogates_and_says_what_it_refuses():
     """A surrogate is a run of its own (dppo masks with the first clip test); at the sequence level a bandit's
     one-token completion trains as at the token level, and what the level refuses is named, not trained."""

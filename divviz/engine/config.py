@@ -9,12 +9,11 @@ from typing import Mapping
 from divviz.aggregation import AGGREGATIONS, BASELINES, check_scale_rewards
 from divviz.divergences import clip_test
 from divviz.engine.completions import BYTE_CAP, MAX_BYTES
-from divviz.engine.sampler import DTYPES
 from divviz.engine.tasks import TASKS
 from divviz.losses import Objective
 from divviz.params import DivvizInputError, Param, check_params
 from divviz.penalties import penalty
-from divviz.rollout_correction import RolloutCorrection
+from divviz.rollout_correction import SAMPLER_DTYPES, RolloutCorrection
 from divviz.safetext import quoted
 from divviz.surrogates import surrogate
 
@@ -189,8 +188,8 @@ class RunConfig:
             raise DivvizInputError("the TRL backend needs TRL, which is not installed: pip install 'divviz[trl]'")
         if cfg.device not in ("auto", "cpu", "cuda", "mps"):
             raise DivvizInputError(f"unknown device {quoted(cfg.device)}; choose auto, cpu, cuda or mps")
-        if cfg.rollout_dtype not in DTYPES:
-            raise DivvizInputError(f"unknown rollout_dtype {quoted(cfg.rollout_dtype)}; choose {', '.join(DTYPES)}")
+        if cfg.rollout_dtype not in SAMPLER_DTYPES:
+            raise DivvizInputError(f"unknown rollout_dtype {quoted(cfg.rollout_dtype)}; choose {', '.join(SAMPLER_DTYPES)}")
         correction = cfg.correction()
         if cfg.bypass_mode and correction.active:
             raise DivvizInputError("in bypass mode π_old is the sampler's, so the loss's own ratio corrects: verl's token "

@@ -21,14 +21,14 @@ from collections import deque
 
 import torch
 
-DTYPES = {"same": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from divviz.rollout_correction import SAMPLER_DTYPES
 
 
 class RolloutPolicy:
     """The sampler: a frozen copy of the trained model in `dtype` ("same": the model's own), `lag` updates behind."""
 
     def __init__(self, model: torch.nn.Module, dtype: str, lag: int):
-        self.dtype = DTYPES[dtype] or next(model.parameters()).dtype
+        self.dtype = SAMPLER_DTYPES[dtype] or next(model.parameters()).dtype
         self.lag = lag
         self.model = copy.deepcopy(model).to(self.dtype).eval().requires_grad_(False)
         self.pending: deque[dict[str, torch.Tensor]] = deque()  # the newer weights, oldest first
