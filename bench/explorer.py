@@ -2,7 +2,8 @@
 
 Target (issue: explorer pages): under 50 ms per change, on the machine it runs on; the bandit page at its defaults
 now trains 8 seeds × 3 measures and draws their means, bands and paired differences, within the same budget as
-one seed did (issue #11). Each page is timed
+one seed did (issue #11); two rows train each measure under three rollout corrections with a bfloat16 sampler two
+iterations behind (issue #13). Each page is timed
 as the app runs it — `divviz.views` computes with the training loss and builds the figures — with a
 different control value each repetition so that nothing is served from a cache. The last column adds
 what Streamlit then does with each figure (`to_dict` and plotly's JSON encoding, the page's message to the
@@ -58,13 +59,17 @@ def main():
         return {**views.mass_reallocation(groups), "table": views.paired_differences(groups, 0),
                 "paired": views.paired_difference_chart(groups, 0, "entropy")}
 
-    def bandit(shared: bool, seeds: int = 8, **changes):
+    def bandit(shared: bool, seeds: int = 8, variants=None, **changes):
         """A change of KL3's δ (only its runs re-train) or, `shared`, of a setting all runs share (the first seed):
-        all of them re-train, side by side."""
+        all of them re-train, side by side; `variants`: rollout corrections, one run each per measure and seed."""
         def change(delta):
             setting = {**cfg, **changes, **({"seed": round(delta * 1000)} if shared else {})}
-            return page(views.bandit_runs(setting, measures(delta), seeds))
+            return page(views.bandit_runs(setting, measures(delta), seeds, variants))
         return change
+
+    corrections = [views.rollout_variant(name, 2.0, (0.5, 2.0), "token_k1", (0.5, 2.0), 0.05, False)
+                   for name in ("none", "TIS token", "rejection")]
+    lagging = {"rollout_lag": 2, "rollout_dtype": "bfloat16"}
 
     def one_at_a_time(seeds: int = 8, **changes):  # baseline: the same shared change, each run stepped alone
         def change(delta):
@@ -90,6 +95,10 @@ def main():
                      ("  8 × 3, shared, by autograd (baseline)", bandit(True, autograd=True)),
                      ("  8 × 3, δ change at K = 1000 and 200 iterations", bandit(False, **large)),
                      ("  8 × 3, shared at K = 1000 and 200 iterations", bandit(True, **large)),
+                     ("  8 × 3 × 3 corrections, bf16 sampler 2 behind: δ change", bandit(False, variants=corrections,
+                                                                                      **lagging)),
+                     ("  8 × 3 × 3 corrections, bf16 sampler 2 behind: shared", bandit(True, variants=corrections,
+                                                                                   **lagging)),
                      ("mass reallocation: redraw only (5 figures and the table)", redraw)):
         ms, charts = timed(fn, deltas)
         figures = [c.figure for c in charts.values() if hasattr(c, "figure")]

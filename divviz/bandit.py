@@ -302,6 +302,7 @@ class BanditRollout:
 
     def __init__(self, cfg: BanditConfig, rows: list[tuple[RolloutCorrection, bool]], policy: tuple[np.ndarray, np.ndarray]):
         self.dtype, self.history = SAMPLER_DTYPES[cfg.rollout_dtype], deque([policy], maxlen=cfg.rollout_lag + 1)
+        self.roll = self._sampler()
         self.rows, self.bypass = rows, np.array([bypass for _, bypass in rows])
         self.weighs = any(c.rollout_is is not None for c, _ in rows)
         self.rejects = any(c.rollout_rs is not None for c, _ in rows)
@@ -315,7 +316,11 @@ class BanditRollout:
         return cfg.rollout_dtype != "same" or cfg.rollout_lag > 0 or any(c.active or b for c, b in rows)
 
     def policy(self) -> tuple[np.ndarray, np.ndarray]:
-        """π_roll's (log π, π), (R, K): the policy itself (same precision, no lag) to the last bit."""
+        """π_roll's (log π, π), (R, K), for this iteration."""
+        return self.roll
+
+    def _sampler(self) -> tuple[np.ndarray, np.ndarray]:
+        """The oldest policy kept, its logits rounded to the sampler's precision (with none, itself to the last bit)."""
         logp, p = self.history[0]
         if self.dtype is None:
             return logp, p
@@ -324,6 +329,7 @@ class BanditRollout:
     def push(self, policy: tuple[np.ndarray, np.ndarray]) -> None:
         """The policy (log π, π) after an iteration: the sampler reaches it `rollout_lag` iterations later."""
         self.history.append(policy)
+        self.roll = self._sampler()
 
     def correct(self, logp_old: np.ndarray, logp_roll: np.ndarray, mask: np.ndarray):
         """(π_old the loss divides by, the policy term's weights or None, each run's kept samples or None), each
@@ -340,11 +346,11 @@ class BanditRollout:
                 ones = torch.ones_like(ratio)
                 if correction.rollout_is is not None:
                     weight[part] = rollout_weights(ratio, ones, correction.rollout_is, correction.rollout_is_threshold,
-                                                   correction.rollout_is_batch_normalize)[0].reshape(
+                                                   correction.rollout_is_batch_normalize, with_metrics=False)[0].reshape(
                         len(part), -1, 1).numpy()
                 if correction.rollout_rs is not None:
-                    kept[part] *= rejection_mask(ratio, ones, correction.rollout_rs,
-                                                 correction.rollout_rs_threshold)[0].reshape(len(part), -1, 1).numpy()
+                    kept[part] *= rejection_mask(ratio, ones, correction.rollout_rs, correction.rollout_rs_threshold,
+                                                 with_metrics=False)[0].reshape(len(part), -1, 1).numpy()
         return np.where(self.bypass[:, None, None], logp_roll, logp_old) if self.bypass.any() else logp_old, \
             weight, kept
 

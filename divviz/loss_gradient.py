@@ -104,8 +104,13 @@ class PolicyLossGradient:
         adv = adv[..., None] if adv.ndim == logp_old.ndim - 1 else adv
         self.logp_old, self.logp_ref = logp_old, logp_ref
         self.rho, self.logp_sampling = weight, logp_old if logp_sampling is None else logp_sampling
-        self.weights = self.base_weights if mask is None else np.stack(
-            [aggregation_weights(m, o.aggregation) for m, o in zip(mask, self.objectives)])
+        self.weights = self.base_weights
+        if mask is not None:  # the runs whose mask lost a token weigh the ones left anew
+            changed = np.flatnonzero(((mask > 0) != (self.base_weights > 0)).any(axis=tuple(range(1, mask.ndim))))
+            if changed.size:
+                self.weights = self.base_weights.copy()
+                for r in changed:
+                    self.weights[r] = aggregation_weights(mask[r], self.objectives[r].aggregation)
         self.active = self.weights > 0
         self.adv = adv
         self.surrogate_slope = -adv * self.weights  # times γ (PPO: w) for the tokens that keep their gradient

@@ -179,12 +179,12 @@ def _mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def rollout_weights(log_ratio: torch.Tensor, mask: torch.Tensor, level: str = "token", threshold=2.0,
-                    batch_normalize: bool = False) -> tuple[torch.Tensor, dict[str, float]]:
+                    batch_normalize: bool = False, with_metrics: bool = True) -> tuple[torch.Tensor, dict[str, float]]:
     """verl's `compute_rollout_correction_weights`: truncated (TIS) or masked (IcePop) importance weights of π_old
     over π_roll, per token or per completion, zero on padding, detached; and verl's statistics of them (before the
-    batch normalisation): rollout_is_mean/max/min/std, rollout_is_eff_sample_size (1 / mean of (w/mean w)² with w
-    capped at u), rollout_is_ratio_fraction_high/low (raw ρ above u, below l or 1/u), and for IcePop
-    rollout_is_oob_ratio, with batch normalisation rollout_is_batch_norm_factor."""
+    batch normalisation; none without `with_metrics`): rollout_is_mean/max/min/std, rollout_is_eff_sample_size
+    (1 / mean of (w/mean w)² with w capped at u), rollout_is_ratio_fraction_high/low (raw ρ above u, below l or 1/u),
+    and for IcePop rollout_is_oob_ratio, with batch normalisation rollout_is_batch_norm_factor."""
     if level not in LEVELS:
         raise DivvizInputError(f"unknown rollout-correction level {quoted(level)}; choose token or sequence")
     low, high = is_threshold(threshold)
@@ -197,8 +197,8 @@ def rollout_weights(log_ratio: torch.Tensor, mask: torch.Tensor, level: str = "t
             raw = judged.clamp(-SAFETY_BOUND, SAFETY_BOUND).exp().expand_as(mask) * mask
         weights = raw.clamp(max=high) if low is None else torch.where((raw >= low) & (raw <= high), raw, 0.0)
         floor = 1 / high if low is None else low
-        metrics = _weight_metrics(weights, raw, judged, mask, level, floor, high)
-        if low is not None:
+        metrics = _weight_metrics(weights, raw, judged, mask, level, floor, high) if with_metrics else {}
+        if low is not None and with_metrics:
             metrics["rollout_is_oob_ratio"] = float(_mean(((raw < low) | (raw > high)).to(mask.dtype), mask))
         if batch_normalize:
             if level == "token":
@@ -206,7 +206,8 @@ def rollout_weights(log_ratio: torch.Tensor, mask: torch.Tensor, level: str = "t
             else:
                 rows = mask.sum(-1) > 0
                 mean = ((weights * mask).sum(-1)[rows] / mask.sum(-1)[rows]).mean()
-            metrics["rollout_is_batch_norm_factor"] = float(mean) if mean > 1e-8 else 1.0
+            if with_metrics:
+                metrics["rollout_is_batch_norm_factor"] = float(mean) if mean > 1e-8 else 1.0
             weights = weights / mean if mean > 1e-8 else weights
     return weights * mask, metrics
 
@@ -232,12 +233,13 @@ def _weight_metrics(weights, raw, judged, mask, level: str, floor: float, high: 
     return metrics
 
 
-def rejection_mask(log_ratio: torch.Tensor, mask: torch.Tensor, options: str,
-                   thresholds) -> tuple[torch.Tensor, dict[str, float]]:
+def rejection_mask(log_ratio: torch.Tensor, mask: torch.Tensor, options: str, thresholds,
+                   with_metrics: bool = True) -> tuple[torch.Tensor, dict[str, float]]:
     """verl's `compute_rollout_rejection_mask`: `mask` with the rejected tokens (or whole completions) zeroed, for
     `options` such as "token_k1" or "token_k1,seq_mean_k3" and `thresholds` ("0.7_1.5,0.06"); and verl's shares of
-    what was rejected: rollout_rs_masked_fraction (tokens), rollout_rs_seq_masked_fraction (completions with a
-    rejected token), and the same per option (rollout_rs_<option>_masked_fraction, …_seq_masked_fraction)."""
+    what was rejected (none without `with_metrics`): rollout_rs_masked_fraction (tokens),
+    rollout_rs_seq_masked_fraction (completions with a rejected token), and the same per option
+    (rollout_rs_<option>_masked_fraction, …_seq_masked_fraction)."""
     parsed = rs_options(options, thresholds)
     with torch.no_grad():
         log_ratio = log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)
@@ -254,9 +256,11 @@ def rejection_mask(log_ratio: torch.Tensor, mask: torch.Tensor, options: str,
                 value = torch.where(active, value, -math.inf).amax(-1, keepdim=True)
             kept = (value >= math.log(low)) & (value <= math.log(high)) if statistic == "k1" else value <= high
             kept = kept.expand_as(mask)
-            metrics.update(_rejected(f"rollout_rs_{name}_", kept, active, mask, active.any(-1)))
+            if with_metrics:
+                metrics.update(_rejected(f"rollout_rs_{name}_", kept, active, mask, active.any(-1)))
             keep &= kept
-        metrics.update(_rejected("rollout_rs_", keep, active, mask, torch.ones_like(active[:, 0])))
+        if with_metrics:
+            metrics.update(_rejected("rollout_rs_", keep, active, mask, torch.ones_like(active[:, 0])))
     return mask * keep, metrics
 
 

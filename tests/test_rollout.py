@@ -121,6 +121,10 @@ def test_bypass_mode_takes_pi_old_from_the_sampler():
 
 @pytest.mark.parametrize("settings, says", [
     (dict(rollout_dtype="int8"), "unknown rollout_dtype 'int8'"),
+    (dict(rollout_dtype=["bfloat16"]), "unknown rollout_dtype"),
+    (dict(bypass_mode="yes"), "bypass_mode must be true or false"),
+    (dict(rollout_is="token", rollout_is_threshold=[2.0]), "rollout_is_threshold"),
+    (dict(rollout_is="token", rollout_is_batch_normalize="1"), "rollout_is_batch_normalize must be true or false"),
     (dict(rollout_lag=-1), "rollout_lag"),
     (dict(rollout_lag=math.nan), "rollout_lag"),
     (dict(rollout_is="chunk"), "unknown rollout_is 'chunk'"),

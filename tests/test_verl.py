@@ -247,6 +247,11 @@ def test_verls_rollout_correction_weights_masks_and_metrics(key):
         metrics = offpolicy_metrics(old, rollout, mask)
     if want is not None:
         torch.testing.assert_close(got, want, rtol=1e-8 if "norm_True" in key else 0, atol=0)
+        bare = (rollout_weights(old - rollout, mask, case["rollout_is"], case["rollout_is_threshold"],
+                                case["rollout_is_batch_normalize"], with_metrics=False) if key.startswith("weights")
+                else rejection_mask(old - rollout, mask, case["rollout_rs"], case["rollout_rs_threshold"],
+                                    with_metrics=False))
+        assert torch.equal(bare[0], got) and bare[1] == {}  # the bandit's call: the same numbers, no statistics
     assert metrics and set(metrics) <= set(case["metrics"])
     for name, value in metrics.items():
         assert value == pytest.approx(case["metrics"][name], rel=1e-7, abs=1e-9), name

@@ -53,7 +53,8 @@ RUN_PARAMS = (
 
 
 BACKENDS = ("divviz", "trl")  # divviz's own engine, or TRL's GRPOTrainer through divviz.trl
-ROLLOUT_KEYS = ("rollout_is", "rollout_is_threshold", "rollout_is_batch_normalize", "rollout_rs", "rollout_rs_threshold")
+ROLLOUT_KEYS = ("rollout_is", "rollout_is_threshold", "rollout_is_batch_normalize", "rollout_rs",
+                "rollout_rs_threshold")  # verl's RolloutCorrectionConfig, as a run config holds them
 
 
 def objective_from(settings: Mapping) -> Objective:
@@ -88,8 +89,8 @@ def rollout_label(settings: Mapping) -> str:
     "" when it does not."""
     dtype, lag = settings.get("rollout_dtype", "same"), settings.get("rollout_lag", 0)
     sampler = ", ".join(([] if dtype == "same" else [dtype]) + ([f"lag {lag}"] if lag else []))
-    parts = [f"sampler {sampler}"] if sampler else []
-    parts += [correction_from(settings).label] if correction_from(settings).active else []
+    correction = correction_from(settings)
+    parts = ([f"sampler {sampler}"] if sampler else []) + ([correction.label] if correction.active else [])
     return " · ".join(parts + (["bypass"] if settings.get("bypass_mode") else []))
 
 
@@ -188,8 +189,11 @@ class RunConfig:
             raise DivvizInputError("the TRL backend needs TRL, which is not installed: pip install 'divviz[trl]'")
         if cfg.device not in ("auto", "cpu", "cuda", "mps"):
             raise DivvizInputError(f"unknown device {quoted(cfg.device)}; choose auto, cpu, cuda or mps")
-        if cfg.rollout_dtype not in SAMPLER_DTYPES:
-            raise DivvizInputError(f"unknown rollout_dtype {quoted(cfg.rollout_dtype)}; choose {', '.join(SAMPLER_DTYPES)}")
+        if not isinstance(cfg.rollout_dtype, str) or cfg.rollout_dtype not in SAMPLER_DTYPES:
+            raise DivvizInputError(f"unknown rollout_dtype {quoted(cfg.rollout_dtype)}; choose "
+                                   f"{', '.join(SAMPLER_DTYPES)}")
+        if not isinstance(cfg.bypass_mode, bool):
+            raise DivvizInputError(f"bypass_mode must be true or false; got {quoted(cfg.bypass_mode)}")
         correction = cfg.correction()
         if cfg.bypass_mode and correction.active:
             raise DivvizInputError("in bypass mode π_old is the sampler's, so the loss's own ratio corrects: verl's token "
