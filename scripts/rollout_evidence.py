@@ -97,10 +97,11 @@ def lm(seeds: int, lag: int) -> None:
     print(" steps 2–20, mean over seeds: clip_ratio/region_mean, kl/k3 of the update, rollout_corr/k3_kl; accuracy "
           "in the first and last 10 steps")
     for name in settings:
-        early = [np.nanmean([runs[(name, s)][key][1:20] for s in range(seeds)]) for key in LM_METRICS[1:]]
+        early = [np.array([runs[(name, s)][key][1:20] for s in range(seeds)]) for key in LM_METRICS[1:]]
+        shown = ["   —  " if np.isnan(x).all() else f"{np.nanmean(x):.4f}" for x in early]  # on-policy: no sampler
         first, last = (np.mean([accuracy[(name, s)][window] for s in range(seeds)]) for window in (slice(0, 10),
                                                                                                   slice(-10, None)))
-        print(f"  {name:<14} {early[0]:.4f}  {early[1]:.4f}  {early[2]:.4f}   {first:.3f} → {last:.3f}")
+        print(f"  {name:<14} {'  '.join(shown)}   {first:.3f} → {last:.3f}")
 
 
 def main() -> None:

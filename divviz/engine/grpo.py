@@ -286,8 +286,9 @@ def inspected_record(tr: Trainer, batch: Batch, done: Update, logp_after, logp_r
     if not rows:
         return None
     mask = batch.rollout.completion_mask
-    kept = mask if done.correction is None else done.correction.mask
-    weight = aggregation_weights(kept.cpu().numpy(), (objective or tr.objective).aggregation, cfg.max_new_tokens)
+    kept = None if done.correction is None else done.correction.mask  # the loss's mask, where it rejected tokens
+    weight = aggregation_weights((mask if kept is None else kept).cpu().numpy(), (objective or tr.objective).aggregation,
+                                 cfg.max_new_tokens)
     size = cfg.group_size
     groups = [(batch.prompts[start], list(range(start, start + size))) for start in range(0, rows, size)]
     return step_record(step=step + 1, tokenizer=tr.tokenizer, groups=groups, texts=batch.texts,
