@@ -12,12 +12,12 @@ Policy π_θ = softmax(θ) over K actions, θ ∈ R^K. Each iteration (one GRPO 
 
 Plain SGD keeps the picture honest: the step is the loss's gradient, not an optimiser's rescaling; Adam shows
 what a trainer's optimiser does to the same comparison. Penalties use the start policy π_0 as the reference.
+Many seeds run side by side as easily as many objectives: a page shows means with intervals, not one seed.
 
 A sampler unlike the policy (`BanditRollout`): step 1 may draw from π_roll, the policy of `rollout_lag` iterations
 ago with its logits rounded to bfloat16 or float16, as an inference engine beside a trainer samples; π_old stays the
 current policy, and each run may correct with verl's rollout corrections (`rollout_correction.py`), exactly as
 training does, or take π_old from the sampler (verl's bypass mode).
-Many seeds run side by side as easily as many objectives: a page shows means with intervals, not one seed.
 
 The step's gradient is the chain rule through the softmax, ∂/∂θ Σ_i g_i log π(a_i) = Σ_i g_i (e_{a_i} − π),
 with g = ∂loss/∂log π(a_i) from `PolicyLossGradient`, the loss's closed-form gradient. Several objectives
@@ -300,7 +300,8 @@ class BanditRollout:
     rejected samples as `rollout_weights` and `rejection_mask` give them to training (each sample a one-token
     completion); in bypass mode the run's π_old is π_roll."""
 
-    def __init__(self, cfg: BanditConfig, rows: list[tuple[RolloutCorrection, bool]], policy: tuple[np.ndarray, np.ndarray]):
+    def __init__(self, cfg: BanditConfig, rows: list[tuple[RolloutCorrection, bool]],
+                 policy: tuple[np.ndarray, np.ndarray]):
         self.dtype, self.history = SAMPLER_DTYPES[cfg.rollout_dtype], deque([policy], maxlen=cfg.rollout_lag + 1)
         self.roll = self._sampler()
         self.rows, self.bypass = rows, np.array([bypass for _, bypass in rows])
@@ -351,8 +352,8 @@ class BanditRollout:
                 if correction.rollout_rs is not None:
                     kept[part] *= rejection_mask(ratio, ones, correction.rollout_rs, correction.rollout_rs_threshold,
                                                  with_metrics=False)[0].reshape(len(part), -1, 1).numpy()
-        return np.where(self.bypass[:, None, None], logp_roll, logp_old) if self.bypass.any() else logp_old, \
-            weight, kept
+        old = np.where(self.bypass[:, None, None], logp_roll, logp_old) if self.bypass.any() else logp_old
+        return old, weight, kept
 
 
 def run_bandits(cfg: BanditConfig, objectives: list[Objective], seeds: list[int] | None = None,

@@ -240,8 +240,9 @@ def rollout_widgets(page: str, controls: dict[str, Control], precision_help: str
               "rollout_lag": number(page, controls["rollout_lag"], lag_label)}
     names = choice(page, controls["rc"], "Corrections to compare (one run each)",
                    help="; ".join(f"{k}: {v}" for k, v in views.ROLLOUT_VARIANTS.items()))
-    values = {"tis_u": 2.0, "icepop": (0.5, 2.0), "rs_option": "token_k1", "rs_ratio": (0.5, 2.0), "rs_bound": 0.05,
-              "normalize": False}
+    values = {"tis_u": TIS_CAP.default, "icepop": (ICEPOP_LOW.default, ICEPOP_HIGH.default),  # for those not shown
+              "rs_option": controls["rs_option"].default, "rs_ratio": (RS_RATIO_LOW.default, RS_RATIO_HIGH.default),
+              "rs_bound": RS_BOUND.default, "normalize": False}
     if any(n.startswith("TIS") for n in names):
         values["tis_u"] = number(page, controls["tis_u"], "TIS cap u")
     if any(n.startswith("IcePop") for n in names):
