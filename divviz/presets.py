@@ -35,5 +35,10 @@ BANDIT_PRESETS: dict[str, dict] = {
     "PPO vs surrogates: CISPO, SAPO, and DPPO masked by PPO's box": {
         "m": ["ratio"], "s": ["cispo:hi=1.28", "sapo", "dppo"], "k": 50, "reward": "top_k", "correct_rank": 2,
         "mu": 4, "optimizer": "sgd", "lr": DEFAULT_LR["sgd"]},
+    "A sampler 2 iterations behind in bf16: no correction, TIS, IcePop, bypass": {
+        "m": ["ratio"], "rollout_lag": 2, "rollout_dtype": "bfloat16",
+        "rc": ["none", "TIS token", "IcePop token", "bypass"], "k": 50, "reward": "top_k", "correct_rank": 2, "mu": 4,
+        "optimizer": "sgd", "lr": DEFAULT_LR["sgd"]},
 }
-BANDIT_PRESETS = {name: {"s": [], **values} for name, values in BANDIT_PRESETS.items()}  # a preset names its runs
+ON_POLICY = {"s": [], "rollout_lag": 0, "rollout_dtype": "same", "rc": ["none"]}
+BANDIT_PRESETS = {name: {**ON_POLICY, **values} for name, values in BANDIT_PRESETS.items()}  # a preset names its runs

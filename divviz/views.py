@@ -326,8 +326,8 @@ def training_charts(runs: list[tuple[str, list[dict]]], smooth: int = 1) -> dict
                           "the update",
               "kl": "KL of each update, new vs old (k1, k2, k3 of w = π_new/π_old)",
               "update": "Share of the mass gained that went to argmax tokens, and the gradient's norm",
-              "rollout": "The sampler against the policy (verl: KL k3 of π_roll‖π_old) and its correction: mean "
-                         "importance weight, its effective sample size, the share of tokens rejected"}
+              "rollout": "The sampler against the policy (verl's k3 KL of π_roll‖π_old), and the correction: mean "
+                         "weight, effective sample size, share rejected"}
     return {name: run_plots.history_chart(series, metrics, "step", titles[name], members=members)
             for name, metrics in panels.items()}
 

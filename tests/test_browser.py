@@ -166,3 +166,30 @@ def test_a_mirror_map_phi_is_uploaded_and_a_bad_file_refused(page, app_url, tmp_
     page.get_by_text("φ needs 380 numbers (126 v, 126 w, 126 b, a, c); got 379").wait_for(timeout=60_000)
     page.get_by_text("a = 0.5, c = 0.25").wait_for(timeout=30_000)
     assert not page.locator('[data-testid="stException"]').count()
+
+
+ROLLOUT_TRACES = """() => {
+  for (const gd of document.querySelectorAll('.js-plotly-plot')) {
+    const title = gd.layout && gd.layout.title && gd.layout.title.text || '';
+    if (title.includes('π_roll') && gd._fullData)
+      return gd._fullData.filter(t => t.showlegend !== false && t.name).map(t => t.name);
+  }
+  return [];
+}"""
+
+
+def test_the_bandit_compares_rollout_corrections_in_the_browser(page, app_url):
+    """A link with a lagging bf16 sampler and three corrections: chromium draws the rollout chart with one curve per
+    correction, the sidebar's Rollout block holds the link's corrections, and removing one redraws and relinks."""
+    page.goto(f"{app_url}/mass_reallocation?m=ratio&rollout_lag=2&rollout_dtype=bfloat16&rc=none,TIS+token,bypass"
+              "&iterations=20&k=20&seeds=4")
+    page.wait_for_function(f"({ROLLOUT_TRACES})().length === 3", timeout=90_000)
+    assert page.evaluate(ROLLOUT_TRACES) == ["ratio ε=0.2", "ratio ε=0.2 · TIS token u=2", "ratio ε=0.2 · bypass"]
+    page.get_by_text("Rollout: a sampler unlike the policy").click()
+    block = page.locator('[data-testid="stSidebar"] [data-testid="stExpander"]', has_text="Sampler precision")
+    for name in ("none", "TIS token"):  # the link's corrections, as the multiselect's tags
+        block.get_by_role("button", name=f"Remove {name}").wait_for(timeout=30_000)
+    block.get_by_role("button", name="Remove bypass").click()
+    page.wait_for_function(f"({ROLLOUT_TRACES})().length === 2", timeout=60_000)
+    page.wait_for_url(lambda url: "rc=none,TIS+token" in url.replace("%2C", ",").replace("%20", "+"), timeout=30_000)
+    assert not page.locator('[data-testid="stException"]').count()

@@ -252,6 +252,13 @@ def test_a_bandit_preset_with_surrogates_and_one_without():
     assert not at.exception and at.query_params["s"] == "cispo:hi=1.28,sapo,dppo"
     next(b for b in at.button if b.label == "A rare correct action (rank 10)").click().run()
     assert not at.exception and "s" not in at.query_params and len(at.metric) == 3
+    next(b for b in at.button if b.label.startswith("A sampler 2 iterations behind")).click().run()
+    assert not at.exception and at.query_params["rollout_lag"] == "2"
+    assert [m.label for m in at.metric] == ["ratio ε=0.2", "ratio ε=0.2 · TIS token u=2",
+                                            "ratio ε=0.2 · IcePop token [0.5, 2]", "ratio ε=0.2 · bypass"]
+    next(b for b in at.button if b.label.startswith("PPO vs DAPO vs KL3")).click().run()  # back on-policy
+    assert not at.exception and "rollout_lag" not in at.query_params and "rc" not in at.query_params
+    assert len(at.metric) == 3
 
 
 def test_a_typed_formula_on_the_clipping_regions_page():

@@ -104,8 +104,9 @@ def test_a_corrected_step_replays_by_hand():
         rejected = (corrected.mask[row, :n] == 0).tolist()
         assert [s == 5 for s in t["state"]] == rejected
         assert t["pi_roll"] == pytest.approx(batch.rollout.logp[row, :n].exp().tolist(), rel=1e-6)
-        assert t["rho"] == pytest.approx((corrected.weight * corrected.mask)[row, :n].tolist(), rel=1e-6, abs=1e-9)
-        assert all((r is None) == gone for r, gone in zip(t["ratio"], rejected))
+        assert [r for r, gone in zip(t["rho"], rejected) if not gone] == pytest.approx(
+            [w for w, gone in zip(corrected.weight[row, :n].tolist(), rejected) if not gone], rel=1e-6, abs=1e-9)
+        assert all((r is None) == gone for key in ("ratio", "rho", "loss") for r, gone in zip(t[key], rejected))
         assert all(w == 0 for w, gone in zip(t["weight"], rejected) if gone)
 
 

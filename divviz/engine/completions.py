@@ -14,7 +14,7 @@ it is a special token, and the facts of the last inner step of the update:
     pi_roll  π_roll, the sampler's probability of the token, where it may differ from π_old (None: on-policy)
 
 A token that a rollout correction's rejection took out of the loss has state 5 ("rejected (rollout)"), weight 0 and
-no ratio, loss or measure (the loss did not see it).
+no ratio, loss, measure, penalty or ρ (the loss did not see it).
 
 Numbers are kept to 7 significant digits (float32's precision). A record stays within `byte_cap` bytes of JSON:
 completions are added in order until the next would pass it, and `omitted` counts the ones left out.
@@ -85,7 +85,7 @@ def step_record(*, step: int, tokenizer, groups: list[tuple[str, list[int]]], te
         "pi_old": logp_old.exp(), "pi_new": None if logp_after is None else logp_after.exp(),
         "ratio": unseen(out.ratio), "adv": adv.expand_as(mask), "measure": unseen(out.measure),
         "penalty": unseen(out.penalty), "pi_ref": None if logp_ref is None else logp_ref.exp(),
-        "loss": unseen(out.per_token_loss), "weight": weight, "rho": out.policy_weight,
+        "loss": unseen(out.per_token_loss), "weight": weight, "rho": unseen(out.policy_weight),
         "pi_roll": None if logp_roll is None else logp_roll.exp()}
     columns = {fact: _rows(x, rows) for fact, x in columns.items()}
     states = _rows(out.token_state() if rejected is None else out.token_state().masked_fill(rejected, STATES - 1), rows)
