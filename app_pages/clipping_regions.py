@@ -20,6 +20,7 @@ CONTROLS = [
     Control("c", 3.0, param=DUAL_CLIP),
     Control("p", ["k3", "prob_l2"], options=tuple(PENALTIES), multi=True),
     *measure_param_controls(("penalty",)),
+    *ui.correction_controls([]),
 ]
 BY_NAME = {c.name: c for c in CONTROLS}
 
@@ -45,11 +46,13 @@ with ui.shown_errors():
         st.subheader("Penalties")
         names = ui.choice(PAGE, BY_NAME["p"], "Penalties to draw (toward π_ref; RPG's toward π_old)")
         penalties = [ui.penalty_widgets(PAGE, name, BY_NAME) for name in names]
+        st.subheader("Rollout corrections")
+        corrections = ui.correction_widgets(PAGE, BY_NAME)
     ui.publish_controls(PAGE, CONTROLS)
     if not tests:
         st.info("Pick at least one clip test in the sidebar.")
         st.stop()
-    charts = views.clipping_regions(tests, pi_old, c, surrogates, penalties)
+    charts = views.clipping_regions(tests, pi_old, c, surrogates, penalties, corrections)
 
     ui.show_chart(charts["intervals"], "intervals")
     ui.show_chart(charts["sweeps"], "interval sweeps")
@@ -68,6 +71,16 @@ with ui.shown_errors():
                  "r = π_θ/π_ref at π_ref = the π_old set above: k3's slope 1 − 1/r is the same for every π_ref, "
                  "while ProbL2's and a mirror map's are in probability space and vanish for rare tokens.")
         ui.show_chart(charts["penalty"], "penalties")
+    if corrections:
+        st.subheader("Rollout corrections: when the sampler is not the policy")
+        st.write("verl's corrections act before the loss, on ρ = π_old/π_roll of each sampled token (the policy the "
+                 "loss divides by, over the sampler that drew the token): TIS caps the weight at u, IcePop drops the "
+                 "token outside [l, u], rejection takes it out of the loss where its k1/k2/k3 passes the bound. One "
+                 "token is drawn here, so the sequence level is the token level.")
+        if any(v.get("bypass_mode") for v in corrections):
+            st.caption("Bypass mode is not drawn: it has no multiplier, since its π_old is π_roll and the loss's own "
+                       "ratio w = π_θ/π_roll corrects (the charts above).")
+        ui.show_chart(charts["correction"], "rollout corrections")
     left, right = st.columns(2)
     with left:
         st.write("A ratio box is a cone in probability space; a probability-space test is a band of constant "

@@ -16,6 +16,7 @@ from divviz import theory
 from divviz.divergences import ClipTest, clip_test
 from divviz.losses import Objective, policy_loss
 from divviz.penalties import Penalty
+from divviz.rollout_correction import RolloutCorrection
 
 F64 = torch.float64
 
@@ -147,6 +148,18 @@ class EquivalenceCheck:
     max_abs_loss_diff: float
     max_abs_grad_diff: float
     max_abs_grad: float
+
+
+def correction_curve(correction: RolloutCorrection, rho: np.ndarray) -> np.ndarray:
+    """What a rollout correction multiplies a one-token completion's policy term by, against ρ = π_old/π_roll: its
+    importance weight (1 without one), 0 where it rejects the token — `RolloutCorrection.apply` on a batch of such
+    completions (for one token the sequence level is the token level; batch normalisation, a mean over the grid,
+    means nothing here and is left out)."""
+    logp_old = torch.from_numpy(np.log(rho)).to(F64)[:, None]
+    out = replace(correction, rollout_is_batch_normalize=False).apply(logp_old, torch.zeros_like(logp_old),
+                                                                        torch.ones_like(logp_old))
+    weight = torch.ones_like(logp_old) if out.weight is None else out.weight
+    return (weight * out.mask)[:, 0].numpy()
 
 
 def random_token_batch(seed: int, completions: int = 64, length: int = 32, spread: float = 0.5):

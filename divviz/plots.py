@@ -149,6 +149,22 @@ def penalty_chart(ratio: np.ndarray, curves: list[tuple[str, np.ndarray, np.ndar
     return Chart(figure(traces, layout, [vline(1.0, *refs[0][0]), vline(1.0, *refs[0][1])]), pd.DataFrame(data))
 
 
+def correction_chart(rho: np.ndarray, curves: list[tuple[str, np.ndarray]]) -> Chart:
+    """Each rollout correction's multiplier on a token's policy term against ρ = π_old/π_roll (log axis)."""
+    traces, data = [], {"rho": rho}
+    for i, (label, multiplier) in enumerate(curves):
+        traces.append({"type": "scatter", "x": rho, "y": multiplier, "mode": "lines", "name": label,
+                       "line": {"color": color(i), "width": 2.5, "shape": "hv"},
+                       "hovertemplate": f"ρ = %{{x:.3f}}<br>multiplier = %{{y:.4g}}<extra>{label}</extra>"})
+        data[label] = multiplier
+    layout = {"height": 400, "title": {"text": "Rollout corrections: what multiplies a token's policy term",
+                                        "subtitle": {"text": "ρ = π_old/π_roll, the trained policy over the sampler; "
+                                                             "0 where the token is dropped or rejected"}},
+              "xaxis": {"title": {"text": "ρ = π_old / π_roll"}, "type": "log"},
+              "yaxis": {"title": {"text": "multiplier of the policy term"}}}
+    return Chart(figure(traces, layout, [vline(1.0)]), pd.DataFrame(data))
+
+
 def logit_chart(pi_old: np.ndarray, rooms: list[tuple[str, np.ndarray, np.ndarray]]) -> Chart:
     """How far the sampled token's logit may move before clipping, against π_old (softmax head)."""
     traces, data = [], {"pi_old": pi_old}

@@ -218,11 +218,9 @@ def objective_controls(tests: list[str], beta: float) -> list[Control]:
             *measure_param_controls(("penalty",))]
 
 
-def rollout_controls(lag: Param) -> list[Control]:
-    """The controls of `rollout_widgets`, with the page's parameter for the sampler's lag."""
-    return [Control("rollout_dtype", "same", options=tuple(SAMPLER_DTYPES)),
-            Control("rollout_lag", lag.default, param=lag),
-            Control("rc", ["none"], options=tuple(views.ROLLOUT_VARIANTS), multi=True),
+def correction_controls(default: list[str]) -> list[Control]:
+    """The controls of `correction_widgets`: the corrections to compare (`default` at first) and their parameters."""
+    return [Control("rc", default, options=tuple(views.ROLLOUT_VARIANTS), multi=True),
             *[Control(p.name, p.default, param=p) for p in (TIS_CAP, ICEPOP_LOW, ICEPOP_HIGH, RS_RATIO_LOW,
                                                             RS_RATIO_HIGH, RS_BOUND)],
             Control("rs_option", "token_k1", options=RS_OPTIONS),
@@ -231,13 +229,15 @@ def rollout_controls(lag: Param) -> list[Control]:
                                                       "batch mean"))]
 
 
-def rollout_widgets(page: str, controls: dict[str, Control], precision_help: str,
-                    lag_label: str) -> tuple[dict, list[dict]]:
-    """The rollout block of the Training lab and the bandit: the sampler's precision and lag (one for all runs), and
-    the rollout corrections to compare (one run each). Returns the shared config keys and one dict of run-config keys
-    per correction (`views.rollout_variant`)."""
-    shared = {"rollout_dtype": choice(page, controls["rollout_dtype"], "Sampler precision", help=precision_help),
-              "rollout_lag": number(page, controls["rollout_lag"], lag_label)}
+def rollout_controls(lag: Param) -> list[Control]:
+    """The controls of `rollout_widgets`, with the page's parameter for the sampler's lag."""
+    return [Control("rollout_dtype", "same", options=tuple(SAMPLER_DTYPES)),
+            Control("rollout_lag", lag.default, param=lag), *correction_controls(["none"])]
+
+
+def correction_widgets(page: str, controls: dict[str, Control]) -> list[dict]:
+    """verl's rollout corrections to compare, with the parameters of those chosen: one dict of run-config keys each
+    (`views.rollout_variant`)."""
     names = choice(page, controls["rc"], "Corrections to compare (one run each)",
                    help="; ".join(f"{k}: {v}" for k, v in views.ROLLOUT_VARIANTS.items()))
     values = {"tis_u": TIS_CAP.default, "icepop": (ICEPOP_LOW.default, ICEPOP_HIGH.default),  # for those not shown
@@ -257,7 +257,17 @@ def rollout_widgets(page: str, controls: dict[str, Control], precision_help: str
                                   number(page, controls["rs_u"], "to u"))
         else:
             values["rs_bound"] = number(page, controls["rs_bound"], f"kept while {values['rs_option']} ≤")
-    return shared, [views.rollout_variant(name, **values) for name in names or ["none"]]
+    return [views.rollout_variant(name, **values) for name in names]
+
+
+def rollout_widgets(page: str, controls: dict[str, Control], precision_help: str,
+                    lag_label: str) -> tuple[dict, list[dict]]:
+    """The rollout block of the Training lab and the bandit: the sampler's precision and lag (one for all runs), and
+    the rollout corrections to compare (one run each; none chosen is one run without). Returns the shared config keys
+    and one dict of run-config keys per correction."""
+    shared = {"rollout_dtype": choice(page, controls["rollout_dtype"], "Sampler precision", help=precision_help),
+              "rollout_lag": number(page, controls["rollout_lag"], lag_label)}
+    return shared, correction_widgets(page, controls) or [{}]
 
 
 SCALE_REWARDS_CONTROL = Control("scale_rewards", "group", options=SCALE_REWARDS,

@@ -29,6 +29,7 @@ from divviz.surrogates import Surrogate
 
 RATIO_GRID = np.linspace(0.01, 3.0, 600)
 PI_OLD_GRID = np.linspace(0.001, 1.0, 400)
+RHO_GRID = np.geomspace(0.1, 10.0, 801)  # ρ = π_old/π_roll, symmetric in log
 PENALTY_GRID = np.linspace(0.2, 3.0, 400)  # r = π_θ/π_ref; below 0.2 k3's 1/r dwarfs the others
 
 
@@ -74,10 +75,13 @@ def weight_curves(objectives: list[Objective], pi_old: float) -> list[tuple[str,
 
 
 def clipping_regions(tests: list[ClipTest], pi_old: float, dual_clip_c: float | None,
-                     surrogates: list[Surrogate] = (), penalties: list[Penalty] = ()) -> dict[str, Chart]:
+                     surrogates: list[Surrogate] = (), penalties: list[Penalty] = (),
+                     corrections: list[dict] = ()) -> dict[str, Chart]:
     """Intervals now, intervals as the parameter moves, the (π_old, π_new) region, surrogate/gradient, logit room,
-    the gradient weight of each test under PPO's surrogate and of each surrogate, and each penalty's value and slope
-    against π_θ/π_ref at π_ref = π_old. The same test may come several times (its labels are made distinct)."""
+    the gradient weight of each test under PPO's surrogate and of each surrogate, each penalty's value and slope
+    against π_θ/π_ref at π_ref = π_old, and each rollout correction's multiplier against π_old/π_roll (`corrections`:
+    `rollout_variant`s; bypass mode has none: its ratio is the loss's). The same test may come several times (its
+    labels are made distinct)."""
     labels = unique_labels([t.label for t in tests])
     sweeps = []
     for test, label in zip(tests, labels):
@@ -101,6 +105,9 @@ def clipping_regions(tests: list[ClipTest], pi_old: float, dual_clip_c: float | 
         "weight": plots.gradient_weight_chart(RATIO_GRID, weight_curves(weighed, pi_old)),
         "penalty": plots.penalty_chart(PENALTY_GRID, [(p.label, *explore.penalty_curves(p, PENALTY_GRID, pi_old))
                                                       for p in penalties], pi_old),
+        "correction": plots.correction_chart(RHO_GRID, [
+            (rollout_label(v) or "none", explore.correction_curve(correction_from(v), RHO_GRID))
+            for v in corrections if not v.get("bypass_mode")]),
     }
 
 

@@ -80,3 +80,23 @@ def test_random_token_batch_is_reproducible_and_masks_padding():
     logp_new, logp_old, adv, mask = a
     out = policy_loss(logp_new, logp_old, adv, mask, clip=clip_test("ratio"))
     assert not out.outside[mask == 0].any()
+
+
+def test_each_rollout_correction_multiplies_a_token_by_its_formula():
+    """`correction_curve` against ρ = π_old/π_roll: TIS min(ρ, u); IcePop ρ on [l, u], else 0, per token and per
+    (one-token) completion; rejection 1 where k1, k2 or k3 keeps the token, else 0; no correction 1."""
+    from divviz.rollout_correction import RolloutCorrection
+
+    rho = np.geomspace(0.1, 10.0, 201)
+    curve = lambda **kw: explore.correction_curve(RolloutCorrection(**kw), rho)  # noqa: E731
+    np.testing.assert_allclose(curve(rollout_is="token", rollout_is_threshold=2.0), np.minimum(rho, 2.0), rtol=1e-12)
+    icepop = np.where((rho >= 0.5) & (rho <= 2.0), rho, 0.0)
+    for level in ("token", "sequence"):
+        np.testing.assert_allclose(curve(rollout_is=level, rollout_is_threshold="0.5_2"), icepop, rtol=1e-12)
+    np.testing.assert_array_equal(curve(rollout_rs="token_k1", rollout_rs_threshold="0.5_2"),
+                                  ((-np.log(rho) >= np.log(0.5)) & (-np.log(rho) <= np.log(2.0))).astype(float))
+    np.testing.assert_array_equal(curve(rollout_rs="token_k3", rollout_rs_threshold="0.1"),
+                                  (rho - 1 - np.log(rho) <= 0.1).astype(float))
+    np.testing.assert_allclose(curve(rollout_is="token", rollout_is_batch_normalize=True), np.minimum(rho, 2.0),
+                               rtol=1e-12)
+    np.testing.assert_array_equal(curve(), np.ones_like(rho))

@@ -246,6 +246,21 @@ def test_mass_reallocation_with_two_penalties_and_a_batch_baseline():
     assert at.selectbox(key="bandit:scale_rewards").value == "none" and not at.warning  # an older link's toggle
 
 
+def test_clipping_regions_draws_rollout_corrections():
+    """A link's corrections draw their multipliers against ρ = π_old/π_roll: TIS capped at its u, IcePop zero
+    outside [l, u], rejection 0 or 1; bypass is named, not drawn; without corrections there is no such chart."""
+    at = open_page("app_pages/clipping_regions.py", {"rc": "TIS token,IcePop token,rejection,bypass", "tis_u": "1.5"})
+    figure = next(f for f in map(json.loads, specs(at)) if f["layout"]["title"]["text"].startswith("Rollout"))
+    curves = {t["name"]: (typed(t["x"]), typed(t["y"])) for t in figure["data"] if "name" in t}
+    assert list(curves) == ["TIS token u=1.5", "IcePop token [0.5, 2]", "RS token_k1 0.5_2"]
+    rho, tis = curves["TIS token u=1.5"]
+    assert tis.max() == pytest.approx(1.5) and tis[rho < 1.5] == pytest.approx(rho[rho < 1.5])
+    assert set(curves["RS token_k1 0.5_2"][1]) == {0.0, 1.0} and curves["IcePop token [0.5, 2]"][1][-1] == 0
+    assert any("Bypass mode is not drawn" in c.value for c in at.caption)
+    assert not any("Rollout" in json.loads(s)["layout"]["title"]["text"]
+                   for s in specs(open_page("app_pages/clipping_regions.py")))
+
+
 def test_a_bandit_preset_with_surrogates_and_one_without():
     at = open_page("app_pages/mass_reallocation.py", {"iterations": "10", "k": "20"})
     next(b for b in at.button if b.label.startswith("PPO vs surrogates")).click().run()
