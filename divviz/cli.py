@@ -27,6 +27,7 @@ from divviz import instances
 from divviz.divergences import CATALOGUE, DUAL_CLIP, clip_test, get_entry
 from divviz.engine.config import RUN_PARAMS
 from divviz.params import UPLOAD_MAX_BYTES, DivvizInputError, Param, parse_assignments
+from divviz.rollout_correction import CORRECTIONS
 from divviz.safetext import shorten
 
 
@@ -49,6 +50,8 @@ def cmd_measures(args) -> int:
     rows.append({"name": "dual_clip", "family": "cap", "title": "dual-clip cap for A < 0",
                  "latex": r"\ell_t \le -c\,A_t \;(A_t<0)", "doc": DUAL_CLIP.doc,
                  "params": [_param_json(DUAL_CLIP)]})
+    rows += [{"name": e.name.replace(" ", "_"), "family": "rollout", "title": e.title, "latex": e.latex, "doc": e.doc,
+              "flags": e.flags, "params": [_param_json(p) for p in e.params]} for e in CORRECTIONS.values()]
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -56,7 +59,8 @@ def cmd_measures(args) -> int:
         shown = {"bool": lambda v: int(v), "text": repr}
         params = ", ".join(f"{p['name']}={shown.get(p['kind'], lambda v: format(v, 'g'))(p['default'])}"
                            for p in row["params"])
-        print(f"{row['name']:<12} {row['family']:<10} {row['title']}" + (f"  [{params}]" if params else ""))
+        print(f"{row['name']:<12} {row['family']:<10} {row['title']}" + (f"  [{params}]" if params else "")
+              + (f"  (divviz train {row['flags']})" if "flags" in row else ""))
     return 0
 
 

@@ -20,8 +20,9 @@ def test_measures_lists_the_catalogue(capsys):
     code, out, _ = run(capsys, "measures")
     assert code == 0
     for name in ("ratio", "clip_higher", "kl1", "kl2", "kl3", "prob_tv", "k3", "prob_l2", "mirror",
-                 "fkl", "urkl_rf", "dual_clip"):
+                 "fkl", "urkl_rf", "dual_clip", "TIS_token", "IcePop_sequence", "rejection", "bypass"):
         assert f"\n{name} " in "\n" + out
+    assert "(divviz train --rollout-is token --rollout-is-threshold U)" in out  # a rollout correction's flags
 
 
 def test_measures_json(capsys):
@@ -32,6 +33,8 @@ def test_measures_json(capsys):
                                         "range": "a finite number in (0, 50]", "doc": "KL3 level δ",
                                         "trl_name": None}
     assert rows["clip_higher"]["params"][1]["trl_name"] == "epsilon_high"
+    assert rows["IcePop_token"]["family"] == "rollout" and [p["name"] for p in rows["IcePop_token"]["params"]] == [
+        "icepop_l", "icepop_u"] and rows["bypass"]["flags"] == "--bypass-mode"
 
 
 def test_bounds_json_kl3(capsys):
