@@ -363,9 +363,8 @@ class NonFiniteInput(DivvizInputError):
 def check_inputs(logp_new, logp_old, adv, mask, logp_ref=None, weight=None, logp_sampling=None) -> None:
     """`policy_loss`'s inputs, or one `DivvizInputError` saying what is wrong: torch tensors; floating-point
     log-probs and advantages (a weight may also be a bool mask); logp_old, mask, logp_ref and logp_sampling shaped
-    like logp_new,
-    (B, T) with B, T ≥ 1; adv (B,), (B, 1) or (B, T); weight (B, T) or (B, 1); finite values wherever the mask
-    keeps a token (else `NonFiniteInput`)."""
+    like logp_new, (B, T) with B, T ≥ 1; adv (B,), (B, 1) or (B, T); weight (B, T) or (B, 1); finite values wherever
+    the mask keeps a token (else `NonFiniteInput`)."""
     given = {"logp_new": logp_new, "logp_old": logp_old, "adv": adv, "mask": mask, "logp_ref": logp_ref,
              "weight": weight, "logp_sampling": logp_sampling}
     for name, x in given.items():

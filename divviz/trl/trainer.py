@@ -4,7 +4,8 @@ It replaces one method of TRL 1.16's `GRPOTrainer`, `_compute_loss`: TRL writes 
 the forward pass and the metrics, so no smaller override can swap it. The new `_compute_loss` keeps, as TRL does
 them, the forward pass (`_get_per_token_logps_and_entropies`, TRL's fused LM head at its temperature), the old
 log-probs (with μ = 1 the current ones, detached), the top-entropy token mask, the off-policy sequence mask and
-vLLM's importance-sampling correction (all three as `policy_loss`'s per-token weight), the MoE auxiliary loss, the
+vLLM's importance-sampling correction (all three as `policy_loss`'s per-token weight; for VESPO the correction goes
+into its sequence ratio instead, as TRL puts it), the MoE auxiliary loss, the
 normalisers for gradient accumulation and processes, and TRL's cross-process gathering of metrics. It replaces
 TRL's loss (its clip `epsilon`/`epsilon_high`, `delta`, k3 penalty `beta`, and its own surrogates cispo, sapo and
 vespo) by the objective's clip test or surrogate, penalty, β, caps and level; GRPOConfig's loss_type must name the
