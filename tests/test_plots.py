@@ -24,9 +24,15 @@ def test_clipping_region_figures_validate():
     tests = [clip_test(n) for n in ("ratio", "clip_higher", "kl1", "kl2", "kl3", "prob_tv")]
     surrogates = [surrogate(n) for n in SURROGATES]
     penalties = [penalty(n) for n in PENALTIES]
-    charts = views.clipping_regions(tests, pi_old=0.2, dual_clip_c=3.0, surrogates=surrogates, penalties=penalties)
-    assert set(charts) == {"intervals", "sweeps", "region", "surrogate", "logit", "weight", "penalty"}
+    corrections = [views.rollout_variant(name, 2.0, (0.5, 2.0), "token_k2", (0.5, 2.0), 0.05, False)
+                   for name in views.ROLLOUT_VARIANTS]
+    charts = views.clipping_regions(tests, pi_old=0.2, dual_clip_c=3.0, surrogates=surrogates, penalties=penalties,
+                                    corrections=corrections)
+    assert set(charts) == {"intervals", "sweeps", "region", "surrogate", "logit", "weight", "penalty", "correction"}
     assert {t.name for t in validated(charts["penalty"]).data if t.showlegend} == {p.label for p in penalties}
+    assert [t.name for t in validated(charts["correction"]).data] == [  # bypass has no multiplier of its own
+        "none", "TIS token u=2", "TIS sequence u=2", "IcePop token [0.5, 2]", "IcePop sequence [0.5, 2]",
+        "RS token_k2 0.05"]
     for chart in charts.values():
         validated(chart)
     # one legend entry per test in the surrogate chart; kl1's unbounded top is drawn as an arrow
