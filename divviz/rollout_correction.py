@@ -321,7 +321,8 @@ class RolloutCorrection:
         if self.rollout_is is not None and self.rollout_is not in LEVELS:
             raise DivvizInputError(f"unknown rollout_is {quoted(self.rollout_is)}; choose token, sequence or none")
         low, high = is_threshold(self.rollout_is_threshold)
-        object.__setattr__(self, "rollout_is_threshold", high if low is None else f"{low:g}_{high:g}")
+        exact = lambda x: repr(x).removesuffix(".0")  # noqa: E731 — every digit kept: "0.5_2", "0.123456789_2"
+        object.__setattr__(self, "rollout_is_threshold", high if low is None else f"{exact(low)}_{exact(high)}")
         if not isinstance(self.rollout_is_batch_normalize, bool):
             raise DivvizInputError("rollout_is_batch_normalize must be true or false")
         if self.rollout_rs is not None:

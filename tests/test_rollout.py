@@ -148,6 +148,8 @@ def test_labels_say_how_the_rollout_differs_and_older_configs_still_open(tmp_pat
                          rollout_is_threshold="0.5_2", rollout_rs="token_k1, token_k1", rollout_rs_threshold=1.5)
     assert cfg.label == "ratio ε=0.2 · sampler bfloat16, lag 2 · IcePop sequence [0.5, 2] RS token_k1 1.5"
     assert cfg.rollout_rs == "token_k1" and cfg.rollout_is_threshold == "0.5_2"
+    assert RunConfig.make(rollout_is="token", rollout_is_threshold="0.123456789_2.5").rollout_is_threshold == \
+        "0.123456789_2.5"  # kept exactly, not to a label's digits
     assert RunConfig.make(bypass_mode=True, rollout_lag=1).label == "ratio ε=0.2 · sampler lag 1 · bypass"
     older = {k: v for k, v in RunConfig.make().to_dict().items() if not k.startswith(("rollout", "bypass"))}
     assert RunConfig.from_dict(older) == RunConfig.make() and config_label(older) == "ratio ε=0.2"
