@@ -3,7 +3,7 @@
 import streamlit as st
 
 from divviz import ui, views
-from divviz.bandit import BANDIT_PARAMS, DEFAULT_LR, INIT_SHAPES, OPTIMIZERS, REWARDS
+from divviz.bandit_setting import BANDIT_PARAMS, DEFAULT_LR, INIT_SHAPES, OPTIMIZERS, REWARDS
 from divviz.params import Param
 from divviz.presets import BANDIT_PRESETS
 from divviz.safetext import literal

@@ -21,7 +21,8 @@ import time
 import plotly.io as pio
 
 from divviz import views
-from divviz.bandit import BanditConfig, run_bandit
+from divviz.bandit import run_bandit
+from divviz.bandit_setting import BanditConfig
 from divviz.divergences import clip_test
 from divviz.losses import Objective
 

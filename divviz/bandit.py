@@ -14,10 +14,10 @@ Plain SGD keeps the picture honest: the step is the loss's gradient, not an opti
 what a trainer's optimiser does to the same comparison. Penalties use the start policy π_0 as the reference.
 Many seeds run side by side as easily as many objectives: a page shows means with intervals, not one seed.
 
-A sampler unlike the policy (`BanditRollout`): step 1 may draw from π_roll, the policy of `rollout_lag` iterations
-ago with its logits rounded to bfloat16 or float16, as an inference engine beside a trainer samples; π_old stays the
-current policy, and each run may correct with verl's rollout corrections (`rollout_correction.py`), exactly as
-training does, or take π_old from the sampler (verl's bypass mode).
+A sampler unlike the policy (`bandit_rollout.py`): step 1 may draw from π_roll, the policy of `rollout_lag`
+iterations ago with its logits rounded to bfloat16 or float16; π_old stays the current policy, and each run may
+correct with verl's rollout corrections, exactly as training does, or take π_old from the sampler (bypass mode).
+The setting, π_0, the rewards and `BanditConfig`, is `bandit_setting.py`.
 
 The step's gradient is the chain rule through the softmax, ∂/∂θ Σ_i g_i log π(a_i) = Σ_i g_i (e_{a_i} − π),
 with g = ∂loss/∂log π(a_i) from `PolicyLossGradient`, the loss's closed-form gradient. Several objectives
@@ -29,121 +29,18 @@ checks that all give the same runs.
 
 from __future__ import annotations
 
-from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from divviz.aggregation import BASELINES, SCALE_REWARDS, aggregation_weights, check_scale_rewards, group_advantages
+from divviz.aggregation import aggregation_weights, group_advantages
+from divviz.bandit_rollout import BanditRollout
+from divviz.bandit_setting import BanditConfig, initial_logits, reward_vector, softmax
 from divviz.loss_gradient import PolicyLossGradient
 from divviz.losses import Objective
-from divviz.params import DivvizInputError, Param, check_params
-from divviz.rollout_correction import SAMPLER_DTYPES, RolloutCorrection, rejection_mask, rollout_weights
-from divviz.safetext import quoted
-
-INIT_SHAPES = ("zipf", "uniform", "random")
-REWARDS = ("one_correct", "top_k", "graded", "random", "random_correct")
-OPTIMIZERS = ("sgd", "adam")
-DEFAULT_LR = {"sgd": 0.5, "adam": 0.05}  # what the page sets when the optimiser is switched
-ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8  # torch.optim.Adam's defaults
-
-BANDIT_PARAMS = (
-    Param("k", 50, 2, 1000, high_open=False, kind="int", typical=(2, 1000, 1), doc="number of actions K"),
-    Param("sharpness", 1.0, 0.0, 5.0, high_open=False, typical=(0.0, 3.0, 0.05),
-          doc="zipf: exponent s of π_0(rank r) ∝ (r+1)^−s; random: std of the initial logits"),
-    Param("correct_rank", 2, 0, 999, high_open=False, kind="int", typical=(0, 999, 1),
-          doc="one_correct: rank of the rewarded action under π_0 (0 = most likely); top_k: k − 1"),
-    Param("correct_percent", 10, 1, 100, high_open=False, kind="int", typical=(1, 100, 1),
-          doc="random_correct: the share of actions, drawn at random for each seed, whose reward is 1"),
-    Param("group_size", 8, 2, 256, high_open=False, kind="int", typical=(2, 64, 1), doc="G, samples per group"),
-    Param("groups", 2, 1, 64, high_open=False, kind="int", typical=(1, 32, 1), doc="groups per iteration"),
-    Param("mu", 4, 1, 16, high_open=False, kind="int", typical=(1, 8, 1),
-          doc="inner steps per batch (TRL's num_iterations)"),
-    Param("lr", DEFAULT_LR["sgd"], 0.0, 100.0, low_open=True, high_open=False, typical=(0.005, 20.0, 0.005),
-          doc="step size on the logits (SGD), or Adam's learning rate"),
-    Param("iterations", 80, 1, 2000, high_open=False, kind="int", typical=(1, 500, 1), doc="GRPO iterations"),
-    Param("seed", 0, 0, 2**31 - 1, high_open=False, kind="int", typical=(0, 999, 1),
-          doc="sampling seed (the first of the seeds)"),
-    Param("rollout_lag", 0, 0, 64, high_open=False, kind="int", typical=(0, 16, 1),
-          doc="the sampler draws from the policy of this many iterations ago (0: the current one)"),
-    Param("autograd", False, kind="bool",
-          doc="take each step's gradient by autograd through policy_loss, as training does (~10× slower)"),
-)
-
-
-@dataclass(frozen=True)
-class BanditConfig:
-    """The bandit's setting; built through `BanditConfig.make`, which checks every field."""
-
-    k: int = 50
-    init: str = "zipf"
-    sharpness: float = 1.0
-    reward: str = "top_k"
-    correct_rank: int = 2
-    correct_percent: int = 10
-    group_size: int = 8
-    groups: int = 2
-    mu: int = 4
-    optimizer: str = "sgd"
-    lr: float = DEFAULT_LR["sgd"]
-    iterations: int = 80
-    seed: int = 0
-    scale_rewards: str = "group"  # TRL's: the group's reward std, the batch's (each run's), or none (Dr. GRPO)
-    baseline: str = "group"  # the mean subtracted: the group's, or the batch's (each run's; RPG's batch mean)
-    rollout_dtype: str = "same"  # the sampler's logits rounded to bfloat16 or float16 (`BanditRollout`)
-    rollout_lag: int = 0
-    autograd: bool = False
-
-    @staticmethod
-    def make(**values) -> "BanditConfig":
-        choices = {"init": ("initial shape", INIT_SHAPES), "reward": ("reward", REWARDS),
-                   "optimizer": ("optimizer", OPTIMIZERS), "scale_rewards": ("scale_rewards", SCALE_REWARDS),
-                   "baseline": ("baseline", BASELINES), "rollout_dtype": ("rollout_dtype", tuple(SAMPLER_DTYPES))}
-        if isinstance(values.get("scale_rewards"), bool):  # the older bool
-            values["scale_rewards"] = check_scale_rewards(values["scale_rewards"])
-        picked = {}
-        for name, (what, known) in choices.items():
-            picked[name] = values.pop(name, BanditConfig.__dataclass_fields__[name].default)
-            if picked[name] not in known:
-                raise DivvizInputError(f"bandit: unknown {what} {quoted(picked[name])}; known: {', '.join(known)}")
-        checked = check_params("bandit", BANDIT_PARAMS, values)
-        if checked["correct_rank"] >= checked["k"]:
-            raise DivvizInputError(f"bandit: parameter 'correct_rank' must be below k = {checked['k']}; "
-                                   f"got {checked['correct_rank']}")
-        return BanditConfig(**picked, **checked)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-def initial_logits(cfg: BanditConfig, seed: int | None = None) -> np.ndarray:
-    """θ_0, sorted so that action 0 is the most likely (ranks are action indices); `random` draws them from
-    the seed (default `cfg.seed`)."""
-    ranks = np.arange(cfg.k, dtype=np.float64)
-    if cfg.init == "uniform":
-        return np.zeros(cfg.k)
-    if cfg.init == "zipf":
-        return -cfg.sharpness * np.log1p(ranks)
-    seed = cfg.seed if seed is None else seed
-    return np.sort(cfg.sharpness * np.random.default_rng(seed + 1).standard_normal(cfg.k))[::-1].copy()
-
-
-def reward_vector(cfg: BanditConfig, seed: int | None = None) -> np.ndarray:
-    """r(a) for each action (actions are indexed by their rank under π_0); the random rewards are the seed's."""
-    ranks = np.arange(cfg.k, dtype=np.float64)
-    rng = np.random.default_rng((cfg.seed if seed is None else seed) + 2)
-    if cfg.reward == "one_correct":
-        return (ranks == cfg.correct_rank).astype(np.float64)
-    if cfg.reward == "top_k":
-        return (ranks <= cfg.correct_rank).astype(np.float64)
-    if cfg.reward == "graded":
-        return 1.0 - ranks / max(cfg.k - 1, 1)
-    if cfg.reward == "random_correct":
-        correct = rng.choice(cfg.k, size=max(1, round(cfg.k * cfg.correct_percent / 100)), replace=False)
-        return np.isin(np.arange(cfg.k), correct).astype(np.float64)
-    return rng.random(cfg.k)
-
+from divviz.params import DivvizInputError
+from divviz.rollout_correction import RolloutCorrection
 
 @dataclass
 class BanditRun:
@@ -161,14 +58,6 @@ class BanditRun:
         """Entropy of π_0, in nats."""
         p = self.initial[self.initial > 0]
         return float(-(p * np.log(p)).sum())
-
-
-def softmax(theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(log π, π) over the last axis: log π = θ − logsumexp(θ), shifted by max θ so that nothing overflows."""
-    shifted = theta - theta.max(axis=-1, keepdims=True)
-    e = np.exp(shifted)
-    z = e.sum(axis=-1, keepdims=True)
-    return shifted - np.log(z), e / z
 
 
 @dataclass
@@ -236,6 +125,9 @@ def autograd_gradient(objectives: list[Objective], theta: np.ndarray,
     return np.stack(grads), *flags
 
 
+ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8  # torch.optim.Adam's defaults
+
+
 class Adam:
     """torch.optim.Adam's update on the logits (β = (0.9, 0.999), ε = 1e-8, no weight decay), its moments kept
     across iterations as a GRPO trainer keeps them (tests/test_bandit.py checks it against torch's):
@@ -291,69 +183,6 @@ def sample_batch(cfg: BanditConfig, u: np.ndarray, gradient: PolicyLossGradient,
     old, weight, kept = rollout.correct(old, roll, mask)
     return Batch(actions, flat_actions, adv, old, ref, mask,
                  gradient.batch(old, adv, ref, weight=weight, mask=kept, logp_sampling=roll), roll, weight, kept), r
-
-
-class BanditRollout:
-    """The sampler of bandit runs stepped together and their rollout corrections, one per run: (correction,
-    bypass). π_roll is the policy of `rollout_lag` iterations ago (the start policy until then), its logits rounded
-    to `rollout_dtype`. With ρ = π_old/π_roll of each sample, a run's `RolloutCorrection` gives its weights and
-    rejected samples as `rollout_weights` and `rejection_mask` give them to training (each sample a one-token
-    completion); in bypass mode the run's π_old is π_roll."""
-
-    def __init__(self, cfg: BanditConfig, rows: list[tuple[RolloutCorrection, bool]],
-                 policy: tuple[np.ndarray, np.ndarray]):
-        self.dtype, self.history = SAMPLER_DTYPES[cfg.rollout_dtype], deque([policy], maxlen=cfg.rollout_lag + 1)
-        self.roll = self._sampler()
-        self.rows, self.bypass = rows, np.array([bypass for _, bypass in rows])
-        self.weighs = any(c.rollout_is is not None for c, _ in rows)
-        self.rejects = any(c.rollout_rs is not None for c, _ in rows)
-        self.groups: dict[RolloutCorrection, list[int]] = {}  # the runs of each correction, corrected in one call
-        for r, (correction, _) in enumerate(rows):
-            self.groups.setdefault(correction, []).append(r)
-
-    @staticmethod
-    def needed(cfg: BanditConfig, rows: list[tuple[RolloutCorrection, bool]]) -> bool:
-        """Whether these settings sample or correct otherwise than on-policy."""
-        return cfg.rollout_dtype != "same" or cfg.rollout_lag > 0 or any(c.active or b for c, b in rows)
-
-    def policy(self) -> tuple[np.ndarray, np.ndarray]:
-        """π_roll's (log π, π), (R, K), for this iteration."""
-        return self.roll
-
-    def _sampler(self) -> tuple[np.ndarray, np.ndarray]:
-        """The oldest policy kept, its logits rounded to the sampler's precision (with none, itself to the last bit)."""
-        logp, p = self.history[0]
-        if self.dtype is None:
-            return logp, p
-        return softmax(torch.from_numpy(logp).to(self.dtype).double().numpy())
-
-    def push(self, policy: tuple[np.ndarray, np.ndarray]) -> None:
-        """The policy (log π, π) after an iteration: the sampler reaches it `rollout_lag` iterations later."""
-        self.history.append(policy)
-        self.roll = self._sampler()
-
-    def correct(self, logp_old: np.ndarray, logp_roll: np.ndarray, mask: np.ndarray):
-        """(π_old the loss divides by, the policy term's weights or None, each run's kept samples or None), each
-        (R, n, 1), from the samples' log-probs under π_old and π_roll."""
-        weight = np.ones_like(logp_old) if self.weighs else None
-        kept = np.broadcast_to(mask, logp_old.shape).copy() if self.rejects else None
-        log_ratio = torch.from_numpy(logp_old - logp_roll)
-        for correction, rows in self.groups.items():
-            # every sample is a one-token completion, so the runs' samples stack into one batch, (runs · n, 1), but
-            # for batch normalisation, whose mean is each run's own
-            parts = [[r] for r in rows] if correction.rollout_is_batch_normalize else [rows]
-            for part in parts:
-                ratio = log_ratio[part].reshape(-1, 1)
-                ones = torch.ones_like(ratio)
-                if correction.rollout_is is not None:
-                    weight[part] = rollout_weights(ratio, ones, correction.rollout_is, correction.rollout_is_threshold,
-                                                   correction.rollout_is_batch_normalize, with_metrics=False)[0].reshape(
-                        len(part), -1, 1).numpy()
-                if correction.rollout_rs is not None:
-                    kept[part] *= rejection_mask(ratio, ones, correction.rollout_rs, correction.rollout_rs_threshold,
-                                                 with_metrics=False)[0].reshape(len(part), -1, 1).numpy()
-        old = np.where(self.bypass[:, None, None], logp_roll, logp_old) if self.bypass.any() else logp_old
-        return old, weight, kept
 
 
 def run_bandits(cfg: BanditConfig, objectives: list[Objective], seeds: list[int] | None = None,

@@ -25,7 +25,8 @@ from typing import Callable
 import torch
 
 from divviz import evidence, explore, theory
-from divviz.bandit import DEFAULT_LR, BanditConfig, run_bandits
+from divviz.bandit import run_bandits
+from divviz.bandit_setting import DEFAULT_LR, BanditConfig
 from divviz.divergences import clip_test
 from divviz.losses import Objective, policy_loss
 from divviz.params import Param

@@ -1,7 +1,7 @@
 """Named starting points a teacher can click: each maps a page's control names to values; measures are spelled
 as `divviz.instances` spells them."""
 
-from divviz.bandit import DEFAULT_LR
+from divviz.bandit_setting import DEFAULT_LR
 from divviz.theory import kl3_delta_at_ratio
 
 DELTA_LOW_EDGE = round(float(kl3_delta_at_ratio(0.8)), 7)  # KL3 through PPO ε = 0.2's lower edge: 0.0231

@@ -12,7 +12,8 @@ import numpy as np
 import pandas as pd
 
 from divviz import explore, plots, run_plots, theory
-from divviz.bandit import ROLLOUT_HISTORY, BanditConfig, BanditRun, run_bandits
+from divviz.bandit import ROLLOUT_HISTORY, BanditRun, run_bandits
+from divviz.bandit_setting import BanditConfig
 from divviz.divergences import ClipTest, clip_test
 from divviz.engine.config import (RunConfig, config_label, correction_from, objective_from, objective_settings,
                                   rollout_label)

@@ -3,7 +3,7 @@ bandit and on the built-in LM, each with its 95% interval, n, how many seeds rev
 predictions: the stale sampler costs (uncorrected − on-policy < 0), and a correction recovers some of it
 (correction − uncorrected > 0).
 
-The sampler is the policy of `--lag` updates ago in bfloat16 (`engine/sampler.py`, `bandit.BanditRollout`); the
+The sampler is the policy of `--lag` updates ago in bfloat16 (`engine/sampler.py`, `bandit_rollout.py`); the
 corrections are the Training lab's: none, token TIS (u = 2), token IcePop ([0.5, 2]), token_k1 rejection ([0.5, 2])
 and verl's bypass mode. The on-policy run (no lag, same precision) is the reference the others lose against. The
 bandit uses the Mass reallocation page's defaults; the LM runs are the lab's default run (`reverse`, 60 steps), one
@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from divviz import evidence, views
+from divviz.bandit_setting import BanditConfig
 from divviz.divergences import clip_test
 from divviz.losses import Objective
 
@@ -41,7 +42,7 @@ def line(name: str, base: str, d: evidence.Paired, sign: int = +1) -> str:
 
 
 def bandit(seeds: int, lag: int) -> None:
-    cfg = views.BanditConfig().to_dict()
+    cfg = BanditConfig().to_dict()
     objective = [Objective(clip=clip_test("ratio"))]
     on_policy = views.bandit_runs(cfg, objective, seeds)[0]
     lagged = views.bandit_runs({**cfg, "rollout_lag": lag, "rollout_dtype": "bfloat16"}, objective, seeds,

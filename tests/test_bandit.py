@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from divviz.aggregation import group_advantages
-from divviz.bandit import BANDIT_PARAMS, BanditConfig, run_bandit, run_bandits
+from divviz.bandit import run_bandit, run_bandits
+from divviz.bandit_setting import BANDIT_PARAMS, BanditConfig
 from divviz.divergences import clip_test
 from divviz.losses import Objective
 from divviz.metrics import PI_OLD_BINS, mass_shift_by_bin
@@ -198,7 +199,7 @@ def test_seeds_times_measures_are_each_run_alone(autograd):
 
 def test_random_correct_rewards_a_share_of_the_actions():
     cfg = BanditConfig.make(k=200, reward="random_correct", correct_percent=15)
-    from divviz.bandit import reward_vector
+    from divviz.bandit_setting import reward_vector
 
     r = reward_vector(cfg, seed=7)
     assert r.sum() == 30 and set(np.unique(r)) == {0.0, 1.0}
@@ -283,7 +284,8 @@ def test_without_a_sampler_corrections_change_nothing():
 
 
 def test_the_sampler_draws_from_the_policy_of_lag_iterations_ago_rounded_to_its_precision():
-    from divviz.bandit import BanditRollout, softmax
+    from divviz.bandit_rollout import BanditRollout
+    from divviz.bandit_setting import softmax
 
     cfg = BanditConfig.make(**SMALL, rollout_dtype="bfloat16", rollout_lag=2)
     logits = [np.log(np.random.default_rng(i).dirichlet(np.ones(20)))[None] for i in range(5)]

@@ -12,7 +12,8 @@ import pandas as pd
 import pytest
 
 from divviz import claims, claims_lm, evidence
-from divviz.bandit import BanditConfig, run_bandit
+from divviz.bandit import run_bandit
+from divviz.bandit_setting import BanditConfig
 from divviz.cli import main
 from divviz.engine.store import read_status, write_status
 

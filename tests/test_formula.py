@@ -160,7 +160,8 @@ def test_bad_pi_old_is_refused(pi_old):
 # --- the typed formula as the catalogue's `formula` clip test: loss, bandit, engine, CLI --------------------------
 
 from divviz import cli, divergences as dv  # noqa: E402
-from divviz.bandit import BanditConfig, run_bandit  # noqa: E402
+from divviz.bandit import run_bandit  # noqa: E402
+from divviz.bandit_setting import BanditConfig  # noqa: E402
 from divviz.engine import store  # noqa: E402
 from divviz.explore import random_token_batch  # noqa: E402
 from divviz.instances import parse as parse_measure, spell  # noqa: E402

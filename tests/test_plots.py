@@ -6,7 +6,8 @@ import plotly.graph_objects as go
 import pytest
 
 from divviz import views
-from divviz.bandit import BanditConfig, run_bandit
+from divviz.bandit import run_bandit
+from divviz.bandit_setting import BanditConfig
 from divviz.divergences import clip_test
 from divviz.losses import Objective
 from divviz.penalties import PENALTIES, penalty
