@@ -4,7 +4,7 @@ inspect, export, delete."""
 import pandas as pd
 import streamlit as st
 
-from divviz import ui, views
+from divviz import run_views, ui
 from divviz.engine import runner, store
 from divviz.safetext import literal
 
@@ -32,8 +32,8 @@ def draw_overview() -> None:
     for run in runs:
         last = (metrics[run.name] or [{}])[-1]
         table.append({"run": run.name, "state": run.state, "step": f"{run.step}/{run.steps}",
-                      "owner": views.owner_label(run.status, me),
-                      "task": run.config.get("task", ""), "objective": views.run_label(run),
+                      "owner": run_views.owner_label(run.status, me),
+                      "task": run.config.get("task", ""), "objective": run_views.run_label(run),
                       "reward": last.get("reward"), "accuracy": last.get("accuracy"),
                       "entropy": last.get("entropy"), "message": run.message})
     st.dataframe(pd.DataFrame(table), hide_index=True, width="stretch")
@@ -44,7 +44,7 @@ def draw_overview() -> None:
                          help="runs of the same measure and task (e.g. several seeds) drawn thinly, under their mean "
                               "and its 95% band")
     picked = [run for run in runs if run.name in chosen]
-    data = [(f"{run.config.get('task', '')} · {views.run_label(run)}" if group else views.run_label(run, unique=True),
+    data = [(f"{run.config.get('task', '')} · {run_views.run_label(run)}" if group else run_views.run_label(run, unique=True),
              metrics[run.name]) for run in picked]
     if any(rows for _, rows in data):
         export = pd.concat([pd.DataFrame(metrics[run.name]).assign(run=run.name) for run in picked])

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from divviz import explain, token_view, ui, views
+from divviz import explain, run_views, token_view, ui
 from divviz.engine import store
 from divviz.losses import TOKEN_STATES
 from divviz.params import DivvizInputError
@@ -45,7 +45,7 @@ with ui.shown_errors():
     names = {run.name: run for run in runs}
     with st.sidebar:
         name = st.selectbox("Run", list(names), key="inspector:run",
-                            format_func=lambda n: f"{views.run_label(names[n], unique=True)} · {names[n].state}")
+                            format_func=lambda n: f"{run_views.run_label(names[n], unique=True)} · {names[n].state}")
         run = names[name]
         steps = store.completion_steps(run.folder)
         step = st.select_slider("Step", steps, value=steps[-1], key=f"inspector:step:{name}") if len(steps) > 1 \
@@ -57,7 +57,7 @@ with ui.shown_errors():
     path = run.folder / "completions" / f"step_{step:06d}.json"
     record = record_of(str(run.folder), step, path.stat().st_mtime if path.exists() else 0.0)
 
-    st.subheader(literal(f"{views.run_label(run)} · step {step}"))
+    st.subheader(literal(f"{run_views.run_label(run)} · step {step}"))
     choices = [(g, c) for g, group in enumerate(record["groups"]) for c in range(len(group["completions"]))]
     if not choices:
         st.warning("This step's record holds no completion (its byte cap left them all out).")
@@ -79,10 +79,10 @@ with ui.shown_errors():
                    "update, so Δπ is blank and the token has no point after the update.")
 
     st.subheader("This token's loss")
-    objectives = views.explained_objectives(run.config, extra)
+    objectives = run_views.explained_objectives(run.config, extra)
     rejected = tokens["state"][i] == len(TOKEN_STATES) - 1  # by the rollout correction: no loss to take apart
     if rejected:
-        st.info(literal(views.rejected_note(run.config, tokens, i)), icon=":material/block:")
+        st.info(literal(run_views.rejected_note(run.config, tokens, i)), icon=":material/block:")
     for column, (label, objective) in zip(st.columns(len(objectives)) if not rejected else [], objectives):
         with column:
             st.markdown(f"**{literal(label)}**")
@@ -92,6 +92,6 @@ with ui.shown_errors():
                 st.warning(literal(str(err)))
                 continue
             st.html(token_view.explanation_html(e.lines()))
-    ui.show_chart(views.token_region(objectives, tokens["pi_old"][i], tokens["ratio"][i],
+    ui.show_chart(run_views.token_region(objectives, tokens["pi_old"][i], tokens["ratio"][i],
                                      token_view.fact(tokens, "pi_new", i)),
                   "token on the clipping regions")

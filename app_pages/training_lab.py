@@ -4,7 +4,7 @@ import time
 
 import streamlit as st
 
-from divviz import token_view, ui, views
+from divviz import run_views, token_view, ui
 from divviz.engine import runner, store
 from divviz.engine.config import BACKENDS, ROLLOUT_LAG, RUN_PARAMS, RunConfig, objective_settings
 from divviz.engine.tasks import TASKS
@@ -112,7 +112,7 @@ def draw_runs() -> None:
     data = []
     for run in runs:
         rows = store.read_metrics(run.folder)
-        label = views.run_label(run)
+        label = run_views.run_label(run)
         data.append((label, rows, run))
         last = rows[-1] if rows else {}
         elapsed = run.status.get("updated", time.time()) - run.status.get("started", time.time())
@@ -123,7 +123,7 @@ def draw_runs() -> None:
             ahead, eta = runner.queue_position(run.folder)
             slots = runner.max_runs()
             text = (f"**{literal(label)}** — queued, {ahead} ahead"
-                    + (f", starts in about {views.duration(eta)}" if eta is not None else "")
+                    + (f", starts in about {run_views.duration(eta)}" if eta is not None else "")
                     + f" (this machine trains {slots} run{'s' if slots != 1 else ''} at a time)")
         st.progress(min(1.0, run.step / max(run.steps, 1)), text=text)
         if run.state in ("failed", "interrupted"):
@@ -134,7 +134,7 @@ def draw_runs() -> None:
                          disabled=last_step < 2)
         scattered = [(f"{label} · seed {run.config.get('seed')}", run.config,
                       store.read_tokens(run.folder, min(step, len(rows)))) for label, rows, run in data if rows]
-        ui.show_chart(views.token_scatter([s for s in scattered if s[2] is not None]), "token scatter")
+        ui.show_chart(run_views.token_scatter([s for s in scattered if s[2] is not None]), "token scatter")
     if running and not any(run.state in ("queued", "running") for run in runs):
         st.rerun(scope="app")  # every run has ended: redraw the page once, buttons enabled, polling off
 
@@ -153,7 +153,7 @@ with ui.shown_errors():
     for name in st.session_state["lab_runs"]:
         run = store.read_run(root / name)
         for k in store.checkpoint_steps(run.folder):
-            starts[f"{views.run_label(run)} after step {k}"] = store.checkpoint_path(run.folder, k)
+            starts[f"{run_views.run_label(run)} after step {k}"] = store.checkpoint_path(run.folder, k)
     left, right = st.columns(2)
     start_from = left.selectbox("Starting weights", list(starts), key="lab:compare_from")
     batch_step = right.number_input("Batch of step", 1, 100_000, 1, key="lab:compare_step",
@@ -162,7 +162,7 @@ with ui.shown_errors():
     if st.button("Compare on the same batch", icon=":material/compare_arrows:", disabled=not configs,
                  key="lab:compare"):
         with st.spinner("Sampling once, then one update per measure…"):
-            st.session_state["lab_compare"] = views.same_batch(first_seed, int(batch_step) - 1, starts[start_from])
+            st.session_state["lab_compare"] = run_views.same_batch(first_seed, int(batch_step) - 1, starts[start_from])
     if "lab_compare" in st.session_state:
         table, charts, records = st.session_state["lab_compare"]
         st.dataframe(table, hide_index=True, width="stretch")

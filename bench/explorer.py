@@ -20,7 +20,7 @@ import time
 
 import plotly.io as pio
 
-from divviz import views
+from divviz import run_views, views
 from divviz.bandit import run_bandit
 from divviz.bandit_setting import BanditConfig
 from divviz.divergences import clip_test
@@ -122,7 +122,7 @@ def inspector(repeats: int) -> None:
 
     folder = train(RunConfig.make(steps=repeats, clip="kl3", clip_params={"delta": 0.02}),
                    Path(tempfile.mkdtemp(prefix="divviz-bench-")))
-    objectives = views.explained_objectives(store.read_run(folder).config, [clip_test("ratio"),
+    objectives = run_views.explained_objectives(store.read_run(folder).config, [clip_test("ratio"),
                                                                              clip_test("clip_higher")])
 
     def draw(record, token):
@@ -130,7 +130,7 @@ def inspector(repeats: int) -> None:
         i = token % len(tokens["id"])
         html = token_view.record_html(record, "clip state", selected=(0, 0, i))
         lines = [explain.explain_stored(o, tokens, i, label).lines() for label, o in objectives]
-        chart = views.token_region(objectives, tokens["pi_old"][i], tokens["ratio"][i], tokens["pi_new"][i])
+        chart = run_views.token_region(objectives, tokens["pi_old"][i], tokens["ratio"][i], tokens["pi_new"][i])
         return html, lines, chart
 
     cached = store.read_completions(folder, 1)

@@ -10,7 +10,7 @@ import secrets
 
 import streamlit as st
 
-from divviz import instances, views
+from divviz import instances, run_views, views
 from divviz.aggregation import AGGREGATIONS, BASELINES, SCALE_REWARDS
 from divviz.divergences import BETA, DUAL_CLIP, FAMILIES
 from divviz.engine.runner import Viewer
@@ -335,11 +335,11 @@ def show_training_charts(page: str, runs: list[tuple[str, list[dict]]]) -> bool:
     """The metric curves of runs [(label, metrics rows)] with a smoothing slider, then their mass reallocation
     by π_old (Training lab and Runs page alike). Returns whether there was anything to draw."""
     smooth = st.slider("Smoothing: trailing mean over steps", 1, 20, 1, key=key(page, "smooth"))
-    charts = views.training_charts(runs, smooth)
+    charts = run_views.training_charts(runs, smooth)
     for name, chart in charts.items():
         show_chart(chart, f"{page} {name}")
     if charts:
-        show_chart(views.mass_shift(runs), f"{page} mass reallocation")
+        show_chart(run_views.mass_shift(runs), f"{page} mass reallocation")
     return bool(charts)
 
 

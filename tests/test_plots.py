@@ -5,7 +5,7 @@ import numpy as np
 import plotly.graph_objects as go
 import pytest
 
-from divviz import views
+from divviz import run_views, views
 from divviz.bandit import run_bandit
 from divviz.bandit_setting import BanditConfig
 from divviz.divergences import clip_test
@@ -98,9 +98,9 @@ def test_the_same_measure_twice_gets_two_labels_and_paired_differences():
 
 def test_trailing_mean_smoothing():
     values = [1.0, 2.0, 3.0, 4.0, 5.0]
-    assert views.trailing_mean(values, 1).tolist() == values
-    assert views.trailing_mean(values, 2).tolist() == [1.0, 1.5, 2.5, 3.5, 4.5]
-    assert views.trailing_mean(values, 10).tolist() == [1.0, 1.5, 2.0, 2.5, 3.0]
+    assert run_views.trailing_mean(values, 1).tolist() == values
+    assert run_views.trailing_mean(values, 2).tolist() == [1.0, 1.5, 2.5, 3.5, 4.5]
+    assert run_views.trailing_mean(values, 10).tolist() == [1.0, 1.5, 2.0, 2.5, 3.0]
     rows = [{"reward": v, "accuracy": v} for v in values]
-    chart = views.training_charts([("run", rows)], smooth=2)["reward"]
+    chart = run_views.training_charts([("run", rows)], smooth=2)["reward"]
     assert chart.data["reward"].tolist() == [1.0, 1.5, 2.5, 3.5, 4.5]

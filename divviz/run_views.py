@@ -1,0 +1,190 @@
+"""Every figure and number of the run pages (Training lab, Runs, Step inspector), from runs and their metrics:
+compute (the engine's records, `explain`, the same-batch comparison) then draw (`run_plots`, `plots`). Pages call
+these and lay the results out; the explorer pages' are in `views.py`."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pandas as pd
+
+from divviz import explore, plots, run_plots
+from divviz.divergences import ClipTest, clip_test
+from divviz.engine.config import RunConfig, config_label, correction_from, objective_from
+from divviz.evidence import summarize
+from divviz.figures import Chart
+from divviz.instances import unique_labels
+from divviz.losses import Objective
+from divviz.metrics import bin_labels, metric
+from divviz.params import DivvizInputError
+from divviz.views import PI_OLD_GRID
+
+TRAINING_PANELS = {
+    "reward": ("reward", "accuracy"),
+    "entropy": ("entropy", "top1_mass"),
+    "clipping": ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/overshoot_mean"),
+    "kl": ("kl/k1", "kl/k2", "kl/k3"),
+    "update": ("mass_to_argmax", "grad_norm"),
+}
+# drawn when a run's sampler may differ from its policy: verl's measures of the mismatch and of what corrected it
+ROLLOUT_PANEL = ("rollout_corr/k3_kl", "rollout_corr/rollout_is_mean", "rollout_corr/rollout_is_eff_sample_size",
+                 "rollout_corr/rollout_rs_masked_fraction")
+
+def trailing_mean(values, window: int) -> np.ndarray:
+    """Mean of the last `window` values at each step (fewer at the start); window 1 returns the values."""
+    values = np.asarray(values, dtype=np.float64)
+    if window <= 1 or len(values) == 0:
+        return values
+    sums = np.cumsum(np.insert(values, 0, 0.0))
+    idx = np.arange(1, len(values) + 1)
+    start = np.maximum(idx - window, 0)
+    return (sums[idx] - sums[start]) / (idx - start)
+
+
+def training_charts(runs: list[tuple[str, list[dict]]], smooth: int = 1) -> dict[str, Chart]:
+    """Metric curves of several runs (label, metrics rows), one chart per panel of TRAINING_PANELS, each
+    curve the trailing mean over `smooth` steps (1 = the raw per-step values). Runs that share a label (one
+    measure with several seeds) are drawn thin, under their mean and its 95% band over the steps all of them
+    have reached, labelled with their n."""
+    panels = dict(TRAINING_PANELS)
+    if any(ROLLOUT_PANEL[0] in row for _, rows in runs for row in rows[:1]):
+        panels["rollout"] = ROLLOUT_PANEL
+    keys = {k for metrics in panels.values() for k in metrics}
+    curves = lambda rows: {key: trailing_mean([metric(row, key) for row in rows], smooth) for key in keys}  # noqa: E731
+    series, members = [], {}
+    for label, group in grouped(runs):
+        if len(group) == 1:
+            series.append((label, curves(group[0])))
+            continue
+        label = f"{label} (n = {len(group)})"
+        members[label] = [curves(rows) for rows in group]
+        reached = min(len(rows) for rows in group)
+        series.append((label, {key: summarize([m[key][:reached] for m in members[label]]) for key in keys}))
+    if not series:
+        return {}
+    titles = {"reward": "Reward and accuracy", "entropy": "Entropy of the sampling distribution and top-1 mass",
+              "clipping": "Clip fractions (TRL: clip_ratio/low_mean, high_mean) and the share past the bound after "
+                          "the update",
+              "kl": "KL of each update, new vs old (k1, k2, k3 of w = π_new/π_old)",
+              "update": "Share of the mass gained that went to argmax tokens, and the gradient's norm",
+              "rollout": "The sampler against the policy (verl's k3 KL of π_roll‖π_old), and the correction: mean "
+                         "weight, effective sample size, share rejected"}
+    return {name: run_plots.history_chart(series, metrics, "step", titles[name], members=members)
+            for name, metrics in panels.items()}
+
+
+def grouped(runs: list[tuple[str, list[dict]]]) -> list[tuple[str, list[list[dict]]]]:
+    """Runs with metrics, gathered by label in order of first appearance."""
+    groups: dict[str, list[list[dict]]] = {}
+    for label, rows in runs:
+        if rows:
+            groups.setdefault(label, []).append(rows)
+    return list(groups.items())
+
+
+def mass_shift(runs: list[tuple[str, list[dict]]], last: int = 10) -> Chart:
+    """Δπ per token by π_old bin, averaged over each run's last `last` steps (and over a label's runs, with their
+    95% interval)."""
+    series = []
+    for label, group in grouped(runs):
+        per_run = [np.array([np.mean([r.get(f"mass_shift/{b}", 0.0) for r in rows[-last:]]) for b in bin_labels()])
+                   for rows in group]
+        series.append((label, per_run[0]) if len(group) == 1 else (f"{label} (n = {len(group)})", summarize(per_run)))
+    return run_plots.mass_bins_chart(series, f"Mass reallocation: Δπ of sampled tokens by π_old (last {last} steps)")
+
+
+def token_scatter(runs: list[tuple[str, dict, dict]]) -> Chart:
+    """runs: [(label, run config dict, tokens of one step)] → scatter with each run's clip boundary."""
+    drawn, grid = [], np.linspace(0.005, 1.0, 200)
+    for label, config, tokens in runs:
+        if config.get("clip"):
+            lower, upper = clip_test(config["clip"], **config.get("clip_params", {})).bounds(grid)
+            lower, upper = np.broadcast_to(lower, grid.shape), np.broadcast_to(upper, grid.shape)
+        else:
+            lower, upper = np.full_like(grid, np.nan), np.full_like(grid, np.nan)
+        drawn.append((label, tokens, (grid, lower, upper)))
+    return run_plots.token_scatter(drawn)
+
+
+def run_label(run, unique: bool = False) -> str:
+    """A legend label for a run: its objective (and the end of its folder name when `unique`)."""
+    try:
+        label = config_label(run.config)
+    except (DivvizInputError, TypeError, AttributeError):  # a config written by another version, or none
+        return run.name
+    if run.config.get("backend") == "trl":
+        label = f"{label} (TRL)"
+    return f"{label} · {run.name[-6:]}" if unique else label
+
+
+COMPARISON_COLUMNS = {"clip_ratio/low_mean": "clipped low", "clip_ratio/high_mean": "clipped high",
+                      "masked_share": "gradient masked", "kl/k3": "KL k3 of the update",
+                      "entropy_change": "entropy change", "mass_to_argmax": "mass gain to argmax tokens"}
+
+
+def same_batch(configs: list[RunConfig], step: int, weights=None):
+    """Every config's objective and rollout correction on step `step`'s batch from the same weights (the start model,
+    or a run's checkpoint file), sampled by the first config's sampler: a table, two charts, and each one's (label,
+    record of whole completions)."""
+    from divviz.engine.compare import same_batch as compare
+
+    labels = unique_labels([cfg.label for cfg in configs])
+    results = compare(configs[0], list(zip(labels, configs)), step, weights=weights)
+    columns = {**COMPARISON_COLUMNS, **({"rejected_share": "rejected (rollout)"}
+                                        if any(cfg.correction().rollout_rs for cfg in configs) else {})}
+    table = pd.DataFrame([{"objective": r.label, **{name: r.metrics[key] for key, name in columns.items()}}
+                          for r in results])
+    charts = {
+        "mass": run_plots.mass_bins_chart([(r.label, np.array([r.metrics[f"mass_shift/{b}"] for b in bin_labels()]))
+                                       for r in results], "Same batch: Δπ of sampled tokens by π_old"),
+        "shift": run_plots.probability_shift_scatter([(r.label, r.pi_old, r.pi_new) for r in results]),
+    }
+    return table, charts, [(r.label, r.record) for r in results]
+
+
+def explained_objectives(config: dict, extra: list[ClipTest]) -> list[tuple[str, Objective]]:
+    """The run's own objective, then the same objective with each of `extra` as its clip test (its penalty, β,
+    dual-clip and aggregation kept): the measures the token explainer puts a token's numbers into."""
+    own = objective_from(config)
+    objectives = [own, *(replace(own, clip=test) for test in extra)]
+    labels = unique_labels([f"{o.label} (this run)" if i == 0 else o.label for i, o in enumerate(objectives)])
+    return list(zip(labels, objectives))
+
+
+def rejected_note(config: dict, tokens: dict, i: int) -> str:
+    """Why token i has no loss to explain: the run's rollout correction rejected it (`completions` state 5)."""
+    pi_old, pi_roll = (tokens.get(key)[i] if tokens.get(key) else None for key in ("pi_old", "pi_roll"))
+    ratio = f"π_old/π_roll = {pi_old / pi_roll:.4g}; " if pi_old and pi_roll else ""
+    return (f"The run's rollout correction ({correction_from(config).label}) rejected this token: {ratio}it took no "
+            "part in the loss. A sequence-level option (seq_…) judges the whole completion.")
+
+
+def token_region(objectives: list[tuple[str, Objective]], pi_old: float, ratio: float | None, pi_after: float | None):
+    """The Clipping regions picture (π_old, π_new) of the objectives' clip tests, with the token on it: at the
+    last inner step (π_old·w; not for a token the loss did not see) and after the update."""
+    tests = [(label, o.clip) for label, o in objectives if o.clip is not None]
+    marks = [] if ratio is None else [("token at the last inner step", pi_old, pi_old * ratio)]
+    if pi_after is not None:
+        marks.append(("token after the update", pi_old, pi_after))
+    return plots.region_chart(PI_OLD_GRID, [(label, *explore.feasible_region(t, PI_OLD_GRID)) for label, t in tests],
+                              marks)
+
+
+def duration(seconds: float) -> str:
+    """"40 s", "3 min", "1 h 5 min"."""
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    minutes = round(seconds / 60)
+    return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60} min"
+
+
+def owner_label(status: dict, viewer) -> str:
+    """Whose run it is, as the Runs page says it: you, another browser, or the terminal (identities stay hidden
+    but for the teacher, who sees their first characters)."""
+    owner = status.get("owner") or ""
+    if not owner:
+        return "terminal"
+    if owner == viewer.who:
+        return "you"
+    return f"browser {owner[:6]}" if viewer.teacher else "another browser"
