@@ -23,12 +23,12 @@ SMALL = dict(prompts=4, group_size=4, max_new_tokens=6, inspect_prompts=4)
 
 def test_the_sampler_holds_the_weights_of_lag_updates_ago():
     """After each update the sampler takes the weights handed over `lag` updates before (the start weights until
-    then), exactly in the model's own precision and as their bfloat16 cast in bfloat16."""
+    then; with no lag, the new ones), exactly in the model's own precision and as their bfloat16 cast in bfloat16."""
     tr = make_trainer(RunConfig.make())
-    for dtype, cast in (("same", torch.float32), ("bfloat16", torch.bfloat16)):
+    for dtype, cast, lag in (("same", torch.float32, 2), ("bfloat16", torch.bfloat16, 2), ("bfloat16", torch.bfloat16, 0)):
         model = tr.model
         start = {k: v.clone() for k, v in model.state_dict().items()}
-        sampler, seen = RolloutPolicy(model, dtype, lag=2), [start]
+        sampler, seen = RolloutPolicy(model, dtype, lag=lag), [start]
         for update in range(4):
             with torch.no_grad():
                 for p in model.parameters():
@@ -36,7 +36,7 @@ def test_the_sampler_holds_the_weights_of_lag_updates_ago():
             seen.append({k: v.clone() for k, v in model.state_dict().items()})
             sampler.after_update(model)
             held = sampler.model.state_dict()
-            expected = seen[max(update + 1 - 2, 0)]
+            expected = seen[max(update + 1 - lag, 0)]
             assert all(held[k].dtype == cast and torch.equal(held[k], expected[k].to(cast)) for k in held), update
         model.load_state_dict(start)
 

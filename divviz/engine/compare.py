@@ -75,8 +75,7 @@ def same_batch(cfg: RunConfig, settings: list[tuple[str, RunConfig | Objective]]
         metrics = {**done.fractions, **update_metrics(batch.rollout, logp_old, logp_after, None),
                    "entropy_change": float(((entropy_after - entropy_before) * mask).sum() / mask.sum()),
                    "masked_share": float(out.grad_masked[active].float().mean()),
-                   "rejected_share": float(0.0 if done.correction is None else
-                                           (done.correction.mask[active] == 0).float().mean())}
+                   "rejected_share": float((done.mask[active] == 0).float().mean())}
         state = out.clipped_low.long() + 2 * out.clipped_high.long() + 3 * out.dual_clipped.long()
         record = inspected_record(tr, batch, done, logp_after, logp_old if objective.penalties else None, step,
                                   objective, rows=max(inspected_rows(cfg), cfg.group_size))  # ≥ 1 group, side by side

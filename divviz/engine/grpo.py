@@ -159,13 +159,15 @@ def top_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float)
 @dataclass
 class Update:
     """What `update` did: the last inner step's LossOutput, the old log-probs it used, the clip fractions averaged
-    over the μ inner steps, the gradient norms, and the rollout correction (None when the batch is on-policy)."""
+    over the μ inner steps, the gradient norms, the rollout correction (None when the batch is on-policy) and the
+    loss's mask (the completions' less the tokens the correction rejected)."""
 
     out: LossOutput
     logp_old: torch.Tensor
     fractions: dict[str, float]
     grad_norms: list[float]
     correction: Correction | None
+    mask: torch.Tensor
 
 
 def update(tr: Trainer, batch: Batch, objective: Objective, logp_old, logp_ref, step: int,
@@ -209,7 +211,7 @@ def update(tr: Trainer, batch: Batch, objective: Objective, logp_old, logp_ref, 
         for key, value in clip_fractions(out, loss_mask).items():
             fractions[key] = fractions.get(key, 0.0) + value / cfg.mu
     tr.model.eval()
-    return Update(out, logp_old, fractions, grad_norms, corrected)
+    return Update(out, logp_old, fractions, grad_norms, corrected, loss_mask)
 
 
 def grpo_step(tr: Trainer, step: int) -> StepResult:
@@ -258,8 +260,7 @@ def grpo_step(tr: Trainer, step: int) -> StepResult:
         "step_time": elapsed,
         "tokens_per_s": float(rollout.completion_mask.sum()) / elapsed,
     }
-    kept = (rollout.completion_mask if done.correction is None else done.correction.mask)[rows]
-    tokens = _token_sample(seen, kept, logp_old[rows], logp_after, out.rows(rows), batch.adv[rows],
+    tokens = _token_sample(seen, done.mask[rows], logp_old[rows], logp_after, out.rows(rows), batch.adv[rows],
                            seed=cfg.seed * 31 + step)
     shown = [(batch.prompts[i], batch.texts[i], float(rewards[i])) for i in range(0, len(rewards), cfg.group_size)][:8]
     return StepResult(metrics, tokens, shown, inspected_record(tr, batch, done, logp_after, logp_ref, step))
@@ -286,15 +287,13 @@ def inspected_record(tr: Trainer, batch: Batch, done: Update, logp_after, logp_r
     if not rows:
         return None
     mask = batch.rollout.completion_mask
-    kept = None if done.correction is None else done.correction.mask  # the loss's mask, where it rejected tokens
-    weight = aggregation_weights((mask if kept is None else kept).cpu().numpy(), (objective or tr.objective).aggregation,
-                                 cfg.max_new_tokens)
+    weight = aggregation_weights(done.mask.cpu().numpy(), (objective or tr.objective).aggregation, cfg.max_new_tokens)
     size = cfg.group_size
     groups = [(batch.prompts[start], list(range(start, start + size))) for start in range(0, rows, size)]
     return step_record(step=step + 1, tokenizer=tr.tokenizer, groups=groups, texts=batch.texts,
                        rewards=batch.rewards, adv=batch.adv, completion_ids=batch.rollout.completion_ids, mask=mask,
                        out=done.out, logp_old=done.logp_old, logp_after=logp_after, logp_ref=logp_ref, weight=weight,
-                       byte_cap=cfg.inspect_bytes, kept=kept,
+                       byte_cap=cfg.inspect_bytes, kept=None if done.correction is None else done.mask,
                        logp_roll=None if done.correction is None else batch.rollout.logp)
 
 

@@ -34,7 +34,11 @@ class RolloutPolicy:
         self.pending: deque[dict[str, torch.Tensor]] = deque()  # the newer weights, oldest first
 
     def after_update(self, model: torch.nn.Module) -> None:
-        """Hand over the trained weights after an update; the sampler takes the ones from `lag` updates ago."""
+        """Hand over the trained weights after an update; the sampler takes the ones from `lag` updates ago (with no
+        lag, straight from the model: `load_state_dict` copies and casts them)."""
+        if self.lag == 0:
+            self.model.load_state_dict(model.state_dict())
+            return
         self.pending.append({k: v.detach().to(self.dtype, copy=True) for k, v in model.state_dict().items()})
         if len(self.pending) > self.lag:
             self.model.load_state_dict(self.pending.popleft())
@@ -42,7 +46,7 @@ class RolloutPolicy:
     def reset(self, model: torch.nn.Module) -> None:
         """Sample with `model`'s present weights, forgetting any that were still on their way (a loaded checkpoint)."""
         self.pending.clear()
-        self.model.load_state_dict({k: v.detach().to(self.dtype) for k, v in model.state_dict().items()})
+        self.model.load_state_dict(model.state_dict())
 
 
 def rollout_policy(model: torch.nn.Module, dtype: str, lag: int) -> RolloutPolicy | None:
