@@ -6,7 +6,7 @@ falls back to listing that folder's file names whenever a live fragment reruns (
 
 import streamlit as st
 
-from divviz import ui
+from divviz.app import ui
 
 st.set_page_config(page_title="divviz", page_icon=":material/insights:", layout="wide")
 

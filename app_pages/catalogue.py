@@ -3,10 +3,10 @@
 import pandas as pd
 import streamlit as st
 
-from divviz.divergences import CATALOGUE, DUAL_CLIP
-from divviz.kinship import GROUPS
+from divviz.catalogue.divergences import CATALOGUE, DUAL_CLIP
+from divviz.catalogue.kinship import GROUPS
 from divviz.losses import RATIO_CAP
-from divviz.rollout_correction import CORRECTIONS, OPTIONS
+from divviz.catalogue.rollout_correction import CORRECTIONS, OPTIONS
 
 st.title("Catalogue")
 st.write("Everything the training loss can be built from, in three families. Clip tests decide per token whether "

@@ -5,9 +5,11 @@ import json
 import pandas as pd
 import streamlit as st
 
-from divviz import claims, claims_lm, ui
+from divviz.app import ui
+
+from divviz.evidence import claims, claims_lm
 from divviz.engine import store
-from divviz.params import DivvizInputError
+from divviz.catalogue.params import DivvizInputError
 from divviz.safetext import literal
 
 

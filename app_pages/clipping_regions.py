@@ -2,12 +2,14 @@
 
 import streamlit as st
 
-from divviz import ui, views
-from divviz.divergences import DUAL_CLIP
-from divviz.params import Param
-from divviz.presets import CLIPPING_PRESETS
-from divviz.penalties import PENALTIES
-from divviz.urlstate import Control, measure_param_controls
+from divviz.app import ui
+
+from divviz.views import explorer
+from divviz.catalogue.divergences import DUAL_CLIP
+from divviz.catalogue.params import Param
+from divviz.views.presets import CLIPPING_PRESETS
+from divviz.catalogue.penalties import PENALTIES
+from divviz.app.urlstate import Control, measure_param_controls
 
 PAGE = "regions"
 CONTROLS = [
@@ -52,7 +54,7 @@ with ui.shown_errors():
     if not tests:
         st.info("Pick at least one clip test in the sidebar.")
         st.stop()
-    charts = views.clipping_regions(tests, pi_old, c, surrogates, penalties, corrections)
+    charts = explorer.clipping_regions(tests, pi_old, c, surrogates, penalties, corrections)
 
     ui.show_chart(charts["intervals"], "intervals")
     ui.show_chart(charts["sweeps"], "interval sweeps")

@@ -2,7 +2,9 @@
 
 import streamlit as st
 
-from divviz import ui, views
+from divviz.app import ui
+
+from divviz.views import explorer
 
 PAGE_GUIDE = (  # (page script, title, icon, one line)
     ("app_pages/clipping_regions.py", "Clipping regions", ":material/straighten:",
@@ -25,7 +27,7 @@ st.write("See what a policy-divergence constraint does to GRPO training of a lan
          "dual-clip, KL1/KL2/KL3 tests (KL3 = ATR-GRPO's asymmetric clipping), probability-space tests, GBMPO's "
          "ProbL2 and neural mirror-map penalties, and RPG's KL-regularised losses.")
 
-charts = views.clipping_regions(views.default_tests(), pi_old=0.3, dual_clip_c=None)
+charts = explorer.clipping_regions(explorer.default_tests(), pi_old=0.3, dual_clip_c=None)
 st.plotly_chart(charts["surrogate"].figure, config=ui.PLOTLY_CONFIG, key="home:surrogate")
 st.caption("PPO ε = 0.2, DAPO (0.2, 0.28) and KL3 δ = 0.05 on the same tokens; the coloured strips mark where "
            "each clip removes the gradient. Open *Clipping regions* to move them.")

@@ -2,10 +2,12 @@
 
 import streamlit as st
 
-from divviz import ui, views
-from divviz.divergences import CLIP_TESTS
-from divviz.params import Param
-from divviz.urlstate import Control
+from divviz.app import ui
+
+from divviz.views import explorer
+from divviz.catalogue.divergences import CLIP_TESTS
+from divviz.catalogue.params import Param
+from divviz.app.urlstate import Control
 
 PAGE = "kl3"
 CONTROLS = [
@@ -33,7 +35,7 @@ with ui.shown_errors():
         eps_high = ui.number(PAGE, BY_NAME["eps_high"], "DAPO ε_high")
         seed = ui.number(PAGE, BY_NAME["seed"], "batch seed")
     ui.publish_controls(PAGE, CONTROLS)
-    facts, charts = views.kl3_equivalence(delta, eps, eps_low, eps_high, seed)
+    facts, charts = explorer.kl3_equivalence(delta, eps, eps_low, eps_high, seed)
     (lower, upper), (eps_lo, eps_hi) = facts.bounds, facts.box
 
     st.subheader("Derivation")
@@ -60,7 +62,7 @@ with ui.shown_errors():
 
     ui.show_chart(charts["level"], "k3 level set")
     st.subheader("Matching boxes and KL3 levels")
-    st.dataframe(views.matching_table(facts, eps, eps_low, eps_high), hide_index=True)
+    st.dataframe(explorer.matching_table(facts, eps, eps_low, eps_high), hide_index=True)
     st.caption("A box is a KL3 level set only when both edges give the same δ. PPO's top edge is tighter than KL3 "
                "implies for its bottom edge; DAPO's is looser.")
     ui.show_chart(charts["bounds"], "kl3 bounds vs delta")

@@ -2,12 +2,14 @@
 
 import streamlit as st
 
-from divviz import ui, views
-from divviz.bandit_setting import BANDIT_PARAMS, DEFAULT_LR, INIT_SHAPES, OPTIMIZERS, REWARDS
-from divviz.params import Param
-from divviz.presets import BANDIT_PRESETS
+from divviz.app import ui
+
+from divviz.views import explorer
+from divviz.bandit.setting import BANDIT_PARAMS, DEFAULT_LR, INIT_SHAPES, OPTIMIZERS, REWARDS
+from divviz.catalogue.params import Param
+from divviz.views.presets import BANDIT_PRESETS
 from divviz.safetext import literal
-from divviz.urlstate import Control
+from divviz.app.urlstate import Control
 
 PAGE = "bandit"
 SEEDS = Param("seeds", 8, 1, 64, high_open=False, kind="int", typical=(1, 64, 1),
@@ -76,20 +78,20 @@ with ui.shown_errors():
     if not objectives:
         st.stop()
     with st.spinner("Training the bandit…"):
-        groups = views.bandit_runs(cfg, objectives, seeds, variants)
-    charts = views.mass_reallocation(groups)
+        groups = explorer.bandit_runs(cfg, objectives, seeds, variants)
+    charts = explorer.mass_reallocation(groups)
 
     per_row = min(len(groups), 4)  # more in one row would cut the numbers short
     cols = [col for _ in range(0, len(groups), per_row) for col in st.columns(per_row)]
     for col, runs in zip(cols, groups):
-        reward = views.across_seeds(runs, "expected_reward")
-        entropy = views.across_seeds(runs, "entropy")
+        reward = explorer.across_seeds(runs, "expected_reward")
+        entropy = explorer.across_seeds(runs, "entropy")
         spread = f" ± {reward.high[-1] - reward.mean[-1]:.3f}" if reward.n > 1 else ""
         col.metric(runs[0].label, f"E[r] = {reward.mean[-1]:.3f}{spread}",
                    f"entropy {runs[0].initial_entropy:.2f} → {entropy.mean[-1]:.2f} (n = {reward.n})",
                    delta_color="off", delta_arrow="off")
     early = min(10, cfg["iterations"])
-    past_high = max(float(views.across_seeds(runs, "clip_ratio/first_step_past_high").mean[:early].mean())
+    past_high = max(float(explorer.across_seeds(runs, "clip_ratio/first_step_past_high").mean[:early].mean())
                     for runs in groups)
     if past_high > PAST_HIGH_WARNING:
         st.warning(f"At this learning rate, {past_high:.0%} of the positive-advantage samples are already above u "
@@ -117,10 +119,10 @@ with ui.shown_errors():
         at_key = ui.key(PAGE, "diff_at")
         st.session_state[at_key] = min(st.session_state.get(at_key, iterations), iterations)
         at = middle.slider("At iteration", 1, max(iterations, 2), key=at_key, disabled=iterations < 2)
-        metric = right.selectbox("Metric over the iterations", views.BANDIT_MEASURES, key=ui.key(PAGE, "diff_metric"))
+        metric = right.selectbox("Metric over the iterations", explorer.BANDIT_MEASURES, key=ui.key(PAGE, "diff_metric"))
         st.write(f"Each measure minus {literal(labels[baseline])} on the same seeds, at iteration {min(at, iterations)}: "
                  "the mean difference, its 95% interval (Student t), n, and in how many seeds one run alone would have "
                  "shown the opposite order.")
-        st.dataframe(views.paired_differences(groups, baseline, iteration=min(at, iterations) - 1), hide_index=True,
+        st.dataframe(explorer.paired_differences(groups, baseline, iteration=min(at, iterations) - 1), hide_index=True,
                      width="stretch")
-        ui.show_chart(views.paired_difference_chart(groups, baseline, metric), "paired difference")
+        ui.show_chart(explorer.paired_difference_chart(groups, baseline, metric), "paired difference")

@@ -4,7 +4,9 @@ inspect, export, delete."""
 import pandas as pd
 import streamlit as st
 
-from divviz import run_views, ui
+from divviz.app import ui
+
+from divviz.views import run_views
 from divviz.engine import runner, store
 from divviz.safetext import literal
 

@@ -5,12 +5,14 @@ from pathlib import Path
 
 import streamlit as st
 
-from divviz import explain, run_views, token_view, ui
+from divviz.app import ui
+
+from divviz.views import explain, run_views, token_view
 from divviz.engine import store
 from divviz.losses import TOKEN_STATES
-from divviz.params import DivvizInputError
+from divviz.catalogue.params import DivvizInputError
 from divviz.safetext import literal
-from divviz.urlstate import Control
+from divviz.app.urlstate import Control
 
 PAGE = "inspector"
 CONTROLS = [Control("colour", "clip state", options=tuple(token_view.COLOUR_BY)), Control("m", [], family="clip")]

@@ -4,13 +4,15 @@ import time
 
 import streamlit as st
 
-from divviz import run_views, token_view, ui
+from divviz.app import ui
+
+from divviz.views import run_views, token_view
 from divviz.engine import runner, store
 from divviz.engine.config import BACKENDS, ROLLOUT_LAG, RUN_PARAMS, RunConfig, objective_settings
 from divviz.engine.tasks import TASKS
-from divviz.params import DivvizInputError, Param
+from divviz.catalogue.params import DivvizInputError, Param
 from divviz.safetext import literal
-from divviz.urlstate import Control
+from divviz.app.urlstate import Control
 
 PAGE = "lab"
 SETTINGS = [p for p in RUN_PARAMS if p.name not in ("format_reward", "max_grad_norm", "rollout_lag")]

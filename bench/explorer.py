@@ -4,7 +4,7 @@ Target (issue: explorer pages): under 50 ms per change, on the machine it runs o
 now trains 8 seeds × 3 measures and draws their means, bands and paired differences, within the same budget as
 one seed did (issue #11); two rows train each measure under three rollout corrections with a bfloat16 sampler two
 iterations behind (issue #13). Each page is timed
-as the app runs it — `divviz.views` computes with the training loss and builds the figures — with a
+as the app runs it — `divviz.views.explorer` computes with the training loss and builds the figures — with a
 different control value each repetition so that nothing is served from a cache. The last column adds
 what Streamlit then does with each figure (`to_dict` and plotly's JSON encoding, the page's message to the
 browser). The named baselines, for the bandit: its runs stepped one at a time instead of side by side as one (R, K) array
@@ -20,10 +20,10 @@ import time
 
 import plotly.io as pio
 
-from divviz import run_views, views
-from divviz.bandit import run_bandit
-from divviz.bandit_setting import BanditConfig
-from divviz.divergences import clip_test
+from divviz.views import explorer, run_views
+from divviz.bandit.grpo import run_bandit
+from divviz.bandit.setting import BanditConfig
+from divviz.catalogue.divergences import clip_test
 from divviz.losses import Objective
 
 BUDGET_MS = 50.0
@@ -46,10 +46,10 @@ def main():
 
     def regions(delta):
         tests = [clip_test("ratio"), clip_test("clip_higher"), clip_test("kl3", delta=delta)]
-        return views.clipping_regions(tests, pi_old=0.3, dual_clip_c=3.0)
+        return explorer.clipping_regions(tests, pi_old=0.3, dual_clip_c=3.0)
 
     def kl3(delta):
-        return views.kl3_equivalence(delta, 0.2, 0.2, 0.28, seed=0)[1]
+        return explorer.kl3_equivalence(delta, 0.2, 0.2, 0.28, seed=0)[1]
 
     cfg = BanditConfig().to_dict()
     measures = lambda delta: [Objective(clip=clip_test("ratio")), Objective(clip=clip_test("clip_higher")),  # noqa: E731
@@ -57,18 +57,18 @@ def main():
 
     def page(groups):
         """Everything the bandit page computes from its runs: figures, paired table and paired chart."""
-        return {**views.mass_reallocation(groups), "table": views.paired_differences(groups, 0),
-                "paired": views.paired_difference_chart(groups, 0, "entropy")}
+        return {**explorer.mass_reallocation(groups), "table": explorer.paired_differences(groups, 0),
+                "paired": explorer.paired_difference_chart(groups, 0, "entropy")}
 
     def bandit(shared: bool, seeds: int = 8, variants=None, **changes):
         """A change of KL3's δ (only its runs re-train) or, `shared`, of a setting all runs share (the first seed):
         all of them re-train, side by side; `variants`: rollout corrections, one run each per measure and seed."""
         def change(delta):
             setting = {**cfg, **changes, **({"seed": round(delta * 1000)} if shared else {})}
-            return page(views.bandit_runs(setting, measures(delta), seeds, variants))
+            return page(explorer.bandit_runs(setting, measures(delta), seeds, variants))
         return change
 
-    corrections = [views.rollout_variant(name, 2.0, (0.5, 2.0), "token_k1", (0.5, 2.0), 0.05, False)
+    corrections = [explorer.rollout_variant(name, 2.0, (0.5, 2.0), "token_k1", (0.5, 2.0), 0.05, False)
                    for name in ("none", "TIS token", "rejection")]
     lagging = {"rollout_lag": 2, "rollout_dtype": "bfloat16"}
 
@@ -79,7 +79,7 @@ def main():
                           for s in range(seeds)] for objective in measures(delta)])
         return change
 
-    kept = views.bandit_runs(cfg, measures(0.05), 8)
+    kept = explorer.bandit_runs(cfg, measures(0.05), 8)
 
     def redraw(delta):  # a change that only redraws (e.g. the page reopened, or another baseline chosen)
         return page(kept)
@@ -115,7 +115,7 @@ def inspector(repeats: int) -> None:
     import tempfile
     from pathlib import Path
 
-    from divviz import explain, token_view
+    from divviz.views import explain, token_view
     from divviz.engine import store
     from divviz.engine.config import RunConfig
     from divviz.engine.train import train

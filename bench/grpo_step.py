@@ -26,7 +26,7 @@ from contextlib import nullcontext
 
 import torch
 
-from divviz.aggregation import group_advantages
+from divviz.catalogue.aggregation import group_advantages
 from divviz.engine.config import RunConfig
 from divviz.engine.grpo import grpo_step, make_trainer
 from divviz.engine.model import builtin_policy

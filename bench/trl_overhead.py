@@ -29,7 +29,7 @@ from datasets import Dataset
 from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
-from divviz.divergences import clip_test
+from divviz.catalogue.divergences import clip_test
 from divviz.engine.model import builtin_policy
 from divviz.engine.tasks import get_task
 from divviz.losses import Objective

@@ -39,7 +39,7 @@ from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
 
 from divviz.engine import store
 from divviz.engine.pool import memory_cap_mb, pss_mb
-from divviz.ownership import browser_id
+from divviz.app.ownership import browser_id
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -23,11 +23,11 @@ import time
 
 import numpy as np
 
-from divviz import instances
-from divviz.divergences import CATALOGUE, DUAL_CLIP, clip_test, get_entry
+from divviz.catalogue import instances
+from divviz.catalogue.divergences import CATALOGUE, DUAL_CLIP, clip_test, get_entry
 from divviz.engine.config import RUN_PARAMS
-from divviz.params import UPLOAD_MAX_BYTES, DivvizInputError, Param, parse_assignments
-from divviz.rollout_correction import CORRECTIONS
+from divviz.catalogue.params import UPLOAD_MAX_BYTES, DivvizInputError, Param, parse_assignments
+from divviz.catalogue.rollout_correction import CORRECTIONS
 from divviz.safetext import shorten
 
 
@@ -256,7 +256,7 @@ def cmd_runs(args) -> int:
 def cmd_claims(args) -> int:
     from tqdm import tqdm
 
-    from divviz import claims
+    from divviz.evidence import claims
 
     seeds = claims.QUICK_SEEDS if args.quick else claims.SEEDS
     if args.seeds is not None:
@@ -288,7 +288,7 @@ def cmd_claims(args) -> int:
 
 
 def _queue_lm_cells(args):
-    from divviz import claims_lm
+    from divviz.evidence import claims_lm
     from divviz.engine.store import runs_dir
 
     seeds, steps = (param.check(given or param.default, "claims") for param, given in

@@ -2,7 +2,7 @@
 
 Every surrogate and gradient curve here is `losses.policy_loss` evaluated on a grid of ratios in float64,
 with gradients from autograd; every interval is the catalogue's `bounds`. Results are plain numpy
-arrays; `plots.py` turns them into figures.
+arrays; `views/plots.py` turns them into figures.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from divviz import theory
-from divviz.divergences import ClipTest, clip_test
+from divviz.catalogue import theory
+from divviz.catalogue.divergences import ClipTest, clip_test
 from divviz.losses import Objective, policy_loss
-from divviz.penalties import Penalty
-from divviz.rollout_correction import RolloutCorrection
+from divviz.catalogue.penalties import Penalty
+from divviz.catalogue.rollout_correction import RolloutCorrection
 
 F64 = torch.float64
 

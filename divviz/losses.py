@@ -31,12 +31,12 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
-from divviz.aggregation import aggregate, check_aggregation
-from divviz.divergences import ClipTest, check_beta, check_dual_clip
-from divviz.params import DivvizInputError, Param
-from divviz.penalties import Penalty
+from divviz.catalogue.aggregation import aggregate, check_aggregation
+from divviz.catalogue.divergences import ClipTest, check_beta, check_dual_clip
+from divviz.catalogue.params import DivvizInputError, Param
+from divviz.catalogue.penalties import Penalty
 from divviz.safetext import quoted
-from divviz.surrogates import LEVELS, Surrogate, SurrogateInputs
+from divviz.catalogue.surrogates import LEVELS, Surrogate, SurrogateInputs
 
 
 @dataclass(frozen=True)

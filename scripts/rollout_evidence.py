@@ -3,7 +3,7 @@ bandit and on the built-in LM, each with its 95% interval, n, how many seeds rev
 predictions: the stale sampler costs (uncorrected − on-policy < 0), and a correction recovers some of it
 (correction − uncorrected > 0).
 
-The sampler is the policy of `--lag` updates ago in bfloat16 (`engine/sampler.py`, `bandit_rollout.py`); the
+The sampler is the policy of `--lag` updates ago in bfloat16 (`engine/sampler.py`, `bandit/rollout.py`); the
 corrections are the Training lab's: none, token TIS (u = 2), token IcePop ([0.5, 2]), token_k1 rejection ([0.5, 2])
 and verl's bypass mode. The on-policy run (no lag, same precision) is the reference the others lose against. The
 bandit uses the Mass reallocation page's defaults; the LM runs are the lab's default run (`reverse`, 60 steps), one
@@ -21,9 +21,11 @@ from pathlib import Path
 
 import numpy as np
 
-from divviz import evidence, views
-from divviz.bandit_setting import BanditConfig
-from divviz.divergences import clip_test
+from divviz.evidence import intervals
+
+from divviz.views import explorer
+from divviz.bandit.setting import BanditConfig
+from divviz.catalogue.divergences import clip_test
 from divviz.losses import Objective
 
 CORRECTIONS = ("none", "TIS token", "IcePop token", "rejection", "bypass")
@@ -31,12 +33,12 @@ WINDOWS = {"early (steps 11–20)": (11, 20), "late (steps 51–60)": (51, 60)}
 
 
 def variants() -> dict[str, dict]:
-    return {name: views.rollout_variant(name, 2.0, (0.5, 2.0), "token_k1", (0.5, 2.0), 0.05, False)
+    return {name: explorer.rollout_variant(name, 2.0, (0.5, 2.0), "token_k1", (0.5, 2.0), 0.05, False)
             for name in CORRECTIONS}
 
 
-def line(name: str, base: str, d: evidence.Paired, sign: int = +1) -> str:
-    verdict = evidence.verdict(d.low, d.high, sign)
+def line(name: str, base: str, d: intervals.Paired, sign: int = +1) -> str:
+    verdict = intervals.verdict(d.low, d.high, sign)
     return (f"  {name:<14} − {base:<10} {d.mean:+.4f} [{d.low:+.4f}, {d.high:+.4f}]  n = {d.n}, "
             f"{d.reversed} reversed · {verdict}")
 
@@ -44,8 +46,8 @@ def line(name: str, base: str, d: evidence.Paired, sign: int = +1) -> str:
 def bandit(seeds: int, lag: int) -> None:
     cfg = BanditConfig().to_dict()
     objective = [Objective(clip=clip_test("ratio"))]
-    on_policy = views.bandit_runs(cfg, objective, seeds)[0]
-    lagged = views.bandit_runs({**cfg, "rollout_lag": lag, "rollout_dtype": "bfloat16"}, objective, seeds,
+    on_policy = explorer.bandit_runs(cfg, objective, seeds)[0]
+    lagged = explorer.bandit_runs({**cfg, "rollout_lag": lag, "rollout_dtype": "bfloat16"}, objective, seeds,
                                list(variants().values()))
     runs = dict(zip(CORRECTIONS, lagged))
     print(f"Bandit (the page's defaults, PPO ε = 0.2, {seeds} seeds), sampler {lag} iterations behind in bfloat16: "
@@ -53,11 +55,11 @@ def bandit(seeds: int, lag: int) -> None:
     for iteration in (10, 80):
         at = lambda name: [run.history["expected_reward"][iteration - 1] for run in runs[name]]  # noqa: E731
         print(f" iteration {iteration}")
-        print(line("none", "on-policy", evidence.paired(at("none"),
+        print(line("none", "on-policy", intervals.paired(at("none"),
                                                        [r.history["expected_reward"][iteration - 1] for r in on_policy]),
                    sign=-1))
         for name in CORRECTIONS[1:]:
-            print(line(name, "none", evidence.paired(at(name), at("none"))))
+            print(line(name, "none", intervals.paired(at(name), at("none"))))
     print(" iterations 2–10, mean over seeds: clip_ratio/high_mean, clip_ratio/low_mean")
     for name, group in (("on-policy", on_policy), *runs.items()):
         high, low = (np.mean([run.history[f"clip_ratio/{side}_mean"][1:10] for run in group]) for side in ("high", "low"))
@@ -92,9 +94,9 @@ def lm(seeds: int, lag: int) -> None:
     for window, (first, last) in WINDOWS.items():
         mean = lambda name: [float(np.mean(accuracy[(name, s)][first - 1:last])) for s in range(seeds)]  # noqa: E731
         print(f" {window}")
-        print(line("none", "on-policy", evidence.paired(mean("none"), mean("on-policy")), sign=-1))
+        print(line("none", "on-policy", intervals.paired(mean("none"), mean("on-policy")), sign=-1))
         for name in CORRECTIONS[1:]:
-            print(line(name, "none", evidence.paired(mean(name), mean("none"))))
+            print(line(name, "none", intervals.paired(mean(name), mean("none"))))
     print(" steps 2–20, mean over seeds: clip_ratio/region_mean, kl/k3 of the update, rollout_corr/k3_kl; accuracy "
           "in the first and last 10 steps")
     for name in settings:

@@ -6,15 +6,15 @@ import numpy as np
 import pytest
 import torch
 
-from divviz.aggregation import group_advantages
-from divviz.bandit import run_bandit, run_bandits
-from divviz.bandit_setting import BANDIT_PARAMS, BanditConfig
-from divviz.divergences import clip_test
+from divviz.catalogue.aggregation import group_advantages
+from divviz.bandit.grpo import run_bandit, run_bandits
+from divviz.bandit.setting import BANDIT_PARAMS, BanditConfig
+from divviz.catalogue.divergences import clip_test
 from divviz.losses import Objective
 from divviz.metrics import PI_OLD_BINS, mass_shift_by_bin
-from divviz.params import DivvizInputError
-from divviz.penalties import penalty
-from divviz.rollout_correction import RolloutCorrection
+from divviz.catalogue.params import DivvizInputError
+from divviz.catalogue.penalties import penalty
+from divviz.catalogue.rollout_correction import RolloutCorrection
 
 SMALL = dict(k=20, iterations=15)
 
@@ -199,7 +199,7 @@ def test_seeds_times_measures_are_each_run_alone(autograd):
 
 def test_random_correct_rewards_a_share_of_the_actions():
     cfg = BanditConfig.make(k=200, reward="random_correct", correct_percent=15)
-    from divviz.bandit_setting import reward_vector
+    from divviz.bandit.setting import reward_vector
 
     r = reward_vector(cfg, seed=7)
     assert r.sum() == 30 and set(np.unique(r)) == {0.0, 1.0}
@@ -207,7 +207,7 @@ def test_random_correct_rewards_a_share_of_the_actions():
 
 
 def test_adam_equals_torch_adam():
-    from divviz.bandit import Adam
+    from divviz.bandit.grpo import Adam
 
     rng = np.random.default_rng(0)
     theta = rng.normal(size=(3, 7))
@@ -284,8 +284,8 @@ def test_without_a_sampler_corrections_change_nothing():
 
 
 def test_the_sampler_draws_from_the_policy_of_lag_iterations_ago_rounded_to_its_precision():
-    from divviz.bandit_rollout import BanditRollout
-    from divviz.bandit_setting import softmax
+    from divviz.bandit.rollout import BanditRollout
+    from divviz.bandit.setting import softmax
 
     cfg = BanditConfig.make(**SMALL, rollout_dtype="bfloat16", rollout_lag=2)
     logits = [np.log(np.random.default_rng(i).dirichlet(np.ones(20)))[None] for i in range(5)]

@@ -9,11 +9,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from divviz import divergences as dv, penalties as pn
-from divviz.aggregation import check_aggregation
-from divviz.kinship import GROUPS, SIBLINGS
-from divviz.mirror import MirrorMap
-from divviz.params import DivvizInputError
+from divviz.catalogue import divergences as dv, penalties as pn
+from divviz.catalogue.aggregation import check_aggregation
+from divviz.catalogue.kinship import GROUPS, SIBLINGS
+from divviz.catalogue.mirror import MirrorMap
+from divviz.catalogue.params import DivvizInputError
 
 F64 = torch.float64
 

@@ -11,9 +11,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from divviz import claims, claims_lm, evidence
-from divviz.bandit import run_bandit
-from divviz.bandit_setting import BanditConfig
+from divviz.evidence import claims, claims_lm, intervals
+from divviz.bandit.grpo import run_bandit
+from divviz.bandit.setting import BanditConfig
 from divviz.cli import main
 from divviz.engine.store import read_status, write_status
 
@@ -28,7 +28,7 @@ def report():
 def test_identities_are_exact(report):
     for key in ("kl3_is_clipping", "rpg_same_gradient"):
         rows = [r for r in report.rows if r["claim_key"] == key]
-        assert len(rows) >= 20 and all(r["verdict"] == evidence.EXACT for r in rows), key
+        assert len(rows) >= 20 and all(r["verdict"] == intervals.EXACT for r in rows), key
 
 
 def test_every_verdict_follows_from_its_interval(report):
@@ -38,7 +38,7 @@ def test_every_verdict_follows_from_its_interval(report):
     for r in compared:
         low = np.nan if r["low"] is None else r["low"]
         high = np.nan if r["high"] is None else r["high"]
-        assert r["verdict"] == evidence.verdict(low, high, +1 if r["predicted_sign"] == "+" else -1)
+        assert r["verdict"] == intervals.verdict(low, high, +1 if r["predicted_sign"] == "+" else -1)
         assert r["n"] == 4 and 0 <= r["seeds_reversed"] <= 4
 
 
@@ -50,7 +50,7 @@ def test_a_cell_equals_the_runs_computed_alone(report):
     cfg = SMALL_GRID[0].config(claims.LATE).to_dict()
     entropy = lambda name, seed: run_bandit(BanditConfig.make(**{**cfg, "seed": seed}),  # noqa: E731
                                             claims.OBJECTIVES[name]).history["entropy"][-1]
-    d = evidence.paired([entropy(row["candidate"], s) for s in range(4)], [entropy(claims.PPO, s) for s in range(4)])
+    d = intervals.paired([entropy(row["candidate"], s) for s in range(4)], [entropy(claims.PPO, s) for s in range(4)])
     assert (row["mean"], row["low"], row["high"]) == pytest.approx((d.mean, d.low, d.high), abs=1e-12)
 
 
@@ -123,10 +123,10 @@ def test_lm_cells_equal_their_runs_metrics(lm_plan):
         lines = (lm_plan.runs[(measure, seed)].folder / "metrics.jsonl").read_text().splitlines()
         return next(json.loads(line)["entropy"] for line in lines if json.loads(line)["step"] == LM_STEPS)
 
-    d = evidence.paired([entropy(claims.KL3_WIDE, s) for s in range(LM_SEEDS)],
+    d = intervals.paired([entropy(claims.KL3_WIDE, s) for s in range(LM_SEEDS)],
                         [entropy(claims.PPO, s) for s in range(LM_SEEDS)])
     assert (row["mean"], row["low"], row["high"], row["n"]) == pytest.approx((d.mean, d.low, d.high, LM_SEEDS))
-    assert row["verdict"] == evidence.verdict(d.low, d.high, +1)
+    assert row["verdict"] == intervals.verdict(d.low, d.high, +1)
     report = lm_plan.report(claims.evaluate(seeds=2, grid=SMALL_GRID[:1]))
     assert "built-in LM" in report.scope and any(s["setting"] == claims.LM for s in report.summary())
 

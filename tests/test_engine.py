@@ -13,17 +13,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from divviz.aggregation import AGGREGATIONS
-from divviz.divergences import CLIP_TESTS
+from divviz.catalogue.aggregation import AGGREGATIONS
+from divviz.catalogue.divergences import CLIP_TESTS
 from divviz.engine import runner, store
 from divviz.engine.config import RunConfig
 from divviz.engine.grpo import make_trainer
 from divviz.engine.model import char_tokenizer, load_policy
 from divviz.engine.tasks import TASKS, evaluate, get_task
 from divviz.engine.train import train
-from divviz.params import DivvizInputError
-from divviz.penalties import PENALTIES
-from divviz.surrogates import SURROGATES
+from divviz.catalogue.params import DivvizInputError
+from divviz.catalogue.penalties import PENALTIES
+from divviz.catalogue.surrogates import SURROGATES
 
 TINY = dict(steps=2, prompts=2, group_size=4, max_new_tokens=6, mu=2)
 METRICS = ("reward", "reward_std", "accuracy", "entropy", "clip_ratio/low_mean", "clip_ratio/high_mean",

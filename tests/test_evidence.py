@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from divviz import evidence
+from divviz.evidence import intervals
 
 
 def test_interval_equals_scipy_and_a_textbook_case():
@@ -12,27 +12,27 @@ def test_interval_equals_scipy_and_a_textbook_case():
     for n in (2, 5, 20, 64):
         x = rng.normal(0.3, 1.7, size=n)
         ci = stats.ttest_1samp(x, 0.0).confidence_interval(0.95)
-        s = evidence.summarize(x)
+        s = intervals.summarize(x)
         assert (s.low, s.high, s.n) == (pytest.approx(ci.low, abs=1e-12), pytest.approx(ci.high, abs=1e-12), n)
     # n = 10, mean 5.0, s = 1.0: t_{0.975, 9} = 2.262157, half-width 2.262157/√10 = 0.715357
     x = 5.0 + np.array([-1, 1, -1, 1, -1, 1, -1, 1, -1, 1]) * np.sqrt(0.9)
-    s = evidence.summarize(x)
+    s = intervals.summarize(x)
     assert s.mean == pytest.approx(5.0) and s.high - s.mean == pytest.approx(0.715357, abs=1e-6)
 
 
 def test_interval_per_iteration_and_one_seed():
     x = np.random.default_rng(1).normal(size=(8, 30))  # 8 seeds, 30 iterations
-    s = evidence.summarize(x)
+    s = intervals.summarize(x)
     assert s.mean.shape == (30,) and s.n == 8
     ci = stats.ttest_1samp(x[:, 7], 0.0).confidence_interval(0.95)
     assert (s.low[7], s.high[7]) == (pytest.approx(ci.low), pytest.approx(ci.high))
-    one = evidence.summarize(x[:1])
+    one = intervals.summarize(x[:1])
     assert one.n == 1 and np.isnan(one.low).all() and np.array_equal(one.mean, x[0])
 
 
 def test_paired_difference_counts_reversed_seeds():
     base = np.array([1.0, 2.0, 3.0, 4.0, 5.0])
-    p = evidence.paired(base + np.array([0.5, 0.4, -0.1, 0.6, 0.5]), base)
+    p = intervals.paired(base + np.array([0.5, 0.4, -0.1, 0.6, 0.5]), base)
     assert p.mean == pytest.approx(0.38) and p.n == 5 and p.reversed == 1
     ci = stats.ttest_1samp([0.5, 0.4, -0.1, 0.6, 0.5], 0.0).confidence_interval(0.95)
     assert (p.low, p.high) == (pytest.approx(ci.low), pytest.approx(ci.high))
@@ -40,17 +40,17 @@ def test_paired_difference_counts_reversed_seeds():
 
 
 @pytest.mark.parametrize("diff, sign, want", [
-    (np.full(20, 0.5) + np.linspace(-0.1, 0.1, 20), +1, evidence.HOLDS),  # clearly positive
-    (np.full(20, -0.5) + np.linspace(-0.1, 0.1, 20), +1, evidence.REVERSED),  # clearly negative
-    (np.full(20, -0.5) + np.linspace(-0.1, 0.1, 20), -1, evidence.HOLDS),  # a claim that predicts a decrease
-    (np.linspace(-1, 1.2, 20), +1, evidence.NOT_RESOLVED),  # straddles 0
-    (np.array([0.3]), +1, evidence.NOT_RESOLVED),  # one seed: no interval
+    (np.full(20, 0.5) + np.linspace(-0.1, 0.1, 20), +1, intervals.HOLDS),  # clearly positive
+    (np.full(20, -0.5) + np.linspace(-0.1, 0.1, 20), +1, intervals.REVERSED),  # clearly negative
+    (np.full(20, -0.5) + np.linspace(-0.1, 0.1, 20), -1, intervals.HOLDS),  # a claim that predicts a decrease
+    (np.linspace(-1, 1.2, 20), +1, intervals.NOT_RESOLVED),  # straddles 0
+    (np.array([0.3]), +1, intervals.NOT_RESOLVED),  # one seed: no interval
 ])
 def test_verdicts_on_synthetic_differences(diff, sign, want):
-    p = evidence.paired(diff, np.zeros_like(diff))
-    assert evidence.verdict(p.low, p.high, sign) == want
+    p = intervals.paired(diff, np.zeros_like(diff))
+    assert intervals.verdict(p.low, p.high, sign) == want
 
 
 def test_identity_verdict():
-    assert evidence.identity_verdict(3e-16, 1e-12) == evidence.EXACT
-    assert evidence.identity_verdict(1e-6, 1e-12) == evidence.NOT_EXACT
+    assert intervals.identity_verdict(3e-16, 1e-12) == intervals.EXACT
+    assert intervals.identity_verdict(1e-6, 1e-12) == intervals.NOT_EXACT

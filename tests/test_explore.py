@@ -4,8 +4,10 @@ import numpy as np
 import pytest
 import torch
 
-from divviz import explore, theory
-from divviz.divergences import clip_test
+from divviz import explore
+
+from divviz.catalogue import theory
+from divviz.catalogue.divergences import clip_test
 from divviz.losses import policy_loss
 
 
@@ -85,7 +87,7 @@ def test_random_token_batch_is_reproducible_and_masks_padding():
 def test_each_rollout_correction_multiplies_a_token_by_its_formula():
     """`correction_curve` against ρ = π_old/π_roll: TIS min(ρ, u); IcePop ρ on [l, u], else 0, per token and per
     (one-token) completion; rejection 1 where k1, k2 or k3 keeps the token, else 0; no correction 1."""
-    from divviz.rollout_correction import RolloutCorrection
+    from divviz.catalogue.rollout_correction import RolloutCorrection
 
     rho = np.geomspace(0.1, 10.0, 201)
     curve = lambda **kw: explore.correction_curve(RolloutCorrection(**kw), rho)  # noqa: E731

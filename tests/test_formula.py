@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from divviz import theory
-from divviz.formula import MAX_CHARACTERS, bounds, check, parse
-from divviz.params import DivvizInputError
+from divviz.catalogue import theory
+from divviz.catalogue.formula import MAX_CHARACTERS, bounds, check, parse
+from divviz.catalogue.params import DivvizInputError
 
 DELTAS = (0.0177, 0.05, 0.2, 1.0, 5.0)
 
@@ -159,12 +159,13 @@ def test_bad_pi_old_is_refused(pi_old):
 
 # --- the typed formula as the catalogue's `formula` clip test: loss, bandit, engine, CLI --------------------------
 
-from divviz import cli, divergences as dv  # noqa: E402
-from divviz.bandit import run_bandit  # noqa: E402
-from divviz.bandit_setting import BanditConfig  # noqa: E402
+from divviz import cli  # noqa: E402
+from divviz.catalogue import divergences as dv  # noqa: E402
+from divviz.bandit.grpo import run_bandit  # noqa: E402
+from divviz.bandit.setting import BanditConfig  # noqa: E402
 from divviz.engine import store  # noqa: E402
 from divviz.explore import random_token_batch  # noqa: E402
-from divviz.instances import parse as parse_measure, spell  # noqa: E402
+from divviz.catalogue.instances import parse as parse_measure, spell  # noqa: E402
 from divviz.losses import Objective, policy_loss  # noqa: E402
 
 

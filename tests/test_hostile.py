@@ -13,12 +13,12 @@ import torch
 from streamlit.testing.v1 import AppTest
 
 from divviz import cli
-from divviz.divergences import clip_test
+from divviz.catalogue.divergences import clip_test
 from divviz.engine import store
 from divviz.losses import policy_loss
-from divviz.params import DivvizInputError
+from divviz.catalogue.params import DivvizInputError
 from divviz.safetext import WORD_JOINER, literal, shorten
-from divviz.urlstate import Control, read_query
+from divviz.app.urlstate import Control, read_query
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
 HOSTILE = ("[click](http://127.0.0.1:9/x) ![img](http://127.0.0.1:9/i.png) <script>alert(1)</script> **b** "

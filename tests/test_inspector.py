@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from divviz import explain, token_view
-from divviz.aggregation import aggregation_weights
-from divviz.divergences import clip_test
+from divviz.views import explain, token_view
+from divviz.catalogue.aggregation import aggregation_weights
+from divviz.catalogue.divergences import clip_test
 from divviz.engine import store
 from divviz.engine.completions import check_record, token_pieces
 from divviz.engine.config import RunConfig
@@ -21,9 +21,9 @@ from divviz.engine.grpo import grpo_step, make_batch, make_trainer, update
 from divviz.engine.rollout import completion_logps
 from divviz.engine.train import train
 from divviz.losses import Objective
-from divviz.params import DivvizInputError
-from divviz.penalties import penalty
-from divviz.surrogates import surrogate
+from divviz.catalogue.params import DivvizInputError
+from divviz.catalogue.penalties import penalty
+from divviz.catalogue.surrogates import surrogate
 
 ROOT = Path(__file__).resolve().parents[1]
 HOSTILE = "<script>alert('x')</script> **bold** [l](http://127.0.0.1:9/) <img src=x onerror=alert(1)>"

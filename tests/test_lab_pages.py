@@ -146,7 +146,7 @@ def test_the_lab_compares_rollout_corrections_under_a_lagging_sampler(runs_root)
 
 
 def test_same_batch_shares_rollouts_and_start_weights():
-    from divviz.divergences import clip_test
+    from divviz.catalogue.divergences import clip_test
     from divviz.engine.compare import same_batch
     from divviz.losses import Objective
 
@@ -186,7 +186,7 @@ def test_a_terminal_run_appears_on_the_runs_page_and_updates(runs_root):
 
 
 def test_checkpoints_feed_the_same_batch_comparison(tmp_path):
-    from divviz.divergences import clip_test
+    from divviz.catalogue.divergences import clip_test
     from divviz.engine.compare import same_batch
     from divviz.engine.train import train
     from divviz.losses import Objective

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from divviz import divergences as dv, penalties as pn
-from divviz.aggregation import aggregation_weights
+from divviz.catalogue import divergences as dv, penalties as pn
+from divviz.catalogue.aggregation import aggregation_weights
 from divviz.explore import random_token_batch
-from divviz.loss_gradient import PolicyLossGradient
+from divviz.bandit.loss_gradient import PolicyLossGradient
 from divviz.losses import Objective, policy_loss
-from divviz.theory import kl3_bounds
+from divviz.catalogue.theory import kl3_bounds
 
 F64 = torch.float64
 
@@ -388,7 +388,7 @@ def test_the_off_policy_mask_reads_the_sampling_policy_where_one_is_given():
 def test_a_mirror_map_from_an_explicit_phi():
     """GBMPO's φ in aligntune's layout [v, w, b, a, c] rebuilds a seeded map exactly; the default φ is the generalised
     KL; hostile φ texts and files are refused, each with its reason."""
-    from divviz.mirror import MirrorMap, phi_map, phi_text
+    from divviz.catalogue.mirror import MirrorMap, phi_map, phi_text
 
     seeded = MirrorMap.random(3, 0.05)
     phi = np.concatenate([seeded.v.numpy().ravel(), seeded.w.numpy().ravel(), seeded.b.numpy().ravel(),

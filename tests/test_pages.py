@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from divviz.divergences import CLIP_TESTS
-from divviz.rollout_correction import CORRECTIONS
+from divviz.catalogue.divergences import CLIP_TESTS
+from divviz.catalogue.rollout_correction import CORRECTIONS
 from divviz.safetext import WORD_JOINER
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")

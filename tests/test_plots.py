@@ -5,13 +5,13 @@ import numpy as np
 import plotly.graph_objects as go
 import pytest
 
-from divviz import run_views, views
-from divviz.bandit import run_bandit
-from divviz.bandit_setting import BanditConfig
-from divviz.divergences import clip_test
+from divviz.views import explorer, run_views
+from divviz.bandit.grpo import run_bandit
+from divviz.bandit.setting import BanditConfig
+from divviz.catalogue.divergences import clip_test
 from divviz.losses import Objective
-from divviz.penalties import PENALTIES, penalty
-from divviz.surrogates import SURROGATES, surrogate
+from divviz.catalogue.penalties import PENALTIES, penalty
+from divviz.catalogue.surrogates import SURROGATES, surrogate
 
 
 def validated(chart):
@@ -25,9 +25,9 @@ def test_clipping_region_figures_validate():
     tests = [clip_test(n) for n in ("ratio", "clip_higher", "kl1", "kl2", "kl3", "prob_tv")]
     surrogates = [surrogate(n) for n in SURROGATES]
     penalties = [penalty(n) for n in PENALTIES]
-    corrections = [views.rollout_variant(name, 2.0, (0.5, 2.0), "token_k2", (0.5, 2.0), 0.05, False)
-                   for name in views.ROLLOUT_VARIANTS]
-    charts = views.clipping_regions(tests, pi_old=0.2, dual_clip_c=3.0, surrogates=surrogates, penalties=penalties,
+    corrections = [explorer.rollout_variant(name, 2.0, (0.5, 2.0), "token_k2", (0.5, 2.0), 0.05, False)
+                   for name in explorer.ROLLOUT_VARIANTS]
+    charts = explorer.clipping_regions(tests, pi_old=0.2, dual_clip_c=3.0, surrogates=surrogates, penalties=penalties,
                                     corrections=corrections)
     assert set(charts) == {"intervals", "sweeps", "region", "surrogate", "logit", "weight", "penalty", "correction"}
     assert {t.name for t in validated(charts["penalty"]).data if t.showlegend} == {p.label for p in penalties}
@@ -48,10 +48,10 @@ def test_clipping_region_figures_validate():
 
 
 def test_kl3_page_figures_and_table():
-    facts, charts = views.kl3_equivalence(0.05, 0.2, 0.2, 0.28, seed=1)
+    facts, charts = explorer.kl3_equivalence(0.05, 0.2, 0.2, 0.28, seed=1)
     for chart in charts.values():
         validated(chart)
-    table = views.matching_table(facts, 0.2, 0.2, 0.28)
+    table = explorer.matching_table(facts, 0.2, 0.2, 0.28)
     assert table["KL3 δ through this edge"].round(7).tolist()[:4] == [0.0231436, 0.0176784, 0.0231436, 0.0331399]
     assert facts.check.max_abs_grad_diff <= 1e-12
 
@@ -64,31 +64,31 @@ def test_bandit_figures():
     for seeds in (1, 4):
         shared = {"penalty": penalty("k3", importance_weight=False), "beta": 0.1, "dual_clip_c": 3.0,
                   "aggregation": "dr_grpo"}
-        groups = views.bandit_runs(BanditConfig.make(k=30, iterations=10).to_dict(),
+        groups = explorer.bandit_runs(BanditConfig.make(k=30, iterations=10).to_dict(),
                                    [Objective(clip=clip_test("kl3", delta=0.05), **shared), Objective(**shared)], seeds)
         assert [runs[0].label for runs in groups] == ["kl3 δ=0.05 + 0.1·k3 c=3", "no clip + 0.1·k3 c=3"]
         assert [[run.seed for run in runs] for runs in groups] == [list(range(seeds))] * 2
-        for chart in [*views.mass_reallocation(groups).values(), views.paired_difference_chart(groups, 1, "entropy")]:
+        for chart in [*explorer.mass_reallocation(groups).values(), explorer.paired_difference_chart(groups, 1, "entropy")]:
             validated(chart)
 
 
 def test_bandit_runs_are_kept_and_only_a_changed_run_retrains():
     cfg = BanditConfig.make(k=20, iterations=10).to_dict()
-    first = views.bandit_runs(cfg, clipped(("ratio", {}), ("kl3", {"delta": 0.05})), 2)
-    second = views.bandit_runs(cfg, clipped(("ratio", {}), ("kl3", {"delta": 0.07})), 3)
+    first = explorer.bandit_runs(cfg, clipped(("ratio", {}), ("kl3", {"delta": 0.05})), 2)
+    second = explorer.bandit_runs(cfg, clipped(("ratio", {}), ("kl3", {"delta": 0.07})), 3)
     assert second[0][0].final is first[0][0].final and second[1][0].final is not first[1][0].final
     for seed in range(3):
         alone = run_bandit(BanditConfig.make(**{**cfg, "seed": seed}), Objective(clip=clip_test("kl3", delta=0.07)))
         assert np.array_equal(second[1][seed].final, alone.final) and second[1][seed].label == alone.label
-    other_seed = views.bandit_runs({**cfg, "seed": 1}, clipped(("ratio", {})))
+    other_seed = explorer.bandit_runs({**cfg, "seed": 1}, clipped(("ratio", {})))
     assert other_seed[0][0].final is second[0][1].final  # seed 1 was trained already, as the second seed
 
 
 def test_the_same_measure_twice_gets_two_labels_and_paired_differences():
     cfg = BanditConfig.make(k=20, iterations=12).to_dict()
-    groups = views.bandit_runs(cfg, clipped(("kl3", {"delta": 0.05}), ("kl3", {"delta": 0.05}), ("ratio", {})), 5)
+    groups = explorer.bandit_runs(cfg, clipped(("kl3", {"delta": 0.05}), ("kl3", {"delta": 0.05}), ("ratio", {})), 5)
     assert [runs[0].label for runs in groups] == ["kl3 δ=0.05", "kl3 δ=0.05 (2)", "ratio ε=0.2"]
-    table = views.paired_differences(groups, 0)
+    table = explorer.paired_differences(groups, 0)
     same = table[table.measure == "kl3 δ=0.05 (2)"]
     assert (same.difference == 0).all() and (same["seeds reversed"] == "0 of 5").all()
     other = table[(table.measure == "ratio ε=0.2") & (table.metric == "entropy")].iloc[0]

@@ -15,8 +15,8 @@ from divviz.engine.grpo import grpo_step, make_batch, make_trainer
 from divviz.engine.rollout import completion_logps
 from divviz.engine.sampler import RolloutPolicy
 from divviz.engine.train import train
-from divviz.params import DivvizInputError
-from divviz.rollout_correction import RolloutCorrection
+from divviz.catalogue.params import DivvizInputError
+from divviz.catalogue.rollout_correction import RolloutCorrection
 
 SMALL = dict(prompts=4, group_size=4, max_new_tokens=6, inspect_prompts=4)
 
@@ -66,7 +66,12 @@ def test_on_policy_runs_make_no_sampler_and_measure_no_mismatch():
                                                       rollout_rs_threshold="1e-6", **SMALL)), 0).metrics
     assert abs(corrected["rollout_corr/k3_kl"]) < 1e-9 and corrected["rollout_corr/rollout_rs_masked_fraction"] == 0
     assert corrected["rollout_corr/rollout_is_mean"] == pytest.approx(1.0, abs=1e-5)
-    assert corrected["loss"] == pytest.approx(plain["loss"], rel=1e-5)
+    # The loss is the same up to those weights: each token's term −w·r·A moves by |w − 1|·|A|, and the aggregation
+    # averages them, so |Δloss| ≤ max|w − 1| · max|A| with |A| < 2 in a group of 4 scaled by its std. A relative
+    # tolerance would not do: the KV cache's float32 rounding differs between CPUs, and the loss can be near 0.
+    off_one = max(corrected["rollout_corr/rollout_is_max"] - 1, 1 - corrected["rollout_corr/rollout_is_min"])
+    assert off_one < 1e-4
+    assert corrected["loss"] == pytest.approx(plain["loss"], rel=0, abs=2 * off_one + 1e-7)
 
 
 CORRECTED = dict(rollout_lag=1, rollout_is="token", rollout_is_threshold=1.2, rollout_rs="token_k1",

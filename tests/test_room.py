@@ -15,7 +15,7 @@ from streamlit.testing.v1 import AppTest
 
 from divviz.engine import runner, store
 from divviz.engine.config import RunConfig
-from divviz.params import DivvizInputError
+from divviz.catalogue.params import DivvizInputError
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
 SMALL = dict(prompts=2, group_size=4, max_new_tokens=6)

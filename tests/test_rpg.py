@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from divviz.aggregation import aggregation_weights, group_advantages
-from divviz.divergences import clip_test
-from divviz.loss_gradient import PolicyLossGradient
+from divviz.catalogue.aggregation import aggregation_weights, group_advantages
+from divviz.catalogue.divergences import clip_test
+from divviz.bandit.loss_gradient import PolicyLossGradient
 from divviz.losses import Objective
-from divviz.penalties import penalty
-from divviz.surrogates import surrogate
+from divviz.catalogue.penalties import penalty
+from divviz.catalogue.surrogates import surrogate
 
 DATA = json.loads((Path(__file__).parent / "data" / "rpg_reference.json").read_text())
 F64 = torch.float64
@@ -89,7 +89,7 @@ def test_the_engine_trains_rpg_with_its_batch_mean_baseline(tmp_path):
     from divviz.engine import store
     from divviz.engine.config import RunConfig
     from divviz.engine.train import train
-    from divviz.params import DivvizInputError
+    from divviz.catalogue.params import DivvizInputError
 
     settings = {"task": "reverse", "prompts": 3, "group_size": 4, "steps": 2, "mu": 2, "max_new_tokens": 6,
                 "clip": "clip_higher", "surrogate": "rpg_urkl", "surrogate_params": {"beta": 0.1},

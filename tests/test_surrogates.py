@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-from divviz import divergences as dv
-from divviz.aggregation import aggregation_weights
+from divviz.catalogue import divergences as dv
+from divviz.catalogue.aggregation import aggregation_weights
 from divviz.cli import main
 from divviz.explore import gradient_weight
-from divviz.loss_gradient import PolicyLossGradient
+from divviz.bandit.loss_gradient import PolicyLossGradient
 from divviz.losses import Objective, policy_loss
-from divviz.params import DivvizInputError
-from divviz.surrogates import SURROGATES, surrogate
+from divviz.catalogue.params import DivvizInputError
+from divviz.catalogue.surrogates import SURROGATES, surrogate
 
 F64 = torch.float64
 RATIOS = np.geomspace(0.05, 20.0, 301)

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.special import kl_div, rel_entr
 
-from divviz import theory
-from divviz.estimators import k1, k2, k3
+from divviz.catalogue import theory
+from divviz.catalogue.estimators import k1, k2, k3
 
 
 def printed(x) -> float:

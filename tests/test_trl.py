@@ -12,14 +12,14 @@ pytest.importorskip("trl")
 from datasets import Dataset  # noqa: E402
 from trl import GRPOTrainer  # noqa: E402
 
-from divviz import theory  # noqa: E402
-from divviz.divergences import clip_test  # noqa: E402
+from divviz.catalogue import theory  # noqa: E402
+from divviz.catalogue.divergences import clip_test  # noqa: E402
 from divviz.engine.completions import check_record  # noqa: E402
 from divviz.losses import Objective  # noqa: E402
-from divviz.params import DivvizInputError  # noqa: E402
-from divviz.penalties import penalty  # noqa: E402
-from divviz.rollout_correction import rollout_weights  # noqa: E402
-from divviz.surrogates import surrogate  # noqa: E402
+from divviz.catalogue.params import DivvizInputError  # noqa: E402
+from divviz.catalogue.penalties import penalty  # noqa: E402
+from divviz.catalogue.rollout_correction import rollout_weights  # noqa: E402
+from divviz.catalogue.surrogates import surrogate  # noqa: E402
 from divviz.trl import DivvizGRPOTrainer, DivvizRunCallback, trl_args_for  # noqa: E402
 from divviz.trl.trainer import REWARDS  # noqa: E402
 from trl_support import TASK, config, load_policy  # noqa: E402

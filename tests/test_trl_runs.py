@@ -21,8 +21,8 @@ from datasets import Dataset  # noqa: E402
 from trl import GRPOTrainer  # noqa: E402
 
 from divviz import cli  # noqa: E402
-from divviz.aggregation import group_advantages  # noqa: E402
-from divviz.divergences import clip_test  # noqa: E402
+from divviz.catalogue.aggregation import group_advantages  # noqa: E402
+from divviz.catalogue.divergences import clip_test  # noqa: E402
 from divviz.engine import store  # noqa: E402
 from divviz.engine.tasks import get_task  # noqa: E402
 from divviz.losses import Objective  # noqa: E402

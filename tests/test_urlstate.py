@@ -2,9 +2,9 @@
 
 import pytest
 
-from divviz.divergences import CLIP_TESTS
-from divviz.params import Param
-from divviz.urlstate import Control, measure_param_controls, read_query, write_query
+from divviz.catalogue.divergences import CLIP_TESTS
+from divviz.catalogue.params import Param
+from divviz.app.urlstate import Control, measure_param_controls, read_query, write_query
 
 CONTROLS = [
     Control("m", ["ratio", "kl3"], options=tuple(CLIP_TESTS), multi=True),
@@ -75,7 +75,7 @@ def test_bad_measures_in_a_link_are_reported(text, problem):
 
 
 def test_instances_spell_and_label():
-    from divviz import instances
+    from divviz.catalogue import instances
 
     test = instances.parse("clip_higher:eps_low=0.1")
     assert test.params == {"eps_low": 0.1, "eps_high": 0.28} and instances.spell(test) == "clip_higher:eps_low=0.1"

@@ -6,16 +6,16 @@ import importlib.util
 from dataclasses import asdict, dataclass, field, replace
 from typing import Mapping
 
-from divviz.aggregation import AGGREGATIONS, BASELINES, check_scale_rewards
-from divviz.divergences import clip_test
+from divviz.catalogue.aggregation import AGGREGATIONS, BASELINES, check_scale_rewards
+from divviz.catalogue.divergences import clip_test
 from divviz.engine.completions import BYTE_CAP, MAX_BYTES
 from divviz.engine.tasks import TASKS
 from divviz.losses import Objective
-from divviz.params import DivvizInputError, Param, check_params
-from divviz.penalties import penalty
-from divviz.rollout_correction import SAMPLER_DTYPES, RolloutCorrection
+from divviz.catalogue.params import DivvizInputError, Param, check_params
+from divviz.catalogue.penalties import penalty
+from divviz.catalogue.rollout_correction import SAMPLER_DTYPES, RolloutCorrection
 from divviz.safetext import quoted
-from divviz.surrogates import surrogate
+from divviz.catalogue.surrogates import surrogate
 
 ROLLOUT_LAG = Param("rollout_lag", 0, 0, 64, high_open=False, kind="int", typical=(0, 16, 1),
                     doc="the sampler's weights are this many updates behind the trained policy (asynchronous RL; 0: "

@@ -23,17 +23,17 @@ from functools import partial
 import numpy as np
 import torch
 
-from divviz.aggregation import aggregation_weights, group_advantages
+from divviz.catalogue.aggregation import aggregation_weights, group_advantages
 from divviz.engine.completions import step_record
 from divviz.engine.config import RunConfig
 from divviz.engine.model import load_policy, pick_device
 from divviz.engine.rollout import Rollout, completion_logps, decode_completions, encode_prompts, sample
 from divviz.engine.sampler import RolloutPolicy, rollout_policy
 from divviz.engine.tasks import Task, get_task
-from divviz.estimators import k1, k2, k3
+from divviz.catalogue.estimators import k1, k2, k3
 from divviz.losses import LossOutput, NonFiniteInput, Objective
 from divviz.metrics import PI_OLD_BINS, bin_labels, clip_fractions, overshoot
-from divviz.rollout_correction import Correction, RolloutCorrection
+from divviz.catalogue.rollout_correction import Correction, RolloutCorrection
 
 TOKEN_SAMPLE = 256  # per-token facts kept per step for the scatter plots
 AFTER_ROWS = 256  # completions re-scored after the update for the KL and mass metrics (all, in small batches)

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from divviz.engine.tasks import ALPHABET, Task
-from divviz.params import DivvizInputError
+from divviz.catalogue.params import DivvizInputError
 from divviz.safetext import quoted, shorten
 
 SPECIAL = ("<pad>", "<bos>", "<eos>")

@@ -23,7 +23,7 @@ from divviz.engine import store
 from divviz.engine.config import RunConfig
 from divviz.engine.pool import STOP_GRACE_S, QueueLock, control_dir, max_runs, queued_runs
 from divviz.engine.store import list_runs, new_run_folder, process_alive, read_status, write_status
-from divviz.params import DivvizInputError
+from divviz.catalogue.params import DivvizInputError
 from divviz.safetext import quoted
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from collections import deque
 
 import torch
 
-from divviz.rollout_correction import SAMPLER_DTYPES
+from divviz.catalogue.rollout_correction import SAMPLER_DTYPES
 
 
 class RolloutPolicy:

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from divviz.engine.completions import MAX_BYTES, check_record
-from divviz.params import DivvizInputError
+from divviz.catalogue.params import DivvizInputError
 from divviz.safetext import quoted, shorten
 
 def runs_dir(given: str | os.PathLike | None = None) -> Path:

@@ -17,7 +17,7 @@ import random
 from dataclasses import dataclass
 from typing import Callable
 
-from divviz.params import DivvizInputError
+from divviz.catalogue.params import DivvizInputError
 
 ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz+-*=:,>() "
 

@@ -12,7 +12,7 @@ from typing import Callable
 from divviz.engine.config import RunConfig
 from divviz.engine.grpo import NonFiniteLoss, StepResult, Trainer, grpo_step, make_trainer
 from divviz.engine.store import RunWriter, new_run_folder
-from divviz.params import DivvizInputError
+from divviz.catalogue.params import DivvizInputError
 
 
 class StopRequested(BaseException):

@@ -9,7 +9,7 @@ from pathlib import Path
 from divviz.engine.config import RunConfig
 from divviz.engine.store import read_status, write_status
 from divviz.engine.train import StopRequested, stop_on_sigterm, train
-from divviz.params import DivvizInputError
+from divviz.catalogue.params import DivvizInputError
 
 
 def main(folder: str) -> None:

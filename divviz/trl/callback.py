@@ -29,7 +29,7 @@ from divviz.engine.grpo import TOKEN_SAMPLE
 from divviz.engine.store import RunWriter, new_run_folder, runs_dir
 from divviz.engine.train import StopRequested, writing
 from divviz.losses import Objective
-from divviz.params import DivvizInputError
+from divviz.catalogue.params import DivvizInputError
 from divviz.trl.options import trl_objective
 
 __all__ = ["DivvizRunCallback", "TOKEN_SAMPLE", "run_end"]

@@ -8,12 +8,12 @@ import copy
 
 from trl import GRPOConfig
 
-from divviz.aggregation import TRL_AGGREGATIONS
-from divviz.divergences import clip_test
+from divviz.catalogue.aggregation import TRL_AGGREGATIONS
+from divviz.catalogue.divergences import clip_test
 from divviz.losses import Objective
-from divviz.params import DivvizInputError
-from divviz.penalties import penalty
-from divviz.surrogates import SURROGATES, surrogate
+from divviz.catalogue.params import DivvizInputError
+from divviz.catalogue.penalties import penalty
+from divviz.catalogue.surrogates import SURROGATES, surrogate
 
 
 def _default(name: str):

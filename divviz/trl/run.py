@@ -24,7 +24,7 @@ from divviz.engine.grpo import NonFiniteLoss
 from divviz.engine.model import load_policy, pick_device
 from divviz.engine.tasks import Task, get_task
 from divviz.engine.train import StopRequested
-from divviz.params import DivvizInputError
+from divviz.catalogue.params import DivvizInputError
 from divviz.trl.callback import DivvizRunCallback
 from divviz.trl.options import trl_loss_type
 from divviz.trl.trainer import DivvizGRPOTrainer

@@ -33,13 +33,13 @@ from accelerate.utils import gather_object
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import nanmax, nanmin
 
-from divviz.aggregation import aggregation_weights
+from divviz.catalogue.aggregation import aggregation_weights
 from divviz.engine.completions import step_record
 from divviz.engine.grpo import finite_loss
-from divviz.estimators import k1, k2, k3
+from divviz.catalogue.estimators import k1, k2, k3
 from divviz.losses import LossOutput, Objective
-from divviz.params import DivvizInputError
-from divviz.surrogates import VESPO_FLOOR, vespo_sequence_phi
+from divviz.catalogue.params import DivvizInputError
+from divviz.catalogue.surrogates import VESPO_FLOOR, vespo_sequence_phi
 from divviz.trl.callback import TOKEN_SAMPLE, DivvizRunCallback, run_end
 from divviz.trl.options import trl_args_for
 

@@ -1,5 +1,5 @@
 """The bandit's setting: K actions, the start policy π_0 = softmax(θ_0) in one of three shapes, the rewards, and
-every other setting a run takes (`BanditConfig`, checked when built). `bandit.py` trains GRPO on it."""
+every other setting a run takes (`BanditConfig`, checked when built). `grpo.py` trains GRPO on it."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from divviz.aggregation import BASELINES, SCALE_REWARDS, check_scale_rewards
-from divviz.params import DivvizInputError, Param, check_params
-from divviz.rollout_correction import SAMPLER_DTYPES
+from divviz.catalogue.aggregation import BASELINES, SCALE_REWARDS, check_scale_rewards
+from divviz.catalogue.params import DivvizInputError, Param, check_params
+from divviz.catalogue.rollout_correction import SAMPLER_DTYPES
 from divviz.safetext import quoted
 
 INIT_SHAPES = ("zipf", "uniform", "random")

@@ -1,8 +1,8 @@
 """Named starting points a teacher can click: each maps a page's control names to values; measures are spelled
-as `divviz.instances` spells them."""
+as `divviz.catalogue.instances` spells them."""
 
-from divviz.bandit_setting import DEFAULT_LR
-from divviz.theory import kl3_delta_at_ratio
+from divviz.bandit.setting import DEFAULT_LR
+from divviz.catalogue.theory import kl3_delta_at_ratio
 
 DELTA_LOW_EDGE = round(float(kl3_delta_at_ratio(0.8)), 7)  # KL3 through PPO ε = 0.2's lower edge: 0.0231
 DELTA_HIGH_EDGE = round(float(kl3_delta_at_ratio(1.2)), 7)  # … through its upper edge: 0.0177

@@ -21,13 +21,13 @@ from typing import Callable
 
 import numpy as np
 
-from divviz import theory
-from divviz.estimators import array_ops, k1, k2, k3
-from divviz.formula import bounds as formula_bounds, checked
-from divviz.params import Configured, DivvizInputError, Param, check_params
-from divviz.penalties import PENALTIES, PenaltyEntry
+from divviz.catalogue import theory
+from divviz.catalogue.estimators import array_ops, k1, k2, k3
+from divviz.catalogue.formula import bounds as formula_bounds, checked
+from divviz.catalogue.params import Configured, DivvizInputError, Param, check_params
+from divviz.catalogue.penalties import PENALTIES, PenaltyEntry
 from divviz.safetext import quoted
-from divviz.surrogates import SURROGATES, SurrogateEntry
+from divviz.catalogue.surrogates import SURROGATES, SurrogateEntry
 
 EPS = Param("eps", 0.2, 0.0, 1.0, low_open=True, high_open=False, trl_name="epsilon", typical=(0.01, 0.6, 0.01),
             doc="half-width of the symmetric ratio box [1−ε, 1+ε]")

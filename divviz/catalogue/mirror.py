@@ -30,8 +30,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from divviz.estimators import array_ops
-from divviz.params import DivvizInputError, Upload
+from divviz.catalogue.estimators import array_ops
+from divviz.catalogue.params import DivvizInputError, Upload
 from divviz.safetext import quoted
 
 UNITS_PER_ACTIVATION = 21

@@ -12,8 +12,8 @@ from collections import deque
 import numpy as np
 import torch
 
-from divviz.bandit_setting import BanditConfig, softmax
-from divviz.rollout_correction import SAMPLER_DTYPES, RolloutCorrection, rejection_mask, rollout_weights
+from divviz.bandit.setting import BanditConfig, softmax
+from divviz.catalogue.rollout_correction import SAMPLER_DTYPES, RolloutCorrection, rejection_mask, rollout_weights
 
 
 class BanditRollout:

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import urllib.parse
 
-from divviz.divergences import ClipTest, clip_test, get_entry
-from divviz.params import Configured
-from divviz.params import DivvizInputError, parse_assignments
-from divviz.penalties import penalty, Penalty
+from divviz.catalogue.divergences import ClipTest, clip_test, get_entry
+from divviz.catalogue.params import Configured
+from divviz.catalogue.params import DivvizInputError, parse_assignments
+from divviz.catalogue.penalties import penalty, Penalty
 from divviz.safetext import quoted
-from divviz.surrogates import Surrogate, surrogate
+from divviz.catalogue.surrogates import Surrogate, surrogate
 
 MAX_SPEC_CHARACTERS = 700  # a typed formula (≤ 200 characters) with its escapes fits
 

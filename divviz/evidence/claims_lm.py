@@ -21,10 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from divviz import claims, evidence
+from divviz.evidence import claims, intervals
 from divviz.engine import runner, store
 from divviz.engine.config import RunConfig, objective_settings
-from divviz.params import DivvizInputError, Param
+from divviz.catalogue.params import DivvizInputError, Param
 
 TASK = "reverse"
 SEEDS_PARAM = Param("lm_seeds", 8, 2, 64, high_open=False, kind="int", typical=(2, 16, 1),
@@ -132,7 +132,7 @@ class LMPlan:
                     pairs = [(readings[(c.candidate, s)][reading][c.metric],
                               readings[(c.baseline, s)][reading][c.metric])
                              for s in range(self.seeds) if (c.candidate, s) in readings and (c.baseline, s) in readings]
-                    d = evidence.paired(*zip(*pairs)) if pairs else evidence.Paired(np.nan, np.nan, np.nan, 0, 0)
+                    d = intervals.paired(*zip(*pairs)) if pairs else intervals.Paired(np.nan, np.nan, np.nan, 0, 0)
                     span = f"step {steps.start}" if len(steps) == 1 else f"steps {steps.start}–{steps.stop - 1}"
                     condition = f"{TASK} · {reading} (mean of {span})"
                     out.append(claims.comparison_row(claim, claims.LM, condition, c, d))

@@ -3,16 +3,16 @@ computed from a paired 95% interval (or, for an identity, from the largest diffe
 
 A claim names its source and provenance (theory.md's tags), the metric that stands for its words, the measures it
 compares and the sign it predicts. Nothing here is tuned to a result: the grid below is fixed before running, every
-cell is reported, and `evidence.verdict` says holds / reversed / not resolved from the numbers alone.
+cell is reported, and `intervals.verdict` says holds / reversed / not resolved from the numbers alone.
 
-Bandit grid (`divviz.bandit`, exact distributions, the same seeds for every measure):
+Bandit grid (`divviz.bandit.grpo`, exact distributions, the same seeds for every measure):
     correct actions likely (the top 3 of π_0) / rare (one, at rank K/5) / random (10%, drawn per seed)
     × K = 50 / 1000 × SGD (lr 0.5) / Adam (lr 0.05, state kept) × early (iteration 10) / late (80) readings.
 Measures: PPO ε = 0.2; KL3 with δ through PPO's lower edge (0.0231), through its upper edge (0.0177), and wide
 (0.05); the one-edge ablations of the wide δ, [l_δ, 1.2] and [0.8, u_δ], which tell KL3's shape from a wider box;
 DAPO (0.2, 0.28); PPO with 0.1·ProbL2 and with 0.1·k3 toward π_0.
 
-Built-in LM (`divviz.claims_lm`, optional: it trains runs): the comparisons a claim lists in `lm_comparisons`.
+Built-in LM (`divviz.evidence.claims_lm`, optional: it trains runs): the comparisons a claim lists in `lm_comparisons`.
 """
 
 from __future__ import annotations
@@ -24,13 +24,17 @@ from typing import Callable
 
 import torch
 
-from divviz import evidence, explore, theory
-from divviz.bandit import run_bandits
-from divviz.bandit_setting import DEFAULT_LR, BanditConfig
-from divviz.divergences import clip_test
+from divviz import explore
+
+from divviz.catalogue import theory
+
+from divviz.evidence import intervals
+from divviz.bandit.grpo import run_bandits
+from divviz.bandit.setting import DEFAULT_LR, BanditConfig
+from divviz.catalogue.divergences import clip_test
 from divviz.losses import Objective, policy_loss
-from divviz.params import Param
-from divviz.penalties import penalty, PENALTIES
+from divviz.catalogue.params import Param
+from divviz.catalogue.penalties import penalty, PENALTIES
 
 EARLY, LATE = 10, 80
 DELTA_LOW_EDGE, DELTA_HIGH_EDGE, DELTA_WIDE = (float(theory.kl3_delta_at_ratio(0.8)),
@@ -78,7 +82,7 @@ class Claim:
     operational: str  # what stands for the claim's words here
     comparisons: tuple[Comparison, ...] = ()
     identity: Callable[[], list[dict]] | None = None  # for identities: cells of largest differences
-    lm_operational: str = ""  # on the built-in LM (`divviz.claims_lm`), where the claim is tested there too
+    lm_operational: str = ""  # on the built-in LM (`divviz.evidence.claims_lm`), where the claim is tested there too
     lm_comparisons: tuple[Comparison, ...] = ()
 
 
@@ -211,7 +215,7 @@ class Report:
                 f"same seeds" + (f"; {self.lm}" if self.lm else "; the built-in LM not included"))
 
 
-VERDICTS = (evidence.HOLDS, evidence.REVERSED, evidence.NOT_RESOLVED, evidence.EXACT, evidence.NOT_EXACT)
+VERDICTS = (intervals.HOLDS, intervals.REVERSED, intervals.NOT_RESOLVED, intervals.EXACT, intervals.NOT_EXACT)
 
 
 def evaluate(seeds: int = 20, grid=GRID, progress: Callable[[float, str], None] | None = None) -> Report:
@@ -223,7 +227,7 @@ def evaluate(seeds: int = 20, grid=GRID, progress: Callable[[float, str], None] 
                 rows.append(_row(claim, "random batches", cell["condition"], "max |difference|", cell["candidate"],
                                  cell["baseline"], "", cell["max_difference"], cell["max_difference"],
                                  cell["max_difference"], 1, 0,
-                                 evidence.identity_verdict(cell["max_difference"], IDENTITY_TOLERANCE)))
+                                 intervals.identity_verdict(cell["max_difference"], IDENTITY_TOLERANCE)))
     names = list(OBJECTIVES)
     for done, condition in enumerate(grid):
         if progress:
@@ -233,7 +237,7 @@ def evaluate(seeds: int = 20, grid=GRID, progress: Callable[[float, str], None] 
         for claim in CLAIMS:
             for c in claim.comparisons:
                 for reading, iteration in (("early", EARLY), ("late", LATE)):
-                    d = evidence.paired([run.history[c.metric][iteration - 1] for run in by_name[c.candidate]],
+                    d = intervals.paired([run.history[c.metric][iteration - 1] for run in by_name[c.candidate]],
                                         [run.history[c.metric][iteration - 1] for run in by_name[c.baseline]])
                     rows.append(comparison_row(claim, BANDIT, f"{condition.text} · {reading} (iteration {iteration})",
                                                c, d))
@@ -245,10 +249,10 @@ def evaluate(seeds: int = 20, grid=GRID, progress: Callable[[float, str], None] 
 BANDIT, LM = "bandit", "built-in LM"  # a row's setting
 
 
-def comparison_row(claim: Claim, setting: str, condition: str, c: Comparison, d: evidence.Paired) -> dict:
+def comparison_row(claim: Claim, setting: str, condition: str, c: Comparison, d: intervals.Paired) -> dict:
     """One cell of a compared claim: the paired difference candidate − baseline and the verdict its interval gives."""
     return _row(claim, setting, condition, c.metric, c.candidate, c.baseline, "+" if c.sign > 0 else "−", d.mean,
-                d.low, d.high, d.n, d.reversed, evidence.verdict(d.low, d.high, c.sign))
+                d.low, d.high, d.n, d.reversed, intervals.verdict(d.low, d.high, c.sign))
 
 
 def _row(claim: Claim, setting: str, condition: str, metric: str, candidate: str, baseline: str, predicted: str,
@@ -280,8 +284,8 @@ def to_text(report: Report) -> str:
     return "\n".join(lines)
 
 
-VERDICT_COLOURS = {evidence.HOLDS: "#d9f2d9", evidence.REVERSED: "#f8d7d7", evidence.NOT_RESOLVED: "#eeeeee",
-                   evidence.EXACT: "#d9f2d9", evidence.NOT_EXACT: "#f8d7d7"}
+VERDICT_COLOURS = {intervals.HOLDS: "#d9f2d9", intervals.REVERSED: "#f8d7d7", intervals.NOT_RESOLVED: "#eeeeee",
+                   intervals.EXACT: "#d9f2d9", intervals.NOT_EXACT: "#f8d7d7"}
 
 
 def to_html(report: Report) -> str:

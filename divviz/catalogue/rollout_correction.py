@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 import torch
 
-from divviz.estimators import ESTIMATORS
-from divviz.params import DivvizInputError, Param
+from divviz.catalogue.estimators import ESTIMATORS
+from divviz.catalogue.params import DivvizInputError, Param
 from divviz.safetext import quoted
 
 LEVELS = ("token", "sequence")

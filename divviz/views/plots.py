@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from divviz.explore import RatioCurves, masked_spans
-from divviz.figures import Chart, color, figure, fmt, hline, panels, rgba, vline, vrect
+from divviz.views.figures import Chart, color, figure, fmt, hline, panels, rgba, vline, vrect
 
 def interval_chart(items: list[tuple[str, float, float]]) -> Chart:
     """Each measure's feasible ratio interval [l, u] as a bar around w = 1 (u = ∞ drawn as an arrow)."""

@@ -34,7 +34,7 @@ from typing import Any, Callable
 import numpy as np
 from scipy.optimize.elementwise import bracket_root, find_root
 
-from divviz.params import DivvizInputError
+from divviz.catalogue.params import DivvizInputError
 from divviz.safetext import quoted
 
 MAX_CHARACTERS = 200

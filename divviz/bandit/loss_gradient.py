@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from divviz.aggregation import aggregation_weights
+from divviz.catalogue.aggregation import aggregation_weights
 from divviz.losses import Objective
-from divviz.params import DivvizInputError
+from divviz.catalogue.params import DivvizInputError
 
 
 @dataclass

@@ -14,10 +14,10 @@ Plain SGD keeps the picture honest: the step is the loss's gradient, not an opti
 what a trainer's optimiser does to the same comparison. Penalties use the start policy π_0 as the reference.
 Many seeds run side by side as easily as many objectives: a page shows means with intervals, not one seed.
 
-A sampler unlike the policy (`bandit_rollout.py`): step 1 may draw from π_roll, the policy of `rollout_lag`
+A sampler unlike the policy (`rollout.py`): step 1 may draw from π_roll, the policy of `rollout_lag`
 iterations ago with its logits rounded to bfloat16 or float16; π_old stays the current policy, and each run may
 correct with verl's rollout corrections, exactly as training does, or take π_old from the sampler (bypass mode).
-The setting, π_0, the rewards and `BanditConfig`, is `bandit_setting.py`.
+The setting, π_0, the rewards and `BanditConfig`, is `setting.py`.
 
 The step's gradient is the chain rule through the softmax, ∂/∂θ Σ_i g_i log π(a_i) = Σ_i g_i (e_{a_i} − π),
 with g = ∂loss/∂log π(a_i) from `PolicyLossGradient`, the loss's closed-form gradient. Several objectives
@@ -34,13 +34,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from divviz.aggregation import aggregation_weights, group_advantages
-from divviz.bandit_rollout import BanditRollout
-from divviz.bandit_setting import BanditConfig, initial_logits, reward_vector, softmax
-from divviz.loss_gradient import PolicyLossGradient
+from divviz.catalogue.aggregation import aggregation_weights, group_advantages
+from divviz.bandit.rollout import BanditRollout
+from divviz.bandit.setting import BanditConfig, initial_logits, reward_vector, softmax
+from divviz.bandit.loss_gradient import PolicyLossGradient
 from divviz.losses import Objective
-from divviz.params import DivvizInputError
-from divviz.rollout_correction import RolloutCorrection
+from divviz.catalogue.params import DivvizInputError
+from divviz.catalogue.rollout_correction import RolloutCorrection
 
 @dataclass
 class BanditRun:

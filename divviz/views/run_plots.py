@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from divviz.evidence import Summary
-from divviz.figures import Chart, color, concat, figure, hline, panels, rgba
+from divviz.evidence.intervals import Summary
+from divviz.views.figures import Chart, color, concat, figure, hline, panels, rgba
 from divviz.metrics import GLOSSARY, bin_labels
 
 def bandit_distribution_chart(initial: np.ndarray, rewards: np.ndarray, finals: list[tuple[str, Summary]],

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from divviz.params import DivvizInputError
+from divviz.catalogue.params import DivvizInputError
 from divviz.safetext import quoted
 
 AGGREGATIONS = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo", "token_sum")

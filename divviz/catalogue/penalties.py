@@ -10,9 +10,9 @@ from typing import Callable
 
 import numpy as np
 
-from divviz.estimators import array_ops, k1, k2, k3
-from divviz.mirror import GENERALISED_KL_PHI, PHI_UPLOAD, phi_map, random_mirror_map
-from divviz.params import Configured, DivvizInputError, Param, check_params
+from divviz.catalogue.estimators import array_ops, k1, k2, k3
+from divviz.catalogue.mirror import GENERALISED_KL_PHI, PHI_UPLOAD, phi_map, random_mirror_map
+from divviz.catalogue.params import Configured, DivvizInputError, Param, check_params
 from divviz.safetext import quoted
 
 IMPORTANCE_WEIGHT = Param("importance_weight", False, kind="bool",
@@ -182,7 +182,7 @@ PENALTIES: dict[str, PenaltyEntry] = {
             "mirror", "GBMPO neural mirror map",
             r"D_h(\pi_\theta\|\pi_{\mathrm{ref}})=h(\pi_\theta)-h(\pi_{\mathrm{ref}})"
             r"-\psi(\pi_{\mathrm{ref}})(\pi_\theta-\pi_{\mathrm{ref}})",
-            "Bregman divergence of a random non-negative 126-unit mirror map ψ = ∇h (divviz.mirror).",
+            "Bregman divergence of a random non-negative 126-unit mirror map ψ = ∇h (divviz.catalogue.mirror).",
             (Param("seed", 0, 0, 2**31 - 1, high_open=False, kind="int", doc="seed of the 380 weights",
                    typical=(0, 99, 1)),
              Param("init_scale", 0.01, 0.0, 1.0, low_open=True, high_open=False,

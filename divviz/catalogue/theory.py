@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import lambertw
 
-from divviz.estimators import k3
+from divviz.catalogue.estimators import k3
 
 SERIES_COEFFS = (1.0, 1.0, 1.0 / 3.0, 1.0 / 36.0, -1.0 / 270.0, 1.0 / 4320.0)
 """w = Σ c_n (±s)^n with s = √(2δ): the KL3 boundary near δ = 0 (theory.md §1.3, from sympy)."""

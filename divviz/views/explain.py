@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from divviz.losses import TOKEN_STATES, Objective
-from divviz.params import DivvizInputError
+from divviz.catalogue.params import DivvizInputError
 
 WHY = {  # theory.md §1.4: which side, which sign
     "inside": "w is inside [l, u]: the gradient A·w·∇log π flows",

@@ -2,9 +2,9 @@
 
 Every control value is a string in the URL (`?m=ratio,kl3:delta=0.0177,kl3:delta=0.05`). Decoding checks the
 value the same way the catalogue does (a `Param`'s range, or the list of options); a bad value is reported and
-replaced by the default, never raised into the page. No Streamlit here: `divviz/ui.py` binds it.
+replaced by the default, never raised into the page. No Streamlit here: `divviz/app/ui.py` binds it.
 
-A list of measures is spelled as `divviz.instances` spells one, comma-separated. Links made before measures
+A list of measures is spelled as `divviz.catalogue.instances` spells one, comma-separated. Links made before measures
 could repeat wrote `m=ratio,kl3&kl3.delta=0.05`; such a `NAME.PARAM` still sets the parameter of a bare `NAME`
 in the list, so old links open as they did.
 """
@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from divviz import instances
-from divviz.divergences import FAMILIES
-from divviz.params import DivvizInputError, Param
+from divviz.catalogue import instances
+from divviz.catalogue.divergences import FAMILIES
+from divviz.catalogue.params import DivvizInputError, Param
 from divviz.safetext import quoted
 
 

@@ -12,21 +12,25 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
-from divviz import explore, plots, run_plots, theory
-from divviz.bandit import ROLLOUT_HISTORY, BanditRun, run_bandits
-from divviz.bandit_setting import BanditConfig
-from divviz.divergences import ClipTest, clip_test
+from divviz import explore
+
+from divviz.catalogue import theory
+
+from divviz.views import plots, run_plots
+from divviz.bandit.grpo import ROLLOUT_HISTORY, BanditRun, run_bandits
+from divviz.bandit.setting import BanditConfig
+from divviz.catalogue.divergences import ClipTest, clip_test
 from divviz.engine.config import correction_from, objective_settings, rollout_label
-from divviz.estimators import k3
-from divviz.evidence import Summary, paired, summarize
-from divviz.figures import Chart
-from divviz.instances import unique_labels
+from divviz.catalogue.estimators import k3
+from divviz.evidence.intervals import Summary, paired, summarize
+from divviz.views.figures import Chart
+from divviz.catalogue.instances import unique_labels
 from divviz.losses import Objective
 from divviz.metrics import mass_shift_by_bin
-from divviz.params import DivvizInputError
-from divviz.penalties import Penalty
-from divviz.rollout_correction import CORRECTIONS
-from divviz.surrogates import Surrogate
+from divviz.catalogue.params import DivvizInputError
+from divviz.catalogue.penalties import Penalty
+from divviz.catalogue.rollout_correction import CORRECTIONS
+from divviz.catalogue.surrogates import Surrogate
 
 RATIO_GRID = np.linspace(0.01, 3.0, 600)
 PI_OLD_GRID = np.linspace(0.001, 1.0, 400)

@@ -1,6 +1,6 @@
 """Every figure and number of the run pages (Training lab, Runs, Step inspector), from runs and their metrics:
 compute (the engine's records, `explain`, the same-batch comparison) then draw (`run_plots`, `plots`). Pages call
-these and lay the results out; the explorer pages' are in `views.py`."""
+these and lay the results out; the explorer pages' are in `explorer.py`."""
 
 from __future__ import annotations
 
@@ -9,16 +9,18 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 
-from divviz import explore, plots, run_plots
-from divviz.divergences import ClipTest, clip_test
+from divviz import explore
+
+from divviz.views import plots, run_plots
+from divviz.catalogue.divergences import ClipTest, clip_test
 from divviz.engine.config import RunConfig, config_label, correction_from, objective_from
-from divviz.evidence import summarize
-from divviz.figures import Chart
-from divviz.instances import unique_labels
+from divviz.evidence.intervals import summarize
+from divviz.views.figures import Chart
+from divviz.catalogue.instances import unique_labels
 from divviz.losses import Objective
 from divviz.metrics import bin_labels, metric
-from divviz.params import DivvizInputError
-from divviz.views import PI_OLD_GRID
+from divviz.catalogue.params import DivvizInputError
+from divviz.views.explorer import PI_OLD_GRID
 
 TRAINING_PANELS = {
     "reward": ("reward", "accuracy"),

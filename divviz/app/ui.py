@@ -10,21 +10,23 @@ import secrets
 
 import streamlit as st
 
-from divviz import instances, run_views, views
-from divviz.aggregation import AGGREGATIONS, BASELINES, SCALE_REWARDS
-from divviz.divergences import BETA, DUAL_CLIP, FAMILIES
+from divviz.catalogue import instances
+
+from divviz.views import explorer, run_views
+from divviz.catalogue.aggregation import AGGREGATIONS, BASELINES, SCALE_REWARDS
+from divviz.catalogue.divergences import BETA, DUAL_CLIP, FAMILIES
 from divviz.engine.runner import Viewer
-from divviz.formula import MAX_CHARACTERS
+from divviz.catalogue.formula import MAX_CHARACTERS
 from divviz.losses import OFF_POLICY_MASK, Objective, RATIO_CAP
-from divviz.ownership import browser_id, is_teacher_key
-from divviz.params import DivvizInputError, Param
-from divviz.penalties import penalty, PENALTIES
-from divviz.rollout_correction import (ICEPOP_HIGH, ICEPOP_LOW, OPTIONS as RS_OPTIONS, RS_BOUND, RS_RATIO_HIGH,
+from divviz.app.ownership import browser_id, is_teacher_key
+from divviz.catalogue.params import DivvizInputError, Param
+from divviz.catalogue.penalties import penalty, PENALTIES
+from divviz.catalogue.rollout_correction import (ICEPOP_HIGH, ICEPOP_LOW, OPTIONS as RS_OPTIONS, RS_BOUND, RS_RATIO_HIGH,
                                        RS_RATIO_LOW, SAMPLER_DTYPES, TIS_CAP)
-from divviz.figures import Chart
+from divviz.views.figures import Chart
 from divviz.safetext import literal, shorten
-from divviz.surrogates import LEVELS
-from divviz.urlstate import Control, measure_param_controls, read_query, write_query
+from divviz.catalogue.surrogates import LEVELS
+from divviz.app.urlstate import Control, measure_param_controls, read_query, write_query
 
 PLOTLY_CONFIG = {"displaylogo": False, "toImageButtonOptions": {"format": "png", "scale": 2}}
 
@@ -220,7 +222,7 @@ def objective_controls(tests: list[str], beta: float) -> list[Control]:
 
 def correction_controls(default: list[str]) -> list[Control]:
     """The controls of `correction_widgets`: the corrections to compare (`default` at first) and their parameters."""
-    return [Control("rc", default, options=tuple(views.ROLLOUT_VARIANTS), multi=True),
+    return [Control("rc", default, options=tuple(explorer.ROLLOUT_VARIANTS), multi=True),
             *[Control(p.name, p.default, param=p) for p in (TIS_CAP, ICEPOP_LOW, ICEPOP_HIGH, RS_RATIO_LOW,
                                                             RS_RATIO_HIGH, RS_BOUND)],
             Control("rs_option", "token_k1", options=RS_OPTIONS),
@@ -237,9 +239,9 @@ def rollout_controls(lag: Param) -> list[Control]:
 
 def correction_widgets(page: str, controls: dict[str, Control]) -> list[dict]:
     """verl's rollout corrections to compare, with the parameters of those chosen: one dict of run-config keys each
-    (`views.rollout_variant`)."""
+    (`explorer.rollout_variant`)."""
     names = choice(page, controls["rc"], "Corrections to compare (one run each)",
-                   help="; ".join(f"{k}: {v}" for k, v in views.ROLLOUT_VARIANTS.items()))
+                   help="; ".join(f"{k}: {v}" for k, v in explorer.ROLLOUT_VARIANTS.items()))
     values = {"tis_u": TIS_CAP.default, "icepop": (ICEPOP_LOW.default, ICEPOP_HIGH.default),  # for those not shown
               "rs_option": controls["rs_option"].default, "rs_ratio": (RS_RATIO_LOW.default, RS_RATIO_HIGH.default),
               "rs_bound": RS_BOUND.default, "normalize": False}
@@ -257,7 +259,7 @@ def correction_widgets(page: str, controls: dict[str, Control]) -> list[dict]:
                                   number(page, controls["rs_u"], "to u"))
         else:
             values["rs_bound"] = number(page, controls["rs_bound"], f"kept while {values['rs_option']} ≤")
-    return [views.rollout_variant(name, **values) for name in names]
+    return [explorer.rollout_variant(name, **values) for name in names]
 
 
 def rollout_widgets(page: str, controls: dict[str, Control], precision_help: str,
@@ -290,7 +292,7 @@ def advantage_widgets(page: str, controls: dict[str, Control]) -> dict[str, str]
 def objective_widgets(page: str, controls: dict[str, Control], bandit: bool = False) -> tuple[list[Objective], list[str]]:
     """The sidebar block shared by the bandit and the lab: clip tests and surrogates (one run each), a penalty with
     its β and a second one with its own, dual-clip, TRL's ratio cap and off-policy mask, the importance-sampling
-    level and the aggregation. Returns `views.compared_objectives`: (objectives, a message for each entry these
+    level and the aggregation. Returns `explorer.compared_objectives`: (objectives, a message for each entry these
     settings refuse)."""
     tests = measure_list(page, controls["m"], "Clip tests under PPO's surrogate (one run each)")
     surrogates = measure_list(page, controls["s"], "Surrogates (one run each; those that mask with a clip test take "
@@ -314,7 +316,7 @@ def objective_widgets(page: str, controls: dict[str, Control], bandit: bool = Fa
     shared["importance_sampling_level"] = choice(page, controls["level"], "Importance sampling (TRL's level)",
                                                  labels={"token": "token (GRPO)", "sequence": "sequence (GSPO)"})
     shared["aggregation"] = choice(page, controls["agg"], "Aggregation (TRL loss_type)")
-    return views.compared_objectives(tests, surrogates, bandit, **shared)
+    return explorer.compared_objectives(tests, surrogates, bandit, **shared)
 
 
 def show_chart(chart: Chart, name: str) -> None:
