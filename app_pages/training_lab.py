@@ -40,6 +40,7 @@ st.write("Train the built-in model (or your own) with GRPO, one run per chosen c
 ui.bind_controls(PAGE, CONTROLS)
 root = store.runs_dir()
 me = ui.viewer()
+st.session_state.setdefault("lab_runs", [])  # kept even when the runs folder below cannot be read
 with ui.shown_errors():  # this tab's runs, and any this browser still has queued or running (after a reload)
     st.session_state["lab_runs"] = list(dict.fromkeys([*st.session_state.get("lab_runs", []),
                                                        *runner.active_runs(root, me.who)]))

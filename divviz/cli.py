@@ -53,7 +53,7 @@ def cmd_measures(args) -> int:
     rows += [{"name": e.name.replace(" ", "_"), "family": "rollout", "title": e.title, "latex": e.latex, "doc": e.doc,
               "flags": e.flags, "params": [_param_json(p) for p in e.params]} for e in CORRECTIONS.values()]
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print_json(rows, indent=2)
         return 0
     for row in rows:
         shown = {"bool": lambda v: int(v), "text": repr}
@@ -103,13 +103,13 @@ def cmd_bounds(args) -> int:
             where = f" at π_old = {pi_old:g}" if pi_old is not None else ""
             print(f"{test.name} {test.params}{where}: {lower:.10g} <= w <= {upper:.10g}")
     if args.json:  # one object for one measure, a list for several
-        print(json.dumps(rows[0] if len(rows) == 1 else rows))
+        print_json(rows[0] if len(rows) == 1 else rows)
     return 0
 
 
 def cmd_train(args) -> int:
     from divviz.engine.config import RunConfig
-    from divviz.engine.store import read_run, runs_dir
+    from divviz.engine.store import read_run, runs_dir, writable_runs_folder
     from divviz.engine.train import stop_on_sigterm
 
     for coefficient, flag in ((args.beta, "penalty"), (args.beta2, "penalty2")):
@@ -137,7 +137,7 @@ def cmd_train(args) -> int:
         rollout_rs_threshold=args.rollout_rs_threshold, bypass_mode=args.bypass_mode,
         trust_remote_code=args.trust_remote_code, **{p.name: getattr(args, p.name) for p in RUN_PARAMS})
     stop_on_sigterm()
-    root = runs_dir(args.runs_dir)
+    root = writable_runs_folder(runs_dir(args.runs_dir))  # refused before a model loads or a bar is drawn
     if not args.now and os.environ.get("RANK", "0") == "0":  # the runs folder's limit, as the app's pool keeps it
         # (under accelerate/torchrun only the first process waits; the others wait for it as they join)
         from divviz.engine.runner import wait_for_slot
@@ -151,6 +151,13 @@ def cmd_train(args) -> int:
     print(f"{run.state}: {run.message}" if run.message else run.state)
     print(folder)
     return 0 if run.state in ("done", "stopped") else 1
+
+
+def print_json(value, indent: int | None = None) -> int:
+    """Print `value` as strict JSON (a NaN or infinite number, which JSON cannot spell, as null); exit code 0."""
+    strict = json.loads(json.dumps(value), parse_constant=lambda name: None)  # NaN, Infinity, -Infinity -> null
+    print(json.dumps(strict, indent=indent, allow_nan=False))
+    return 0
 
 
 def penalty_params(name: str | None, items: list[str]) -> dict:
@@ -242,7 +249,7 @@ def cmd_runs(args) -> int:
                      "penalty": run.config.get("penalty"), "message": run.message,
                      "reward": last.get("reward"), "accuracy": last.get("accuracy"), "folder": str(run.folder)})
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print_json(rows, indent=2)
         return 0
     if not rows:
         print(f"no runs in {runs_dir(args.runs_dir)}")
@@ -282,8 +289,9 @@ def cmd_claims(args) -> int:
     if out:
         with out:
             out.write(claims.to_html(report))
-    print(json.dumps([{k: v for k, v in row.items() if k != "claim_key"} for row in report.rows], indent=1)
-          if args.json else claims.to_text(report))
+    if args.json:
+        return print_json([{k: v for k, v in row.items() if k != "claim_key"} for row in report.rows], indent=1)
+    print(claims.to_text(report))
     return 0
 
 

@@ -27,6 +27,7 @@ A < 0 where the cap binds. TRL's clip fractions count exactly the first two
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields, replace
 
 import torch
@@ -69,6 +70,8 @@ class Objective:
         object.__setattr__(self, "off_policy_mask", check_off_policy_mask(self.off_policy_mask))
         check_aggregation(self.aggregation)
         check_combination(self.clip, self.surrogate, self.importance_sampling_level, self.dual_clip_c, self.ratio_cap)
+        for role, given in (("penalty", self.penalty), ("second_penalty", self.second_penalty)):
+            check_measure(role, given, Penalty, "penalty")
 
     @property
     def label(self) -> str:
@@ -142,6 +145,8 @@ def check_combination(clip: ClipTest | None, surrogate: Surrogate | None, level:
     surrogate), the sequence level with a test in π_old or with a surrogate that has its own level."""
     if level not in LEVELS:
         raise DivvizInputError(f"unknown importance-sampling level {quoted(level)}; choose {' or '.join(LEVELS)}")
+    check_measure("clip", clip, ClipTest, "clip_test")
+    check_measure("surrogate", surrogate, Surrogate, "surrogate")
     if surrogate is not None:
         name = surrogate.name
         if surrogate.entry.clip == "none" and clip is not None:
@@ -159,6 +164,30 @@ def check_combination(clip: ClipTest | None, surrogate: Surrogate | None, level:
         if clip is not None and clip.needs_pi_old:
             raise DivvizInputError(f"the clip test {clip.name} depends on π_old, which a sequence has not; the sequence "
                                    "level (GSPO) needs a test in the ratio alone")
+
+
+def check_measure(role: str, given, kind: type, maker: str) -> None:
+    """`given` is None or a configured catalogue entry of `kind`; a name or anything else is one clear error."""
+    if given is None or isinstance(given, kind):
+        return
+    if isinstance(given, str):
+        raise DivvizInputError(f"{role} is the text {quoted(given)}; build it first: {maker}({quoted(given)}) "
+                               f"(from divviz.catalogue.divergences)")
+    raise DivvizInputError(f"{role} must be a {kind.__name__} made by {maker}(name, …); got a {type(given).__name__}")
+
+
+def check_normalisers(max_completion_length, num_items_in_batch) -> None:
+    """Dr. GRPO's length and DAPO's token count divide the loss: each None or a positive number (never 0)."""
+    for name, value, integral in (("max_completion_length", max_completion_length, True),
+                                  ("num_items_in_batch", num_items_in_batch, False)):
+        if value is None:
+            continue
+        number = float(value) if isinstance(value, (int, float, torch.Tensor)) and not isinstance(value, bool) \
+            else math.nan
+        if not (math.isfinite(number) and number > 0 and (number.is_integer() or not integral)):
+            kind = "a positive integer" if integral else "a positive number"
+            raise DivvizInputError(f"policy_loss: {name} divides the loss, so it must be {kind} or None; "
+                                   f"got {quoted(value)}")
 
 
 # token_state's codes; a step record (`engine/completions.py`) adds code 5 for a token that the rollout correction's
@@ -260,6 +289,9 @@ def policy_loss(
     off_policy_mask = check_off_policy_mask(off_policy_mask)
     check_aggregation(aggregation)
     check_combination(clip, surrogate, importance_sampling_level, dual_clip_c, ratio_cap)
+    for role, given in (("penalty", penalty), ("second_penalty", second_penalty)):
+        check_measure(role, given, Penalty, "penalty")
+    check_normalisers(max_completion_length, num_items_in_batch)
     check_inputs(logp_new, logp_old, adv, mask, logp_ref, weight, logp_sampling)
     active = mask > 0
     if adv.dim() == 1:
@@ -364,7 +396,7 @@ def check_inputs(logp_new, logp_old, adv, mask, logp_ref=None, weight=None, logp
     """`policy_loss`'s inputs, or one `DivvizInputError` saying what is wrong: torch tensors; floating-point
     log-probs and advantages (a weight may also be a bool mask); logp_old, mask, logp_ref and logp_sampling shaped
     like logp_new, (B, T) with B, T ≥ 1; adv (B,), (B, 1) or (B, T); weight (B, T) or (B, 1); finite values wherever
-    the mask keeps a token (else `NonFiniteInput`)."""
+    the mask keeps a token (else `NonFiniteInput`); logp_old ≤ 0 there."""
     given = {"logp_new": logp_new, "logp_old": logp_old, "adv": adv, "mask": mask, "logp_ref": logp_ref,
              "weight": weight, "logp_sampling": logp_sampling}
     for name, x in given.items():
@@ -396,3 +428,8 @@ def check_inputs(logp_new, logp_old, adv, mask, logp_ref=None, weight=None, logp
             value = x.detach().reshape(batch, -1).expand(batch, tokens)[row, col].item()
             raise NonFiniteInput(f"policy_loss: {name} is {value} at completion {row}, token {col}, which the mask "
                                  "keeps; only masked positions may hold NaN or inf", name)
+    above_one = (logp_old.detach() > 0) & active  # π_old in (0, 1]: the clip tests in π_old depend on it
+    if bool(above_one.any()):
+        row, col = (int(i) for i in above_one.nonzero()[0])
+        raise DivvizInputError(f"policy_loss: logp_old is {logp_old[row, col].item():.6g} at completion {row}, token "
+                               f"{col}: a log-probability is at most 0 (π_old in (0, 1])")

@@ -224,7 +224,7 @@ def test_bad_models_get_clear_messages(tmp_path):
     ({"penalty": "k9"}, "unknown penalty 'k9'"),
     ({"aggregation": "sum"}, "unknown aggregation 'sum'"),
     ({"device": "tpu"}, "unknown device 'tpu'"),
-    ({"dual_clip_c": 0.5}, "parameter 'c' must be a finite number in (1, inf)"),
+    ({"dual_clip_c": 0.5}, "parameter 'c' must be a finite number in (1, 1e+06]"),
 ])
 def test_bad_run_settings(settings, message):
     with pytest.raises(DivvizInputError) as err:

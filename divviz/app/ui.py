@@ -44,7 +44,7 @@ def bind_controls(page: str, controls: list[Control]) -> None:
         from_link, problems = read_query(controls, st.query_params.to_dict())
         saved.update(from_link)
         for problem in problems:
-            st.warning(f"{literal(problem)}. Using the default instead.")  # link text is shown, never rendered
+            st.warning(f"{literal(problem)}.")  # link text is shown, never rendered
         st.session_state[f"_linked:{page}"] = True
     for control in controls:
         if key(page, control.name) not in st.session_state:

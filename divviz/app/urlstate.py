@@ -81,14 +81,15 @@ def in_range(control: Control, value, text) -> None:
 
 
 def read_query(controls: list[Control], query: Mapping[str, str]) -> tuple[dict, list[str]]:
-    """Values for the controls found in `query`, and one message per value that could not be used."""
+    """Values for the controls found in `query`, and one message per value that could not be used as it is,
+    each saying what the page does instead (the default, or a repeat shown once)."""
     values, problems = {}, []
     for control in controls:
         if control.name in query:
             try:
                 values[control.name] = control.decode(query[control.name])
             except DivvizInputError as err:
-                problems.append(str(err))
+                problems.append(f"{err}. Using the default instead")
             else:
                 if (control.multi or control.family) and len(values[control.name]) < len(
                         [t for t in query[control.name].split(",") if t]):
@@ -113,7 +114,7 @@ def read_legacy_params(control: Control, spelled: list[str], query: Mapping[str,
                 try:
                     given[legacy.param.name] = legacy.decode(query[legacy.name])
                 except DivvizInputError as err:
-                    problems.append(str(err))
+                    problems.append(f"{err}. Using its default instead")
         out.append(instances.spell(instances.configure(spec, given, control.family)))
     return out
 

@@ -40,6 +40,7 @@ from divviz.bandit.setting import BanditConfig, initial_logits, reward_vector, s
 from divviz.bandit.loss_gradient import PolicyLossGradient
 from divviz.losses import Objective
 from divviz.catalogue.params import DivvizInputError
+from divviz.safetext import quoted
 from divviz.catalogue.rollout_correction import RolloutCorrection
 
 @dataclass
@@ -195,6 +196,11 @@ def run_bandits(cfg: BanditConfig, objectives: list[Objective], seeds: list[int]
     All runs step together as one (R, K) array of logits, which is several times faster than one by one; each
     run is exactly what it would be alone (`run_bandit`): runs of one seed share its random numbers (the same
     seed giving the same draws), and each seed has its own generator, π_0 and rewards where those are random."""
+    if not isinstance(cfg, BanditConfig):
+        raise DivvizInputError(f"run_bandits takes a BanditConfig (BanditConfig.make(k=50, …)); got a {type(cfg).__name__}")
+    if isinstance(objectives, Objective) or not all(isinstance(o, Objective) for o in objectives):
+        raise DivvizInputError("run_bandits takes a list of Objective(clip=clip_test('kl3'), …); "
+                               f"got {quoted(objectives, 60)}")
     seeds = [cfg.seed] if seeds is None else list(seeds)
     rows = [o for _ in seeds for o in objectives]  # run r = (seed r // M, objective r % M)
     corrections = [x for _ in seeds for x in (rollouts or [(RolloutCorrection(), False)] * len(objectives))]

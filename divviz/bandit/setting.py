@@ -43,7 +43,7 @@ BANDIT_PARAMS = (
 
 @dataclass(frozen=True)
 class BanditConfig:
-    """The bandit's setting; built through `BanditConfig.make`, which checks every field."""
+    """The bandit's setting, every field checked when built (`BanditConfig.make` builds it from names and values)."""
 
     k: int = 50
     init: str = "zipf"
@@ -64,23 +64,32 @@ class BanditConfig:
     rollout_lag: int = 0
     autograd: bool = False
 
-    @staticmethod
-    def make(**values) -> "BanditConfig":
+    def __post_init__(self):
+        """Every field checked however the setting is built: options against their lists, numbers against their
+        ranges (converted to their kinds), and the correct actions fewer than the actions."""
         choices = {"init": ("initial shape", INIT_SHAPES), "reward": ("reward", REWARDS),
                    "optimizer": ("optimizer", OPTIMIZERS), "scale_rewards": ("scale_rewards", SCALE_REWARDS),
                    "baseline": ("baseline", BASELINES), "rollout_dtype": ("rollout_dtype", tuple(SAMPLER_DTYPES))}
-        if isinstance(values.get("scale_rewards"), bool):  # the older bool
-            values["scale_rewards"] = check_scale_rewards(values["scale_rewards"])
-        picked = {}
         for name, (what, known) in choices.items():
-            picked[name] = values.pop(name, BanditConfig.__dataclass_fields__[name].default)
-            if picked[name] not in known:
-                raise DivvizInputError(f"bandit: unknown {what} {quoted(picked[name])}; known: {', '.join(known)}")
-        checked = check_params("bandit", BANDIT_PARAMS, values)
+            if not isinstance(getattr(self, name), str) or getattr(self, name) not in known:
+                raise DivvizInputError(f"bandit: unknown {what} {quoted(getattr(self, name))}; known: {', '.join(known)}")
+        checked = check_params("bandit", BANDIT_PARAMS, {p.name: getattr(self, p.name) for p in BANDIT_PARAMS})
         if checked["correct_rank"] >= checked["k"]:
             raise DivvizInputError(f"bandit: parameter 'correct_rank' must be below k = {checked['k']}; "
                                    f"got {checked['correct_rank']}")
-        return BanditConfig(**picked, **checked)
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)
+
+    @staticmethod
+    def make(**values) -> "BanditConfig":
+        """A setting from names and values (a page's controls, a link): unknown names refused in one line."""
+        if isinstance(values.get("scale_rewards"), bool):  # the older bool
+            values["scale_rewards"] = check_scale_rewards(values["scale_rewards"])
+        unknown = sorted(set(values) - set(BanditConfig.__dataclass_fields__))
+        if unknown:
+            raise DivvizInputError(f"bandit: unknown parameter {quoted(unknown[0])} (its parameters: "
+                                   f"{', '.join(BanditConfig.__dataclass_fields__)})")
+        return BanditConfig(**values)
 
     def to_dict(self) -> dict:
         return asdict(self)

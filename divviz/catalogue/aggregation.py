@@ -62,6 +62,9 @@ def group_advantages(rewards, scale="group", baseline="group"):
     Dr. GRPO, Liu et al. 2025). Stds are unbiased, as TRL's nanstd. Takes a torch tensor or a numpy array (G ≥ 2)
     and returns the same kind; True and False mean "group" and "none"."""
     scale = check_scale_rewards(scale)
+    if not hasattr(rewards, "shape") or rewards.ndim < 2 or rewards.shape[-1] < 2:
+        raise DivvizInputError("group_advantages takes rewards as a torch tensor or numpy array shaped (…, groups, G) "
+                               f"with G ≥ 2; got {quoted(rewards, 60)}")
     if baseline not in BASELINES:
         raise DivvizInputError(f"unknown baseline {quoted(str(baseline))}; choose {' or '.join(BASELINES)}")
     size, count = rewards.shape[-1], rewards.shape[-2] * rewards.shape[-1]

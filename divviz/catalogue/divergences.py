@@ -20,11 +20,12 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
+import torch
 
 from divviz.catalogue import theory
 from divviz.catalogue.estimators import array_ops, k1, k2, k3
 from divviz.catalogue.formula import bounds as formula_bounds, checked
-from divviz.catalogue.params import Configured, DivvizInputError, Param, check_params
+from divviz.catalogue.params import Configured, DivvizInputError, Param, check_name, check_params
 from divviz.catalogue.penalties import PENALTIES, PenaltyEntry
 from divviz.safetext import quoted
 from divviz.catalogue.surrogates import SURROGATES, SurrogateEntry
@@ -91,7 +92,7 @@ class ClipTest(Configured):
             return self._constant_bounds
         if pi_old is None:
             raise DivvizInputError(f"{self.name}: its ratio interval depends on π_old; give pi_old in (0, 1]")
-        return self.entry.bounds(self.params, pi_old)
+        return self.entry.bounds(self.params, checked_pi_old(pi_old, self.name))
 
     @functools.cached_property
     def _constant_bounds(self) -> tuple[float, float]:  # computed once: kl3's calls SciPy
@@ -283,6 +284,22 @@ CLIP_TESTS: dict[str, ClipTestEntry] = {
 }
 
 
+def checked_pi_old(pi_old, owner: str):
+    """A tensor as it is (the loss's π_old = exp(log π_old), which may underflow to 0); a number, list or array as
+    float64 numpy, refused unless every value is in (0, 1]."""
+    if isinstance(pi_old, torch.Tensor):
+        return pi_old
+    try:
+        values = np.asarray(pi_old, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise DivvizInputError(f"{owner}: pi_old must be a number or an array of numbers in (0, 1]; "
+                               f"got {quoted(pi_old)}") from None
+    if not ((values > 0) & (values <= 1)).all():
+        bad = values[~((values > 0) & (values <= 1))].flat[0]
+        raise DivvizInputError(f"{owner}: pi_old is a probability in (0, 1]; got {float(bad)!r}")
+    return values
+
+
 CATALOGUE: dict[str, ClipTestEntry | PenaltyEntry | SurrogateEntry] = {**CLIP_TESTS, **PENALTIES, **SURROGATES}
 
 
@@ -292,13 +309,11 @@ FAMILIES = {"clip": CLIP_TESTS, "penalty": PENALTIES, "surrogate": SURROGATES}  
 def get_entry(name: str, family: str | None = None) -> ClipTestEntry | PenaltyEntry | SurrogateEntry:
     """The catalogue entry called `name` (optionally only from one family), or a clear error."""
     pool = CATALOGUE if family is None else FAMILIES[family]
-    if name not in pool:
-        kind = {"clip": "clip test", "penalty": "penalty", "surrogate": "surrogate", None: "measure"}[family]
-        if family is None:  # the whole catalogue is too long for one line: its clip tests, and where the rest are
-            raise DivvizInputError(f"unknown measure {quoted(name)}; clip tests: {', '.join(FAMILIES['clip'])} "
-                                   "(`divviz measures` lists the penalties and surrogates too)")
-        raise DivvizInputError(f"unknown {kind} {quoted(name)}; known: {', '.join(pool)}")
-    return pool[name]
+    kind = {"clip": "clip test", "penalty": "penalty", "surrogate": "surrogate", None: "measure"}[family]
+    if family is None and isinstance(name, str) and name not in pool:  # too long for one line: its clip tests
+        raise DivvizInputError(f"unknown measure {quoted(name)}; clip tests: {', '.join(FAMILIES['clip'])} "
+                               "(`divviz measures` lists the penalties and surrogates too)")
+    return pool[check_name(name, kind, pool)]
 
 
 def clip_test(name: str, **params) -> ClipTest:

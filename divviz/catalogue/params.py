@@ -22,6 +22,7 @@ class DivvizInputError(ValueError):
     """
 
 
+LARGEST = 1e6  # no parameter is larger in magnitude: past it some terms (4/τ, w^k, β·KL) leave float32's range
 UPLOAD_MAX_BYTES = 1 << 20  # as .streamlit/config.toml's maxUploadSize
 
 
@@ -43,17 +44,16 @@ class Param:
     """One numeric parameter with its default and valid range.
 
     `kind` is "float", "int", "bool" or "text" (a string, e.g. a typed formula, checked by its owner). The
-    range of a number is `low .. high`, each end open or closed;
-    `high = inf` with `high_open=True` means "any finite number above `low`".
+    range of a number is `low .. high`, each end open or closed; an end left unsaid is ±`LARGEST`.
     `trl_name` is the name TRL's `GRPOConfig` uses for the same knob, where it has one.
     """
 
     name: str
     default: float | str
-    low: float = -math.inf
-    high: float = math.inf
+    low: float = -LARGEST
+    high: float = LARGEST
     low_open: bool = False
-    high_open: bool = True
+    high_open: bool = False
     kind: str = "float"
     doc: str = ""
     trl_name: str | None = None
@@ -73,8 +73,7 @@ class Param:
             return "0 or 1 (false/true)"
         left = "(" if self.low_open else "["
         right = ")" if self.high_open else "]"
-        high = "inf" if math.isinf(self.high) else f"{self.high:g}"
-        text = f"{left}{self.low:g}, {high}{right}"
+        text = f"{left}{self.low:g}, {self.high:g}{right}"
         return f"an integer in {text}" if self.kind == "int" else f"a finite number in {text}"
 
     def check(self, value, owner: str) -> float | int | bool:
@@ -106,6 +105,15 @@ class Param:
         if not ok:
             raise DivvizInputError(f"{where} must be {self.range_text()}; got {quoted(value)}")
         return int(number) if self.kind == "int" else number
+
+
+def check_name(name, what: str, known) -> str:
+    """A catalogue name: text that `known` holds, else one `DivvizInputError` (a built object or a number included)."""
+    if not isinstance(name, str):
+        raise DivvizInputError(f"a {what} is named by its catalogue name, e.g. 'kl3'; got a {type(name).__name__}")
+    if name not in known:
+        raise DivvizInputError(f"unknown {what} {quoted(name)}; known: {', '.join(known)}")
+    return name
 
 
 def check_params(owner: str, spec: tuple[Param, ...], given: Mapping[str, object]) -> dict:

@@ -12,7 +12,7 @@ import numpy as np
 
 from divviz.catalogue.estimators import array_ops, k1, k2, k3
 from divviz.catalogue.mirror import GENERALISED_KL_PHI, PHI_UPLOAD, phi_map, random_mirror_map
-from divviz.catalogue.params import Configured, DivvizInputError, Param, check_params
+from divviz.catalogue.params import Configured, DivvizInputError, Param, check_name, check_params
 from divviz.safetext import quoted
 
 IMPORTANCE_WEIGHT = Param("importance_weight", False, kind="bool",
@@ -185,7 +185,7 @@ PENALTIES: dict[str, PenaltyEntry] = {
             "Bregman divergence of a random non-negative 126-unit mirror map ψ = ∇h (divviz.catalogue.mirror).",
             (Param("seed", 0, 0, 2**31 - 1, high_open=False, kind="int", doc="seed of the 380 weights",
                    typical=(0, 99, 1)),
-             Param("init_scale", 0.01, 0.0, 1.0, low_open=True, high_open=False,
+             Param("init_scale", 0.01, 1e-12, 1.0, high_open=False,  # a subnormal scale rounds every weight to 0
                    doc="weights drawn uniformly from [0, init_scale]")),
             lambda new, old, ref, p: random_mirror_map(p["seed"], p["init_scale"]).bregman(new, ref),
             lambda new, old, ref, p: random_mirror_map(p["seed"], p["init_scale"]).bregman_slope(new, ref)),
@@ -207,9 +207,7 @@ PENALTIES: dict[str, PenaltyEntry] = {
 
 
 def penalty(name: str, **params) -> Penalty:
-    if name not in PENALTIES:
-        raise DivvizInputError(f"unknown penalty {quoted(name)}; known: {', '.join(PENALTIES)}")
-    entry = PENALTIES[name]
+    entry = PENALTIES[check_name(name, "penalty", PENALTIES)]
     params = check_params(name, entry.params, params)
     if entry.check is not None:
         entry.check(params)

@@ -43,7 +43,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from divviz.catalogue.params import Configured, DivvizInputError, Param, check_params
+from divviz.catalogue.params import Configured, DivvizInputError, Param, check_name, check_params
 from divviz.catalogue.penalties import RPG_REGULARISERS
 from divviz.safetext import quoted
 
@@ -310,8 +310,9 @@ RATIO_SHARE = "share of the batch's kept tokens it picks, at least 1 (verl's {na
 LO = Param("lo", 0.0, 0.0, 1.0, high_open=False, typical=(0.0, 1.0, 0.01),
            doc="lowest weight (TRL: 0; verl: 1 − ε_low)")
 HI = Param("hi", 5.0, 1.0, trl_name="epsilon_high", typical=(1.0, 10.0, 0.05), doc="highest weight (TRL: epsilon_high; verl: 1 + ε_high)")
-TAU_POS = Param("tau_pos", 1.0, 0.0, low_open=True, trl_name="sapo_temperature_pos", typical=(0.05, 5.0, 0.05), doc="gate temperature for A > 0")
-TAU_NEG = Param("tau_neg", 1.05, 0.0, low_open=True, trl_name="sapo_temperature_neg", typical=(0.05, 5.0, 0.05), doc="gate temperature for A ≤ 0")
+TAU_MIN = 1e-6  # SAPO's term is 4/τ·σ(τ(w − 1)): below this its value nears float32's range (4/τ overflows at τ ≈ 1e-38)
+TAU_POS = Param("tau_pos", 1.0, TAU_MIN, trl_name="sapo_temperature_pos", typical=(0.05, 5.0, 0.05), doc="gate temperature for A > 0")
+TAU_NEG = Param("tau_neg", 1.05, TAU_MIN, trl_name="sapo_temperature_neg", typical=(0.05, 5.0, 0.05), doc="gate temperature for A ≤ 0")
 
 
 def _vespo_params():
@@ -427,9 +428,7 @@ SURROGATES: dict[str, SurrogateEntry] = {
 
 
 def get_surrogate(name: str) -> SurrogateEntry:
-    if name not in SURROGATES:
-        raise DivvizInputError(f"unknown surrogate {quoted(name)}; known: {', '.join(SURROGATES)}")
-    return SURROGATES[name]
+    return SURROGATES[check_name(name, "surrogate", SURROGATES)]
 
 
 def surrogate(name: str, **params) -> Surrogate:

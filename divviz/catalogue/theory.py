@@ -11,6 +11,8 @@ import numpy as np
 from scipy.special import lambertw
 
 from divviz.catalogue.estimators import k3
+from divviz.catalogue.params import DivvizInputError
+from divviz.safetext import quoted
 
 SERIES_COEFFS = (1.0, 1.0, 1.0 / 3.0, 1.0 / 36.0, -1.0 / 270.0, 1.0 / 4320.0)
 """w = Σ c_n (±s)^n with s = √(2δ): the KL3 boundary near δ = 0 (theory.md §1.3, from sympy)."""
@@ -35,14 +37,14 @@ def kl3_bounds(delta):
     `scipy.special.lambertw` with its default tol returns u ≈ 1 + 3δ instead of 1 + √(2δ) for δ ≲ 3e-9,
     and with tol=1e-15 it can return NaN (seen at δ = 1e-3, SciPy 1.17). So the branch values only
     seed the root, or the series does for δ < 1e-3, and three Newton steps on t = log w,
-    h(t) = expm1(t) − t − δ, finish it: the boundary identity log b = b − 1 − δ then holds to ~1e-16.
+    h(t) = expm1(t) − t − δ, finish it: the boundary identity log b = b − 1 − δ then holds to ~1e-16. Below
+    δ ≈ 1e-32 the series rounds to w = 1 exactly (√(2δ) is under half an ulp of 1), which is the answer in
+    float64; Newton is skipped there (its slope expm1(0) = 0), so every δ ≥ 0 gives finite bounds.
 
     Example (theory.md §5.1): kl3_bounds(0.05) → (0.716189…, 1.350403…), and
     k3(log l) = k3(log u) = 0.05.
     """
-    d = np.asarray(delta, dtype=np.float64)
-    if np.any(~(d >= 0)):
-        raise ValueError(f"kl3_bounds needs δ ≥ 0, got {delta!r}")
+    d = checked_levels(delta, "kl3_bounds")
     z = -np.exp(-1.0 - d)
     with np.errstate(all="ignore"):
         series_l, series_u = kl3_bounds_series(d)
@@ -53,13 +55,25 @@ def kl3_bounds(delta):
         for series, lambert in ((series_l, lambert_l), (series_u, lambert_u)):
             t = np.log(np.where(small, series, lambert))
             for _ in range(3):
-                step = (np.expm1(t) - t - d) / np.expm1(t)
-                t = np.where(d > 0, t - step, 0.0)
+                slope = np.expm1(t)  # 0 where the series rounds to w = 1 (δ ≲ 1e-32): nothing left to polish
+                step = (slope - t - d) / np.where(slope == 0, 1.0, slope)
+                t = np.where((d > 0) & (slope != 0), t - step, t)
             bounds.append(np.exp(t))
     lower, upper = bounds
     if lower.ndim == 0:
         return float(lower), float(upper)
     return lower, upper
+
+
+def checked_levels(delta, owner: str) -> np.ndarray:
+    """δ as float64 numpy, or one `DivvizInputError`: a number or array of numbers, each finite and ≥ 0."""
+    try:
+        d = np.asarray(delta, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise DivvizInputError(f"{owner} takes δ ≥ 0 (a number or an array of numbers); got {quoted(delta, 40)}") from None
+    if not (np.isfinite(d) & (d >= 0)).all():
+        raise DivvizInputError(f"{owner} needs finite δ ≥ 0; got {quoted(delta, 40)}")
+    return d
 
 
 def kl3_bounds_series(delta, order: int = 5):
@@ -84,7 +98,13 @@ def kl3_delta_at_ratio(ratio):
     This is the box → δ direction of matching (theory.md §5.2): a PPO/DAPO edge at 0.8 is the KL3
     level 0.0231436, an edge at 1.2 the level 0.0176784, an edge at 1.28 the level 0.0331399.
     """
-    return k3(np.log(np.asarray(ratio, dtype=np.float64)))[()]
+    try:
+        w = np.asarray(ratio, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise DivvizInputError(f"kl3_delta_at_ratio takes a ratio w > 0; got {quoted(ratio, 40)}") from None
+    if not (w > 0).all():
+        raise DivvizInputError(f"kl3_delta_at_ratio takes a ratio w > 0; got {quoted(ratio, 40)}")
+    return k3(np.log(w))[()]
 
 
 def kl3_equivalent_box(delta) -> tuple[float, float]:

@@ -32,7 +32,9 @@ import sys
 import time
 from pathlib import Path
 
-from divviz.engine.store import read_status, write_status
+from divviz.catalogue.params import DivvizInputError
+from divviz.engine.store import read_status, writable_runs_folder, write_status
+from divviz.safetext import quoted
 
 STOP_GRACE_S = 10.0
 IDLE_EXIT_S = float(os.environ.get("DIVVIZ_POOL_IDLE_S", 600))  # the tests shorten it
@@ -42,8 +44,11 @@ RUN_ESTIMATE_MB = 450  # what a run of the built-in model adds before one has be
 
 def control_dir(root: Path) -> Path:
     """Where the pool keeps its lock and log: hidden, so that listing the runs skips it."""
-    folder = root / ".divviz"
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = writable_runs_folder(root) / ".divviz"
+    try:
+        folder.mkdir(exist_ok=True)
+    except OSError as err:
+        raise DivvizInputError(f"cannot write a run into {quoted(str(root))} ({err.strerror or err})") from None
     return folder
 
 

@@ -125,19 +125,36 @@ class RunWriter:
         self._samples.close()
 
 
+def writable_runs_folder(root: Path) -> Path:
+    """`root`, made if missing and checked by writing (and removing) a file in it; a runs folder that is a file,
+    cannot be read or cannot be written is a `DivvizInputError`, raised before any work starts."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe = root / f".probe.{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except (NotADirectoryError, FileExistsError) as err:
+        if root.is_file():
+            raise DivvizInputError(f"the runs folder {quoted(str(root))} is a file, not a folder") from None
+        try:
+            root.stat()  # the reason mkdir hides (a dangling or looping link, …)
+        except OSError as cause:
+            err = cause
+        raise DivvizInputError(f"the runs folder {quoted(str(root))} is not a folder that can be used "
+                               f"({err.strerror or err})") from None
+    except OSError as err:
+        raise DivvizInputError(f"cannot write a run into {quoted(str(root))} ({err.strerror or err})") from None
+    return root
+
+
 def new_run_folder(root: Path, label: str) -> Path:
     """A new, empty run folder under `root` (made if missing); a runs folder that cannot hold one is a
     `DivvizInputError`."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     slug = "".join(c if c.isalnum() or c in "-_." else "-" for c in label)[:40].strip("-.")
-    folder = root / f"{stamp}-{slug}-{secrets.token_hex(3)}"
+    folder = writable_runs_folder(root) / f"{stamp}-{slug}-{secrets.token_hex(3)}"
     try:
-        folder.mkdir(parents=True, exist_ok=False)
-        probe = folder / ".probe"
-        probe.write_text("")
-        probe.unlink()
-    except NotADirectoryError:
-        raise DivvizInputError(f"the runs folder {quoted(str(root))} is a file, not a folder") from None
+        folder.mkdir(exist_ok=False)
     except OSError as err:
         raise DivvizInputError(f"cannot write a run into {quoted(str(root))} ({err.strerror or err})") from None
     return folder
