@@ -9,12 +9,14 @@ from divviz.app import ui
 from divviz.views import run_views, token_view
 from divviz.engine import runner, store
 from divviz.engine.config import BACKENDS, ROLLOUT_LAG, RUN_PARAMS, RunConfig, objective_settings
+from divviz.engine.models import MODELS
 from divviz.engine.tasks import TASKS
 from divviz.catalogue.params import DivvizInputError, Param
 from divviz.safetext import literal
 from divviz.app.urlstate import Control
 
 PAGE = "lab"
+OTHER_MODEL = "a folder or hub id"
 SETTINGS = [p for p in RUN_PARAMS if p.name not in ("format_reward", "max_grad_norm", "rollout_lag")]
 SEEDS = Param("seeds", 1, 1, 8, high_open=False, kind="int", typical=(1, 8, 1),
               doc="runs per measure with seeds seed, seed + 1, …; the charts show each thinly and their mean with a "
@@ -22,6 +24,7 @@ SEEDS = Param("seeds", 1, 1, 8, high_open=False, kind="int", typical=(1, 8, 1),
 CONTROLS = [
     *ui.objective_controls(["ratio", "kl3"], beta=0.04),
     ui.SCALE_REWARDS_CONTROL, ui.BASELINE_CONTROL, *ui.rollout_controls(ROLLOUT_LAG),
+    Control("model", "builtin", options=(*MODELS, OTHER_MODEL)),
     Control("task", "reverse", options=tuple(TASKS)),
     Control("backend", "divviz", options=BACKENDS),
     Control("device", "auto", options=("auto", "cpu", "cuda")),
@@ -66,8 +69,12 @@ with ui.shown_errors():
         st.subheader("Measures")
         objectives, refused = ui.objective_widgets(PAGE, BY_NAME)
         st.subheader("Run")
-        model = st.text_input("Model", "builtin", key="lab:model",
-                              help="builtin, a local folder with a causal LM, or a hub id (needs the network)")
+        model = ui.choice(PAGE, BY_NAME["model"], "Model", on_change=ui.apply_model_settings, args=(PAGE, BY_NAME),
+                          help="the tiny built-in model, SmolLM2-135M-Instruct (a real chat model; choosing it sets "
+                               "its own task, learning rate, temperature and batch), or your own")
+        if model == OTHER_MODEL:
+            model = st.text_input("Folder or hub id", "", key="lab:model_path",
+                                  help="a local folder with a causal LM, or a hub id (needs the network)")
         task = ui.choice(PAGE, BY_NAME["task"], "Task")
         advantages = ui.advantage_widgets(PAGE, BY_NAME)
         backend = ui.choice(PAGE, BY_NAME["backend"], "Backend",
@@ -91,6 +98,9 @@ with ui.shown_errors():
 
 runs = [store.read_run(root / name) for name in st.session_state["lab_runs"] if (root / name).is_dir()]
 running = any(run.state in ("queued", "running") for run in runs)
+if configs:
+    with ui.shown_errors():
+        ui.expected_step_time(root, configs, on_measure=lambda cfg: start([cfg]))
 left, right, _ = st.columns([1, 1, 4])
 left.button("Start", type="primary", icon=":material/play_arrow:", disabled=running or not configs,
             on_click=start, args=(configs,), width="stretch")

@@ -59,7 +59,7 @@ def bare_step(prompts, group, tokens):
     def step(s):
         start = time.perf_counter()
         pairs = task.batch(s, prompts)
-        ids, mask = encode_prompts(tok, [p for p, _ in pairs], group, "cpu")
+        ids, mask = encode_prompts(tok([p for p, _ in pairs])["input_ids"], tok.pad_token_id, group, "cpu")
         rollout = sample(model, ids, mask, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, max_new_tokens=tokens,
                          temperature=1.0, generator=torch.Generator().manual_seed(s), autocast=nullcontext)
         done = decode_completions(tok, rollout)

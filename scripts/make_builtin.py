@@ -18,7 +18,7 @@ from divviz.engine.tasks import TASKS
 
 def sampled_accuracy(model, tokenizer, task, n=512) -> float:
     pairs = task.batch(seed=10_000, n=n)
-    ids, mask = encode_prompts(tokenizer, [p for p, _ in pairs], 1, "cpu")
+    ids, mask = encode_prompts(tokenizer([p for p, _ in pairs])["input_ids"], tokenizer.pad_token_id, 1, "cpu")
     out = sample(model, ids, mask, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, max_new_tokens=12,
                  temperature=1.0, generator=torch.Generator().manual_seed(0), autocast=nullcontext)
     texts = decode_completions(tokenizer, out)

@@ -68,7 +68,8 @@ def test_start_watch_stop_and_find_on_runs_page(runs_root):
 
 def test_a_failing_run_shows_its_message(runs_root):
     at = lab({"m": "ratio", "steps": "3"})
-    at.text_input[0].set_value("./no/such/model").run()
+    next(sb for sb in at.selectbox if sb.label == "Model").set_value("a folder or hub id").run()
+    next(t for t in at.text_input if t.label == "Folder or hub id").set_value("./no/such/model").run()
     button(at, "Start").click().run()
     wait_for(at, lambda at: any("does not exist" in e.value for e in at.error))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from dataclasses import replace
 import re
 import secrets
 
@@ -15,6 +16,9 @@ from divviz.catalogue import instances
 from divviz.views import explorer, run_views
 from divviz.catalogue.aggregation import AGGREGATIONS, BASELINES, SCALE_REWARDS
 from divviz.catalogue.divergences import BETA, DUAL_CLIP, FAMILIES
+from divviz.engine import runner
+from divviz.engine.config import RUN_PARAMS
+from divviz.engine.models import model_defaults
 from divviz.engine.runner import Viewer
 from divviz.catalogue.formula import MAX_CHARACTERS
 from divviz.losses import OFF_POLICY_MASK, Objective, RATIO_CAP
@@ -96,11 +100,39 @@ def slider_for(p: Param, widget_key: str, label: str, help: str | None = None, w
                         help=help or p.doc, format="%.4f" if step < 0.001 else "%.3f")
 
 
-def choice(page: str, control: Control, label: str, help: str | None = None, where=st, labels=None):
+def choice(page: str, control: Control, label: str, help: str | None = None, where=st, labels=None, **callback):
     fmt = (lambda x: labels.get(x, x)) if labels else str
     if control.multi:
-        return where.multiselect(label, control.options, key=key(page, control.name), help=help, format_func=fmt)
-    return where.selectbox(label, control.options, key=key(page, control.name), help=help, format_func=fmt)
+        return where.multiselect(label, control.options, key=key(page, control.name), help=help, format_func=fmt,
+                                 **callback)
+    return where.selectbox(label, control.options, key=key(page, control.name), help=help, format_func=fmt, **callback)
+
+
+def apply_model_settings(page: str, controls: dict[str, Control]) -> None:
+    """When the model changes (a widget callback): the settings that suit it (`engine/models.py`) into the page's
+    widgets, and every other setting back to its default, so a run of the new model starts sensibly."""
+    suited = model_defaults(st.session_state[key(page, "model")])
+    for name in ({p.name for p in RUN_PARAMS} | {"task"}) & set(controls):
+        st.session_state[key(page, name)] = suited.get(name, controls[name].default)
+
+
+def expected_step_time(root, configs: list, on_measure) -> None:
+    """Before Start: what a step of these runs will cost on this machine, from a run of the same model already
+    timed here (`runner.step_time_estimate`); without one, a button that measures it with a one-step run."""
+    cfg = configs[0]
+    estimate = runner.step_time_estimate(root, cfg)
+    if estimate is None:
+        left, right = st.columns([3, 1])
+        left.caption(literal(f"No step of {cfg.model} has been timed on this machine yet, so the time per step is "
+                             "not known: a one-step run measures it."))
+        right.button("Measure one step", icon=":material/timer:", key="measure_step",
+                     on_click=on_measure, args=(replace(cfg, steps=1),))
+        return
+    seconds, basis = estimate
+    total = seconds * cfg.steps * len(configs)  # runs side by side share this machine's cores
+    st.caption(literal(f"Expected: about {seconds:.1f} s per step on this machine, about {run_views.duration(total)} "
+                       f"of training for these {len(configs)} run{'s' if len(configs) != 1 else ''} of {cfg.steps} "
+                       f"steps ({basis})."))
 
 
 def _renew_measure_widgets(page: str, name: str = "m") -> None:

@@ -1,8 +1,8 @@
 """Whole completions with every token's facts, for the step inspector: one JSON record per step in a run folder's
 `completions/`, the same format whoever trains the run.
 
-A record holds the first `inspect_prompts` prompts of the step, each with its G completions: the text, reward and
-advantage, and per token its id, its piece as the tokenizer decodes it alone, the tokenizer's raw piece and whether
+A record holds the first `inspect_prompts` prompts of the step, each with its token ids as the model saw them
+(`prompt_ids`) and its G completions: the text, reward and advantage, and per token its id, its piece as the tokenizer decodes it alone, the tokenizer's raw piece and whether
 it is a special token, and the facts of the last inner step of the update:
 
     pi_old   π_old of the sampled token          ratio    w = π_θ/π_old at the last inner step (what the loss saw)
@@ -68,14 +68,15 @@ def step_record(*, step: int, tokenizer, groups: list[tuple[str, list[int]]], te
                 completion_ids: "torch.Tensor", mask: "torch.Tensor", out: "LossOutput", logp_old: "torch.Tensor",
                 logp_after: "torch.Tensor | None", logp_ref: "torch.Tensor | None", weight: np.ndarray,
                 byte_cap: int = BYTE_CAP, kept: "torch.Tensor | None" = None,
-                logp_roll: "torch.Tensor | None" = None) -> dict:
+                logp_roll: "torch.Tensor | None" = None, prompt_ids: list[list[int]] | None = None) -> dict:
     """The record of the completions in `groups`: (prompt, its completions' rows of the batch), in order.
 
     `out`, `logp_old`, `adv` ((B,) or (B, T)), `mask`, `logp_ref`, `weight`, `completion_ids`, `texts` and
     `rewards` are indexed by the batch's rows; so is `logp_after` (log-probs after the update, at least up to the
     last row kept), or it is None where π after the update is not known (a TRL run makes no such forward). `kept` is
     the loss's mask where a rollout correction rejected tokens of `mask` (the completions'), and `logp_roll` the
-    sampler's log-probs where the batch may be off-policy."""
+    sampler's log-probs where the batch may be off-policy. `prompt_ids` (one list per group) are each prompt's token
+    ids as the model saw them (chat template applied), so π_old can be recomputed from the record."""
     rows = [i for _, members in groups for i in members]
     lengths = mask.detach()[rows].sum(-1).long().tolist()
     adv = adv.unsqueeze(1) if adv.dim() == 1 else adv
@@ -94,8 +95,9 @@ def step_record(*, step: int, tokenizer, groups: list[tuple[str, list[int]]], te
 
     record = {"step": step, "byte_cap": byte_cap, "omitted": 0, "groups": []}
     size, k, start = len(json.dumps(record)), 0, 0
-    for prompt, members in groups:
-        group = {"prompt": prompt, "completions": []}
+    for g, (prompt, members) in enumerate(groups):
+        group = {"prompt": prompt, **({"prompt_ids": list(prompt_ids[g])} if prompt_ids is not None else {}),
+                 "completions": []}
         added = len(json.dumps(group)) + 2
         for i in members:
             n = lengths[k]
@@ -128,6 +130,9 @@ def check_record(record: object, name: str) -> dict:
     for g, group in enumerate(record["groups"]):
         need(isinstance(group, dict) and isinstance(group.get("prompt"), str)
              and isinstance(group.get("completions"), list), f"group {g} is not a prompt with completions")
+        ids = group.get("prompt_ids", [])
+        need(isinstance(ids, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in ids),
+             f"group {g}: prompt_ids are not integers")
         for c, completion in enumerate(group["completions"]):
             where = f"group {g}, completion {c}"
             need(isinstance(completion, dict) and isinstance(completion.get("text"), str)

@@ -9,6 +9,8 @@ from typing import Mapping
 from divviz.catalogue.aggregation import AGGREGATIONS, BASELINES, check_scale_rewards
 from divviz.catalogue.divergences import clip_test
 from divviz.engine.completions import BYTE_CAP, MAX_BYTES
+from divviz.engine.models import model_defaults
+from divviz.engine.prompts import PROMPT_FORMATS
 from divviz.engine.tasks import TASKS
 from divviz.losses import Objective
 from divviz.catalogue.params import DivvizInputError, Param, check_params
@@ -28,7 +30,7 @@ RUN_PARAMS = (
           doc="G, completions per prompt (TRL num_generations)"),
     Param("mu", 2, 1, 16, high_open=False, kind="int", typical=(1, 8, 1),
           doc="μ, optimisation steps per batch (TRL num_iterations)"),
-    Param("lr", 2e-3, 0.0, 1.0, low_open=True, high_open=False, typical=(1e-5, 1e-2, 1e-5),
+    Param("lr", 2e-3, 0.0, 1.0, low_open=True, high_open=False, typical=(1e-6, 1e-2, 1e-6),
           doc="AdamW learning rate"),
     Param("temperature", 1.0, 0.0, 10.0, low_open=True, high_open=False, typical=(0.1, 2.0, 0.05),
           doc="sampling temperature; the loss uses the same tempered policy (as TRL)"),
@@ -49,6 +51,9 @@ RUN_PARAMS = (
               "(0: none)"),
     Param("inspect_bytes", BYTE_CAP, 1_024, MAX_BYTES, high_open=False, kind="int", typical=(1_024, 4_194_304, 1_024),
           doc="the most bytes of one step's kept completions (the later completions are left out)"),
+    Param("trainable_blocks", 0, 0, 1_000, high_open=False, kind="int", typical=(0, 30, 1),
+          doc="train only the last N transformer blocks (and the final norm), the rest frozen: a CPU step of a real "
+              "model in seconds (0: every parameter)"),
 )
 
 
@@ -121,6 +126,7 @@ class RunConfig:
     task: str = "reverse"
     backend: str = "divviz"
     model: str = "builtin"
+    prompt_format: str = "auto"  # `engine/prompts.py`: compact, chat (the tokenizer's template), or auto
     device: str = "auto"
     clip: str | None = "ratio"
     clip_params: dict = field(default_factory=dict)
@@ -162,9 +168,14 @@ class RunConfig:
     checkpoint_every: int = 10
     inspect_prompts: int = 2
     inspect_bytes: int = BYTE_CAP
+    trainable_blocks: int = 0
 
     @staticmethod
     def make(**values) -> "RunConfig":
+        """A checked run; what is not given takes the model's defaults (`engine/models.py`), then the fields'."""
+        if not isinstance(values.get("model", "builtin"), str):
+            raise DivvizInputError(f"run: model must be a name or a folder; got {quoted(values['model'])}")
+        values = {**model_defaults(values.get("model", "builtin")), **values}
         numbers = {p.name: values.pop(p.name) for p in RUN_PARAMS if p.name in values}
         if "scale_rewards" in values:
             values["scale_rewards"] = check_scale_rewards(values["scale_rewards"])
@@ -187,6 +198,9 @@ class RunConfig:
             raise DivvizInputError(f"unknown backend {quoted(cfg.backend)}; choose {' or '.join(BACKENDS)}")
         if cfg.backend == "trl" and importlib.util.find_spec("trl") is None:
             raise DivvizInputError("the TRL backend needs TRL, which is not installed: pip install 'divviz[trl]'")
+        if cfg.prompt_format not in PROMPT_FORMATS:
+            raise DivvizInputError(f"unknown prompt format {quoted(cfg.prompt_format)}; choose "
+                                   f"{', '.join(PROMPT_FORMATS)}")
         if cfg.device not in ("auto", "cpu", "cuda", "mps"):
             raise DivvizInputError(f"unknown device {quoted(cfg.device)}; choose auto, cpu, cuda or mps")
         if not isinstance(cfg.rollout_dtype, str) or cfg.rollout_dtype not in SAMPLER_DTYPES:
@@ -225,7 +239,8 @@ class RunConfig:
 
     @staticmethod
     def from_dict(data: dict) -> "RunConfig":
-        return RunConfig.make(**data)
+        """The run of a config.json; what the run recorded of its prompts (`prompting`) is not a setting."""
+        return RunConfig.make(**{k: v for k, v in data.items() if k != "prompting"})
 
     @property
     def label(self) -> str:

@@ -26,7 +26,8 @@ import torch
 from divviz.catalogue.aggregation import aggregation_weights, group_advantages
 from divviz.engine.completions import step_record
 from divviz.engine.config import RunConfig
-from divviz.engine.model import load_policy, pick_device
+from divviz.engine.model import load_policy, pick_device, train_last_blocks
+from divviz.engine.prompts import prompt_ids as prompt_token_ids, resolve_format, shown_prompts
 from divviz.engine.rollout import Rollout, completion_logps, decode_completions, encode_prompts, sample
 from divviz.engine.sampler import RolloutPolicy, rollout_policy
 from divviz.engine.tasks import Task, get_task
@@ -70,6 +71,7 @@ class Trainer:
     device: torch.device
     correction: RolloutCorrection
     sampler: RolloutPolicy | None = None  # None: the trained model samples its own completions
+    prompt_format: str = "compact"  # `prompts.py`: the compact prompt, or the question through the chat template
 
     def autocast(self):
         """bf16 autocast on CUDA; full precision elsewhere."""
@@ -89,19 +91,22 @@ def make_trainer(cfg: RunConfig) -> Trainer:
     task = get_task(cfg.task)
     device = pick_device(cfg.device)
     model, tokenizer = load_policy(cfg.model, task, trust_remote_code=cfg.trust_remote_code)  # the shipped seed-0 model
+    fmt = resolve_format(cfg.prompt_format, tokenizer)
     model.to(device)
+    train_last_blocks(model, cfg.trainable_blocks)
     objective = cfg.objective()
     reference = None
     if objective.needs_ref:
         reference = copy.deepcopy(model).eval().requires_grad_(False)  # frozen copy of the start policy
     return Trainer(cfg, task, model, reference, tokenizer, make_optimiser(model, cfg), objective, device,
-                   cfg.correction(), rollout_policy(model, cfg.rollout_dtype, cfg.rollout_lag))
+                   cfg.correction(), rollout_policy(model, cfg.rollout_dtype, cfg.rollout_lag), fmt)
 
 
 def make_optimiser(model, cfg: RunConfig) -> torch.optim.AdamW:
-    """AdamW without weight decay; foreach: the same updates, bit for bit, as a few multi-tensor ops rather
-    than a loop over parameters."""
-    return torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0, foreach=True)
+    """AdamW without weight decay over the parameters that train; foreach: the same updates, bit for bit, as a few
+    multi-tensor ops rather than a loop over parameters."""
+    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.0,
+                             foreach=True)
 
 
 @dataclass
@@ -117,7 +122,7 @@ class Batch:
     """One step's rollouts and what the reward made of them."""
 
     rollout: Rollout
-    prompts: list[str]  # one per completion
+    prompts: list[str]  # one per completion, as a person reads it (the compact prompt, or the chat question)
     texts: list[str]
     rewards: torch.Tensor  # (N,)
     correct: list[bool]
@@ -128,9 +133,11 @@ def make_batch(tr: Trainer, step: int) -> Batch:
     """Sample G completions for each of step `step`'s prompts (seeded by the run seed and the step)."""
     cfg, tok = tr.cfg, tr.tokenizer
     pairs = tr.task.batch(seed=cfg.seed * 1_000_003 + step, n=cfg.prompts)
-    prompts = [p for p, _ in pairs for _ in range(cfg.group_size)]
+    compact = [p for p, _ in pairs for _ in range(cfg.group_size)]
+    prompts = [p for p in shown_prompts(tr.task, [p for p, _ in pairs], tr.prompt_format) for _ in range(cfg.group_size)]
     references = [r for _, r in pairs for _ in range(cfg.group_size)]
-    prompt_ids, prompt_mask = encode_prompts(tok, [p for p, _ in pairs], cfg.group_size, tr.device)
+    prompt_ids, prompt_mask = encode_prompts(prompt_token_ids(tok, tr.task, [p for p, _ in pairs], tr.prompt_format),
+                                             tok.pad_token_id, cfg.group_size, tr.device)
     generator = torch.Generator(device=tr.device).manual_seed(cfg.seed * 7_919 + step)
     tr.model.eval()
     sampler, autocast = tr.sampling()
@@ -138,9 +145,10 @@ def make_batch(tr: Trainer, step: int) -> Batch:
                      max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, generator=generator,
                      autocast=autocast)
     texts = decode_completions(tok, rollout)
-    rewards = torch.tensor([tr.task.reward(p, r, c, cfg.format_reward) for p, r, c in zip(prompts, references, texts)],
+    chat = tr.prompt_format == "chat"
+    rewards = torch.tensor([tr.task.reward(p, r, c, cfg.format_reward, chat) for p, r, c in zip(compact, references, texts)],
                            dtype=torch.float32)
-    correct = [tr.task.correct(p, r, c) for p, r, c in zip(prompts, references, texts)]
+    correct = [tr.task.is_correct(p, r, c, chat) for p, r, c in zip(compact, references, texts)]
     adv = group_advantages(rewards.view(cfg.prompts, cfg.group_size), cfg.scale_rewards, cfg.baseline).reshape(-1).to(tr.device)
     return Batch(rollout, prompts, texts, rewards, correct, adv)
 
@@ -290,7 +298,9 @@ def inspected_record(tr: Trainer, batch: Batch, done: Update, logp_after, logp_r
     weight = aggregation_weights(done.mask.cpu().numpy(), (objective or tr.objective).aggregation, cfg.max_new_tokens)
     size = cfg.group_size
     groups = [(batch.prompts[start], list(range(start, start + size))) for start in range(0, rows, size)]
-    return step_record(step=step + 1, tokenizer=tr.tokenizer, groups=groups, texts=batch.texts,
+    prompt_ids = [ids[keep > 0].tolist() for ids, keep in zip(batch.rollout.prompt_ids[:rows:size],
+                                                                  batch.rollout.prompt_mask[:rows:size])]
+    return step_record(step=step + 1, tokenizer=tr.tokenizer, groups=groups, texts=batch.texts, prompt_ids=prompt_ids,
                        rewards=batch.rewards, adv=batch.adv, completion_ids=batch.rollout.completion_ids, mask=mask,
                        out=done.out, logp_old=done.logp_old, logp_after=logp_after, logp_ref=logp_ref, weight=weight,
                        byte_cap=cfg.inspect_bytes, kept=None if done.correction is None else done.mask,

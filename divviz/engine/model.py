@@ -20,12 +20,13 @@ from pathlib import Path
 
 import torch
 
+from divviz.engine import smollm2
+from divviz.engine.models import BUILTIN
 from divviz.engine.tasks import ALPHABET, Task
 from divviz.catalogue.params import DivvizInputError
 from divviz.safetext import quoted, shorten
 
 SPECIAL = ("<pad>", "<bos>", "<eos>")
-BUILTIN = "builtin"
 WARM_START = {  # supervised steps that take each task's tiny model to roughly 10–50% sampled accuracy
     "add": 800, "sort": 250, "reverse": 230, "countdown": 200,
 }
@@ -119,10 +120,12 @@ def _warm_start(task: Task, seed: int):
 
 
 def load_policy(model: str, task: Task, seed: int = 0, trust_remote_code: bool = False):
-    """(model, tokenizer) for "builtin" or a local folder / hub id of a causal LM. Bad paths get a clear
-    `DivvizInputError`, never a traceback."""
+    """(model, tokenizer) for a built-in model ("builtin", "smollm2-135m": `models.py`) or a local folder / hub id
+    of a causal LM. Bad paths get a clear `DivvizInputError`, never a traceback."""
     if model == BUILTIN:
         return builtin_policy(task, seed)
+    if model == smollm2.NAME:
+        return smollm2.load(cache_dir())
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     if model.startswith((".", "/", "~")) and not Path(model).expanduser().exists():
@@ -146,6 +149,19 @@ def load_policy(model: str, task: Task, seed: int = 0, trust_remote_code: bool =
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     return policy, tokenizer
+
+
+def train_last_blocks(model, blocks: int) -> None:
+    """Leave only the last `blocks` transformer blocks and the final norm trainable (0: every parameter). The
+    embeddings (tied to the output layer in SmolLM2 and the built-in model) and the earlier blocks are frozen, so the
+    backward pass stops at the first trained block: a real model's CPU step costs a forward and a short backward."""
+    if blocks == 0:
+        return
+    layers = model.get_decoder().layers
+    model.requires_grad_(False)
+    for block in layers[-blocks:]:
+        block.requires_grad_(True)
+    model.get_decoder().norm.requires_grad_(True)
 
 
 def _first_line(err: Exception) -> str:

@@ -32,10 +32,10 @@ class Rollout:
         return Rollout(*(getattr(self, f.name)[index] for f in fields(self)))
 
 
-def encode_prompts(tokenizer, prompts: list[str], group_size: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-padded ids and mask for each prompt repeated `group_size` times in consecutive rows (each prompt
-    encoded and padded once)."""
-    ids, mask = left_pad(tokenizer(prompts)["input_ids"], tokenizer.pad_token_id, device)
+def encode_prompts(prompt_ids: list[list[int]], pad_id: int, group_size: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded ids and mask for each prompt's ids (`prompts.prompt_ids`) repeated `group_size` times in
+    consecutive rows (each prompt padded once)."""
+    ids, mask = left_pad(prompt_ids, pad_id, device)
     return ids.repeat_interleave(group_size, dim=0), mask.repeat_interleave(group_size, dim=0)
 
 

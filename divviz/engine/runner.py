@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
 import signal
 import statistics
@@ -22,7 +23,7 @@ from pathlib import Path
 from divviz.engine import store
 from divviz.engine.config import RunConfig
 from divviz.engine.pool import STOP_GRACE_S, QueueLock, control_dir, max_runs, queued_runs
-from divviz.engine.store import list_runs, new_run_folder, process_alive, read_status, write_status
+from divviz.engine.store import list_runs, new_run_folder, process_alive, read_metrics, read_status, write_status
 from divviz.catalogue.params import DivvizInputError
 from divviz.safetext import quoted
 
@@ -137,6 +138,34 @@ def queue_position(folder: Path) -> tuple[int, float | None]:
     work = sum(run.steps - run.step for run in running)
     work += sum(read_status(f).get("steps", 0) for f in queue[:ahead])
     return ahead, work * per_step / max_runs()
+
+
+SHAPE = ("prompts", "group_size", "max_new_tokens", "mu", "trainable_blocks")  # what a step's cost depends on
+
+
+def step_time_estimate(root: Path, cfg: RunConfig, newest: int = 20) -> tuple[float, str] | None:
+    """(seconds per step, how it was found) for `cfg` from this machine's own runs of the same model and backend in
+    `root` (the newest `newest` of them), or None when none has timed a step. The median step time of a run (its
+    first step, which warms up, left out unless it is the only one); a run of the same shape (`SHAPE`) is taken as it is, else the nearest one
+    scaled by the tokens a step samples and trains, completions × max_new_tokens × (1 + μ)."""
+    def work(c) -> float:
+        return c["prompts"] * c["group_size"] * c["max_new_tokens"] * (1 + c["mu"])
+
+    want = {k: getattr(cfg, k) for k in SHAPE}
+    timed = []
+    for run in [r for r in list_runs(root) if r.config.get("model") == cfg.model
+                and r.config.get("backend", "divviz") == cfg.backend][:newest]:
+        rows = read_metrics(run.folder)
+        times = [row["step_time"] for row in (rows[1:] if len(rows) > 1 else rows) if "step_time" in row]
+        if times and all(k in run.config for k in SHAPE):
+            timed.append((run, statistics.median(times), len(times)))
+    if not timed:
+        return None
+    same = [t for t in timed if all(t[0].config[k] == v for k, v in want.items())]
+    run, seconds, n = (same or sorted(timed, key=lambda t: abs(math.log(work(t[0].config) / work(want)))))[0]
+    if same:
+        return seconds, f"the median of {n} step{'s' if n != 1 else ''} of run {run.name}, same settings"
+    return seconds * work(want) / work(run.config), f"run {run.name}'s median step, scaled by the tokens per step"
 
 
 def wait_for_slot(root: Path, say) -> None:

@@ -89,6 +89,11 @@ class RunWriter:
         self.status["updated"] = time.time()
         write_status(self.folder, self.status)
 
+    def add_to_config(self, extra: dict) -> None:
+        """Add what the run learnt when its model loaded (what it asked: `prompts.prompting`) to its config.json."""
+        config = json.loads((self.folder / "config.json").read_text())
+        _write_atomic(self.folder / "config.json", json.dumps({**config, **extra}, indent=2))
+
     def set_device(self, device: str) -> None:
         self.status["device"] = device
         self._write_status()

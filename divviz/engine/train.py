@@ -11,6 +11,7 @@ from typing import Callable
 
 from divviz.engine.config import RunConfig
 from divviz.engine.grpo import NonFiniteLoss, StepResult, Trainer, grpo_step, make_trainer
+from divviz.engine.prompts import prompting
 from divviz.engine.store import RunWriter, new_run_folder
 from divviz.catalogue.params import DivvizInputError
 
@@ -62,6 +63,7 @@ def train(cfg: RunConfig, root: Path, *, folder: Path | None = None, trainer: Tr
     writer = RunWriter(folder, cfg.to_dict(), cfg.steps)
     try:
         trainer = trainer or make_trainer(cfg)
+        writer.add_to_config({"prompting": prompting(trainer.tokenizer, trainer.task, trainer.prompt_format)})
         writer.set_device(str(trainer.device))
         for step in range(cfg.steps):
             result = grpo_step(trainer, step)

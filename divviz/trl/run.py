@@ -21,7 +21,8 @@ from trl import GRPOConfig
 
 from divviz.engine.config import RunConfig
 from divviz.engine.grpo import NonFiniteLoss
-from divviz.engine.model import load_policy, pick_device
+from divviz.engine.model import load_policy, pick_device, train_last_blocks
+from divviz.engine.prompts import prompting, resolve_format
 from divviz.engine.tasks import Task, get_task
 from divviz.engine.train import StopRequested
 from divviz.catalogue.params import DivvizInputError
@@ -30,21 +31,28 @@ from divviz.trl.options import trl_loss_type
 from divviz.trl.trainer import DivvizGRPOTrainer
 
 
-def prompt_dataset(task: Task, cfg: RunConfig) -> Dataset:
-    """Every step's prompts in step order, as the engine samples them (`make_batch`), with their answers."""
-    rows = [{"prompt": prompt, "answer": answer} for step in range(cfg.steps)
+def prompt_dataset(task: Task, cfg: RunConfig, fmt: str) -> Dataset:
+    """Every step's prompts in step order, as the engine samples them (`make_batch`), with their answers and compact
+    form: in the chat format a conversation of one user message, which TRL puts through the chat template as the
+    engine does (`prompts.prompt_ids`)."""
+    rows = [{"prompt": prompt if fmt == "compact" else [{"role": "user", "content": task.question(prompt)}],
+             "compact": prompt, "answer": answer} for step in range(cfg.steps)
             for prompt, answer in task.batch(seed=cfg.seed * 1_000_003 + step, n=cfg.prompts)]
     return Dataset.from_list(rows)
 
 
-def task_rewards(task: Task, format_reward: float) -> list:
-    """TRL reward functions: the task's reward, and its checker's verdict (logged as rewards/accuracy/mean)."""
+def task_rewards(task: Task, format_reward: float, chat: bool) -> list:
+    """TRL reward functions: the task's reward, and its checker's verdict (logged as rewards/accuracy/mean); a chat
+    completion (a list of messages) is judged on its reply's text, through the task's extractor."""
 
-    def reward(prompts, completions, answer, **_):
-        return [task.reward(p, a, c, format_reward) for p, c, a in zip(prompts, completions, answer)]
+    def text(completion) -> str:
+        return completion if isinstance(completion, str) else completion[-1]["content"]
 
-    def accuracy(prompts, completions, answer, **_):
-        return [float(task.correct(p, a, c)) for p, c, a in zip(prompts, completions, answer)]
+    def reward(completions, answer, compact, **_):
+        return [task.reward(p, a, text(c), format_reward, chat) for p, c, a in zip(compact, completions, answer)]
+
+    def accuracy(completions, answer, compact, **_):
+        return [float(task.is_correct(p, a, text(c), chat)) for p, c, a in zip(compact, completions, answer)]
 
     return [reward, accuracy]
 
@@ -79,12 +87,14 @@ def train(cfg: RunConfig, root: Path, *, folder: Path | None = None, on_row=None
     fails later, or is stopped (Ctrl-C, SIGTERM), ends with that state in its folder, as the engine's do."""
     task, device, processes = get_task(cfg.task), pick_device(cfg.device), process_state(cfg).num_processes
     model, tokenizer = load_policy(cfg.model, task, seed=0, trust_remote_code=cfg.trust_remote_code)
-    callback = DivvizRunCallback(root, folder=folder, config=cfg.to_dict(), on_row=on_row,
-                                 inspect_prompts=cfg.inspect_prompts, inspect_bytes=cfg.inspect_bytes)
+    fmt = resolve_format(cfg.prompt_format, tokenizer)
+    train_last_blocks(model, cfg.trainable_blocks)
+    callback = DivvizRunCallback(root, folder=folder, config={**cfg.to_dict(), "prompting": prompting(tokenizer, task, fmt)},
+                                 on_row=on_row, inspect_prompts=cfg.inspect_prompts, inspect_bytes=cfg.inspect_bytes)
     with tempfile.TemporaryDirectory(prefix="divviz-trl-") as output_dir:
-        trainer = DivvizGRPOTrainer(model=model, reward_funcs=task_rewards(task, cfg.format_reward),
+        trainer = DivvizGRPOTrainer(model=model, reward_funcs=task_rewards(task, cfg.format_reward, fmt == "chat"),
                                     args=grpo_config(cfg, processes, device, output_dir),
-                                    train_dataset=prompt_dataset(task, cfg), processing_class=tokenizer,
+                                    train_dataset=prompt_dataset(task, cfg, fmt), processing_class=tokenizer,
                                     callbacks=[callback], objective=cfg.objective())
         trainer.remove_callback(PrinterCallback)  # it prints every log line; the CLI shows a progress bar
         try:

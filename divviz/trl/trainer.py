@@ -291,4 +291,4 @@ class DivvizGRPOTrainer(GRPOTrainer):
                 step=0, tokenizer=tokenizer, groups=groups, texts=texts, rewards=inputs[REWARDS].float().cpu(),
                 adv=adv, completion_ids=inputs["completion_ids"], mask=completion_mask, out=out, logp_old=logp_old,
                 logp_after=None, logp_ref=inputs.get("ref_per_token_logps"), weight=weight,
-                byte_cap=callback.inspect_bytes))
+                byte_cap=callback.inspect_bytes, prompt_ids=[list(key) for key in chosen]))

@@ -1,0 +1,192 @@
+"""One GRPO step of SmolLM2-135M-Instruct, three ways, side by side in one run: divviz, TRL's GRPOTrainer, a bare loop.
+
+The same model (a fresh copy each, its last `trainable_blocks` blocks trained), the chat prompts of the `add` task
+through its template, prompts × G, completion length, temperature, learning rate and μ of the model's defaults
+(`divviz/engine/models.py`), AdamW, DAPO's token-mean loss. Targets (issue: a real model): divviz ≤ 1.25× bare and
+≤ 0.8× TRL.
+
+    (a) divviz   `divviz.engine.grpo.grpo_step`, the whole call: sample, rewards, advantages, π_old, μ updates with
+                 the loss's per-token facts, the after-update forward and every metric, the step inspector's record
+    (b) TRL      `trl.GRPOTrainer.train` (beta=0, loss_type="dapo", num_iterations=μ); step time from a callback
+    (c) bare     the same KV-cached sampler, π_old without grad, and μ forward/backward passes of the clipped loss,
+                 nothing else
+
+Each figure is the median over the steps after one warm-up step; the three alternate step by step (a callback runs
+a divviz and a bare step after each of TRL's), so they see the same load. Peak memory: each way alone in a fresh
+process for two steps (resident set on the CPU, allocated GPU memory on CUDA).
+
+    python bench/real_model.py [--steps N] [--device cpu|cuda]
+"""
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import nullcontext
+
+import torch
+
+from divviz.catalogue.aggregation import group_advantages
+from divviz.engine.config import RunConfig
+from divviz.engine.grpo import grpo_step, make_trainer
+from divviz.engine.model import load_policy, pick_device, train_last_blocks
+from divviz.engine.prompts import prompt_ids
+from divviz.engine.rollout import completion_logps, decode_completions, encode_prompts, sample
+from divviz.engine.smollm2 import NAME
+from divviz.engine.tasks import get_task
+
+
+def config(device: str, steps: int) -> RunConfig:
+    return RunConfig.make(model=NAME, device=device, steps=steps, clip="ratio", aggregation="dapo")
+
+
+def autocast_for(device: torch.device):
+    if device.type == "cuda":
+        return lambda: torch.autocast("cuda", dtype=torch.bfloat16)
+    return nullcontext
+
+
+def divviz_step(cfg: RunConfig):
+    trainer = make_trainer(cfg)
+
+    def step(s):
+        start = time.perf_counter()
+        grpo_step(trainer, s)
+        return time.perf_counter() - start
+    return step
+
+
+def bare_step(cfg: RunConfig):
+    """Sample, reward, advantages, π_old, then μ forward/backward passes of PPO's clipped loss (token mean)."""
+    task, device = get_task(cfg.task), pick_device(cfg.device)
+    model, tok = load_policy(cfg.model, task)
+    model.to(device)
+    train_last_blocks(model, cfg.trainable_blocks)
+    optimiser = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.0,
+                                  foreach=True)
+    autocast = autocast_for(device)
+
+    def step(s):
+        start = time.perf_counter()
+        pairs = task.batch(seed=s, n=cfg.prompts)
+        ids, mask = encode_prompts(prompt_ids(tok, task, [p for p, _ in pairs], "chat"), tok.pad_token_id,
+                                   cfg.group_size, device)
+        rollout = sample(model, ids, mask, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
+                         max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                         generator=torch.Generator(device=device).manual_seed(s), autocast=autocast)
+        texts = decode_completions(tok, rollout)
+        rewards = torch.tensor([task.reward(p, a, c, chat=True)
+                                for (p, a), c in zip([q for q in pairs for _ in range(cfg.group_size)], texts)])
+        adv = group_advantages(rewards.view(cfg.prompts, cfg.group_size), True).reshape(-1, 1).to(device)
+        keep = rollout.completion_mask
+        with torch.no_grad():
+            old = completion_logps(model, rollout, cfg.temperature, autocast)
+        for _ in range(cfg.mu):
+            logp = completion_logps(model, rollout, cfg.temperature, autocast)
+            ratio = (logp - old).exp()
+            loss = -(torch.min(ratio * adv, ratio.clamp(0.8, 1.2) * adv) * keep).sum() / keep.sum()
+            optimiser.zero_grad()
+            loss.backward()
+            optimiser.step()
+        return time.perf_counter() - start
+    return step
+
+
+def trl_trainer(cfg: RunConfig, output_dir: str, callbacks):
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    task, device = get_task(cfg.task), pick_device(cfg.device)
+    model, tok = load_policy(cfg.model, task)
+    train_last_blocks(model, cfg.trainable_blocks)
+    rows = [{"prompt": [{"role": "user", "content": task.question(p)}], "compact": p, "answer": a}
+            for s in range(cfg.steps + 2) for p, a in task.batch(seed=s, n=cfg.prompts)]
+
+    def reward(completions, answer, compact, **_):
+        return [task.reward(p, a, c[-1]["content"], chat=True) for p, c, a in zip(compact, completions, answer)]
+
+    args = GRPOConfig(output_dir=output_dir, per_device_train_batch_size=cfg.prompts * cfg.group_size,
+                      num_generations=cfg.group_size, max_completion_length=cfg.max_new_tokens,
+                      num_iterations=cfg.mu, steps_per_generation=1, beta=0.0, loss_type="dapo",
+                      temperature=cfg.temperature, learning_rate=cfg.lr, lr_scheduler_type="constant",
+                      weight_decay=0.0, bf16=device.type == "cuda", use_cpu=device.type == "cpu",
+                      gradient_checkpointing=False, max_steps=(cfg.steps + 1) * cfg.mu, logging_steps=1,
+                      report_to="none", save_strategy="no", disable_tqdm=True, seed=0, dataloader_num_workers=0,
+                      shuffle_dataset=False)
+    return GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=Dataset.from_list(rows),
+                       processing_class=tok, callbacks=callbacks)
+
+
+def time_side_by_side(cfg: RunConfig):
+    """Step times of TRL, divviz and bare, alternating: after each of TRL's steps (μ of its optimiser steps) a
+    callback runs one divviz step and one bare step. Step 0 of each is a warm-up, not counted."""
+    from transformers import TrainerCallback
+
+    others = {"divviz": divviz_step(cfg), "bare": bare_step(cfg)}
+    times = {"TRL": [], "divviz": [], "bare": []}
+
+    class SideBySide(TrainerCallback):
+        start = None
+
+        def on_step_begin(self, args, state, control, **kw):
+            if state.global_step % cfg.mu == 0:  # a GRPO step begins: TRL generates, then μ optimiser steps
+                self.start = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            if state.global_step % cfg.mu == 0:
+                times["TRL"].append(time.perf_counter() - self.start)
+                for name, step in others.items():
+                    times[name].append(step(state.global_step // cfg.mu - 1))
+
+    with tempfile.TemporaryDirectory() as out:
+        trl_trainer(cfg, out, [SideBySide()]).train()
+    return {name: values[1:] for name, values in times.items()}
+
+
+def peak_memory(way: str, cfg: RunConfig) -> float:
+    """GiB at the peak of two steps of `way` alone in this process."""
+    device = pick_device(cfg.device)
+    if way == "TRL":
+        with tempfile.TemporaryDirectory() as out:
+            trl_trainer(RunConfig.make(**{**cfg.to_dict(), "steps": 1}), out, []).train()
+    else:
+        step = (divviz_step if way == "divviz" else bare_step)(cfg)
+        step(0), step(1)
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated() / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux: KiB
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--peak", help=argparse.SUPPRESS)  # one way's peak memory, in a child process
+    args = parser.parse_args()
+    cfg = config(args.device, args.steps)
+    if args.peak:
+        print(json.dumps(peak_memory(args.peak, cfg)))
+        return
+    torch.manual_seed(0)
+    device = pick_device(args.device)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {device}"
+          + (f" ({torch.cuda.get_device_name()})" if device.type == "cuda" else ""))
+    print(f"{NAME}: {cfg.prompts} prompts × {cfg.group_size}, {cfg.max_new_tokens} new tokens, μ = {cfg.mu}, "
+          f"last {cfg.trainable_blocks} blocks trained; median of {args.steps} steps after a warm-up")
+    times = time_side_by_side(cfg)
+    d, t, b = (statistics.median(times[k]) for k in ("divviz", "TRL", "bare"))
+    peaks = {way: float(subprocess.run([sys.executable, __file__, "--peak", way, "--device", args.device],
+                                       capture_output=True, text=True, check=True).stdout.split()[-1])
+             for way in ("divviz", "TRL", "bare")}
+    print(f"{'':<8} {'s/step':>8} {'peak GiB':>9}")
+    for way, seconds in (("divviz", d), ("TRL", t), ("bare", b)):
+        print(f"{way:<8} {seconds:>8.2f} {peaks[way]:>9.2f}")
+    print(f"divviz/bare {d / b:.2f} (target ≤ 1.25), divviz/TRL {d / t:.2f} (target ≤ 0.8)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
