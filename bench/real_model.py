@@ -13,9 +13,9 @@ through its template, prompts × G, completion length, temperature, learning rat
 
 Each figure is the median over the steps after one warm-up step; the three alternate step by step (a callback runs
 a divviz and a bare step after each of TRL's), so they see the same load. Peak memory: each way alone in a fresh
-process for two steps (resident set on the CPU, allocated GPU memory on CUDA).
+process, the highest resident set (CPU) or allocated GPU memory (CUDA) during two steps once its model is loaded.
 
-    python bench/real_model.py [--steps N] [--device cpu|cuda]
+    python bench/real_model.py [--steps N] [--device cpu|cuda] [--trainable-blocks N]
 """
 
 import argparse
@@ -25,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from contextlib import nullcontext
 
@@ -40,8 +41,9 @@ from divviz.engine.smollm2 import NAME
 from divviz.engine.tasks import get_task
 
 
-def config(device: str, steps: int) -> RunConfig:
-    return RunConfig.make(model=NAME, device=device, steps=steps, clip="ratio", aggregation="dapo")
+def config(device: str, steps: int, blocks: int | None) -> RunConfig:
+    extra = {} if blocks is None else {"trainable_blocks": blocks}
+    return RunConfig.make(model=NAME, device=device, steps=steps, clip="ratio", aggregation="dapo", **extra)
 
 
 def autocast_for(device: torch.device):
@@ -98,6 +100,7 @@ def bare_step(cfg: RunConfig):
 
 def trl_trainer(cfg: RunConfig, output_dir: str, callbacks):
     from datasets import Dataset
+    from transformers import PrinterCallback
     from trl import GRPOConfig, GRPOTrainer
 
     task, device = get_task(cfg.task), pick_device(cfg.device)
@@ -117,8 +120,10 @@ def trl_trainer(cfg: RunConfig, output_dir: str, callbacks):
                       gradient_checkpointing=False, max_steps=(cfg.steps + 1) * cfg.mu, logging_steps=1,
                       report_to="none", save_strategy="no", disable_tqdm=True, seed=0, dataloader_num_workers=0,
                       shuffle_dataset=False)
-    return GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=Dataset.from_list(rows),
-                       processing_class=tok, callbacks=callbacks)
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=Dataset.from_list(rows),
+                          processing_class=tok, callbacks=callbacks)
+    trainer.remove_callback(PrinterCallback)  # it prints every log line
+    return trainer
 
 
 def time_side_by_side(cfg: RunConfig):
@@ -147,27 +152,47 @@ def time_side_by_side(cfg: RunConfig):
     return {name: values[1:] for name, values in times.items()}
 
 
+def resident_gib() -> float:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * resource.getpagesize() / 2**30
+
+
 def peak_memory(way: str, cfg: RunConfig) -> float:
-    """GiB at the peak of two steps of `way` alone in this process."""
+    """GiB at the peak of two steps of `way` alone in this process, the model loaded (loading has a peak of its
+    own, which is not a step's): the resident set sampled every 5 ms on the CPU, allocated memory on CUDA."""
     device = pick_device(cfg.device)
     if way == "TRL":
         with tempfile.TemporaryDirectory() as out:
-            trl_trainer(RunConfig.make(**{**cfg.to_dict(), "steps": 1}), out, []).train()
+            trainer = trl_trainer(RunConfig.make(**{**cfg.to_dict(), "steps": 1}), out, [])
+            run = trainer.train
     else:
         step = (divviz_step if way == "divviz" else bare_step)(cfg)
-        step(0), step(1)
+        run = lambda: (step(0), step(1))  # noqa: E731
     if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        run()
         return torch.cuda.max_memory_allocated() / 2**30
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux: KiB
+    peak, done = [resident_gib()], threading.Event()
+
+    def sample():
+        while not done.wait(0.005):
+            peak.append(resident_gib())
+    watcher = threading.Thread(target=sample)
+    watcher.start()
+    run()
+    done.set()
+    watcher.join()
+    return max(peak)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--trainable-blocks", type=int, help="instead of the model's default (0: every parameter)")
     parser.add_argument("--peak", help=argparse.SUPPRESS)  # one way's peak memory, in a child process
     args = parser.parse_args()
-    cfg = config(args.device, args.steps)
+    cfg = config(args.device, args.steps, args.trainable_blocks)
     if args.peak:
         print(json.dumps(peak_memory(args.peak, cfg)))
         return
@@ -176,13 +201,15 @@ def main():
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {device}"
           + (f" ({torch.cuda.get_device_name()})" if device.type == "cuda" else ""))
     print(f"{NAME}: {cfg.prompts} prompts × {cfg.group_size}, {cfg.max_new_tokens} new tokens, μ = {cfg.mu}, "
-          f"last {cfg.trainable_blocks} blocks trained; median of {args.steps} steps after a warm-up")
+          + (f"last {cfg.trainable_blocks} blocks trained" if cfg.trainable_blocks else "every parameter trained")
+          + f"; median of {args.steps} steps after a warm-up")
     times = time_side_by_side(cfg)
     d, t, b = (statistics.median(times[k]) for k in ("divviz", "TRL", "bare"))
-    peaks = {way: float(subprocess.run([sys.executable, __file__, "--peak", way, "--device", args.device],
+    blocks = [] if args.trainable_blocks is None else ["--trainable-blocks", str(args.trainable_blocks)]
+    peaks = {way: float(subprocess.run([sys.executable, __file__, "--peak", way, "--device", args.device, *blocks],
                                        capture_output=True, text=True, check=True).stdout.split()[-1])
              for way in ("divviz", "TRL", "bare")}
-    print(f"{'':<8} {'s/step':>8} {'peak GiB':>9}")
+    print(f"{'':<8} {'s/step':>8} {'peak GiB':>9}  (peak: two steps alone, the model loaded)")
     for way, seconds in (("divviz", d), ("TRL", t), ("bare", b)):
         print(f"{way:<8} {seconds:>8.2f} {peaks[way]:>9.2f}")
     print(f"divviz/bare {d / b:.2f} (target ≤ 1.25), divviz/TRL {d / t:.2f} (target ≤ 0.8)", flush=True)

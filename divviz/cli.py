@@ -146,8 +146,8 @@ def cmd_claims(args) -> int:
     seeds = claims.QUICK_SEEDS if args.quick else claims.SEEDS
     if args.seeds is not None:
         seeds = claims.SEEDS_PARAM.check(args.seeds, "claims")
-    if not args.lm and (args.lm_seeds or args.lm_steps or args.runs_dir):
-        raise DivvizInputError("--lm-seeds, --lm-steps and --runs-dir are for the built-in LM's cells: add --lm")
+    if not args.lm and (args.lm_seeds or args.lm_steps or args.runs_dir or args.lm_model != "builtin"):
+        raise DivvizInputError("--lm-seeds, --lm-steps, --lm-model and --runs-dir are for the LM's cells: add --lm")
     quiet = args.json and not sys.stderr.isatty()
     try:  # opened first, so that a path that cannot be written is refused before the work
         out = open(args.out, "w", encoding="utf-8") if args.out else None
@@ -174,15 +174,18 @@ def cmd_claims(args) -> int:
 
 
 def _queue_lm_cells(args):
-    from divviz.evidence import claims_lm
+    from divviz.engine.models import MODELS
     from divviz.engine.store import runs_dir
+    from divviz.evidence import claims_lm
 
     seeds, steps = (param.check(given or param.default, "claims") for param, given in
                     ((claims_lm.SEEDS_PARAM, args.lm_seeds), (claims_lm.STEPS_PARAM, args.lm_steps)))
-    plan = claims_lm.LMPlan.read(runs_dir(args.runs_dir), seeds, steps)
+    if args.lm_model not in MODELS:
+        raise DivvizInputError(f"--lm-model takes a built-in model ({', '.join(MODELS)}); got {args.lm_model!r}")
+    plan = claims_lm.LMPlan.read(runs_dir(args.runs_dir), seeds, steps, args.lm_model)
     found = len(plan.runs) - len(plan.missing)
     queued = plan.queue_missing()
-    print(f"divviz: built-in LM: {found} of {len(plan.runs)} runs already in {plan.root}, {len(queued)} queued",
+    print(f"divviz: {args.lm_model}: {found} of {len(plan.runs)} runs already in {plan.root}, {len(queued)} queued",
           file=sys.stderr)
     return plan.refreshed()
 
@@ -250,6 +253,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "cores at the defaults), and read from there the next time")
     p.add_argument("--lm-seeds", default=None, help="runs per measure on the built-in LM (2 to 64; default 8)")
     p.add_argument("--lm-steps", default=None, help="GRPO steps per built-in LM run (2 to 1000; default 60)")
+    p.add_argument("--lm-model", default="builtin",
+                   help="the model of the LM cells: builtin (default) or smollm2-135m (its own task and settings; "
+                        "about 3 minutes per run on 2 cores)")
     p.add_argument("--runs-dir", help="runs folder for --lm (default: $DIVVIZ_RUNS_DIR, else ./runs)")
     p.set_defaults(run=cmd_claims)
 

@@ -193,3 +193,24 @@ def test_the_bandit_compares_rollout_corrections_in_the_browser(page, app_url):
     page.wait_for_function(f"({ROLLOUT_TRACES})().length === 2", timeout=60_000)
     page.wait_for_url(lambda url: "rc=none,TIS+token" in url.replace("%2C", ",").replace("%20", "+"), timeout=30_000)
     assert not page.locator('[data-testid="stException"]').count()
+
+
+def test_step_inspector_shows_a_real_model_completion(page, app_url, app_runs_dir):
+    """SmolLM2's BPE pieces, with their leading spaces, in the inspector; coloured by the full distribution's
+    entropy; a token explained. (A step of the real model: about 10 s on 2 cores.)"""
+    from divviz.engine.config import RunConfig
+    from divviz.engine.smollm2 import NAME
+    from divviz.engine.train import train
+
+    train(RunConfig.make(model=NAME, steps=1, prompts=2, group_size=2, max_new_tokens=12, inspect_prompts=1),
+          app_runs_dir)
+    page.goto(f"{app_url}/step_inspector")
+    page.get_by_text("What is", exact=False).first.wait_for(timeout=90_000)
+    pieces = page.locator(".dv-c .dv-t").all_inner_texts()
+    assert len(pieces) >= 4 and any(p.startswith(" ") and len(p) > 1 for p in pieces), pieces
+    page.locator('[data-testid="stSelectbox"]').filter(
+        has=page.get_by_text("Colour tokens by", exact=True)).first.click()
+    page.get_by_role("option", name="entropy").first.click()
+    page.locator(".dv-legend").filter(has_text="whole next-token distribution").wait_for(timeout=30_000)
+    page.get_by_text("the min").first.wait_for(timeout=30_000)
+    assert not page.locator('[data-testid="stException"]').count()

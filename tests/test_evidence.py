@@ -54,3 +54,31 @@ def test_verdicts_on_synthetic_differences(diff, sign, want):
 def test_identity_verdict():
     assert intervals.identity_verdict(3e-16, 1e-12) == intervals.EXACT
     assert intervals.identity_verdict(1e-6, 1e-12) == intervals.NOT_EXACT
+
+
+@pytest.mark.parametrize("k,n", [(0, 10), (5, 10), (10, 10), (77, 256), (1, 3)])
+def test_a_proportions_interval_is_wilsons_and_stays_in_0_1(k, n):
+    """scipy's binomtest gives Wilson's score interval too: the same numbers, inside [0, 1], around k/n."""
+    from scipy.stats import binomtest
+
+    share, low, high = intervals.proportion(k, n)
+    want = binomtest(k, n).proportion_ci(confidence_level=0.95, method="wilson")
+    assert share == k / n and 0 <= low <= share <= high <= 1
+    assert low == pytest.approx(want.low, abs=1e-12) and high == pytest.approx(want.high, abs=1e-12)
+
+
+def test_a_band_respects_the_quantitys_range():
+    """With 2 or 3 seeds a band is the seeds' range; with 4 or more the t-interval cut at the bounds; a share's band
+    never leaves [0, 1], an entropy's never goes below 0. Without bounds (a difference) the t-interval is kept."""
+    from divviz.metrics import metric_range
+
+    two = intervals.summarize([[0.0, 1.0], [1.0, 1.0]], bounds=(0, 1))
+    assert two.low.tolist() == [0.0, 1.0] and two.high.tolist() == [1.0, 1.0]
+    assert intervals.summarize([[0.0], [1.0]]).high[0] > 5  # the t-interval at n = 2 (t = 12.7)
+    shares = np.array([[0.9], [1.0], [1.0], [1.0], [0.2]])
+    band = intervals.summarize(shares, bounds=metric_range("accuracy"))
+    plain = intervals.summarize(shares)
+    assert plain.high[0] > 1 and band.high[0] == 1 and band.low[0] == plain.low[0]
+    entropy = intervals.summarize([[0.01], [0.0], [0.0], [0.5]], bounds=metric_range("entropy"))
+    assert entropy.low[0] == 0 and metric_range("clip_ratio/low_mean") == (0, 1)
+    assert metric_range("kl/k1") == (-np.inf, np.inf) and metric_range("loss") == (-np.inf, np.inf)

@@ -12,6 +12,8 @@ it is a special token, and the facts of the last inner step of the update:
     loss     the token's loss ℓ_t                weight   its aggregation weight ∂L/∂ℓ_t (so Σ weight·loss = L)
     rho      ρ_t, what multiplied the policy term (a rollout importance weight, TRL's masks; None: nothing did)
     pi_roll  π_roll, the sampler's probability of the token, where it may differ from π_old (None: on-policy)
+    entropy  H of the full next-token distribution the token was drawn from (nats; None where not measured)
+    top1     the largest probability in that distribution (None where not measured)
 
 A token that a rollout correction's rejection took out of the loss has state 5 ("rejected (rollout)"), weight 0 and
 no ratio, loss, measure, penalty or ρ (the loss did not see it).
@@ -34,7 +36,8 @@ if TYPE_CHECKING:  # the app reads records without importing torch
 
     from divviz.losses import LossOutput
 
-FACTS = ("pi_old", "pi_new", "ratio", "adv", "measure", "state", "penalty", "pi_ref", "loss", "weight", "rho", "pi_roll")
+FACTS = ("pi_old", "pi_new", "ratio", "adv", "measure", "state", "penalty", "pi_ref", "loss", "weight", "rho", "pi_roll",
+         "entropy", "top1")
 STATES = 6  # `losses.TOKEN_STATES`: code 5, rejected by the rollout correction, is a record's only
 BYTE_CAP, MAX_BYTES = 262_144, 67_108_864  # a record's default cap, and the largest cap a run may set
 
@@ -68,7 +71,8 @@ def step_record(*, step: int, tokenizer, groups: list[tuple[str, list[int]]], te
                 completion_ids: "torch.Tensor", mask: "torch.Tensor", out: "LossOutput", logp_old: "torch.Tensor",
                 logp_after: "torch.Tensor | None", logp_ref: "torch.Tensor | None", weight: np.ndarray,
                 byte_cap: int = BYTE_CAP, kept: "torch.Tensor | None" = None,
-                logp_roll: "torch.Tensor | None" = None, prompt_ids: list[list[int]] | None = None) -> dict:
+                logp_roll: "torch.Tensor | None" = None, prompt_ids: list[list[int]] | None = None,
+                entropy: "torch.Tensor | None" = None, top1: "torch.Tensor | None" = None) -> dict:
     """The record of the completions in `groups`: (prompt, its completions' rows of the batch), in order.
 
     `out`, `logp_old`, `adv` ((B,) or (B, T)), `mask`, `logp_ref`, `weight`, `completion_ids`, `texts` and
@@ -87,7 +91,7 @@ def step_record(*, step: int, tokenizer, groups: list[tuple[str, list[int]]], te
         "ratio": unseen(out.ratio), "adv": adv.expand_as(mask), "measure": unseen(out.measure),
         "penalty": unseen(out.penalty), "pi_ref": None if logp_ref is None else logp_ref.exp(),
         "loss": unseen(out.per_token_loss), "weight": weight, "rho": unseen(out.policy_weight),
-        "pi_roll": None if logp_roll is None else logp_roll.exp()}
+        "pi_roll": None if logp_roll is None else logp_roll.exp(), "entropy": entropy, "top1": top1}
     columns = {fact: _rows(x, rows) for fact, x in columns.items()}
     states = _rows(out.token_state() if rejected is None else out.token_state().masked_fill(rejected, STATES - 1), rows)
     ids = completion_ids.detach()[rows].tolist()

@@ -304,6 +304,7 @@ def inspected_record(tr: Trainer, batch: Batch, done: Update, logp_after, logp_r
                        rewards=batch.rewards, adv=batch.adv, completion_ids=batch.rollout.completion_ids, mask=mask,
                        out=done.out, logp_old=done.logp_old, logp_after=logp_after, logp_ref=logp_ref, weight=weight,
                        byte_cap=cfg.inspect_bytes, kept=None if done.correction is None else done.mask,
+                       entropy=batch.rollout.entropy, top1=batch.rollout.top1,
                        logp_roll=None if done.correction is None else batch.rollout.logp)
 
 

@@ -24,6 +24,7 @@ import numpy as np
 from divviz.evidence import claims, intervals
 from divviz.engine import runner, store
 from divviz.engine.config import RunConfig, objective_settings
+from divviz.engine.models import BUILTIN, model_defaults
 from divviz.catalogue.params import DivvizInputError, Param
 
 TASK = "reverse"
@@ -40,9 +41,11 @@ def measures() -> list[str]:
     return [name for name in claims.OBJECTIVES if name in named]
 
 
-def run_config(measure: str, seed: int, steps: int) -> RunConfig:
-    """A cell's run: the lab's defaults on TASK with the measure's objective; no checkpoints."""
-    return RunConfig.make(task=TASK, steps=steps, seed=seed, checkpoint_every=0,
+def run_config(measure: str, seed: int, steps: int, model: str = BUILTIN) -> RunConfig:
+    """A cell's run: the lab's defaults on TASK with the measure's objective (another built-in model: its own task and
+    settings, `engine/models.py`); no checkpoints."""
+    task = {} if model_defaults(model) else {"task": TASK}
+    return RunConfig.make(model=model, **task, steps=steps, seed=seed, checkpoint_every=0,
                           **objective_settings(claims.OBJECTIVES[measure]))
 
 
@@ -60,10 +63,11 @@ class LMPlan:
     seeds: int
     steps: int
     runs: dict
+    model: str = BUILTIN
 
     @staticmethod
-    def read(root, seeds: int = SEEDS_PARAM.default, steps: int = STEPS_PARAM.default) -> "LMPlan":
-        wanted = {(m, s): _how_it_trains(run_config(m, s, steps)) for m in measures() for s in range(seeds)}
+    def read(root, seeds: int = SEEDS_PARAM.default, steps: int = STEPS_PARAM.default, model: str = BUILTIN) -> "LMPlan":
+        wanted = {(m, s): _how_it_trains(run_config(m, s, steps, model)) for m in measures() for s in range(seeds)}
         found: dict = {}
         for run in store.list_runs(root):  # newest first: a final run wins over a later one still queued
             if run.state not in (*FINAL, "queued", "running"):
@@ -75,7 +79,7 @@ class LMPlan:
                 if config == wanted_config:
                     if key not in found or (run.state in FINAL and found[key].state not in FINAL):
                         found[key] = run
-        return LMPlan(root, seeds, steps, {key: found.get(key) for key in wanted})
+        return LMPlan(root, seeds, steps, {key: found.get(key) for key in wanted}, model)
 
     @property
     def missing(self) -> list[tuple[str, int]]:
@@ -109,16 +113,16 @@ class LMPlan:
 
     @property
     def text(self) -> str:
-        cfg = run_config(measures()[0], 0, self.steps)
-        return (f"the built-in LM ({cfg.task}, {cfg.steps} steps of {cfg.prompts} prompts × {cfg.group_size}, "
+        cfg = run_config(measures()[0], 0, self.steps, self.model)
+        return (f"{'the built-in LM' if self.model == BUILTIN else self.model} ({cfg.task}, {cfg.steps} steps of {cfg.prompts} prompts × {cfg.group_size}, "
                 f"μ = {cfg.mu}, lr {cfg.lr:g}) with {self.seeds} seeds per measure")
 
     def queue_missing(self, owner: str = "") -> list:
         """Queue a run for every cell without one; returns their folders."""
-        return [runner.start_run(run_config(m, s, self.steps), self.root, owner) for m, s in self.missing]
+        return [runner.start_run(run_config(m, s, self.steps, self.model), self.root, owner) for m, s in self.missing]
 
     def refreshed(self) -> "LMPlan":
-        return LMPlan.read(self.root, self.seeds, self.steps)
+        return LMPlan.read(self.root, self.seeds, self.steps, self.model)
 
     def rows(self) -> list[dict]:
         """The report's cells: per claim, comparison and reading, the paired difference over the seeds whose two
@@ -134,7 +138,8 @@ class LMPlan:
                              for s in range(self.seeds) if (c.candidate, s) in readings and (c.baseline, s) in readings]
                     d = intervals.paired(*zip(*pairs)) if pairs else intervals.Paired(np.nan, np.nan, np.nan, 0, 0)
                     span = f"step {steps.start}" if len(steps) == 1 else f"steps {steps.start}–{steps.stop - 1}"
-                    condition = f"{TASK} · {reading} (mean of {span})"
+                    task = run_config(c.candidate, 0, self.steps, self.model).task
+                    condition = f"{'' if self.model == BUILTIN else self.model + ' · '}{task} · {reading} (mean of {span})"
                     out.append(claims.comparison_row(claim, claims.LM, condition, c, d))
         return out
 

@@ -2,7 +2,7 @@
 
 A view of one seed is an anecdote; these turn n seeds into a statement with its uncertainty. Intervals are
 Student-t intervals of the mean, mean ± t_{(1+level)/2, n−1} · s / √n with the sample standard deviation s
-(ddof = 1), the interval `scipy.stats.ttest_1samp(x).confidence_interval()` gives (tests/test_evidence.py
+(ddof = 1; a chart's band also respects the quantity's range, `summarize`'s `bounds`), the interval `scipy.stats.ttest_1samp(x).confidence_interval()` gives (tests/test_evidence.py
 checks both against each other and against a textbook case). A comparison of two measures is *paired*: both
 ran with the same seeds, so the difference is taken seed by seed before averaging, and the share of seeds whose
 difference has the other sign says how often one seed alone would have told the opposite story.
@@ -14,6 +14,7 @@ predicts — "holds" (the interval lies on the predicted side of 0), "reversed" 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,16 +34,29 @@ class Summary:
     n: int
 
 
-def summarize(values, level: float = LEVEL) -> Summary:
-    """Mean and Student-t interval over axis 0 (the seeds). With one seed the interval is undefined (NaN)."""
+RANGE_BELOW = 4  # a band over fewer seeds than this is their range
+
+
+def summarize(values, level: float = LEVEL, bounds: tuple[float, float] | None = None) -> Summary:
+    """Mean and Student-t interval over axis 0 (the seeds). With one seed the interval is undefined (NaN).
+
+    With `bounds`, the quantity's possible range (a share in [0, 1], an entropy ≥ 0), the interval is a band that
+    respects it, the one every chart draws: with fewer than `RANGE_BELOW` seeds it is the seeds' range (min to
+    max), since a t-interval there multiplies s/√n by 12.7 (n = 2) or 4.3 (n = 3) and runs far past both what was
+    seen and what is possible; with more, the t-interval cut at the bounds. Without `bounds` (a difference, a
+    verdict's interval) it is the t-interval as it is."""
     values = np.asarray(values, dtype=np.float64)
     n = values.shape[0]
     mean = values.mean(axis=0)
     if n < 2:
         nan = np.full_like(mean, np.nan)
         return Summary(mean, nan, nan, n)
+    if bounds is not None and n < RANGE_BELOW:
+        return Summary(mean, values.min(axis=0), values.max(axis=0), n)
     half = stats.t.ppf((1 + level) / 2, n - 1) * values.std(axis=0, ddof=1) / np.sqrt(n)
-    return Summary(mean, mean - half, mean + half, n)
+    if bounds is None:
+        return Summary(mean, mean - half, mean + half, n)
+    return Summary(mean, np.maximum(mean - half, bounds[0]), np.minimum(mean + half, bounds[1]), n)
 
 
 @dataclass(frozen=True)
@@ -81,3 +95,21 @@ def verdict(low: float, high: float, predicted_sign: int) -> str:
 def identity_verdict(max_abs_difference: float, tolerance: float) -> str:
     """For a claimed identity: "exact" when the largest difference found is within `tolerance`."""
     return EXACT if max_abs_difference <= tolerance else NOT_EXACT
+
+
+def proportion(successes: int, n: int, level: float = LEVEL) -> tuple[float, float, float]:
+    """(share, low, high): `successes` of `n` with Wilson's score interval, which stays inside [0, 1] and is not
+    degenerate at 0 or n successes (Wilson 1927; Agresti & Coull 1998 compare it with the Wald interval):
+
+        centre = (p̂ + z²/2n) / (1 + z²/n),   half = z·√(p̂(1 − p̂)/n + z²/4n²) / (1 + z²/n)
+
+    with z the standard normal's (1 + level)/2 quantile. n = 0 gives NaN for all three."""
+    if n == 0:
+        return math.nan, math.nan, math.nan
+    z = float(stats.norm.ppf((1 + level) / 2))
+    share = successes / n
+    centre = (share + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(share * (1 - share) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    # at 0 or n successes an end is 0 or 1 exactly, which rounding can miss by an ulp
+    return share, min(share, max(0.0, centre - half)), max(share, min(1.0, centre + half))
+

@@ -74,6 +74,9 @@ COLOUR_BY = {  # name → (value of token i of tokens t, what the legend says)
                          "(white at ρ = 1; blank: nothing did)"),
     "rollout gap": (_rollout_gap, "log π_old − log π_roll: the trained policy against the sampler that drew the token "
                                   "(white at 0; blank: on-policy)"),
+    "entropy": (lambda t, i: fact(t, "entropy", i), "H of the whole next-token distribution the token was drawn from, "
+                                                    "in nats (white at 0: certain)"),
+    "top-1 mass": (lambda t, i: fact(t, "top1", i), "the largest probability of that distribution (white at 0)"),
 }
 
 
