@@ -9,6 +9,7 @@ from divviz.app import ui
 
 from divviz.evidence import claims, claims_lm
 from divviz.engine import store
+from divviz.engine.models import MODELS
 from divviz.catalogue.params import DivvizInputError
 from divviz.safetext import literal
 
@@ -40,25 +41,32 @@ seeds = st.slider("Seeds per measure", int(low), int(high), claims.QUICK_SEEDS, 
                   help=claims.SEEDS_PARAM.doc)
 result = report(seeds)
 
-st.subheader("On the built-in LM")
-st.write("Three of the claims are also tested by training the built-in model: PPO, KL3 at two δ and DAPO, several "
+st.subheader("On a language model")
+st.write("Three of the claims are also tested by training a language model (the built-in one, or SmolLM2-135M): PPO, KL3 at two δ and DAPO, several "
          "seeds each, on the same seeds. The runs queue with everyone's in the runs folder (they show on the Runs "
          "page), and a finished run is kept: the next time, this page reads it instead of training it again.")
 lm_plan = None
 with ui.shown_errors():
-    left, right = st.columns(2)
+    model_column, left, right = st.columns(3)
+    lm_model = model_column.selectbox("Model", list(MODELS), key="claims:lm_model",
+                                      help="the built-in LM (reverse, 60 steps: about 5 minutes for every cell on 2 "
+                                           "cores) or SmolLM2-135M-Instruct (its own task and settings: about 3 "
+                                           "minutes per run on 2 cores)")
     lm_seeds = left.slider("Seeds per measure", *map(int, claims_lm.SEEDS_PARAM.slider_range()[:2]),
                            claims_lm.SEEDS_PARAM.default, key="claims:lm_seeds", help=claims_lm.SEEDS_PARAM.doc)
     lm_steps = right.number_input("Steps per run", int(claims_lm.STEPS_PARAM.low), int(claims_lm.STEPS_PARAM.high),
                                   claims_lm.STEPS_PARAM.default, key="claims:lm_steps", help=claims_lm.STEPS_PARAM.doc)
-    lm_plan = claims_lm.LMPlan.read(store.runs_dir(), lm_seeds, lm_steps)
+    lm_plan = claims_lm.LMPlan.read(store.runs_dir(), lm_seeds, lm_steps, lm_model)
 if lm_plan is not None and lm_plan.finished:
     result = lm_plan.report(result)
     st.success(literal(f"Included: {lm_plan.text}."), icon=":material/check:")
 elif lm_plan is not None:
+    me = ui.viewer()  # in room mode, queueing a grid of runs is the teacher's call: it fills everyone's queue
     st.button(f"Train the {len(lm_plan.missing)} missing runs" if lm_plan.missing else "All runs are queued",
-              icon=":material/play_arrow:", disabled=not lm_plan.missing, key="claims:lm_start",
-              on_click=queue_lm_runs, args=(lm_plan, ui.viewer().who))
+              icon=":material/play_arrow:", disabled=not lm_plan.missing or not me.teacher, key="claims:lm_start",
+              on_click=queue_lm_runs, args=(lm_plan, me.who),
+              help=None if me.teacher else "In a workshop room only the teacher starts these runs (they would fill "
+                                           "the room's queue); the results show here once they are trained.")
     if "claims_error" in st.session_state:
         st.error(literal(st.session_state.pop("claims_error")), icon=":material/error:")
 

@@ -26,9 +26,17 @@ CONTROLS = [
     *ui.rollout_controls(next(p for p in BANDIT_PARAMS if p.name == "rollout_lag")),
 ]
 BY_NAME = {c.name: c for c in CONTROLS}
-REWARD_LABELS = {"one_correct": "one correct action (at a rank)", "top_k": "the top k actions are correct",
+REWARD_LABELS = {"one_correct": "one correct action (at a rank)",
+                 "top_k": "the most likely actions are correct (ranks 0 … correct_rank)",
                  "graded": "graded: 1 − rank/(K−1)", "random": "random rewards in [0, 1]",
-                 "random_correct": "a random k% of the actions are correct"}
+                 "random_correct": "a random share of the actions are correct (correct_percent %)"}
+PARAM_LABELS = {"k": "K, the number of actions",
+                "correct_rank": lambda reward: ("correct_rank: ranks 0 … this one are correct" if reward == "top_k"
+                                                else "correct_rank: the rank of the correct action"),
+                "correct_percent": "correct_percent: the share of actions that are correct (%)"}
+APPLIES = {"correct_rank": lambda cfg: cfg["reward"] in ("top_k", "one_correct"),  # a setting the others ignore is
+           "correct_percent": lambda cfg: cfg["reward"] == "random_correct",  # not shown (its value is kept)
+           "sharpness": lambda cfg: cfg["init"] != "uniform"}
 OPTIMIZER_LABELS = {"sgd": "SGD (the loss's own step)", "adam": "Adam, its state kept across iterations"}
 PAST_HIGH_WARNING = 0.05  # share of A > 0 samples above u after one inner step, over the first iterations
 
@@ -62,8 +70,13 @@ with ui.shown_errors():
                "optimizer": st.selectbox("Optimiser", OPTIMIZERS, key=ui.key(PAGE, "optimizer"),
                                          format_func=OPTIMIZER_LABELS.get, on_change=optimizer_changed)}
         for p in BANDIT_PARAMS:
-            if p.name != "rollout_lag":
-                cfg[p.name] = ui.number(PAGE, BY_NAME[p.name], p.name)
+            if p.name == "rollout_lag":
+                continue
+            if p.name in APPLIES and not APPLIES[p.name](cfg):
+                cfg[p.name] = st.session_state.get(ui.key(PAGE, p.name), p.default)
+                continue
+            label = PARAM_LABELS.get(p.name, p.name)
+            cfg[p.name] = ui.number(PAGE, BY_NAME[p.name], label(cfg["reward"]) if callable(label) else label)
         with st.expander("Rollout: a sampler unlike the policy, and verl's corrections"):
             st.caption("Draw the samples from the policy of some iterations ago, its logits rounded to a lower "
                        "precision, as an inference engine beside a trainer does; π_old stays the current policy. "
@@ -86,9 +99,9 @@ with ui.shown_errors():
     for col, runs in zip(cols, groups):
         reward = explorer.across_seeds(runs, "expected_reward")
         entropy = explorer.across_seeds(runs, "entropy")
-        spread = f" ± {reward.high[-1] - reward.mean[-1]:.3f}" if reward.n > 1 else ""
-        col.metric(runs[0].label, f"E[r] = {reward.mean[-1]:.3f}{spread}",
-                   f"entropy {runs[0].initial_entropy:.2f} → {entropy.mean[-1]:.2f} (n = {reward.n})",
+        band = f"band [{reward.low[-1]:.3f}, {reward.high[-1]:.3f}] · " if reward.n > 1 else ""
+        col.metric(runs[0].label, f"E[r] = {reward.mean[-1]:.3f}",
+                   f"{band}entropy {runs[0].initial_entropy:.2f} → {entropy.mean[-1]:.2f} · n = {reward.n}",
                    delta_color="off", delta_arrow="off")
     early = min(10, cfg["iterations"])
     past_high = max(float(explorer.across_seeds(runs, "clip_ratio/first_step_past_high").mean[:early].mean())

@@ -34,14 +34,19 @@ def draw_overview() -> None:
     for run in runs:
         last = (metrics[run.name] or [{}])[-1]
         table.append({"run": run.name, "state": run.state, "step": f"{run.step}/{run.steps}",
-                      "owner": run_views.owner_label(run.status, me),
+                      "owner": run_views.owner_label(run.status, me), "model": run.config.get("model", ""),
                       "task": run.config.get("task", ""), "objective": run_views.run_label(run),
-                      "reward": last.get("reward"), "accuracy": last.get("accuracy"),
-                      "entropy": last.get("entropy"), "message": run.message})
+                      "seed": run.config.get("seed"), "reward": last.get("reward", float("nan")),
+                      "accuracy": last.get("accuracy", float("nan")), "entropy": last.get("entropy", float("nan")),
+                      "message": run.message or ""})
     st.dataframe(pd.DataFrame(table), hide_index=True, width="stretch")
-    names = [run.name for run in runs]
+    names = {run.name: run for run in runs}
     left, right = st.columns([4, 1])
-    chosen = left.multiselect("Runs to overlay", names, default=names[:2], key="runs:chosen")
+    with_data = [name for name in names if metrics[name]]  # a run that never trained a step draws no line
+    chosen = left.multiselect("Runs to overlay", list(names), default=with_data[:2], key="runs:chosen",
+                              format_func=lambda name: run_views.run_choice(names[name]),
+                              help="type part of a measure, a task or a seed to filter; runs with no step yet draw "
+                                   "nothing")
     group = right.toggle("Group by measure", key="runs:group",
                          help="runs of the same measure and task (e.g. several seeds) drawn thinly, under their mean "
                               "and its 95% band")
@@ -63,7 +68,8 @@ overview()
 st.subheader("Stop or delete a run")
 with ui.shown_errors():
     runs = [run for run in store.list_runs(root) if me.can_manage(run.status)]
-    st.caption("The teacher's browser manages every run." if me.teacher else
+    st.caption(("The teacher's browser manages every run." if ui.room_mode() else
+                "This app is served to this machine only, so you manage every run.") if me.teacher else
                "Runs this browser started. (The teacher opens the app once with ?teacher=KEY to manage all.)")
     name = st.selectbox("Run", [r.name for r in runs], index=None, key="runs:delete", placeholder="choose a run")
     if name:

@@ -46,8 +46,7 @@ with ui.shown_errors():
         st.stop()
     names = {run.name: run for run in runs}
     with st.sidebar:
-        name = st.selectbox("Run", list(names), key="inspector:run",
-                            format_func=lambda n: f"{run_views.run_label(names[n], unique=True)} · {names[n].state}")
+        name = st.selectbox("Run", list(names), key="inspector:run", format_func=lambda n: run_views.run_choice(names[n]))
         run = names[name]
         steps = store.completion_steps(run.folder)
         step = st.select_slider("Step", steps, value=steps[-1], key=f"inspector:step:{name}") if len(steps) > 1 \

@@ -131,7 +131,8 @@ def draw_runs() -> None:
         elapsed = run.status.get("updated", time.time()) - run.status.get("started", time.time())
         label = f"{label} · seed {run.config.get('seed')}"
         text = (f"**{literal(label)}** — {run.state}, step {run.step}/{run.steps}, {elapsed:.0f} s, "
-                f"{last.get('tokens_per_s', 0):.0f} tokens/s on {literal(run.status.get('device') or '…')}")
+                f"{last.get('tokens_per_s', 0):.0f} tokens/s on {literal(run.status.get('device') or '…')}"
+                if rows else f"**{literal(label)}** — {run.state}, no step trained yet")
         if run.state == "queued":
             ahead, eta = runner.queue_position(run.folder)
             slots = runner.max_runs()
@@ -172,12 +173,18 @@ with ui.shown_errors():
     batch_step = right.number_input("Batch of step", 1, 100_000, 1, key="lab:compare_step",
                                     help="the prompts and sampling seed of this step of a run with these settings")
     first_seed = [cfg for cfg in configs if cfg.seed == configs[0].seed]  # one update per measure and correction
+    asked = (tuple(repr(cfg) for cfg in first_seed), int(batch_step), start_from)  # what a result was made for
     if st.button("Compare on the same batch", icon=":material/compare_arrows:", disabled=not configs,
                  key="lab:compare"):
         with st.spinner("Sampling once, then one update per measure…"):
-            st.session_state["lab_compare"] = run_views.same_batch(first_seed, int(batch_step) - 1, starts[start_from])
+            st.session_state["lab_compare"] = (asked, run_views.same_batch(first_seed, int(batch_step) - 1,
+                                                                           starts[start_from]))
     if "lab_compare" in st.session_state:
-        table, charts, records = st.session_state["lab_compare"]
+        made_for, (table, charts, records) = st.session_state["lab_compare"]
+        if made_for != asked:
+            st.warning("These results are for the settings of the last comparison, not the ones now in the sidebar "
+                       "(measures, settings, batch or starting weights changed): press *Compare on the same batch* "
+                       "to redo it.", icon=":material/history:")
         st.dataframe(table, hide_index=True, width="stretch")
         left, right = st.columns(2)
         with left:

@@ -6,6 +6,8 @@ the app uses for chart titles and hover text.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -52,6 +54,19 @@ GLOSSARY = {
 # Where a TRL run logs what the engine calls otherwise: TRL names each reward function's mean
 # rewards/<function>/mean, and divviz's TRL backend passes the task's checker as the function `accuracy`.
 METRIC_ALIASES = {"accuracy": "rewards/accuracy/mean"}
+
+SHARES = ("reward", "accuracy", "frac_reward_zero_std", "top1_mass", "initial_top_mass", "expected_reward",
+          "mass_to_argmax", "clip_ratio/", "rollout_corr/rollout_rs_masked_fraction")  # in [0, 1] (a prefix: all)
+NON_NEGATIVE = ("entropy", "reward_std", "grad_norm", "kl", "kl/k2", "kl/k3", "kl_ref/k2", "kl_ref/k3",
+                "completions/mean_length", "step_time", "tokens_per_s", "rollout_corr/rollout_is_eff_sample_size")
+
+
+def metric_range(key: str) -> tuple[float, float]:
+    """Where a metric's values can lie: [0, 1] for a share, [0, ∞) for an entropy, a KL (k2, k3, exact), a norm or a
+    time; (−∞, ∞) otherwise (k1, a loss, a change). Charts draw bands inside it (`intervals.summarize`)."""
+    if any(key == s or (s.endswith("/") and key.startswith(s)) for s in SHARES):
+        return 0.0, 1.0
+    return (0.0, math.inf) if key in NON_NEGATIVE else (-math.inf, math.inf)
 
 
 def metric(row: dict, key: str, default=float("nan")):

@@ -117,6 +117,9 @@ def test_same_batch_comparison_on_the_page(runs_root):
     assert len(columns) == 4 and len(set(columns)) > 1  # the same completion under each measure, told apart
     at.selectbox(key="lab:compare_colour").set_value("Δπ").run()
     assert not at.exception and any("Δπ" in h.proto.body for h in at.get("html"))
+    assert not any("settings of the last comparison" in w.value for w in at.warning)
+    next(s for s in at.slider if s.label == "mu").set_value(2).run()  # the results on screen are now for μ = 4
+    assert any("settings of the last comparison" in w.value for w in at.warning)
 
 
 def test_the_lab_compares_rollout_corrections_under_a_lagging_sampler(runs_root):

@@ -160,7 +160,7 @@ def test_kl3_page_check_and_reaction():
 
 def test_mass_reallocation_page():
     at = open_page("app_pages/mass_reallocation.py", {"iterations": "20", "k": "20"})
-    assert len(specs(at)) == 5 and len(at.metric) == 3 and "(n = 8)" in at.metric[0].delta
+    assert len(specs(at)) == 5 and len(at.metric) == 3 and "n = 8" in at.metric[0].delta and "band [" in at.metric[0].delta
     assert not at.warning  # at the default lr no sample passes u in the first inner step
     before = specs(at)
     slider(at, "delta").set_value(0.2).run()
@@ -178,7 +178,7 @@ def test_mass_reallocation_page():
     slider(at, "lr").set_value(8.0).run()
     assert not at.exception and "already above u after the first inner step" in at.warning[0].value
     # an impossible combination is a message in the page, not a traceback
-    slider(at, "correct_rank").set_value(30).run()
+    slider(at, "correct_rank: ranks 0 … this one are correct").set_value(30).run()
     assert not at.exception and "'correct_rank' must be below k = 20" in shown(at.error[0])
 
 
@@ -189,7 +189,7 @@ def test_mass_reallocation_the_same_measure_twice_and_one_seed():
     assert list(table.measure.unique()) == ["kl3 δ=0.05"] and (table.n == 3).all()
     assert [m.label for m in at.metric] == ["kl3 δ=0.0177", "kl3 δ=0.05"]
     slider(at, "Seeds per measure").set_value(1).run()
-    assert not at.exception and "(n = 1)" in at.metric[0].delta
+    assert not at.exception and "n = 1" in at.metric[0].delta
 
 
 
@@ -338,3 +338,27 @@ def test_the_clipping_regions_page_draws_penalties_with_their_parameters():
     p = 0.01 * ratio[at_two]
     assert typed(slopes["prob_l2"]["y"])[at_two] == pytest.approx(2 * p * (p - 0.01), rel=1e-9)
     assert at.query_params["p"] == "k3,prob_l2,abs" and at.query_params["abs.straight_through"] == "1"
+
+
+def test_home_links_every_page_in_the_walkthroughs_order():
+    """Every page app.py registers (but Home) has its numbered link on Home, Clipping regions first."""
+    import re
+
+    at = open_page()
+    assert not at.exception
+    registered = re.findall(r'st\.Page\("(app_pages/\w+\.py)"', (Path(APP).read_text()))
+    linked = [link.proto.page for link in at.get("page_link")]
+    assert sorted(linked) == sorted(Path(p).stem for p in registered if not p.endswith("home.py"))
+    labels = [link.proto.label for link in at.get("page_link")]
+    assert labels[0] == "1. Clipping regions" and "4. Claims" in labels and "6. Step inspector" in labels
+
+
+def test_the_bandits_reward_settings_say_what_they_mean_and_show_only_when_they_apply():
+    at = open_page("app_pages/mass_reallocation.py", {"iterations": "10", "k": "20", "m": "kl3", "seeds": "2"})
+    labels = {s.label for s in at.slider}
+    assert "K, the number of actions" in labels and "correct_rank: ranks 0 … this one are correct" in labels
+    assert not any(label.startswith("correct_percent") for label in labels)
+    next(s for s in at.selectbox if s.label == "Reward").set_value("random_correct").run()
+    labels = {s.label for s in at.slider}
+    assert not at.exception and "correct_percent: the share of actions that are correct (%)" in labels
+    assert not any(label.startswith("correct_rank") for label in labels)

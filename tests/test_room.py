@@ -171,3 +171,17 @@ def test_the_teacher_key_manages_every_run(tmp_path, monkeypatch):
         assert not at.exception, at.exception
         assert (folder.name in at.selectbox(key="runs:delete").options) == manages
         assert "teacher" not in at.query_params  # the key never stays in a link that could be shared
+
+
+def test_only_the_teacher_queues_the_claims_lm_grid_in_room_mode(tmp_path, monkeypatch):
+    """The Claims page's "Train the N missing runs" fills the room's queue: a student sees it disabled and why."""
+    monkeypatch.setenv("DIVVIZ_RUNS_DIR", str(tmp_path))
+    monkeypatch.setenv("DIVVIZ_TEACHER_KEY", "s3cret")
+    for query, allowed in (({}, False), ({"teacher": "s3cret"}, True)):
+        at = AppTest.from_file(APP, default_timeout=300)
+        at.query_params.update(query)
+        at.run()
+        at.switch_page("app_pages/claims.py").run()
+        assert not at.exception, at.exception
+        button = next(b for b in at.button if b.label.startswith("Train the"))
+        assert button.disabled != allowed and ("only the teacher" in (button.help or "")) != allowed

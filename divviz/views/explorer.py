@@ -26,7 +26,7 @@ from divviz.evidence.intervals import Summary, paired, summarize
 from divviz.views.figures import Chart
 from divviz.catalogue.instances import unique_labels
 from divviz.losses import Objective
-from divviz.metrics import mass_shift_by_bin
+from divviz.metrics import mass_shift_by_bin, metric_range
 from divviz.catalogue.params import DivvizInputError
 from divviz.catalogue.penalties import Penalty
 from divviz.catalogue.rollout_correction import CORRECTIONS
@@ -211,7 +211,7 @@ def bandit_runs(cfg: dict, objectives: list[Objective], seeds: int = 1,
 
 def across_seeds(runs: list[BanditRun], metric: str) -> Summary:
     """A history metric's mean and 95% interval over the seeds, at every iteration."""
-    return summarize(np.stack([run.history[metric] for run in runs]))
+    return summarize(np.stack([run.history[metric] for run in runs]), bounds=metric_range(metric))
 
 
 def mass_reallocation(groups: list[list[BanditRun]]) -> dict[str, Chart]:
@@ -224,8 +224,9 @@ def mass_reallocation(groups: list[list[BanditRun]]) -> dict[str, Chart]:
     return {
         "distribution": run_plots.bandit_distribution_chart(
             np.mean([run.initial for run in groups[0]], axis=0), first.rewards,
-            [(label, summarize([run.final for run in runs])) for label, runs in zip(labels, groups)]),
-        "mass": run_plots.mass_shift_chart([(label, summarize([mass_shift_by_bin(run.initial, run.final) for run in runs]))
+            [(label, summarize([run.final for run in runs], bounds=(0, 1))) for label, runs in zip(labels, groups)]),
+        "mass": run_plots.mass_shift_chart([(label, summarize([mass_shift_by_bin(run.initial, run.final) for run in runs],
+                                                               bounds=(-1, 1)))
                                         for label, runs in zip(labels, groups)]),
         "history": run_plots.history_chart(series(BANDIT_MEASURES), BANDIT_MEASURES, "iteration",
                                        "Expected reward, entropy, and where the mass sits"),

@@ -18,7 +18,7 @@ from divviz.evidence.intervals import summarize
 from divviz.views.figures import Chart
 from divviz.catalogue.instances import unique_labels
 from divviz.losses import Objective
-from divviz.metrics import bin_labels, metric
+from divviz.metrics import bin_labels, metric, metric_range
 from divviz.catalogue.params import DivvizInputError
 from divviz.views.explorer import PI_OLD_GRID
 
@@ -62,7 +62,8 @@ def training_charts(runs: list[tuple[str, list[dict]]], smooth: int = 1) -> dict
         label = f"{label} (n = {len(group)})"
         members[label] = [curves(rows) for rows in group]
         reached = min(len(rows) for rows in group)
-        series.append((label, {key: summarize([m[key][:reached] for m in members[label]]) for key in keys}))
+        series.append((label, {key: summarize([m[key][:reached] for m in members[label]], bounds=metric_range(key))
+                               for key in keys}))
     if not series:
         return {}
     titles = {"reward": "Reward and accuracy", "entropy": "Entropy of the sampling distribution and top-1 mass",
@@ -92,7 +93,8 @@ def mass_shift(runs: list[tuple[str, list[dict]]], last: int = 10) -> Chart:
     for label, group in grouped(runs):
         per_run = [np.array([np.mean([r.get(f"mass_shift/{b}", 0.0) for r in rows[-last:]]) for b in bin_labels()])
                    for rows in group]
-        series.append((label, per_run[0]) if len(group) == 1 else (f"{label} (n = {len(group)})", summarize(per_run)))
+        series.append((label, per_run[0]) if len(group) == 1 else (f"{label} (n = {len(group)})",
+                                                                   summarize(per_run, bounds=(-1, 1))))
     return run_plots.mass_bins_chart(series, f"Mass reallocation: Δπ of sampled tokens by π_old (last {last} steps)")
 
 
@@ -171,6 +173,15 @@ def token_region(objectives: list[tuple[str, Objective]], pi_old: float, ratio: 
         marks.append(("token after the update", pi_old, pi_after))
     return plots.region_chart(PI_OLD_GRID, [(label, *explore.feasible_region(t, PI_OLD_GRID)) for label, t in tests],
                               marks)
+
+
+def run_choice(run) -> str:
+    """A run as a list shows it: its measure, model and task, seed, state and steps ("kl3 δ=0.05 · add · seed 1 ·
+    done, 20 steps · 20261125-143529"), so runs are picked by what they are, not by their folder's name."""
+    config = run.config
+    model = "" if config.get("model", "builtin") == "builtin" else f"{config.get('model')} · "
+    return (f"{run_label(run)} · {model}{config.get('task', '?')} · seed {config.get('seed', '?')} · {run.state}, "
+            f"{run.step} step{'s' if run.step != 1 else ''} · {run.name[:15]}")
 
 
 def duration(seconds: float) -> str:
