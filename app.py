@@ -12,6 +12,7 @@ st.set_page_config(page_title="divviz", page_icon=":material/insights:", layout=
 
 pages = [
     st.Page("app_pages/home.py", title="Home", icon=":material/home:", default=True),
+    st.Page("app_pages/tour.py", title="Tour", icon=":material/school:"),
     st.Page("app_pages/clipping_regions.py", title="Clipping regions", icon=":material/straighten:"),
     st.Page("app_pages/kl3_equivalence.py", title="KL3 ⇔ asymmetric clipping", icon=":material/function:"),
     st.Page("app_pages/mass_reallocation.py", title="Mass reallocation", icon=":material/bar_chart:"),

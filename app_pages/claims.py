@@ -11,6 +11,7 @@ from divviz.evidence import claims, claims_lm
 from divviz.engine import store
 from divviz.engine.models import MODELS
 from divviz.catalogue.params import DivvizInputError
+from divviz.app.urlstate import Control
 from divviz.safetext import literal
 
 
@@ -29,6 +30,12 @@ def queue_lm_runs(plan: claims_lm.LMPlan, owner: str) -> None:
         st.session_state["claims_error"] = str(err)
 
 
+PAGE = "claims"
+CONTROLS = [Control("seeds", claims.QUICK_SEEDS, param=claims.SEEDS_PARAM),
+            Control("lm_model", "builtin", options=tuple(MODELS)),
+            Control("lm_seeds", claims_lm.SEEDS_PARAM.default, param=claims_lm.SEEDS_PARAM),
+            Control("lm_steps", claims_lm.STEPS_PARAM.default, param=claims_lm.STEPS_PARAM)]
+
 st.title("Claims")
 st.write("What the three seed papers claim and divviz can test, tested on a grid of conditions declared before "
          "running: where the correct actions sit (likely, rare, random), small and large K, SGD and Adam, an early and "
@@ -36,14 +43,14 @@ st.write("What the three seed papers claim and divviz can test, tested on a grid
          "95% interval, n, and a verdict computed from the interval — *holds*, *reversed*, or *not resolved* (the "
          "interval contains 0); identities are *exact* when the largest difference is below 1e-12. Nothing here is "
          "typed by hand: `divviz claims` prints the same report.")
+ui.bind_controls(PAGE, CONTROLS)
 low, high, _ = claims.SEEDS_PARAM.slider_range()
-seeds = st.slider("Seeds per measure", int(low), int(high), claims.QUICK_SEEDS, key="claims:seeds",
-                  help=claims.SEEDS_PARAM.doc)
+seeds = st.slider("Seeds per measure", int(low), int(high), key="claims:seeds", help=claims.SEEDS_PARAM.doc)
 result = report(seeds)
 
 st.subheader("On a language model")
-st.write("Three of the claims are also tested by training a language model (the built-in one, or SmolLM2-135M): PPO, KL3 at two δ and DAPO, several "
-         "seeds each, on the same seeds. The runs queue with everyone's in the runs folder (they show on the Runs "
+st.write("Three of the claims are also tested by training a language model (the built-in one, or SmolLM2-135M): "
+         "PPO, KL3 at two δ and DAPO, several seeds each, on the same seeds. The runs queue with everyone's in the runs folder (they show on the Runs "
          "page), and a finished run is kept: the next time, this page reads it instead of training it again.")
 lm_plan = None
 with ui.shown_errors():
@@ -53,9 +60,10 @@ with ui.shown_errors():
                                            "cores) or SmolLM2-135M-Instruct (its own task and settings: about 3 "
                                            "minutes per run on 2 cores)")
     lm_seeds = left.slider("Seeds per measure", *map(int, claims_lm.SEEDS_PARAM.slider_range()[:2]),
-                           claims_lm.SEEDS_PARAM.default, key="claims:lm_seeds", help=claims_lm.SEEDS_PARAM.doc)
+                           key="claims:lm_seeds", help=claims_lm.SEEDS_PARAM.doc)
     lm_steps = right.number_input("Steps per run", int(claims_lm.STEPS_PARAM.low), int(claims_lm.STEPS_PARAM.high),
-                                  claims_lm.STEPS_PARAM.default, key="claims:lm_steps", help=claims_lm.STEPS_PARAM.doc)
+                                  key="claims:lm_steps", help=claims_lm.STEPS_PARAM.doc)
+    ui.publish_controls(PAGE, CONTROLS)
     lm_plan = claims_lm.LMPlan.read(store.runs_dir(), lm_seeds, lm_steps, lm_model)
 if lm_plan is not None and lm_plan.finished:
     result = lm_plan.report(result)

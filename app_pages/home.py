@@ -7,8 +7,10 @@ from divviz.app import ui
 from divviz.views import explorer
 
 PAGE_GUIDE = (  # (page script, title, icon, one line), in the workshop walkthrough's order
+    ("app_pages/tour.py", "Tour", ":material/school:",
+     "Start here: the walkthrough, each step's link, what to do and the numbers to expect."),
     ("app_pages/clipping_regions.py", "Clipping regions", ":material/straighten:",
-     "Start here: feasible intervals, the (π_old, π_new) plane, surrogate and gradient, logit room."),
+     "Feasible intervals, the (π_old, π_new) plane, surrogate and gradient, logit room."),
     ("app_pages/kl3_equivalence.py", "KL3 ⇔ asymmetric clipping", ":material/function:",
      "The Lambert-W bounds, matching PPO/DAPO boxes, and a live numeric check."),
     ("app_pages/mass_reallocation.py", "Mass reallocation", ":material/bar_chart:",
@@ -39,8 +41,8 @@ st.caption("PPO ε = 0.2, DAPO (0.2, 0.28) and KL3 δ = 0.05 on the same tokens;
 st.subheader("Where to start")
 st.write("The pages in the order of the workshop walkthrough (README): from one token's clipping boundary to the exact "
          "bandit, the evidence over seeds, and real training runs read token by token.")
-for start in range(0, len(PAGE_GUIDE), 4):
-    for column, (number, (path, label, icon, what)) in zip(st.columns(4), enumerate(PAGE_GUIDE[start:start + 4],
+for start in range(0, len(PAGE_GUIDE), 3):
+    for column, (number, (path, label, icon, what)) in zip(st.columns(3), enumerate(PAGE_GUIDE[start:start + 3],
                                                                                  start + 1)):
         column.page_link(path, label=f"{number}. {label}", icon=icon)
         column.caption(what)

@@ -22,6 +22,9 @@ CONTROLS = [
     Control("optimizer", "sgd", options=OPTIMIZERS),
     Control("seeds", SEEDS.default, param=SEEDS),
     Control("base", 0, param=Param("base", 0, 0, 63, high_open=False, kind="int", typical=(0, 63, 1))),
+    Control("diff_at", 80, param=Param("diff_at", 80, 1, 10_000, kind="int", typical=(1, 1000, 1),
+                                       doc="the iteration the paired differences are read at")),
+    Control("diff_metric", explorer.BANDIT_MEASURES[0], options=tuple(explorer.BANDIT_MEASURES)),
     *[Control(p.name, p.default, param=p) for p in BANDIT_PARAMS if p.name != "rollout_lag"],
     *ui.rollout_controls(next(p for p in BANDIT_PARAMS if p.name == "rollout_lag")),
 ]

@@ -29,6 +29,8 @@ CONTROLS = [
     Control("backend", "divviz", options=BACKENDS),
     Control("device", "auto", options=("auto", "cpu", "cuda")),
     Control("seeds", SEEDS.default, param=SEEDS),
+    Control("step", 0, param=Param("step", 0, 0, 100_000, kind="int", typical=(0, 100_000, 1),
+                                   doc="the token scatter's step (0: the latest)")),
     *[Control(p.name, p.default, param=p) for p in SETTINGS],
 ]
 BY_NAME = {c.name: c for c in CONTROLS}
@@ -68,6 +70,7 @@ with ui.shown_errors():
     with st.sidebar:
         st.subheader("Measures")
         objectives, refused = ui.objective_widgets(PAGE, BY_NAME)
+        seeds = ui.number(PAGE, BY_NAME["seeds"], "Seeds per measure")  # near the measures: the first choice made
         st.subheader("Run")
         model = ui.choice(PAGE, BY_NAME["model"], "Model", on_change=ui.apply_model_settings, args=(PAGE, BY_NAME),
                           help="the tiny built-in model, SmolLM2-135M-Instruct (a real chat model; choosing it sets "
@@ -83,7 +86,6 @@ with ui.shown_errors():
                             labels={"divviz": "divviz's engine", "trl": "TRL (DivvizGRPOTrainer)"})
         device = ui.choice(PAGE, BY_NAME["device"], "Device")
         settings = {p.name: ui.number(PAGE, BY_NAME[p.name], p.name) for p in SETTINGS}
-        seeds = ui.number(PAGE, BY_NAME["seeds"], "Seeds per measure")
         with st.expander("Rollout: a sampler unlike the policy, and verl's corrections"):
             st.caption("Sample with a copy of the policy in lower precision or some updates behind, as an inference "
                        "engine beside the trainer does, and compare verl's corrections of it (one run each).")
@@ -144,11 +146,13 @@ def draw_runs() -> None:
             st.error(literal(f"{label}: {run.message}"), icon=":material/error:")
     if ui.show_training_charts(PAGE, [(label, rows) for label, rows, _ in data]):
         last_step = max(len(rows) for _, rows, _ in data)
-        step = st.slider("Step for the token scatter", 1, max(last_step, 2), last_step, key="lab:step",
-                         disabled=last_step < 2)
-        scattered = [(f"{label} · seed {run.config.get('seed')}", run.config,
+        chosen = st.session_state.get("lab:step") or last_step  # 0 (a link's default): the latest step
+        st.session_state["lab:step"] = min(max(chosen, 1), max(last_step, 2))
+        step = st.slider("Step for the token scatter", 1, max(last_step, 2), key="lab:step", disabled=last_step < 2)
+        ui.publish_controls(PAGE, CONTROLS)  # this fragment reruns alone: the link follows the slider
+        scattered = [(label, f"{label} · seed {run.config.get('seed')}", run.config,
                       store.read_tokens(run.folder, min(step, len(rows)))) for label, rows, run in data if rows]
-        ui.show_chart(run_views.token_scatter([s for s in scattered if s[2] is not None]), "token scatter")
+        ui.show_chart(run_views.token_scatter([s for s in scattered if s[3] is not None]), "token scatter")
     if running and not any(run.state in ("queued", "running") for run in runs):
         st.rerun(scope="app")  # every run has ended: redraw the page once, buttons enabled, polling off
 

@@ -350,7 +350,7 @@ def test_home_links_every_page_in_the_walkthroughs_order():
     linked = [link.proto.page for link in at.get("page_link")]
     assert sorted(linked) == sorted(Path(p).stem for p in registered if not p.endswith("home.py"))
     labels = [link.proto.label for link in at.get("page_link")]
-    assert labels[0] == "1. Clipping regions" and "4. Claims" in labels and "6. Step inspector" in labels
+    assert labels[0] == "1. Tour" and "2. Clipping regions" in labels and "7. Step inspector" in labels
 
 
 def test_the_bandits_reward_settings_say_what_they_mean_and_show_only_when_they_apply():
@@ -362,3 +362,16 @@ def test_the_bandits_reward_settings_say_what_they_mean_and_show_only_when_they_
     labels = {s.label for s in at.slider}
     assert not at.exception and "correct_percent: the share of actions that are correct (%)" in labels
     assert not any(label.startswith("correct_rank") for label in labels)
+
+
+def test_the_paired_iteration_and_the_claims_settings_are_in_the_link():
+    """A teacher shares "look at iteration 10": the link opens the paired differences there, and moving it moves
+    the link; the Claims page's seeds and its LM cells' settings travel the same way."""
+    at = open_page("app_pages/mass_reallocation.py", {"iterations": "20", "k": "20", "m": "ratio,kl3", "seeds": "2",
+                                                     "diff_at": "10"})
+    assert not at.exception and slider(at, "At iteration").value == 10
+    slider(at, "At iteration").set_value(15).run()
+    assert at.query_params["diff_at"] == ["15"] or at.query_params["diff_at"] == "15"
+    at = open_page("app_pages/claims.py", {"seeds": "4", "lm_model": "smollm2-135m", "lm_steps": "30"})
+    assert not at.exception and at.slider[0].value == 4
+    assert at.selectbox(key="claims:lm_model").value == "smollm2-135m" and at.number_input[0].value == 30

@@ -104,3 +104,23 @@ def test_trailing_mean_smoothing():
     rows = [{"reward": v, "accuracy": v} for v in values]
     chart = run_views.training_charts([("run", rows)], smooth=2)["reward"]
     assert chart.data["reward"].tolist() == [1.0, 1.5, 2.5, 3.5, 4.5]
+
+
+def test_the_token_scatter_stays_readable_with_many_runs():
+    """Six runs of two measures: the legend names each clip state, each measure's marker and its bound once (not
+    per run); bounds are drawn once per measure in its colour; the ratio axis is logarithmic."""
+    rng = np.random.default_rng(0)
+
+    def tokens(n=50):
+        return {"pi_old": rng.uniform(0.01, 1, n), "ratio": np.exp(rng.normal(0, 0.5, n)), "adv": rng.normal(0, 1, n),
+                "state": rng.integers(0, 3, n).astype(np.int8)}
+
+    runs = [(measure, f"{measure} · seed {s}", {"clip": clip, "clip_params": {}}, tokens())
+            for measure, clip in (("ratio ε=0.2", "ratio"), ("kl3 δ=0.05", "kl3")) for s in range(3)]
+    chart = run_views.token_scatter(runs)
+    traces = chart.figure.to_dict()["data"]
+    legend = [t["name"] for t in traces if t.get("showlegend", True)]
+    assert len(legend) == 3 + 2 + 2, legend  # three clip states, two markers, two bounds
+    assert len([t for t in traces if t.get("mode") == "lines"]) == 4  # l and u of each measure, once
+    assert chart.figure.to_dict()["layout"]["yaxis"]["type"] == "log"
+    assert len(chart.data) == 6 * 50 and set(chart.data["measure"]) == {"ratio ε=0.2", "kl3 δ=0.05"}

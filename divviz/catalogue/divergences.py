@@ -222,7 +222,7 @@ CLIP_TESTS: dict[str, ClipTestEntry] = {
             r"-W_0(-e^{-1-\delta}) \le w_t \le -W_{-1}(-e^{-1-\delta})",
             "Wu et al. 2026 (ATR-GRPO): k3 of w = π_θ/π_old, i.e. KL(π_old‖π_θ). Not GRPO's k3 penalty, "
             "which flips the ratio (π_ref/π_θ) and would give [1/u_δ, 1/l_δ].",
-            (_delta(0.05, 50.0, "KL3 level δ", (0.0005, 0.5, 0.0005)),),
+            (_delta(0.05, 50.0, "KL3 level δ", (0.0001, 0.5, 0.0001)),),
             lambda new, old, p: k3(_log_ratio(new, old)),
             _at_most_delta,
             lambda p, pi_old: theory.kl3_bounds(p["delta"]),

@@ -91,7 +91,7 @@ class TokenExplanation:
 
     def lines(self) -> list[tuple[str, str]]:
         """(what, formula with this token's numbers) rows, for the explainer."""
-        g = lambda x: f"{x:.6g}"  # noqa: E731
+        g = lambda x: f"{x + 0.0:.6g}"  # noqa: E731 (+ 0.0: a zero gradient prints 0, never -0)
         rows = [("ratio", f"w = π_θ/π_old = {g(self.ratio)}   (π_old = {g(self.pi_old)}, π_θ = "
                           f"{g(self.ratio * self.pi_old)})"), ("advantage", f"A = {g(self.adv)}")]
         if self.measure is not None:

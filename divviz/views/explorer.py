@@ -262,8 +262,9 @@ def paired_difference_chart(groups: list[list[BanditRun]], baseline: int, metric
     series = [(runs[0].label, {metric: summarize(np.stack([run.history[metric] for run in runs]) - base)})
               for i, runs in enumerate(groups) if i != baseline]
     return run_plots.history_chart(series, (metric,), "iteration",
-                               f"{metric}: each measure minus {groups[baseline][0].label}, seed by seed "
-                               f"(mean and 95% band, n = {len(base)})")
+                                   f"{metric}: each measure minus {groups[baseline][0].label}, seed by seed "
+                                   f"(mean and 95% band, n = {len(base)})",
+                                   colours=[i for i in range(len(groups)) if i != baseline])  # as in the curves
 
 
 def default_tests() -> list[ClipTest]:

@@ -79,8 +79,9 @@ def region_chart(pi_old: np.ndarray, regions: list[tuple[str, np.ndarray, np.nda
                        "marker": {"symbol": ("star", "circle-open")[j % 2], "size": 14, "color": "black"},
                        "hovertemplate": f"{label}<br>π_old = %{{x:.4g}}<br>π_new = %{{y:.4g}}<extra></extra>"})
     layout = {"title": {"text": "Feasible region in probability space"}, "height": 520,
-              "xaxis": {"title": {"text": "π_old(a|s)"}, "range": [0, 1]},
-              "yaxis": {"title": {"text": "π_new(a|s)"}, "range": [0, 1], "scaleanchor": "x"}}
+              "xaxis": {"title": {"text": "π_old(a|s)"}, "range": [0, 1], "constrain": "domain"},
+              "yaxis": {"title": {"text": "π_new(a|s)"}, "range": [0, 1], "scaleanchor": "x", "constrain": "domain"}}
+    # square, shrinking the plot in a wide column rather than stretching the probability axis past [0, 1]
     return Chart(figure(traces, layout), pd.DataFrame(data))
 
 
@@ -215,7 +216,8 @@ def k3_level_chart(ratio: np.ndarray, k3_values: np.ndarray, delta: float, bound
                "line": {"color": "black", "width": 3}},
               {"type": "scatter", "x": [lower, upper], "y": [delta, delta], "mode": "markers+text",
                "name": f"KL3 interval at δ = {delta:g}", "text": [f"l = {lower:.4f}", f"u = {upper:.4f}"],
-               "textposition": ["top left", "top right"], "marker": {"color": color(1), "size": 12}}]
+               "textposition": ["bottom left", "bottom right"],  # beside the curve, not on it
+               "marker": {"color": color(1), "size": 12}}]
     shapes = [vrect(lower, upper, color(1)), hline(delta, color=color(1), dash="dash")]
     for i, (label, lo, hi) in enumerate(boxes):
         shapes += [vline(lo, color=color(i + 2)), vline(hi, color=color(i + 2))]

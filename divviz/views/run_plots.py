@@ -50,14 +50,36 @@ def _summary_columns(name: str, summary: Summary, pick=slice(None)) -> dict:
             f"{name} n": summary.n}
 
 
+PANEL_TITLES = {"rollout_corr/rollout_is_eff_sample_size": "IS eff. sample size", "rollout_corr/rollout_is_mean":
+                "IS weight, mean", "rollout_corr/rollout_rs_masked_fraction": "rejected share",
+                "rollout_corr/k3_kl": "k3 KL, sampler", "clip_ratio/first_step_past_high": "past u after step 1",
+                "clip_ratio/overshoot_mean": "overshoot", "initial_top_mass": "mass of π_0's top"}
+SHOWN_IF_NONZERO = ("clip_ratio/first_step_past_high", "rollout_corr/rollout_rs_masked_fraction")  # diagnostics:
+# a panel only when something happened (a step past u at once, a rejection), not a flat line at 0 every time
+
+
+def panel_title(metric: str) -> str:
+    """A panel's title short enough for a quarter of the chart's width."""
+    return PANEL_TITLES.get(metric, metric.removeprefix("clip_ratio/").removeprefix("rollout_corr/"))
+
+
+def _nonzero(value) -> bool:
+    values = np.asarray(value.mean if isinstance(value, Summary) else value, dtype=np.float64)
+    return bool(np.nan_to_num(np.abs(values)).max(initial=0.0) > 0)
+
+
 def history_chart(series: list[tuple[str, dict[str, np.ndarray | Summary]]], metrics: tuple[str, ...], x_title: str,
-                  title: str, members: dict[str, list[dict[str, np.ndarray]]] | None = None) -> Chart:
+                  title: str, members: dict[str, list[dict[str, np.ndarray]]] | None = None,
+                  colours: list[int] | None = None) -> Chart:
     """Metrics over steps, one panel per metric, one line per run or measure: [(label, {metric: values})]. A
     `Summary` is drawn as its mean with a shaded 95% band; `members` ({label: [one run's {metric: values}]}) are
-    drawn thin under their label's line."""
-    layout, refs = panels(1, len(metrics), [m.removeprefix("clip_ratio/").removeprefix("rollout_corr/") for m in metrics], gap=0.05)
+    drawn thin under their label's line. `colours`: each series' palette index (default: its place), so that a
+    measure keeps its colour in a chart that leaves another one out."""
+    metrics = tuple(m for m in metrics if m not in SHOWN_IF_NONZERO or any(_nonzero(h[m]) for _, h in series))
+    layout, refs = panels(1, len(metrics), [panel_title(m) for m in metrics], gap=0.05)
     traces, frames = [], []
-    for i, (label, history) in enumerate(series):
+    for k, (label, history) in enumerate(series):
+        i = k if colours is None else colours[k]
         columns, steps = {}, None
         for j, metric in enumerate(metrics):
             xref, yref = refs[0][j]
@@ -103,32 +125,48 @@ CLIP_STATES = {0: ("inside / kept", "#7f7f7f"), 1: ("clipped low (A < 0)", "#1f7
                2: ("clipped high (A > 0)", "#d62728"), 3: ("dual-clipped", "#ff7f0e")}
 
 
-def token_scatter(runs: list[tuple[str, dict, tuple[np.ndarray, np.ndarray, np.ndarray]]]) -> Chart:
-    """Per-token (π_old, ratio) of one step, coloured by clip state, with each measure's boundary l(π_old),
-    u(π_old) drawn over it. runs: [(label, tokens, (pi_grid, lower, upper))]."""
-    traces, frames = [], []
+SYMBOLS = ("circle", "diamond", "square", "triangle-up", "x", "star", "cross", "pentagon")
+
+
+def token_scatter(runs: list[tuple[str, str, dict, tuple[np.ndarray, np.ndarray, np.ndarray]]]) -> Chart:
+    """Per-token (π_old, ratio) of one step: colour = clip state, marker = measure (its seeds share it), and each
+    measure's boundary l(π_old), u(π_old) once, in the measure's colour. The ratio axis is logarithmic, so that a
+    token at w ≈ 12 does not flatten the others into a band at 1. The legend says what each colour, marker and
+    line is, once. runs: [(measure label, run label, tokens, (pi_grid, lower, upper))]."""
+    traces, frames, lines = [], [], []
     state_names = np.array([name for name, _ in CLIP_STATES.values()])
-    for i, (label, tokens, (grid, lower, upper)) in enumerate(runs):
+    measures = list(dict.fromkeys(measure for measure, *_ in runs))
+    for measure, run, tokens, (grid, lower, upper) in runs:
+        j = measures.index(measure)
         for state, (name, colour) in CLIP_STATES.items():
             pick = tokens["state"] == state
-            if not pick.any():
-                continue
-            traces.append({"type": "scatter", "x": tokens["pi_old"][pick], "y": tokens["ratio"][pick],
-                           "mode": "markers", "name": f"{label}: {name}", "legendgroup": label,
-                           "marker": {"color": colour, "size": 6, "opacity": 0.6,
-                                      "symbol": ["circle", "diamond", "square", "triangle-up"][i % 4]},
-                           "hovertemplate": "π_old %{x:.3f}<br>w %{y:.3f}<extra>" + label + "</extra>"})
-        for edge, values in (("u", upper), ("l", lower)):
-            traces.append({"type": "scatter", "x": grid, "y": np.where(np.isfinite(values), values, np.nan),
-                           "mode": "lines", "name": f"{label}: {edge}(π_old)", "legendgroup": label,
-                           "showlegend": edge == "u", "line": {"color": color(i), "width": 2, "dash": "dash"}})
-        frames.append(pd.DataFrame({"run": label, "pi_old": tokens["pi_old"], "ratio": tokens["ratio"],
-                                    "adv": tokens["adv"], "state": state_names[tokens["state"].astype(int)]}))
+            if pick.any():
+                traces.append({"type": "scatter", "x": tokens["pi_old"][pick], "y": tokens["ratio"][pick],
+                               "mode": "markers", "name": f"{run}: {name}", "showlegend": False,
+                               "marker": {"color": colour, "size": 6, "opacity": 0.6,
+                                          "symbol": SYMBOLS[j % len(SYMBOLS)]},
+                               "hovertemplate": f"π_old %{{x:.3f}}<br>w %{{y:.3f}}<br>{name}<extra>{run}</extra>"})
+        if measure not in lines:
+            lines.append(measure)
+            for edge, values in (("u", upper), ("l", lower)):
+                traces.append({"type": "scatter", "x": grid, "y": np.where(np.isfinite(values) & (values > 0), values,
+                                                                         np.nan),
+                               "mode": "lines", "name": f"{measure}: l and u", "legendgroup": f"bound:{measure}",
+                               "showlegend": edge == "u", "line": {"color": color(j), "width": 2, "dash": "dash"}})
+        frames.append(pd.DataFrame({"run": run, "measure": measure, "pi_old": tokens["pi_old"],
+                                    "ratio": tokens["ratio"], "adv": tokens["adv"],
+                                    "state": state_names[tokens["state"].astype(int)]}))
+    shown = {int(s) for *_, tokens, _ in runs for s in np.unique(tokens["state"])}
+    keys = [{"type": "scatter", "x": [None], "y": [None], "mode": "markers", "name": name,
+             "marker": {"color": colour, "size": 9}} for state, (name, colour) in CLIP_STATES.items() if state in shown]
+    keys += [{"type": "scatter", "x": [None], "y": [None], "mode": "markers", "name": f"marker: {measure}",
+              "marker": {"color": "#555", "size": 9, "symbol": SYMBOLS[j % len(SYMBOLS)]}}
+             for j, measure in enumerate(measures)] if len(measures) > 1 else []
     layout = {"height": 480, "title": {"text": "Tokens of one step: π_old against the ratio, with each measure's "
                                                "feasible region"},
               "xaxis": {"title": {"text": "π_old of the sampled token"}, "range": [0, 1]},
-              "yaxis": {"title": {"text": "ratio w at the last inner step"}}}
-    return Chart(figure(traces, layout, [hline(1.0)]), concat(frames))
+              "yaxis": {"title": {"text": "ratio w at the last inner step (log scale)"}, "type": "log"}}
+    return Chart(figure(keys + traces, layout, [hline(1.0)]), concat(frames))
 
 
 def mass_bins_chart(series: list[tuple[str, np.ndarray | Summary]], title: str,

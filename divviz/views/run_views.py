@@ -98,16 +98,17 @@ def mass_shift(runs: list[tuple[str, list[dict]]], last: int = 10) -> Chart:
     return run_plots.mass_bins_chart(series, f"Mass reallocation: Δπ of sampled tokens by π_old (last {last} steps)")
 
 
-def token_scatter(runs: list[tuple[str, dict, dict]]) -> Chart:
-    """runs: [(label, run config dict, tokens of one step)] → scatter with each run's clip boundary."""
+def token_scatter(runs: list[tuple[str, str, dict, dict]]) -> Chart:
+    """runs: [(measure label, run label, run config dict, tokens of one step)] → scatter with each measure's clip
+    boundary (`run_plots.token_scatter`)."""
     drawn, grid = [], np.linspace(0.005, 1.0, 200)
-    for label, config, tokens in runs:
+    for measure, label, config, tokens in runs:
         if config.get("clip"):
             lower, upper = clip_test(config["clip"], **config.get("clip_params", {})).bounds(grid)
             lower, upper = np.broadcast_to(lower, grid.shape), np.broadcast_to(upper, grid.shape)
         else:
             lower, upper = np.full_like(grid, np.nan), np.full_like(grid, np.nan)
-        drawn.append((label, tokens, (grid, lower, upper)))
+        drawn.append((measure, label, tokens, (grid, lower, upper)))
     return run_plots.token_scatter(drawn)
 
 
