@@ -32,10 +32,10 @@ def test_moving_a_slider_redraws_and_updates_the_link(page, app_url):
     delta = page.locator('[data-testid="stSidebar"] [data-testid="stSlider"]', has_text="delta")
     thumb = delta.get_by_role("slider")
     thumb.focus()
-    for _ in range(10):  # 10 steps of 0.0005: δ 0.05 → 0.055
+    for _ in range(10):  # 10 steps of 0.0001: δ 0.05 → 0.051
         thumb.press("ArrowRight")
-    page.wait_for_url(lambda url: "m=ratio,clip_higher,kl3:delta=0.055" in unquote(url), timeout=30_000)
-    page.locator(".js-plotly-plot").first.locator("text", has_text="[0.7039, 1.3693]").wait_for(timeout=30_000)
+    page.wait_for_url(lambda url: "m=ratio,clip_higher,kl3:delta=0.051" in unquote(url), timeout=30_000)
+    page.locator(".js-plotly-plot").first.locator("text", has_text="[0.7137, 1.3542]").wait_for(timeout=30_000)
 
 
 def test_shared_link_opens_the_same_view(page, app_url):

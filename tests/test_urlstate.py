@@ -24,7 +24,7 @@ def test_round_trip_and_short_links():
 
 @pytest.mark.parametrize("query, problem", [
     ({"kl3.delta": "nan"}, "link: parameter 'delta' must be a finite number in (0, 50]; got 'nan'"),
-    ({"kl3.delta": "7"}, "'kl3.delta' = '7' is outside the controls' range [0.0005, 0.5]"),
+    ({"kl3.delta": "7"}, "'kl3.delta' = '7' is outside the controls' range [0.0001, 0.5]"),
     ({"m": "ratio,kl9"}, "'m' has unknown value 'kl9'"),
     ({"agg": "mean"}, "'agg' has unknown value 'mean'; known: grpo, bnpo"),
     ({"dual": "maybe"}, "parameter 'dual' must be 0 or 1"),
@@ -62,7 +62,7 @@ def test_old_links_set_the_parameters_of_bare_names():
 
 
 @pytest.mark.parametrize("text, problem", [
-    ("kl3:delta=7", "'kl3:delta' = 7.0 is outside the controls' range [0.0005, 0.5]"),
+    ("kl3:delta=7", "'kl3:delta' = 7.0 is outside the controls' range [0.0001, 0.5]"),
     ("kl3:delta=nan", "'delta' must be a finite number in (0, 50]; got 'nan'"),
     ("kl3:eps=0.2", "kl3: unknown parameter 'eps'"),
     ("kl3:delta", "expected NAME=VALUE, got 'delta'"),
