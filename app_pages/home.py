@@ -33,11 +33,6 @@ st.write("See what a policy-divergence constraint does to GRPO training of a lan
          "dual-clip, KL1/KL2/KL3 tests (KL3 = ATR-GRPO's asymmetric clipping), probability-space tests, GBMPO's "
          "ProbL2 and neural mirror-map penalties, and RPG's KL-regularised losses.")
 
-charts = explorer.clipping_regions(explorer.default_tests(), pi_old=0.3, dual_clip_c=None)
-st.plotly_chart(charts["surrogate"].figure, config=ui.PLOTLY_CONFIG, key="home:surrogate")
-st.caption("PPO ε = 0.2, DAPO (0.2, 0.28) and KL3 δ = 0.05 on the same tokens; the coloured strips mark where "
-           "each clip removes the gradient. Open *Clipping regions* to move them.")
-
 st.subheader("Where to start")
 st.write("The pages in the order of the workshop walkthrough (README): from one token's clipping boundary to the exact "
          "bandit, the evidence over seeds, and real training runs read token by token.")
@@ -46,5 +41,10 @@ for start in range(0, len(PAGE_GUIDE), 3):
                                                                                  start + 1)):
         column.page_link(path, label=f"{number}. {label}", icon=icon)
         column.caption(what)
+charts = explorer.clipping_regions(explorer.default_tests(), pi_old=0.3, dual_clip_c=None)
+st.plotly_chart(charts["surrogate"].figure, config=ui.PLOTLY_CONFIG, key="home:surrogate")
+st.caption("PPO ε = 0.2, DAPO (0.2, 0.28) and KL3 δ = 0.05 on the same tokens; the coloured strips mark where "
+           "each clip removes the gradient. Open *Clipping regions* to move them.")
+
 st.info("Every control is mirrored in the address bar: copy the link to share exactly this view.",
         icon=":material/link:")

@@ -18,8 +18,8 @@ import pandas as pd
 import plotly.graph_objects as go
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
-BASE_LAYOUT = {"margin": {"l": 60, "r": 20, "t": 60, "b": 50}, "font": {"size": 14},
-               "legend": {"orientation": "h", "y": -0.2}, "template": {}}
+BASE_LAYOUT = {"margin": {"l": 60, "r": 20, "t": 60, "b": 50}, "font": {"size": 14},  # the legend below the x titles
+               "legend": {"orientation": "h", "y": -0.3, "yanchor": "top"}, "template": {}}
 
 
 class Figure(go.Figure):

@@ -80,6 +80,9 @@ COLOUR_BY = {  # name → (value of token i of tokens t, what the legend says)
 }
 
 
+NON_NEGATIVE = ("entropy", "top-1 mass")  # colourings of a quantity that is never below 0
+
+
 def values(record: dict, colour_by: str) -> list[list[list[float | None]]]:
     """Per group, per completion, per token: the value the colour encodes."""
     fn = COLOUR_BY[colour_by][0]
@@ -190,6 +193,8 @@ def legend_html(colour_by: str, scale: float) -> str:
         items = [f"<span style='background:{background(-scale, scale)};color:#fff'>{low} or below</span>",
                  f"<span style='background:#fff'>{neutral}</span>",
                  f"<span style='background:{background(scale, scale)};color:#fff'>{high} or above</span>"]
+        if colour_by in NON_NEGATIVE:  # nothing below 0 to show
+            items = items[1:]
     return (f"<div class='dv-legend'><b>{html.escape(colour_by)}</b>: {html.escape(COLOUR_BY[colour_by][1])}<br>"
             + "".join(items) + "</div>")
 
