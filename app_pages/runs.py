@@ -29,10 +29,9 @@ def draw_overview() -> None:
     if not runs:
         st.info("No runs yet. Start one in the Training lab, or run `divviz train` in a terminal.")
         return
-    metrics = {run.name: store.read_metrics(run.folder) for run in runs}
     table = []
     for run in runs:
-        last = (metrics[run.name] or [{}])[-1]
+        last = store.last_metrics(run.folder)  # the table needs each run's latest row, not its history
         table.append({"run": run.name, "state": run.state, "step": f"{run.step}/{run.steps}",
                       "owner": run_views.owner_label(run.status, me), "model": run.config.get("model", ""),
                       "task": run.config.get("task", ""), "objective": run_views.run_label(run),
@@ -42,7 +41,7 @@ def draw_overview() -> None:
     st.dataframe(pd.DataFrame(table), hide_index=True, width="stretch")
     names = {run.name: run for run in runs}
     left, right = st.columns([4, 1])
-    with_data = [name for name in names if metrics[name]]  # a run that never trained a step draws no line
+    with_data = [name for name in names if names[name].step > 0]  # a run that never trained a step draws no line
     chosen = left.multiselect("Runs to overlay", list(names), default=with_data[:2], key="runs:chosen",
                               format_func=lambda name: run_views.run_choice(names[name]),
                               help="type part of a measure, a task or a seed to filter; runs with no step yet draw "
@@ -51,12 +50,13 @@ def draw_overview() -> None:
                          help="runs of the same measure and task (e.g. several seeds) drawn thinly, under their mean "
                               "and its 95% band")
     picked = [run for run in runs if run.name in chosen]
+    metrics = {run.name: store.read_metrics(run.folder) for run in picked}  # read once, then only what was appended
     data = [(f"{run.config.get('task', '')} · {run_views.run_label(run)}" if group else run_views.run_label(run, unique=True),
              metrics[run.name]) for run in picked]
     if any(rows for _, rows in data):
-        export = pd.concat([pd.DataFrame(metrics[run.name]).assign(run=run.name) for run in picked])
-        st.download_button("Metrics of these runs (CSV)", export.to_csv(index=False), file_name="divviz_metrics.csv",
-                           mime="text/csv", icon=":material/table:", key="runs:csv", on_click="ignore")
+        st.download_button("Metrics of these runs (CSV)", lambda: run_views.metrics_csv(picked), icon=":material/table:",
+                           file_name="divviz_metrics.csv", mime="text/csv", key="runs:csv", on_click="ignore",
+                           help="every step of every chosen run, made when you click")
     ui.show_training_charts("runs", data)
     for run in picked:
         with st.expander(f"{literal(run.name)}: config and status"):

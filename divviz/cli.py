@@ -116,12 +116,12 @@ def print_json(value, indent: int | None = None) -> int:
 
 
 def cmd_runs(args) -> int:
-    from divviz.engine.store import list_runs, read_metrics, runs_dir
+    from divviz.engine.store import last_metrics, list_runs, runs_dir
 
     runs = list_runs(runs_dir(args.runs_dir))
     rows = []
     for run in runs:
-        last = (read_metrics(run.folder) or [{}])[-1]
+        last = last_metrics(run.folder)  # the end of metrics.jsonl only: a 50,000-step run costs what a short one does
         rows.append({"name": run.name, "state": run.state, "step": run.step, "steps": run.steps,
                      "task": run.config.get("task"), "clip": run.config.get("clip"),
                      "penalty": run.config.get("penalty"), "message": run.message,

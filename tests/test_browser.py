@@ -214,3 +214,15 @@ def test_step_inspector_shows_a_real_model_completion(page, app_url, app_runs_di
     page.locator(".dv-legend").filter(has_text="whole next-token distribution").wait_for(timeout=30_000)
     page.get_by_text("the min").first.wait_for(timeout=30_000)
     assert not page.locator('[data-testid="stException"]').count()
+
+
+def test_the_runs_page_draws_long_runs(page, app_url, app_runs_dir):
+    """Two runs of 20,000 steps overlaid: the charts draw (thinned, WebGL), no error."""
+    from tests.test_tail import long_runs
+
+    folders = long_runs(app_runs_dir, 2, 20_000)
+    page.goto(f"{app_url}/runs")
+    page.get_by_text(folders[-1].name).first.wait_for(timeout=90_000)
+    page.wait_for_selector(".js-plotly-plot .main-svg", timeout=90_000)
+    assert page.locator(".js-plotly-plot").count() >= 5
+    assert not page.locator('[data-testid="stException"]').count()

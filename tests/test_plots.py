@@ -124,3 +124,41 @@ def test_the_token_scatter_stays_readable_with_many_runs():
     assert len([t for t in traces if t.get("mode") == "lines"]) == 4  # l and u of each measure, once
     assert chart.figure.to_dict()["layout"]["yaxis"]["type"] == "log"
     assert len(chart.data) == 6 * 50 and set(chart.data["measure"]) == {"ratio ε=0.2", "kl3 δ=0.05"}
+
+
+def test_a_long_series_is_thinned_to_its_extremes_and_exported_whole():
+    """50,000 steps: each bucket's min and max and the first and last point are kept (per-pixel min/max), the
+    screen gets WebGL traces of a few thousand points, the CSV and the HTML export every step."""
+    from divviz.evidence.intervals import summarize
+    from divviz.views import run_plots
+    import base64
+
+    from divviz.views.figures import BUCKETS, thinned
+
+    GL_POINTS_MIN = BUCKETS  # at least a point per bucket
+
+    rng = np.random.default_rng(1)
+    walk = np.cumsum(rng.normal(size=50_000))
+    idx = thinned(walk)
+    edges = np.linspace(0, len(walk), BUCKETS + 1).astype(int)
+    for a, b in zip(edges[:-1], edges[1:]):
+        kept = idx[(idx >= a) & (idx < b)]
+        assert walk[a:b].min() in walk[kept] and walk[a:b].max() in walk[kept]
+    assert idx[0] == 0 and idx[-1] == len(walk) - 1 and np.all(np.diff(idx) > 0) and len(idx) <= 2 * BUCKETS + 2
+    assert np.array_equal(thinned(walk[:500]), np.arange(500))
+
+    seeds = np.stack([walk + rng.normal(size=walk.shape) for _ in range(5)])
+    chart = run_plots.history_chart([("kl3", {"entropy": summarize(seeds, bounds=(-np.inf, np.inf))})], ("entropy",),
+                                    "step", "long", members={"kl3": [{"entropy": s} for s in seeds]})
+    shown, export = chart.figure.to_dict()["data"], chart.export.to_dict()["data"]
+
+    def points(trace) -> int:  # a numeric array goes out as plotly.js's typed array: 8 bytes a float64
+        x = trace["x"]
+        return len(base64.b64decode(x["bdata"])) // 8 if isinstance(x, dict) else len(x)
+
+    assert all(t["type"] == "scattergl" for t in export) and len(shown) == len(export)
+    assert all(points(t) == 50_000 for t in export)
+    assert all(GL_POINTS_MIN < points(t) <= 3 * 2 * BUCKETS + 2 for t in shown)
+    assert len(chart.data) == 50_000
+    short = run_plots.history_chart([("a", {"entropy": walk[:100]})], ("entropy",), "step", "short")
+    assert short.export is None

@@ -357,7 +357,7 @@ def show_chart(chart: Chart, name: str) -> None:
     config = {**PLOTLY_CONFIG, "toImageButtonOptions": {**PLOTLY_CONFIG["toImageButtonOptions"], "filename": slug}}
     st.plotly_chart(chart.figure, config=config, key=f"chart:{slug}")
     row = st.container(horizontal=True)
-    figure = chart.figure
+    figure = chart.export or chart.figure  # every point, where the chart on screen thins a long series
     row.download_button("HTML", lambda: figure.to_html(include_plotlyjs=True), file_name=f"{slug}.html",
                          mime="text/html", key=f"html:{slug}", icon=":material/download:", on_click="ignore")
     data = chart.data  # both files are made only when clicked: a live chart redraws every 2 s

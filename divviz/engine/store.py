@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from divviz.engine.tail import METRICS, last_row
 from divviz.engine.completions import MAX_BYTES, check_record
 from divviz.catalogue.params import DivvizInputError
 from divviz.safetext import quoted, shorten
@@ -247,26 +248,15 @@ def read_run(folder: Path) -> RunInfo:
                    status.get("steps") or 0, config, status)
 
 
-def _numbers(row: dict) -> dict:
-    return {k: v for k, v in row.items() if isinstance(k, str) and isinstance(v, (int, float))
-            and not isinstance(v, bool) and math.isfinite(v)}
-
-
 def read_metrics(folder: Path) -> list[dict]:
-    """All complete, readable lines of metrics.jsonl, numbers only (a torn or corrupt line is skipped)."""
-    rows = []
-    try:
-        lines = (folder / "metrics.jsonl").read_bytes().decode("utf-8", errors="replace").splitlines()
-    except OSError:
-        return rows
-    for line in lines:
-        try:
-            row = json.loads(line)
-        except (json.JSONDecodeError, RecursionError):
-            continue
-        if isinstance(row, dict) and isinstance(row.get("step"), int):
-            rows.append(_numbers(row))
-    return rows
+    """All complete, readable lines of metrics.jsonl, numbers only (a torn or corrupt line is skipped), read
+    incrementally: only what was appended since the last call is read from disk (`tail.MetricsCache`)."""
+    return METRICS.rows(folder / "metrics.jsonl")
+
+
+def last_metrics(folder: Path) -> dict:
+    """The run's latest metrics row ({} before its first step), from the end of metrics.jsonl alone."""
+    return last_row(folder / "metrics.jsonl") or {}
 
 
 def checkpoint_steps(folder: Path) -> list[int]:
@@ -294,10 +284,24 @@ def read_tokens(folder: Path, step: int) -> dict[str, np.ndarray] | None:
     return tokens if numeric and len(lengths) == 1 and all(k in tokens for k in TOKEN_COLUMNS) else None
 
 
+_listed: dict[Path, tuple[int, list[int]]] = {}  # completions/ → (its modification time, the steps in it)
+
+
 def completion_steps(folder: Path) -> list[int]:
-    """The steps whose whole completions the run kept (for the step inspector)."""
-    names = (folder / "completions").glob("step_*.json")
-    return sorted(int(p.stem[5:]) for p in names if p.stem[5:].isdigit())
+    """The steps whose whole completions the run kept (for the step inspector). The folder is listed again only
+    when its modification time says a file came or went: a 10,000-step run is not scanned on every rerun."""
+    where = folder / "completions"
+    try:
+        mtime = where.stat().st_mtime_ns
+    except OSError:
+        return []
+    known = _listed.get(where)
+    if known is None or known[0] != mtime:
+        names = where.glob("step_*.json")
+        known = _listed[where] = (mtime, sorted(int(p.stem[5:]) for p in names if p.stem[5:].isdigit()))
+        while len(_listed) > 512:  # bounded: the runs least recently listed are listed again if asked for
+            _listed.pop(next(iter(_listed)))
+    return list(known[1])
 
 
 def read_completions(folder: Path, step: int) -> dict:

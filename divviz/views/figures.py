@@ -50,7 +50,33 @@ def typed_arrays(value):
 @dataclass
 class Chart:
     figure: Figure
-    data: pd.DataFrame
+    data: pd.DataFrame  # every number drawn, at full resolution
+    export: Figure | None = None  # every point, where `figure` shows a long series thinned (`thinned`)
+
+
+BUCKETS = 1000  # a long series is drawn as 1000 buckets' extremes: more than a chart has pixels across
+GL_POINTS = 3000  # a trace with more points than this is drawn with WebGL
+
+
+def thinned(*series: np.ndarray, buckets: int = BUCKETS) -> np.ndarray:
+    """Indices that keep a long series' shape: the first and last point and, in each of `buckets` equal runs of
+    the x axis, the points where any of `series` (a mean, its band's edges) is lowest and highest (per-pixel
+    min/max decimation). All indices when the series is short (≤ 2 × buckets points); a NaN is never an extreme.
+    Sorted, so a line through them keeps its order."""
+    n = len(series[0])
+    if n <= 2 * buckets:
+        return np.arange(n)
+    edges = np.linspace(0, n, buckets + 1).astype(int)
+    bucket = np.repeat(np.arange(buckets), np.diff(edges))  # each point's bucket
+    keep = [np.array([0, n - 1])]
+    for values in series:
+        values = np.asarray(values, dtype=np.float64)
+        for fill, reduce in ((np.inf, np.minimum), (-np.inf, np.maximum)):
+            filled = np.where(np.isnan(values), fill, values)
+            extreme = reduce.reduceat(filled, edges[:-1])
+            hits = np.flatnonzero(filled == extreme[bucket])  # the first hit in each bucket
+            keep.append(hits[np.unique(bucket[hits], return_index=True)[1]])
+    return np.unique(np.concatenate(keep))
 
 
 def color(i: int) -> str:

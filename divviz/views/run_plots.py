@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from divviz.evidence.intervals import Summary
-from divviz.views.figures import Chart, color, concat, figure, hline, panels, rgba
+from divviz.views.figures import BUCKETS, GL_POINTS, Chart, color, concat, figure, hline, panels, rgba, thinned
 from divviz.metrics import GLOSSARY, bin_labels
 
 def bandit_distribution_chart(initial: np.ndarray, rewards: np.ndarray, finals: list[tuple[str, Summary]],
@@ -74,44 +74,61 @@ def history_chart(series: list[tuple[str, dict[str, np.ndarray | Summary]]], met
     """Metrics over steps, one panel per metric, one line per run or measure: [(label, {metric: values})]. A
     `Summary` is drawn as its mean with a shaded 95% band; `members` ({label: [one run's {metric: values}]}) are
     drawn thin under their label's line. `colours`: each series' palette index (default: its place), so that a
-    measure keeps its colour in a chart that leaves another one out."""
+    measure keeps its colour in a chart that leaves another one out.
+
+    Means and bands are computed on every step (by the caller); a series longer than 2 × `BUCKETS` steps is drawn
+    thinned to each bucket's extremes (`figures.thinned`), with WebGL past `GL_POINTS` points, while the chart's
+    data and its HTML export (`Chart.export`) keep every point."""
     metrics = tuple(m for m in metrics if m not in SHOWN_IF_NONZERO or any(_nonzero(h[m]) for _, h in series))
     layout, refs = panels(1, len(metrics), [panel_title(m) for m in metrics], gap=0.05)
-    traces, frames = [], []
+    shown, full, frames = [], [], []
     for k, (label, history) in enumerate(series):
         i = k if colours is None else colours[k]
         columns, steps = {}, None
         for j, metric in enumerate(metrics):
-            xref, yref = refs[0][j]
             value = history[metric]
             summary = value if isinstance(value, Summary) else None
             mean = np.asarray(summary.mean if summary else value, dtype=np.float64)
             steps = np.arange(1, len(mean) + 1)
-            axes = {"xaxis": xref, "yaxis": yref, "legendgroup": label}
-            for member in (members or {}).get(label, []):
-                traces.append({"type": "scatter", "x": steps, "y": np.asarray(member[metric], dtype=np.float64),
-                               "mode": "lines", "showlegend": False, "hoverinfo": "skip", **axes,
-                               "line": {"color": rgba(i, 0.35), "width": 1}})
-            if summary is not None and summary.n > 1:
-                traces += _band(steps, summary, i, axes)
-            traces.append({"type": "scatter", "x": steps, "y": mean, "mode": "lines", "name": label,
-                           "showlegend": j == 0, **axes, "line": {"color": color(i), "width": 2.5},
-                           "hovertemplate": f"{metric}: %{{y:.4f}}<br>{GLOSSARY.get(metric, '')}"
-                                            f"<extra>{label}</extra>"})
+            lines = {"label": label, "metric": metric, "colour": i, "first": j == 0, "xref": refs[0][j][0],
+                     "yref": refs[0][j][1], "steps": steps, "mean": mean,
+                     "band": summary if summary is not None and summary.n > 1 else None,
+                     "members": [np.asarray(m[metric], dtype=np.float64) for m in (members or {}).get(label, [])]}
+            shown += _series_traces(**lines, thin=True)
+            if len(steps) > 2 * BUCKETS:  # thinned on screen: the export keeps every point
+                full += _series_traces(**lines, thin=False)
+            else:
+                full += shown[len(full):]
             columns.update(_summary_columns(metric, summary) if summary else {metric: mean})
         frames.append(pd.DataFrame({"run": label, x_title: steps, **columns}))
     for xref, _ in refs[0]:
         layout[f"xaxis{xref[1:]}"]["title"] = {"text": x_title}
     layout.update(height=380, title={"text": title})
-    return Chart(figure(traces, layout), concat(frames))
+    thinned_any = any(a is not b for a, b in zip(shown, full))
+    return Chart(figure(shown, layout), concat(frames), figure(full, layout) if thinned_any else None)
 
 
-def _band(x: np.ndarray, summary: Summary, i: int, axes: dict) -> list[dict]:
-    """A shaded band between a summary's low and high (two traces: the upper edge, then the lower filled to it)."""
-    edge = {"type": "scatter", "x": x, "mode": "lines", "line": {"width": 0}, "showlegend": False,
-            "hoverinfo": "skip", **axes}
-    return [{**edge, "y": summary.high},
-            {**edge, "y": summary.low, "fill": "tonexty", "fillcolor": rgba(i, 0.18)}]
+def _series_traces(label, metric, colour, first, xref, yref, steps, mean, band, members, thin: bool) -> list[dict]:
+    """One series' traces in one panel: its members thin, its band, its mean; thinned for display if `thin`."""
+    axes = {"xaxis": xref, "yaxis": yref, "legendgroup": label}
+
+    def line(x, y, **rest):
+        kind = "scattergl" if len(x) > GL_POINTS else "scatter"
+        return {"type": kind, "x": x, "y": y, "mode": "lines", **axes, **rest}
+
+    traces = []
+    for member in members:
+        pick = thinned(member) if thin else slice(None)
+        traces.append(line(steps[pick], member[pick], showlegend=False, hoverinfo="skip",
+                           line={"color": rgba(colour, 0.35), "width": 1}))
+    pick = thinned(mean, *((band.low, band.high) if band is not None else ())) if thin else slice(None)
+    if band is not None:
+        edge = {"line": {"width": 0}, "showlegend": False, "hoverinfo": "skip"}
+        traces += [line(steps[pick], np.asarray(band.high)[pick], **edge),
+                   line(steps[pick], np.asarray(band.low)[pick], fill="tonexty", fillcolor=rgba(colour, 0.18), **edge)]
+    traces.append(line(steps[pick], mean[pick], name=label, showlegend=first, line={"color": color(colour), "width": 2.5},
+                       hovertemplate=f"{metric}: %{{y:.4f}}<br>{GLOSSARY.get(metric, '')}<extra>{label}</extra>"))
+    return traces
 
 
 def mass_shift_chart(series: list[tuple[str, Summary]]) -> Chart:

@@ -13,12 +13,13 @@ from divviz import explore
 
 from divviz.views import plots, run_plots
 from divviz.catalogue.divergences import ClipTest, clip_test
+from divviz.engine import store
 from divviz.engine.config import RunConfig, config_label, correction_from, objective_from
 from divviz.evidence.intervals import summarize
 from divviz.views.figures import Chart
 from divviz.catalogue.instances import unique_labels
 from divviz.losses import Objective
-from divviz.metrics import bin_labels, metric, metric_range
+from divviz.metrics import METRIC_ALIASES, bin_labels, metric, metric_range
 from divviz.catalogue.params import DivvizInputError
 from divviz.views.explorer import PI_OLD_GRID
 
@@ -44,6 +45,16 @@ def trailing_mean(values, window: int) -> np.ndarray:
     return (sums[idx] - sums[start]) / (idx - start)
 
 
+def column(rows: list[dict], key: str) -> np.ndarray:
+    """One metric over a run's rows: from the metrics cache's columns when the rows came from it (`tail.Rows`), else
+    row by row; a TRL run's name for it where the rows have that instead (`metrics.metric`)."""
+    if hasattr(rows, "column"):
+        values = rows.column(key)
+        alias = METRIC_ALIASES.get(key)
+        return values if alias is None or not np.isnan(values).all() else rows.column(alias)
+    return np.array([metric(row, key) for row in rows], dtype=np.float64)
+
+
 def training_charts(runs: list[tuple[str, list[dict]]], smooth: int = 1) -> dict[str, Chart]:
     """Metric curves of several runs (label, metrics rows), one chart per panel of TRAINING_PANELS, each
     curve the trailing mean over `smooth` steps (1 = the raw per-step values). Runs that share a label (one
@@ -53,7 +64,7 @@ def training_charts(runs: list[tuple[str, list[dict]]], smooth: int = 1) -> dict
     if any(ROLLOUT_PANEL[0] in row for _, rows in runs for row in rows[:1]):
         panels["rollout"] = ROLLOUT_PANEL
     keys = {k for metrics in panels.values() for k in metrics}
-    curves = lambda rows: {key: trailing_mean([metric(row, key) for row in rows], smooth) for key in keys}  # noqa: E731
+    curves = lambda rows: {key: trailing_mean(column(rows, key), smooth) for key in keys}  # noqa: E731
     series, members = [], {}
     for label, group in grouped(runs):
         if len(group) == 1:
@@ -174,6 +185,12 @@ def token_region(objectives: list[tuple[str, Objective]], pi_old: float, ratio: 
         marks.append(("token after the update", pi_old, pi_after))
     return plots.region_chart(PI_OLD_GRID, [(label, *explore.feasible_region(t, PI_OLD_GRID)) for label, t in tests],
                               marks)
+
+
+def metrics_csv(runs) -> str:
+    """Every metrics row of `runs` as one CSV, a column `run` naming each row's run (the Runs page's download)."""
+    frames = [pd.DataFrame(store.read_metrics(run.folder)).assign(run=run.name) for run in runs]
+    return pd.concat(frames).to_csv(index=False) if frames else ""
 
 
 def run_choice(run) -> str:
