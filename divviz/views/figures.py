@@ -54,7 +54,7 @@ class Chart:
     export: Figure | None = None  # every point, where `figure` shows a long series thinned (`thinned`)
 
 
-BUCKETS = 1000  # a long series is drawn as 1000 buckets' extremes: more than a chart has pixels across
+BUCKETS = 500  # a long series is drawn as 500 buckets' extremes: a panel is about 450 pixels across
 GL_POINTS = 3000  # a trace with more points than this is drawn with WebGL
 
 
