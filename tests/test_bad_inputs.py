@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from streamlit.testing.v1 import AppTest
 
 from divviz import cli

@@ -13,7 +13,6 @@ import numpy as np
 from divviz.catalogue.estimators import array_ops, k1, k2, k3
 from divviz.catalogue.mirror import GENERALISED_KL_PHI, PHI_UPLOAD, phi_map, random_mirror_map
 from divviz.catalogue.params import Configured, DivvizInputError, Param, check_name, check_params
-from divviz.safetext import quoted
 
 IMPORTANCE_WEIGHT = Param("importance_weight", False, kind="bool",
                           doc="multiply by w = π_θ/π_old, RPG §3.5's correction of GRPO's estimator")

@@ -43,9 +43,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from divviz.catalogue.params import Configured, DivvizInputError, Param, check_name, check_params
+from divviz.catalogue.params import Configured, Param, check_name, check_params
 from divviz.catalogue.penalties import RPG_REGULARISERS
-from divviz.safetext import quoted
 
 LEVELS = ("token", "sequence")  # TRL's importance_sampling_level: w_t, or the sequence's geometric-mean ratio (GSPO)
 
