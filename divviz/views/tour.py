@@ -56,9 +56,12 @@ CLIPPING = {"m": "ratio,clip_higher,kl3"}
 
 @cache
 def _clipping_numbers() -> dict[str, Number]:
-    chart = lambda name, lower, upper: Number(f"[{fmt(lower)}, {fmt(upper)}]", "clipping_regions", CLIPPING,  # noqa: E731
-                                              ("chart", ""))
-    return {name: chart(name, *clip_test(name).bounds()) for name in ("ratio", "clip_higher", "kl3")}
+    """Each default test's interval, as the intervals chart of Clipping regions labels it."""
+    def interval(name: str) -> Number:
+        lower, upper = clip_test(name).bounds()
+        return Number(f"[{fmt(lower)}, {fmt(upper)}]", "clipping_regions", CLIPPING, ("chart", ""))
+
+    return {name: interval(name) for name in ("ratio", "clip_higher", "kl3")}
 
 
 @cache
@@ -86,9 +89,9 @@ def _bandit_numbers(iteration: int) -> dict[str, Number]:
     out = {}
     for name, runs in zip(BANDIT_MEASURES[1:], groups[1:]):
         row = table[(table["measure"] == runs[0].label) & (table["metric"] == "entropy")].iloc[0]
-        for column, key, digits in (("difference", "d", 3), ("95% low", "lo", 3), ("95% high", "hi", 3)):
-            out[f"{name}_{key}"] = Number(f"{row[column]:+.{digits}f}" if key == "d" else f"{row[column]:.{digits}f}",
-                                          "mass_reallocation", query, ("table", f"{runs[0].label}|entropy|{column}"))
+        for column, key, sign in (("difference", "d", "+"), ("95% low", "lo", ""), ("95% high", "hi", "")):
+            out[f"{name}_{key}"] = Number(f"{row[column]:{sign}.3f}", "mass_reallocation", query,
+                                          ("table", f"{runs[0].label}|entropy|{column}"))
         out[f"{name}_rev"] = Number(row["seeds reversed"], "mass_reallocation", query,
                                     ("table", f"{runs[0].label}|entropy|seeds reversed"))
     return out
