@@ -272,7 +272,7 @@ def test_the_correction_applies_all_of_it_under_verls_prefix():
     weights = DATA["rollout_correction"]["weights/sequence/0.8_1.5/norm_False/grpo"]
     rejection = DATA["rollout_correction"]["rejection/token_k1,seq_mean_k3/0.7_1.5,0.06/grpo"]
     torch.testing.assert_close(out.weight, torch.tensor(weights["weights"], dtype=F64), rtol=ULPS, atol=0)
-    torch.testing.assert_close(out.mask, torch.tensor(rejection["mask"], dtype=F64), rtol=0, atol=0)
+    torch.testing.assert_close(out.mask, torch.tensor(rejection["mask"], dtype=F64), rtol=0, atol=0)  # 0s and 1s
     expected = {**DATA["rollout_correction"]["offpolicy_metrics/grpo"]["metrics"], **weights["metrics"],
                 **rejection["metrics"]}
     assert set(out.metrics) <= {f"rollout_corr/{k}" for k in expected}
