@@ -27,7 +27,7 @@ from divviz.catalogue.aggregation import aggregation_weights, group_advantages
 from divviz.engine.completions import step_record
 from divviz.engine.config import RunConfig
 from divviz.engine.model import load_policy, pick_device, train_last_blocks
-from divviz.engine.prompts import prompt_ids as prompt_token_ids, resolve_format, shown_prompts
+from divviz.engine.prompts import asked_ids, resolve_format, shown_prompts
 from divviz.engine.rollout import Rollout, completion_logps, decode_completions, encode_prompts, sample
 from divviz.engine.sampler import RolloutPolicy, rollout_policy
 from divviz.engine.tasks import Task, get_task
@@ -133,11 +133,12 @@ def make_batch(tr: Trainer, step: int) -> Batch:
     """Sample G completions for each of step `step`'s prompts (seeded by the run seed and the step)."""
     cfg, tok = tr.cfg, tr.tokenizer
     pairs = tr.task.batch(seed=cfg.seed * 1_000_003 + step, n=cfg.prompts)
+    asked = shown_prompts(tr.task, [p for p, _ in pairs], tr.prompt_format)
     compact = [p for p, _ in pairs for _ in range(cfg.group_size)]
-    prompts = [p for p in shown_prompts(tr.task, [p for p, _ in pairs], tr.prompt_format) for _ in range(cfg.group_size)]
+    prompts = [p for p in asked for _ in range(cfg.group_size)]
     references = [r for _, r in pairs for _ in range(cfg.group_size)]
-    prompt_ids, prompt_mask = encode_prompts(prompt_token_ids(tok, tr.task, [p for p, _ in pairs], tr.prompt_format),
-                                             tok.pad_token_id, cfg.group_size, tr.device)
+    prompt_ids, prompt_mask = encode_prompts(asked_ids(tok, asked, tr.prompt_format), tok.pad_token_id,
+                                             cfg.group_size, tr.device)
     generator = torch.Generator(device=tr.device).manual_seed(cfg.seed * 7_919 + step)
     tr.model.eval()
     sampler, autocast = tr.sampling()

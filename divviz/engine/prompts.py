@@ -34,12 +34,17 @@ def shown_prompts(task: Task, prompts: list[str], fmt: str) -> list[str]:
 
 
 def prompt_ids(tokenizer, task: Task, prompts: list[str], fmt: str) -> list[list[int]]:
-    """The token ids the model sees for each compact prompt: the tokenizer's encoding of it (with its BOS), or the
-    chat template applied to the question (specials come from the template, none are added twice)."""
+    """The token ids the model sees for each compact prompt (`asked_ids` of its `shown_prompts`)."""
+    return asked_ids(tokenizer, shown_prompts(task, prompts, fmt), fmt)
+
+
+def asked_ids(tokenizer, asked: list[str], fmt: str) -> list[list[int]]:
+    """The token ids of prompts as asked (`shown_prompts`): the tokenizer's encoding (with its BOS) in the compact
+    form, or the chat template applied to the question (specials come from the template, none are added twice)."""
     if fmt == "compact":
-        return tokenizer(prompts)["input_ids"]
+        return tokenizer(asked)["input_ids"]
     texts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
-                                           add_generation_prompt=True) for q in shown_prompts(task, prompts, fmt)]
+                                           add_generation_prompt=True) for q in asked]
     return tokenizer(texts, add_special_tokens=False)["input_ids"]
 
 

@@ -73,8 +73,7 @@ def converted(cache: Path, say=lambda text: print(text, file=sys.stderr)) -> Pat
 
     read = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype="float32")
     config = read.config
-    config.quantization_config = None  # the GGUF's, which keeps save_pretrained from writing
-    del config.quantization_config
+    del config.quantization_config  # the GGUF's, which keeps save_pretrained from writing
     model = LlamaForCausalLM(config)
     model.load_state_dict(read.state_dict(), strict=True)
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)

@@ -78,6 +78,7 @@ class RunWriter:
         self.folder = folder
         (folder / "tokens").mkdir(parents=True, exist_ok=True)
         queued = read_status(folder) if (folder / "status.json").exists() else {}
+        self.config = config
         _write_atomic(folder / "config.json", json.dumps(config, indent=2))
         self.status = {"state": "running", "message": "", "pid": os.getpid(), "step": 0, "steps": steps,
                        "device": "", "started": time.time(), "updated": time.time(),
@@ -92,8 +93,8 @@ class RunWriter:
 
     def add_to_config(self, extra: dict) -> None:
         """Add what the run learnt when its model loaded (what it asked: `prompts.prompting`) to its config.json."""
-        config = json.loads((self.folder / "config.json").read_text())
-        _write_atomic(self.folder / "config.json", json.dumps({**config, **extra}, indent=2))
+        self.config = {**self.config, **extra}
+        _write_atomic(self.folder / "config.json", json.dumps(self.config, indent=2))
 
     def set_device(self, device: str) -> None:
         self.status["device"] = device

@@ -98,18 +98,10 @@ def identity_verdict(max_abs_difference: float, tolerance: float) -> str:
 
 
 def proportion(successes: int, n: int, level: float = LEVEL) -> tuple[float, float, float]:
-    """(share, low, high): `successes` of `n` with Wilson's score interval, which stays inside [0, 1] and is not
-    degenerate at 0 or n successes (Wilson 1927; Agresti & Coull 1998 compare it with the Wald interval):
-
-        centre = (p̂ + z²/2n) / (1 + z²/n),   half = z·√(p̂(1 − p̂)/n + z²/4n²) / (1 + z²/n)
-
-    with z the standard normal's (1 + level)/2 quantile. n = 0 gives NaN for all three."""
+    """(share, low, high): `successes` of `n` with Wilson's score interval (scipy's `binomtest(...).proportion_ci`),
+    which stays inside [0, 1] and is not degenerate at 0 or n successes (Wilson 1927; Agresti & Coull 1998 compare
+    it with the Wald interval). n = 0 gives NaN for all three."""
     if n == 0:
         return math.nan, math.nan, math.nan
-    z = float(stats.norm.ppf((1 + level) / 2))
-    share = successes / n
-    centre = (share + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(share * (1 - share) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    # at 0 or n successes an end is 0 or 1 exactly, which rounding can miss by an ulp
-    return share, min(share, max(0.0, centre - half)), max(share, min(1.0, centre + half))
-
+    interval = stats.binomtest(successes, n).proportion_ci(confidence_level=level, method="wilson")
+    return successes / n, float(interval.low), float(interval.high)

@@ -81,7 +81,7 @@ def history_chart(series: list[tuple[str, dict[str, np.ndarray | Summary]]], met
     data and its HTML export (`Chart.export`) keep every point."""
     metrics = tuple(m for m in metrics if m not in SHOWN_IF_NONZERO or any(_nonzero(h[m]) for _, h in series))
     layout, refs = panels(1, len(metrics), [panel_title(m) for m in metrics], gap=0.05)
-    shown, full, frames = [], [], []
+    drawn, frames = [], []  # each (series, metric)'s line: its arguments to `_series_traces`
     for k, (label, history) in enumerate(series):
         i = k if colours is None else colours[k]
         columns, steps = {}, None
@@ -90,22 +90,18 @@ def history_chart(series: list[tuple[str, dict[str, np.ndarray | Summary]]], met
             summary = value if isinstance(value, Summary) else None
             mean = np.asarray(summary.mean if summary else value, dtype=np.float64)
             steps = np.arange(1, len(mean) + 1)
-            lines = {"label": label, "metric": metric, "colour": i, "first": j == 0, "xref": refs[0][j][0],
-                     "yref": refs[0][j][1], "steps": steps, "mean": mean,
-                     "band": summary if summary is not None and summary.n > 1 else None,
-                     "members": [np.asarray(m[metric], dtype=np.float64) for m in (members or {}).get(label, [])]}
-            shown += _series_traces(**lines, thin=True)
-            if len(steps) > 2 * BUCKETS:  # thinned on screen: the export keeps every point
-                full += _series_traces(**lines, thin=False)
-            else:
-                full += shown[len(full):]
+            drawn.append({"label": label, "metric": metric, "colour": i, "first": j == 0, "xref": refs[0][j][0],
+                          "yref": refs[0][j][1], "steps": steps, "mean": mean,
+                          "band": summary if summary is not None and summary.n > 1 else None,
+                          "members": [np.asarray(m[metric], dtype=np.float64) for m in (members or {}).get(label, [])]})
             columns.update(_summary_columns(metric, summary) if summary else {metric: mean})
         frames.append(pd.DataFrame({"run": label, x_title: steps, **columns}))
     for xref, _ in refs[0]:
         layout[f"xaxis{xref[1:]}"]["title"] = {"text": x_title}
     layout.update(height=380, title={"text": title})
-    thinned_any = any(a is not b for a, b in zip(shown, full))
-    return Chart(figure(shown, layout), concat(frames), figure(full, layout) if thinned_any else None)
+    traces = lambda thin: [t for line in drawn for t in _series_traces(**line, thin=thin)]  # noqa: E731
+    thinned_any = any(len(line["steps"]) > 2 * BUCKETS for line in drawn)  # then the export keeps every point
+    return Chart(figure(traces(True), layout), concat(frames), figure(traces(False), layout) if thinned_any else None)
 
 
 def _series_traces(label, metric, colour, first, xref, yref, steps, mean, band, members, thin: bool) -> list[dict]:
