@@ -20,50 +20,62 @@ me = ui.viewer()
 
 @st.fragment(run_every=2.0)
 def overview() -> None:
+    """The table of runs, every 2 s: each run's status and last row only, a page of them at a time."""
     with ui.shown_errors():
-        draw_overview()
+        runs = store.list_runs(root)
+        if not runs:
+            st.info("No runs yet. Start one in the Training lab, or run `divviz train` in a terminal.")
+        else:
+            query = st.text_input("Filter runs", key="runs:filter", placeholder="part of a measure, task, model, state, "
+                                  "seed or folder name")
+            matching = run_views.matching(runs, query)
+            pages = max(1, -(-len(matching) // run_views.PAGE_SIZE))
+            if st.session_state.get("runs:page", 1) > pages:  # a narrower filter: its last page
+                st.session_state["runs:page"] = pages
+            page = st.number_input(f"Page (of {pages})", 1, pages, 1, key="runs:page") if pages > 1 else 1
+            shown = matching[(page - 1) * run_views.PAGE_SIZE:page * run_views.PAGE_SIZE]
+            st.caption(f"{len(matching)} of {len(runs)} runs" + (f", {len(shown)} on this page" if pages > 1 else ""))
+            st.dataframe(pd.DataFrame([run_views.overview_row(run, me) for run in shown]), hide_index=True,
+                         width="stretch")
+        if st.session_state.get("runs:seen", ()) != run_views.seen(runs):
+            st.rerun()  # a run came, went, started or ended: the page's list and live charts follow
 
 
-def draw_overview() -> None:
+def charts(names: list[str], group: bool) -> None:
+    """The chosen runs' curves (read incrementally: only what was appended since); a fragment that refreshes every
+    2 s while one of them trains, and rests otherwise."""
+    with ui.shown_errors():
+        picked = [store.read_run(root / name) for name in names]
+        data = [(f"{run.config.get('task', '')} · {run_views.run_label(run)}" if group else
+                 run_views.run_label(run, unique=True), store.read_metrics(run.folder)) for run in picked]
+        if any(rows for _, rows in data):
+            st.download_button("Metrics of these runs (CSV)", lambda: run_views.metrics_csv(picked),
+                               icon=":material/table:", file_name="divviz_metrics.csv", mime="text/csv",
+                               key="runs:csv", on_click="ignore", help="every step of every chosen run, made when "
+                                                                       "you click")
+        ui.show_training_charts("runs", data)
+        for run in picked:
+            with st.expander(f"{literal(run.name)}: config and status"):
+                st.json({"config": run.config, "status": run.status})
+
+
+with ui.shown_errors():
     runs = store.list_runs(root)
-    if not runs:
-        st.info("No runs yet. Start one in the Training lab, or run `divviz train` in a terminal.")
-        return
-    table = []
-    for run in runs:
-        last = store.last_metrics(run.folder)  # the table needs each run's latest row, not its history
-        table.append({"run": run.name, "state": run.state, "step": f"{run.step}/{run.steps}",
-                      "owner": run_views.owner_label(run.status, me), "model": run.config.get("model", ""),
-                      "task": run.config.get("task", ""), "objective": run_views.run_label(run),
-                      "seed": run.config.get("seed"), "reward": last.get("reward", float("nan")),
-                      "accuracy": last.get("accuracy", float("nan")), "entropy": last.get("entropy", float("nan")),
-                      "message": run.message or ""})
-    st.dataframe(pd.DataFrame(table), hide_index=True, width="stretch")
-    names = {run.name: run for run in runs}
-    left, right = st.columns([4, 1])
-    with_data = [name for name in names if names[name].step > 0]  # a run that never trained a step draws no line
-    chosen = left.multiselect("Runs to overlay", list(names), default=with_data[:2], key="runs:chosen",
-                              format_func=lambda name: run_views.run_choice(names[name]),
-                              help="type part of a measure, a task or a seed to filter; runs with no step yet draw "
-                                   "nothing")
-    group = right.toggle("Group by measure", key="runs:group",
-                         help="runs of the same measure and task (e.g. several seeds) drawn thinly, under their mean "
-                              "and its 95% band")
-    picked = [run for run in runs if run.name in chosen]
-    metrics = {run.name: store.read_metrics(run.folder) for run in picked}  # read once, then only what was appended
-    data = [(f"{run.config.get('task', '')} · {run_views.run_label(run)}" if group else run_views.run_label(run, unique=True),
-             metrics[run.name]) for run in picked]
-    if any(rows for _, rows in data):
-        st.download_button("Metrics of these runs (CSV)", lambda: run_views.metrics_csv(picked), icon=":material/table:",
-                           file_name="divviz_metrics.csv", mime="text/csv", key="runs:csv", on_click="ignore",
-                           help="every step of every chosen run, made when you click")
-    ui.show_training_charts("runs", data)
-    for run in picked:
-        with st.expander(f"{literal(run.name)}: config and status"):
-            st.json({"config": run.config, "status": run.status})
-
-
-overview()
+    st.session_state["runs:seen"] = run_views.seen(runs)  # before the table: it compares against this
+    overview()
+    if runs:
+        names = {run.name: run for run in runs}
+        left, right = st.columns([4, 1])
+        with_data = [name for name in names if names[name].step > 0]  # a run that never trained a step draws no line
+        chosen = left.multiselect("Runs to overlay", list(names), default=with_data[:2], key="runs:chosen",
+                                  format_func=lambda name: run_views.run_choice(names[name]),
+                                  help="type part of a measure, a task or a seed to filter; runs with no step yet "
+                                       "draw nothing")
+        group = right.toggle("Group by measure", key="runs:group",
+                             help="runs of the same measure and task (e.g. several seeds) drawn thinly, under their "
+                                  "mean and its 95% band")
+        live = any(names[name].state in run_views.ACTIVE for name in chosen)
+        st.fragment(charts, run_every=2.0 if live else None)(chosen, group)
 
 st.subheader("Stop or delete a run")
 with ui.shown_errors():

@@ -5,7 +5,8 @@ metrics of an engine row per step) and, in AppTest (Streamlit's own test runner,
 page's first render, the rerun that overlays 10 of the runs, a plain rerun, the rerun after one row is appended to an
 overlaid run (a live update), and the bytes of the charts sent; then `divviz runs --json` over 500 runs.
 Targets (issue: long runs): the rerun with 10 of 30 runs of 10,000 steps overlaid ≤ 1.0 s and ≤ 2× the same with
-100-step runs; a live update's cost flat (within 1.5×) from 1,000 to 50,000 steps.
+100-step runs; a live update's cost flat (within 1.5×) from 1,000 to 50,000 steps. The chromium side is
+bench/chart_draw.py.
 
     python bench/store_scale.py [--sizes 100 1000 10000 50000] [--runs 30]
 """
@@ -109,9 +110,10 @@ def main():
                                                      for k in keys) + " |")
     print(f"\n`divviz runs --json` over 500 runs of 1,000 steps: {divviz_runs(500, 1000):.2f} s")
     if 100 in results and 10_000 in results:
-        small, large = results[100][1]["overlay 10 runs"], results[10_000][1]["overlay 10 runs"]
-        print(f"overlay of 10 runs, 10,000 vs 100 steps: {large:.3f} s vs {small:.3f} s = {large / small:.2f}× "
-              "(targets ≤ 1.0 s and ≤ 2×)")
+        small, large = results[100][1]["rerun"], results[10_000][1]["rerun"]
+        print(f"rerun with 10 runs overlaid, 10,000 vs 100 steps: {large:.3f} s vs {small:.3f} s = {large / small:.2f}× "
+              "(targets ≤ 1.0 s and ≤ 2×; the first overlay reads the runs cold: "
+              f"{results[10_000][1]['overlay 10 runs']:.3f} s)")
     if 1000 in results and 50_000 in results:
         a, b = (results[s][1]["live update (1 row appended)"] for s in (1000, 50_000))
         print(f"live update, 50,000 vs 1,000 steps: {b / a:.2f}× (target ≤ 1.5×)")

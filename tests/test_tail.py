@@ -6,6 +6,7 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 from hypothesis import given, settings, strategies as st
 
 from divviz.engine import store
@@ -144,3 +145,95 @@ def test_the_runs_page_overlays_long_runs_thinned_and_exports_them_whole(tmp_pat
     assert charts and max(len(c.proto.spec) for c in charts) < 2 * 4 * 6000 * 8
     table = at.dataframe[0].value
     assert list(table["step"]) == ["6000/6000"] * 4 and list(table["reward"]) == [600.0] * 4  # each run's last row
+
+
+def test_what_is_derived_from_a_file_is_kept_until_it_grows(tmp_path):
+    path, cache, calls = tmp_path / "metrics.jsonl", MetricsCache(), []
+    path.write_bytes(row(1) + row(2))
+
+    def total(rows):
+        calls.append(len(rows))
+        return sum(r["reward"] for r in rows)
+
+    rows = cache.rows(path)
+    assert rows.memo("total", lambda: total(rows)) == rows.memo("total", lambda: total(rows)) and calls == [2]
+    again = cache.rows(path)  # unchanged: the same value, not computed again
+    assert again.memo("total", lambda: total(again)) == 0.30000000000000004 and calls == [2]
+    with open(path, "ab") as handle:
+        handle.write(row(3))
+    grown = cache.rows(path)
+    assert grown.memo("total", lambda: total(grown)) == 0.6000000000000001 and calls == [2, 3]
+    path.write_bytes(row(5))  # rewritten: a new entry, nothing derived from the old rows survives
+    fresh = cache.rows(path)
+    assert fresh.memo("total", lambda: total(fresh)) == 0.5 and calls == [2, 3, 1]
+    for k in range(10):  # only the last few keys are kept
+        fresh.memo(("key", k), lambda: k)
+    assert len(cache._files[path].derived) == 4
+
+
+def test_a_live_update_computes_and_thins_only_the_run_that_grew(tmp_path, monkeypatch):
+    from divviz.views import figures, run_views
+
+    folders = long_runs(tmp_path, 3, 1500)
+    computed, thinned = [], []
+    real_mean, real_decimate = run_views.trailing_mean, figures.decimate
+    monkeypatch.setattr(run_views, "trailing_mean", lambda values, w: computed.append(len(values)) or
+                        real_mean(values, w))
+    monkeypatch.setattr(figures, "decimate", lambda *s, **k: thinned.append(len(s[0])) or real_decimate(*s, **k))
+    charts = lambda: run_views.training_charts([(f.name, store.read_metrics(f)) for f in folders])  # noqa: E731
+    first = charts()
+    assert set(computed) == {1500} and set(thinned) == {1500}
+    computed.clear(), thinned.clear()
+    with open(folders[0] / "metrics.jsonl", "ab") as handle:
+        handle.write(row(1501))
+    second = charts()
+    per_run = len(computed)  # each curve of the grown run, and only those
+    assert per_run > 0 and set(computed) == {1501} and set(thinned) == {1501}
+    assert len(thinned) == len([1 for chart in second.values() for t in chart.figure._spec["data"]
+                                if t.get("name", "").startswith(folders[0].name)])
+    scratch = run_views.training_charts([(f.name, [dict(r) for r in store.read_metrics(f)]) for f in folders])
+    for name, chart in second.items():  # what was kept equals what is computed from plain rows, every point
+        for kept, fresh in zip(chart.export._spec["data"], scratch[name].export._spec["data"], strict=True):
+            np.testing.assert_array_equal(kept["y"], fresh["y"])
+    assert first.keys() == second.keys()
+
+
+def test_status_and_config_are_parsed_once_per_change(tmp_path, monkeypatch):
+    from divviz.engine.config import RunConfig
+    from divviz.engine.store import RunWriter
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    writer = RunWriter(folder, RunConfig.make(steps=3).to_dict(), 3)
+    parsed = []
+    real = json.loads
+    monkeypatch.setattr(store.json, "loads", lambda text: parsed.append(1) or real(text))
+    first = store.read_run(folder)
+    assert len(parsed) == 2 and first.state == "running"
+    first.config["task"] = "changed by a caller"  # a copy: the cache keeps what the file holds
+    second = store.read_run(folder)
+    assert len(parsed) == 2 and second.config["task"] != "changed by a caller"
+    writer.status["step"] = 2
+    writer.finish("done", "2 steps")  # status.json replaced
+    third = store.read_run(folder)
+    assert len(parsed) == 3 and third.state == "done" and third.step == 2
+    (folder / "config.json").write_text("[1, 2]")  # rewritten in place: read again, and refused
+    assert store.read_run(folder).state == "corrupt" and len(parsed) == 4
+
+
+def test_a_folder_of_hundreds_of_runs_is_paged_and_filtered(tmp_path, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    from divviz.views.run_views import PAGE_SIZE
+
+    long_runs(tmp_path, 120, 3)
+    monkeypatch.setenv("DIVVIZ_RUNS_DIR", str(tmp_path))
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[1] / "app.py"), default_timeout=300).run()
+    at.switch_page("app_pages/runs.py").run()
+    assert not at.exception, at.exception
+    assert len(at.dataframe[0].value) == PAGE_SIZE and "120 of 120 runs" in at.caption[0].value
+    at.number_input(key="runs:page").set_value(3).run()
+    assert len(at.dataframe[0].value) == 120 - 2 * PAGE_SIZE
+    at.text_input(key="runs:filter").set_value("LONG-11").run()  # case aside: long-11 and long-110 … long-119
+    assert sorted(at.dataframe[0].value["run"]) == sorted(["long-11", *(f"long-11{k}" for k in range(10))])
+    assert not at.exception and not [n for n in at.number_input if n.key == "runs:page"]  # one page: no pager

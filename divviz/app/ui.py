@@ -360,9 +360,9 @@ def show_chart(chart: Chart, name: str) -> None:
     figure = chart.export or chart.figure  # every point, where the chart on screen thins a long series
     row.download_button("HTML", lambda: figure.to_html(include_plotlyjs=True), file_name=f"{slug}.html",
                          mime="text/html", key=f"html:{slug}", icon=":material/download:", on_click="ignore")
-    data = chart.data  # both files are made only when clicked: a live chart redraws every 2 s
-    row.download_button("CSV", lambda: data.to_csv(index=False), file_name=f"{slug}.csv", mime="text/csv",
-                          key=f"csv:{slug}", icon=":material/table:", on_click="ignore")
+    row.download_button("CSV", lambda: chart.data.to_csv(index=False), file_name=f"{slug}.csv", mime="text/csv",
+                        key=f"csv:{slug}", icon=":material/table:", on_click="ignore")  # both files are made only
+    # when clicked: a live chart redraws every 2 s
 
 
 def show_training_charts(page: str, runs: list[tuple[str, list[dict]]]) -> bool:

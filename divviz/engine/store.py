@@ -21,6 +21,7 @@ The runs folder is `--runs-dir`, else $DIVVIZ_RUNS_DIR, else ./runs (the app use
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -191,9 +192,27 @@ class CorruptRun(ValueError):
     """A run folder's file does not hold what the contract says."""
 
 
+_parsed: dict[Path, tuple[tuple, object]] = {}  # a JSON file → (its identity, size and mtime; what it held)
+KEPT_JSON_BYTES = 65_536  # status.json and config.json are a few kB
+
+
 def _read_json(path: Path) -> object:
+    """The JSON value in `path`. A small file's (status.json, config.json) is kept, and parsed again only when the
+    file changed (a new inode, size or modification time: `write_status` replaces the file), so a page listing
+    hundreds of runs every 2 s parses each once per change; callers get a copy to change. `CorruptRun` if it is
+    not JSON."""
     try:
-        return json.loads(path.read_bytes().decode("utf-8"))
+        stat = os.stat(path)
+        seen = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+        known = _parsed.get(path)
+        if known is None or known[0] != seen:
+            known = (seen, json.loads(path.read_bytes().decode("utf-8")))
+            if stat.st_size > KEPT_JSON_BYTES:  # a step's completions: read when asked for, not kept
+                return known[1]
+            _parsed[path] = known
+            while len(_parsed) > 4096:  # bounded: the files least recently parsed are parsed again if asked for
+                _parsed.pop(next(iter(_parsed)), None)
+        return copy.deepcopy(known[1])
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
         raise CorruptRun(f"{path.name} is not JSON ({shorten(str(err), 60)})") from None
     except OSError as err:

@@ -54,6 +54,7 @@ class _File:
     rows: list[dict] = field(default_factory=list)
     seen: bytes = b""  # the last CHECK bytes before the offset
     columns: dict = field(default_factory=dict)  # metric name -> its values as float64, for the rows converted
+    derived: OrderedDict = field(default_factory=OrderedDict)  # key -> (rows it was computed from, value)
 
     def column(self, name: str, upto: int) -> np.ndarray:
         """The first `upto` rows' values of `name` (NaN where a row lacks it), converting only rows not yet
@@ -66,9 +67,25 @@ class _File:
         return have[:upto]
 
 
+    def memo(self, key, upto: int, compute):
+        """compute(), the first time it is asked for under `key` for the first `upto` rows; kept until the file
+        grows (rows are only ever appended to a `_File`: a rewritten file gets a new one), for the last few keys."""
+        known = self.derived.get(key)
+        if known is None or known[0] != upto:
+            known = self.derived[key] = (upto, compute())
+            while len(self.derived) > MEMO_KEYS:
+                self.derived.popitem(last=False)
+        self.derived.move_to_end(key)
+        return known[1]
+
+
+MEMO_KEYS = 4  # what is derived from one file and kept: e.g. a chart's curves at a few smoothing widths
+
+
 class Rows(list):
-    """A file's rows as a list, and `column(name)`: the values of one metric over them as a numpy array, from the
-    cache's columns (each row converted once over the file's life)."""
+    """A file's rows as a list, with `column(name)`: the values of one metric over them as a numpy array, from the
+    cache's columns (each row converted once over the file's life); and `memo(key, compute)`: anything computed
+    from these rows, computed again only once the file has grown."""
 
     def __init__(self, rows: list[dict], source: _File):
         super().__init__(rows)
@@ -76,6 +93,9 @@ class Rows(list):
 
     def column(self, name: str) -> np.ndarray:
         return self._source.column(name, len(self))
+
+    def memo(self, key, compute):
+        return self._source.memo(key, len(self), compute)
 
 
 class MetricsCache:

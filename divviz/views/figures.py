@@ -11,7 +11,10 @@ left empty so that Streamlit's theme applies.
 from __future__ import annotations
 
 import base64
-from dataclasses import dataclass
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
@@ -47,18 +50,52 @@ def typed_arrays(value):
     return value
 
 
-@dataclass
 class Chart:
-    figure: Figure
-    data: pd.DataFrame  # every number drawn, at full resolution
-    export: Figure | None = None  # every point, where `figure` shows a long series thinned (`thinned`)
+    """A figure, the table of every number drawn at full resolution (`data`), and `export`: the figure with every
+    point, where `figure` shows a long series thinned (`thinned`). `data` may be given as a function that makes the
+    table, called on first use: a live chart redraws every 2 s, and its table is wanted only when downloaded."""
+
+    def __init__(self, figure: Figure, data: pd.DataFrame | Callable[[], pd.DataFrame], export: Figure | None = None):
+        self.figure, self.export, self._data = figure, export, data
+
+    @property
+    def data(self) -> pd.DataFrame:
+        if callable(self._data):
+            self._data = self._data()
+        return self._data
 
 
 BUCKETS = 500  # a long series is drawn as 500 buckets' extremes: a panel is about 450 pixels across
 GL_POINTS = 3000  # a trace with more points than this is drawn with WebGL
 
 
+_THINNED: OrderedDict[tuple, tuple[list, np.ndarray]] = OrderedDict()  # (ids of the series, buckets) → (weak
+# references to them, indices): a chart redrawn every 2 s thins only the series that are new since (a run that grew)
+_THINNED_LOCK = threading.Lock()
+
+
 def thinned(*series: np.ndarray, buckets: int = BUCKETS) -> np.ndarray:
+    """`decimate`'s indices, kept for series that are the very same arrays as the last time they were thinned
+    (numpy arrays are not changed in place here: a run's curves are new arrays when it grows)."""
+    key = (*map(id, series), buckets)
+    with _THINNED_LOCK:  # Streamlit serves each session from its own thread
+        known = _THINNED.get(key)
+        if known is not None and all(ref() is s for ref, s in zip(known[0], series)):
+            _THINNED.move_to_end(key)
+            return known[1]
+    picks = decimate(*series, buckets=buckets)
+    try:
+        refs = [weakref.ref(s) for s in series]
+    except TypeError:  # a series that is not a numpy array (a list) cannot be referred to weakly: not kept
+        return picks
+    with _THINNED_LOCK:
+        _THINNED[key] = (refs, picks)
+        while len(_THINNED) > 4096:  # each entry holds about 1,000 indices: at most about 32 MB
+            _THINNED.popitem(last=False)
+    return picks
+
+
+def decimate(*series: np.ndarray, buckets: int = BUCKETS) -> np.ndarray:
     """Indices that keep a long series' shape: the first and last point and, in each of `buckets` equal runs of
     the x axis, the points where any of `series` (a mean, its band's edges) is lowest and highest (per-pixel
     min/max decimation). All indices when the series is short (≤ 2 × buckets points); a NaN is never an extreme.

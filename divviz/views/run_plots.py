@@ -81,7 +81,7 @@ def history_chart(series: list[tuple[str, dict[str, np.ndarray | Summary]]], met
     data and its HTML export (`Chart.export`) keep every point."""
     metrics = tuple(m for m in metrics if m not in SHOWN_IF_NONZERO or any(_nonzero(h[m]) for _, h in series))
     layout, refs = panels(1, len(metrics), [panel_title(m) for m in metrics], gap=0.05)
-    drawn, frames = [], []  # each (series, metric)'s line: its arguments to `_series_traces`
+    drawn, tables = [], []  # each (series, metric)'s line: its arguments to `_series_traces`; each series' columns
     for k, (label, history) in enumerate(series):
         i = k if colours is None else colours[k]
         columns, steps = {}, None
@@ -89,19 +89,20 @@ def history_chart(series: list[tuple[str, dict[str, np.ndarray | Summary]]], met
             value = history[metric]
             summary = value if isinstance(value, Summary) else None
             mean = np.asarray(summary.mean if summary else value, dtype=np.float64)
-            steps = np.arange(1, len(mean) + 1)
+            steps = steps if steps is not None and len(steps) == len(mean) else np.arange(1, len(mean) + 1)
             drawn.append({"label": label, "metric": metric, "colour": i, "first": j == 0, "xref": refs[0][j][0],
                           "yref": refs[0][j][1], "steps": steps, "mean": mean,
                           "band": summary if summary is not None and summary.n > 1 else None,
                           "members": [np.asarray(m[metric], dtype=np.float64) for m in (members or {}).get(label, [])]})
             columns.update(_summary_columns(metric, summary) if summary else {metric: mean})
-        frames.append(pd.DataFrame({"run": label, x_title: steps, **columns}))
+        tables.append({"run": label, x_title: steps, **columns})
     for xref, _ in refs[0]:
         layout[f"xaxis{xref[1:]}"]["title"] = {"text": x_title}
     layout.update(height=380, title={"text": title})
     traces = lambda thin: [t for line in drawn for t in _series_traces(**line, thin=thin)]  # noqa: E731
     thinned_any = any(len(line["steps"]) > 2 * BUCKETS for line in drawn)  # then the export keeps every point
-    return Chart(figure(traces(True), layout), concat(frames), figure(traces(False), layout) if thinned_any else None)
+    return Chart(figure(traces(True), layout), lambda: concat([pd.DataFrame(table) for table in tables]),
+                 figure(traces(False), layout) if thinned_any else None)
 
 
 def _series_traces(label, metric, colour, first, xref, yref, steps, mean, band, members, thin: bool) -> list[dict]:
@@ -215,3 +216,4 @@ def probability_shift_scatter(series: list[tuple[str, np.ndarray, np.ndarray]]) 
               "xaxis": {"title": {"text": "π_old"}, "range": [0, 1]},
               "yaxis": {"title": {"text": "π after μ steps"}, "range": [0, 1]}}
     return Chart(figure(traces, layout), concat(frames))
+

@@ -55,6 +55,13 @@ def column(rows: list[dict], key: str) -> np.ndarray:
     return np.array([metric(row, key) for row in rows], dtype=np.float64)
 
 
+def memo(rows, key, compute):
+    """compute() on a run's rows, kept with the metrics cache's rows until the run grows (`tail.Rows.memo`): a
+    chart redrawn every 2 s computes again only the curves of runs that changed, and the same arrays come back for
+    the others (so their thinning is kept too, `figures.thinned`)."""
+    return rows.memo(key, compute) if hasattr(rows, "memo") else compute()
+
+
 def training_charts(runs: list[tuple[str, list[dict]]], smooth: int = 1) -> dict[str, Chart]:
     """Metric curves of several runs (label, metrics rows), one chart per panel of TRAINING_PANELS, each
     curve the trailing mean over `smooth` steps (1 = the raw per-step values). Runs that share a label (one
@@ -63,8 +70,9 @@ def training_charts(runs: list[tuple[str, list[dict]]], smooth: int = 1) -> dict
     panels = dict(TRAINING_PANELS)
     if any(ROLLOUT_PANEL[0] in row for _, rows in runs for row in rows[:1]):
         panels["rollout"] = ROLLOUT_PANEL
-    keys = {k for metrics in panels.values() for k in metrics}
-    curves = lambda rows: {key: trailing_mean(column(rows, key), smooth) for key in keys}  # noqa: E731
+    keys = tuple(sorted({k for metrics in panels.values() for k in metrics}))
+    curves = lambda rows: memo(rows, ("curves", keys, smooth),  # noqa: E731
+                               lambda: {key: trailing_mean(column(rows, key), smooth) for key in keys})
     series, members = [], {}
     for label, group in grouped(runs):
         if len(group) == 1:
@@ -191,6 +199,34 @@ def metrics_csv(runs) -> str:
     """Every metrics row of `runs` as one CSV, a column `run` naming each row's run (the Runs page's download)."""
     frames = [pd.DataFrame(store.read_metrics(run.folder)).assign(run=run.name) for run in runs]
     return pd.concat(frames).to_csv(index=False) if frames else ""
+
+
+ACTIVE = ("queued", "running")  # states whose files still change
+PAGE_SIZE = 50  # the Runs page's table shows this many runs at a time
+
+
+def overview_row(run, viewer) -> dict:
+    """A run's line in the Runs page's table: its status, its config's main fields and its last metrics row (read
+    from the end of metrics.jsonl alone: the table needs no history)."""
+    last = store.last_metrics(run.folder)
+    return {"run": run.name, "state": run.state, "step": f"{run.step}/{run.steps}",
+            "owner": owner_label(run.status, viewer), "model": run.config.get("model", ""),
+            "task": run.config.get("task", ""), "objective": run_label(run), "seed": run.config.get("seed"),
+            "reward": last.get("reward", float("nan")), "accuracy": last.get("accuracy", float("nan")),
+            "entropy": last.get("entropy", float("nan")), "message": run.message or ""}
+
+
+def matching(runs: list, query: str) -> list:
+    """The runs whose description (`run_choice`: measure, model, task, seed, state, folder) contains every word of
+    `query`, case aside; all of them for an empty query."""
+    words = (query or "").lower().split()
+    return [run for run in runs if all(word in f"{run_choice(run)} {run.name}".lower() for word in words)]
+
+
+def seen(runs: list) -> tuple:
+    """What the Runs page was drawn from: the runs' names and which of them were still active. When it changes (a
+    run came, went, started or ended), the page is drawn again."""
+    return tuple((run.name, run.state in ACTIVE) for run in runs)
 
 
 def run_choice(run) -> str:
