@@ -32,7 +32,8 @@ BY_NAME = {c.name: c for c in CONTROLS}
 REWARD_LABELS = {"one_correct": "one correct action (at a rank)",
                  "top_k": "the most likely actions are correct (ranks 0 … correct_rank)",
                  "graded": "graded: 1 − rank/(K−1)", "random": "random rewards in [0, 1]",
-                 "random_correct": "a random share of the actions are correct (correct_percent %)"}
+                 "random_correct": "a random share of the actions are correct (correct_percent %)",
+                 "coin": "random-reward control: a fair coin per sample, whatever the action"}
 PARAM_LABELS = {"k": "K, the number of actions",
                 "correct_rank": lambda reward: ("correct_rank: ranks 0 … this one are correct" if reward == "top_k"
                                                 else "correct_rank: the rank of the correct action"),
@@ -119,6 +120,15 @@ with ui.shown_errors():
     ui.show_chart(charts["mass"], "mass reallocation by initial probability")
     ui.show_chart(charts["history"], "reward entropy and mass over iterations")
     ui.show_chart(charts["clipping"], "clip fractions and kl over iterations")
+    st.subheader("Why the entropy moves")
+    st.write("Each update changes the entropy by ΔH ≈ −Cov_π(log π, Δz) to first order (Cui et al. 2025, arXiv "
+             "2505.22617). A plain gradient step is a sum over the samples, so the change splits into what each "
+             "sample caused, summed here by clip state, and what the masked samples would have caused had the "
+             "constraint let them through (Park et al. 2025, arXiv 2509.26114: masking low raises entropy, masking "
+             "high lowers it). Exact with SGD; with Adam, the shares are those of the loss gradient's own step. "
+             "Choose the *coin* reward for their random-reward control.")
+    ui.show_chart(charts["entropy"], "entropy change observed and predicted")
+    ui.show_chart(charts["attribution"], "entropy change by clip state")
     if "rollout" in charts:
         ui.show_chart(charts["rollout"], "sampler mismatch and corrections over iterations")
 

@@ -46,7 +46,7 @@ def charts(names: list[str], group: bool) -> None:
     2 s while one of them trains, and rests otherwise."""
     with ui.shown_errors():
         picked = [store.read_run(root / name) for name in names]
-        data = [(f"{run.config.get('task', '')} · {run_views.run_label(run)}" if group else
+        data = [(f"{run_views.task_label(run.config)} · {run_views.run_label(run)}" if group else
                  run_views.run_label(run, unique=True), store.read_metrics(run.folder)) for run in picked]
         if any(rows for _, rows in data):
             st.download_button("Metrics of these runs (CSV)", lambda: run_views.metrics_csv(picked),

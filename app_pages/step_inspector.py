@@ -30,7 +30,7 @@ ui.bind_controls(PAGE, CONTROLS)
 
 @st.cache_data(max_entries=64, show_spinner=False)
 def record_of(folder: str, step: int, mtime: float) -> dict:  # keyed by the file's time: a rewritten file rereads
-    return store.read_completions(Path(folder), step)
+    return token_view.with_entropy_covariance(store.read_completions(Path(folder), step))
 
 
 def token_label(tokens: dict, i: int) -> str:

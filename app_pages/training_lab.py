@@ -8,7 +8,7 @@ from divviz.app import ui
 
 from divviz.views import run_views, token_view
 from divviz.engine import runner, store
-from divviz.engine.config import BACKENDS, ROLLOUT_LAG, RUN_PARAMS, RunConfig, objective_settings
+from divviz.engine.config import BACKENDS, REWARD_SOURCES, ROLLOUT_LAG, RUN_PARAMS, RunConfig, objective_settings
 from divviz.engine.models import MODELS
 from divviz.engine.tasks import TASKS
 from divviz.catalogue.params import DivvizInputError, Param
@@ -26,6 +26,7 @@ CONTROLS = [
     ui.SCALE_REWARDS_CONTROL, ui.BASELINE_CONTROL, *ui.rollout_controls(ROLLOUT_LAG),
     Control("model", "builtin", options=(*MODELS, OTHER_MODEL)),
     Control("task", "reverse", options=tuple(TASKS)),
+    Control("reward", "task", options=REWARD_SOURCES),
     Control("backend", "divviz", options=BACKENDS),
     Control("device", "auto", options=("auto", "cpu", "cuda")),
     Control("seeds", SEEDS.default, param=SEEDS),
@@ -79,6 +80,10 @@ with ui.shown_errors():
             model = st.text_input("Folder or hub id", "", key="lab:model_path",
                                   help="a local folder with a causal LM, or a hub id (needs the network)")
         task = ui.choice(PAGE, BY_NAME["task"], "Task")
+        reward = ui.choice(PAGE, BY_NAME["reward"], "Reward", labels={
+            "task": "the task's checker", "random": "random: a fair coin per completion (the random-reward control)"},
+            help="random rewards teach nothing, so what the entropy does then is the constraint's own doing "
+                 "(Park et al. 2025, arXiv 2509.26114)")
         advantages = ui.advantage_widgets(PAGE, BY_NAME)
         backend = ui.choice(PAGE, BY_NAME["backend"], "Backend",
                             help="divviz: its own GRPO engine; TRL: TRL's GRPOTrainer with the same objective "
@@ -93,7 +98,7 @@ with ui.shown_errors():
                 PAGE, BY_NAME, "a copy of the policy cast whole, as vLLM holds it (same: the trained policy samples "
                                "itself)", "Sampler lag (updates behind)")
     ui.publish_controls(PAGE, CONTROLS)
-    configs = [RunConfig.make(task=task, backend=backend, model=model.strip(), device=device, **advantages,
+    configs = [RunConfig.make(task=task, reward=reward, backend=backend, model=model.strip(), device=device, **advantages,
                               **objective_settings(o), **sampler, **correction,
                               **{**settings, "seed": settings["seed"] + s})
                for o in objectives for correction in corrections for s in range(seeds)]

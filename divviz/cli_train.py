@@ -56,6 +56,9 @@ def add_train_parser(sub) -> None:
     p.add_argument("--bypass-mode", action="store_true",
                    help="verl's bypass mode: π_old is the sampler's π_roll (the loss's ratio corrects)")
     p.add_argument("--task", help="add, sort, reverse or countdown (default: the model's, else reverse)")
+    p.add_argument("--reward", default="task",
+                   help="task (its checker) or random: the random-reward control, a seeded fair coin per completion "
+                        "whatever it says (Park et al. 2025)")
     p.add_argument("--prompt-format", default="auto",
                    help="auto (chat through the tokenizer's template when it has one), compact or chat")
     p.add_argument("--backend", default="divviz",
@@ -102,6 +105,7 @@ def cmd_train(args) -> int:
     cfg = RunConfig.make(
         **given(task=args.task, **{p.name: getattr(args, p.name) for p in RUN_PARAMS}),
         backend=args.backend, model=args.model, device=args.device, prompt_format=args.prompt_format,
+        reward=args.reward,
         **measure_settings(args.measure, args.param, args.formula,
                            default="none" if soft["surrogate"] and get_entry(soft["surrogate"]).clip == "none"
                            else "ratio"),

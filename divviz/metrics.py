@@ -43,6 +43,21 @@ GLOSSARY = {
     "divviz/grad_masked_mean": "share of tokens whose gradient through w is masked (clipped or dual-capped)",
     "divviz/outside_mean": "share of tokens outside the clip test's region, whatever their advantage",
     "divviz/outside_last_mean": "the same at the last of the μ inner steps (after μ − 1 updates)",
+    "entropy/change": "the update's change of the mean entropy over the sampled positions, from the full "
+                      "distributions before and after it (same prefixes), in nats",
+    "entropy/change_predicted": "the first-order prediction −Cov_π(log π, Δz) of that change, Δz the logits' change "
+                                "(Cui et al. 2025, arXiv 2505.22617)",
+    "entropy/cov_inside": "Σ over the tokens inside the region (or kept) of (log π_old − mean)(A − mean) / tokens: "
+                          "the tokens that drive entropy down when positive (Cui et al. 2025)",
+    "entropy/cov_masked_low": "the same over the tokens masked low (A < 0, w < l)",
+    "entropy/cov_masked_high": "the same over the tokens masked high (A > 0, w > u)",
+    "entropy/cov_dual": "the same over the dual-clipped tokens (A < 0 past the cap c)",
+    "entropy/from_inside": "bandit: first-order entropy change per update caused by the samples kept (exact with SGD)",
+    "entropy/from_masked_low": "bandit: the same caused by the samples masked low (only a penalty's slope is left)",
+    "entropy/from_masked_high": "bandit: the same caused by the samples masked high",
+    "entropy/would_masked_low": "bandit: what the samples masked low would have caused had the constraint let them "
+                                "through (Park et al. 2025, arXiv 2509.26114)",
+    "entropy/would_masked_high": "bandit: what the samples masked high would have caused had they been let through",
     "rollout_corr/k3_kl": "verl: mean ρ − 1 − log ρ over tokens, ρ = π_old/π_roll: KL(π_roll ‖ π_old), how far the "
                           "sampler is from the policy the loss divides by",
     "rollout_corr/rollout_is_mean": "verl: mean rollout importance weight (after TIS or IcePop)",
@@ -78,6 +93,46 @@ def entropy(logp: torch.Tensor, probs: torch.Tensor | None = None) -> torch.Tens
     """H = −Σ_a π(a) log π(a) over the last dimension, from log-probs (and their exp, when already at hand); an
     action of probability 0 (log π = −∞) adds 0."""
     return -((logp.exp() if probs is None else probs) * logp).nan_to_num().sum(-1)
+
+
+def entropy_change(before: torch.Tensor, after: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """An update's entropy change at the sampled positions, observed and predicted to first order, from the
+    tempered logits before and after it at the same positions, (B, T, V), and the completion mask (B, T):
+
+        entropy/change            = mean_t [H(π_after,t) − H(π_before,t)]
+        entropy/change_predicted  = mean_t −Cov_{a∼π_before,t}(log π_before,t(a), Δz_t(a)),  Δz = z_after − z_before
+
+    (Cui et al. 2025, arXiv 2505.22617: ∂H/∂z_a = −π_a (log π_a + H), so ΔH ≈ −Σ_a π_a (log π_a + H) Δz_a; a shift of
+    Δz by a constant changes nothing, so the log-softmax's change serves as Δz.) In float64."""
+    before, after = torch.log_softmax(before.double(), -1), torch.log_softmax(after.double(), -1)
+    p = before.exp()
+    h_before, h_after = entropy(before, p), entropy(after)
+    predicted = -(p * (before + h_before[..., None]).nan_to_num() * (after - before).nan_to_num()).sum(-1)
+    tokens, keep = mask.sum().clamp(min=1), mask.double()
+    return {"entropy/change": float(((h_after - h_before) * keep).sum() / tokens),
+            "entropy/change_predicted": float((predicted * keep).sum() / tokens)}
+
+
+COVARIANCE_STATES = {0: "inside", 1: "masked_low", 2: "masked_high", 3: "dual"}  # `LossOutput.clip_state`'s codes
+
+
+def entropy_covariance(logp_old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, state: torch.Tensor,
+                       dual: bool = False) -> dict[str, float]:
+    """Who drives the entropy down: the token-level covariance of log π_old(y_t) and A_t over the batch (Cui et al.
+    2025, arXiv 2505.22617; Clip-Cov and KL-Cov pick tokens by it), summed by clip state:
+
+        entropy/cov_<state> = Σ_{t in state} (log π_old(y_t) − mean)(A_t − mean) / tokens
+
+    means and tokens over the loss's tokens (`mask`), so the states add up to the batch's covariance. A positive
+    term is a confident token pushed up or a rare one pushed down: entropy falls. `state`: `LossOutput.clip_state`
+    (B, T); adv (B,) or (B, T); the dual-clipped state only where `dual`."""
+    adv = adv[:, None].expand_as(logp_old) if adv.dim() == 1 else adv
+    keep = mask > 0
+    lp, a, s = logp_old[keep].double(), adv[keep].double(), state[keep]
+    terms = (lp - lp.mean()) * (a - a.mean()) if lp.numel() else lp
+    tokens = max(lp.numel(), 1)
+    return {f"entropy/cov_{name}": float(terms[s == code].sum()) / tokens
+            for code, name in COVARIANCE_STATES.items() if code != 3 or dual}
 
 
 def clip_fractions(out: LossOutput, mask: torch.Tensor) -> dict[str, float]:

@@ -50,7 +50,8 @@ def test_start_watch_stop_and_find_on_runs_page(runs_root):
     names = at.session_state["lab_runs"]
     assert len(names) == 2 and all((runs_root / n).is_dir() for n in names)
     wait_for(at, lambda at: all(len(store.read_metrics(runs_root / n)) >= 3 for n in names))
-    assert len(at.get("plotly_chart")) == 7  # reward, entropy, clipping, kl, update, mass by π_old, token scatter
+    assert len(at.get("plotly_chart")) == 9  # reward, entropy, its change and covariance by state, clipping, kl,
+    # update, mass by π_old, token scatter
     assert button(at, "Start").disabled and not button(at, "Stop").disabled
     button(at, "Stop").click().run()  # returns at once; the runs stop in the background
     wait_for(at, lambda at: [store.read_run(runs_root / n).state for n in names] == ["stopped", "stopped"], 30)
@@ -61,7 +62,7 @@ def test_start_watch_stop_and_find_on_runs_page(runs_root):
     assert not at.exception
     table = at.dataframe[0].value
     assert set(table["run"]) == set(names) and set(table["state"]) == {"stopped"}
-    assert len(at.get("plotly_chart")) == 6  # the two latest runs are overlaid
+    assert len(at.get("plotly_chart")) == 8  # the two latest runs are overlaid
     csv = next(b for b in at.get("download_button") if "CSV" in b.proto.label).proto
     assert csv.label == "Metrics of these runs (CSV)"
 
@@ -136,7 +137,7 @@ def test_the_lab_compares_rollout_corrections_under_a_lagging_sampler(runs_root)
         (None, None, 2, "bfloat16"), ("token", None, 2, "bfloat16"), (None, "token_k3", 2, "bfloat16")]
     wait_for(at, lambda at: all(store.read_run(runs_root / n).state == "done" for n in names))
     charts = at.get("plotly_chart")
-    assert len(charts) == 8  # the five panels, verl's rollout panel, mass by π_old, the token scatter
+    assert len(charts) == 10  # the seven panels, verl's rollout panel, mass by π_old, the token scatter
     last = [store.read_metrics(runs_root / n)[-1] for n in names]
     assert last[0]["rollout_corr/k3_kl"] > 0 and "rollout_corr/rollout_is_mean" in last[1]
     assert last[2]["rollout_corr/rollout_rs_masked_fraction"] > 0

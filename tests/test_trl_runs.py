@@ -167,7 +167,8 @@ def test_the_runs_page_lists_and_overlays_a_trl_run_with_an_engine_run(tmp_path,
     table = at.dataframe[0].value
     assert trl_run.name in set(table["run"]) and set(table["state"]) == {"done"}
     assert "kl3 δ=0.05 (TRL)" in set(table["objective"])
-    assert len(at.get("plotly_chart")) == 6  # both runs overlaid: five metric panels and the mass by π_old
+    assert len(at.get("plotly_chart")) == 8  # both runs overlaid: five metric panels, the engine run's entropy change
+    # and covariance by state (a TRL run logs neither), and the mass by π_old
     at.switch_page("app_pages/step_inspector.py").run()
     at.sidebar.selectbox(key="inspector:run").set_value(trl_run.name).run()  # the TRL run's completions, explained
     assert not at.exception, at.exception

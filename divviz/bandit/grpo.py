@@ -36,8 +36,9 @@ import torch
 
 from divviz.catalogue.aggregation import aggregation_weights, group_advantages
 from divviz.bandit.rollout import BanditRollout
-from divviz.bandit.setting import BanditConfig, initial_logits, reward_vector, softmax
-from divviz.bandit.loss_gradient import PolicyLossGradient
+from divviz.bandit.setting import BanditConfig, coin_rewards, initial_logits, reward_vector, softmax
+from divviz.bandit.entropy import ENTROPY_HISTORY, attribute, predicted_change
+from divviz.bandit.loss_gradient import LossGradient, PolicyLossGradient
 from divviz.losses import Objective
 from divviz.catalogue.params import DivvizInputError
 from divviz.safetext import quoted
@@ -88,9 +89,10 @@ def sampled_logp(theta: np.ndarray, batch: Batch) -> np.ndarray:
 
 
 def closed_form_gradient(objectives: list[Objective], theta: np.ndarray,
-                         batch: Batch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                         batch: Batch) -> tuple[np.ndarray, LossGradient, tuple[np.ndarray, np.ndarray]]:
     """∂loss/∂θ of every run, (R, K): Σ_i g_ri (e_{a_ri} − π_r) with g = `batch.gradient` at log π_r(a_ri) (which
-    holds the objectives; the argument is `autograd_gradient`'s). Also TRL's clip flags (low, high), (R, n, 1).
+    holds the objectives; the argument is `autograd_gradient`'s). Also each sample's slope g and TRL's clip flags
+    (low, high), (R, n, 1) each, and the policy it was taken at, (log π, π), (R, K) each.
 
     Written for speed at K = 1000: four (R, K)-sized operations and no max-shift. `run_bandits` sets
     θ = log π at each iteration's start, so e^θ ≤ 1 there; if θ has risen out of exp's range since, it is
@@ -101,29 +103,34 @@ def closed_form_gradient(objectives: list[Objective], theta: np.ndarray,
         theta -= theta.max(axis=1, keepdims=True)
         e = np.exp(theta)
         z = e.sum(axis=1)
-    out = batch.gradient(theta.reshape(-1)[batch.flat_actions] - np.log(z)[:, None, None])
+    log_z = np.log(z)[:, None]
+    policy = (theta - log_z, e / z[:, None])
+    out = batch.gradient(policy[0].reshape(-1)[batch.flat_actions])
     e *= (-out.grad.sum(axis=(1, 2)) / z)[:, None]
     np.add.at(e.reshape(-1), batch.flat_actions, out.grad)
-    return e, out.clipped_low, out.clipped_high
+    return e, out, policy
 
 
 def autograd_gradient(objectives: list[Objective], theta: np.ndarray,
-                      batch: Batch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                      batch: Batch) -> tuple[np.ndarray, LossGradient, tuple[np.ndarray, np.ndarray]]:
     """The same gradient by torch autograd through log-softmax and `policy_loss`, as in training, one run at a
-    time."""
-    grads, outs = [], []
+    time (the slopes g = ∂loss/∂log π(a) first, then through the softmax)."""
+    grads, slopes, outs = [], [], []
     for r, objective in enumerate(objectives):
         theta_t = torch.from_numpy(theta[r].copy()).requires_grad_()
         logp_new = torch.log_softmax(theta_t, dim=-1)[torch.from_numpy(batch.actions[r])].unsqueeze(1)
+        sampled = logp_new.detach().requires_grad_()
         old, ref, adv = (torch.from_numpy(x[r]) for x in (batch.logp_old, batch.logp_ref, batch.adv))
         row = {name: None if x is None else torch.from_numpy(x[r])
                for name, x in (("weight", batch.weight), ("logp_sampling", batch.logp_roll))}
         mask = torch.from_numpy(batch.mask if batch.kept is None else batch.kept[r])
-        out = objective(logp_new, old, adv, mask, logp_ref=ref, **row)
-        grads.append(torch.autograd.grad(out.loss, theta_t)[0].numpy())
+        out = objective(sampled, old, adv, mask, logp_ref=ref, **row)
+        slope = torch.autograd.grad(out.loss, sampled)[0]
+        grads.append(torch.autograd.grad(logp_new, theta_t, grad_outputs=slope)[0].numpy())
+        slopes.append(slope.numpy())
         outs.append(out)
     flags = (np.stack([getattr(out, flag).numpy() for out in outs]) for flag in ("clipped_low", "clipped_high"))
-    return np.stack(grads), *flags
+    return np.stack(grads), LossGradient(np.stack(slopes), *flags), softmax(theta)
 
 
 ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8  # torch.optim.Adam's defaults
@@ -165,17 +172,18 @@ class SGD:
 
 def sample_batch(cfg: BanditConfig, u: np.ndarray, gradient: PolicyLossGradient, logp_old: np.ndarray,
                  p_old: np.ndarray, logp_ref: np.ndarray, rewards: np.ndarray, mask: np.ndarray,
-                 rollout: "BanditRollout | None" = None) -> tuple[Batch, np.ndarray]:
+                 rollout: "BanditRollout | None" = None, coins: np.ndarray | None = None) -> tuple[Batch, np.ndarray]:
     """`groups` × G actions from each run's π_old (R, K), or from the `rollout`'s sampler, by inverse CDF of its
-    uniform numbers u (R, n), with their group-relative advantages; also the rewards (R, n). The runs' `gradient`
-    is set to this batch, with the rollout's corrections where it has a sampler."""
+    uniform numbers u (R, n), with their group-relative advantages; also the rewards (R, n): each action's, or the
+    `coins` (R, n) where given. The runs' `gradient` is set to this batch, with the rollout's corrections where it
+    has a sampler."""
     runs, n = len(p_old), cfg.groups * cfg.group_size
     logp_roll, p_roll = (logp_old, p_old) if rollout is None else rollout.policy()
     actions = np.array([np.searchsorted(cdf, row * cdf[-1], side="right")
                         for cdf, row in zip(np.cumsum(p_roll, 1), u)])
     np.minimum(actions, cfg.k - 1, out=actions)
     flat_actions = (actions + cfg.k * np.arange(runs)[:, None])[..., None]
-    r = np.take_along_axis(rewards, actions, 1)
+    r = np.take_along_axis(rewards, actions, 1) if coins is None else coins
     adv = group_advantages(r.reshape(runs, cfg.groups, cfg.group_size), cfg.scale_rewards, cfg.baseline).reshape(runs, n)
     old, ref = logp_old.reshape(-1)[flat_actions], np.take_along_axis(logp_ref, actions, 1)[..., None]
     if rollout is None:
@@ -206,6 +214,7 @@ def run_bandits(cfg: BanditConfig, objectives: list[Objective], seeds: list[int]
     corrections = [x for _ in seeds for x in (rollouts or [(RolloutCorrection(), False)] * len(objectives))]
     runs, each, n = len(rows), len(objectives), cfg.groups * cfg.group_size
     generators = [np.random.default_rng(seed) for seed in seeds]
+    coin_generators = [np.random.default_rng([seed, 3]) for seed in seeds] if cfg.reward == "coin" else None
     gradient_of = autograd_gradient if cfg.autograd else closed_form_gradient
     logp, p = softmax(np.repeat(np.stack([initial_logits(cfg, s) for s in seeds]), each, axis=0))
     logp_ref, initial = logp, p
@@ -218,15 +227,21 @@ def run_bandits(cfg: BanditConfig, objectives: list[Objective], seeds: list[int]
     history = {name: np.full((runs, cfg.iterations), np.nan) for name in HISTORY + (ROLLOUT_HISTORY if rollout else ())}
     for it in range(cfg.iterations):
         u = np.repeat(np.stack([g.random(n) for g in generators]), each, axis=0)
-        batch, sampled = sample_batch(cfg, u, gradient, logp, p, logp_ref, rewards, mask, rollout)
+        coins = None if coin_generators is None else coin_rewards(coin_generators, n, each)
+        batch, sampled = sample_batch(cfg, u, gradient, logp, p, logp_ref, rewards, mask, rollout, coins)
         theta = logp.copy()
         low_count, high_count = np.zeros(batch.logp_old.shape, dtype=int), np.zeros(batch.logp_old.shape, dtype=int)
         with np.errstate(over="ignore", invalid="ignore"):  # a step that overflows is caught just below
+            shares = dict.fromkeys(ENTROPY_HISTORY[2:], 0.0)
             for inner in range(cfg.mu):
-                grad, low, high = gradient_of(rows, theta, batch)
+                grad, out, (now_logp, now_p) = gradient_of(rows, theta, batch)
+                would = gradient.unclipped_slope(now_logp.reshape(-1)[batch.flat_actions])
+                for name, value in attribute(now_logp, now_p, batch.flat_actions, out.grad, would, out.clipped_low,
+                                             out.clipped_high, cfg.lr).items():
+                    shares[name] = shares[name] + value
                 optimiser(theta, grad)
-                low_count += low
-                high_count += high
+                low_count += out.clipped_low
+                high_count += out.clipped_high
                 if inner == 0:
                     first_past_high = gradient.past_upper(sampled_logp(theta, batch)).sum(axis=(1, 2))
         finite = np.isfinite(theta.sum(axis=1))  # a NaN or ±inf anywhere in a run makes its sum NaN or ±inf
@@ -240,6 +255,10 @@ def run_bandits(cfg: BanditConfig, objectives: list[Objective], seeds: list[int]
         record(history, it, initial, logp, p, new_logp, new_p, rewards, sampled.mean(axis=1),
                low_count.sum(axis=(1, 2)), high_count.sum(axis=(1, 2)), cfg.mu * n, overshot / n,
                first_past_high / positive)
+        history["entropy/change"][:, it] = history["entropy"][:, it] + (p * logp).sum(axis=1)
+        history["entropy/change_predicted"][:, it] = predicted_change(logp, p, new_logp - logp)
+        for name, value in shares.items():
+            history[name][:, it] = value
         if rollout is not None:
             record_rollout(history, it, rollout, logp, batch)
             rollout.push((new_logp, new_p))
@@ -255,7 +274,7 @@ def run_bandit(cfg: BanditConfig, objective: Objective) -> BanditRun:
 
 HISTORY = ("reward", "entropy", "top1_mass", "initial_top_mass", "kl", "expected_reward", "clip_ratio/low_mean",
            "clip_ratio/high_mean", "clip_ratio/region_mean", "clip_ratio/overshoot_mean",
-           "clip_ratio/first_step_past_high", "initial_top_moved", "initial_rare_moved")
+           "clip_ratio/first_step_past_high", "initial_top_moved", "initial_rare_moved", *ENTROPY_HISTORY)
 
 
 ROLLOUT_HISTORY = ("rollout_corr/kl", "rollout_corr/rollout_is_mean", "rollout_corr/rollout_rs_masked_fraction")

@@ -150,6 +150,13 @@ class PolicyLossGradient:
             slope[rows] += beta * self.weights[rows] * penalty.slope(logp_new[rows], self.logp_old[rows], ref)
         return LossGradient(slope, clipped_low, clipped_high)
 
+    def unclipped_slope(self, logp_new) -> np.ndarray:
+        """Each token's slope had no clip, cap or mask taken its gradient away: the surrogate's −A w (its
+        aggregation weight and importance weight ρ included), no penalty: what a masked token would have pushed
+        (`bandit.entropy`)."""
+        slope = self.surrogate_slope * np.exp(logp_new - self.logp_old)
+        return slope if self.rho is None else slope * self.rho
+
     def overshoot(self, logp_after) -> np.ndarray:
         """The tokens an update carried past the bound their advantage pushes toward (`metrics.overshoot`): w
         after the update above u where A > 0, below l where A < 0; (R, B, T) bool, all False without a clip."""

@@ -13,7 +13,7 @@ from divviz.catalogue.rollout_correction import SAMPLER_DTYPES
 from divviz.safetext import quoted
 
 INIT_SHAPES = ("zipf", "uniform", "random")
-REWARDS = ("one_correct", "top_k", "graded", "random", "random_correct")
+REWARDS = ("one_correct", "top_k", "graded", "random", "random_correct", "coin")
 OPTIMIZERS = ("sgd", "adam")
 DEFAULT_LR = {"sgd": 0.5, "adam": 0.05}  # what the page sets when the optimiser is switched
 
@@ -108,7 +108,8 @@ def initial_logits(cfg: BanditConfig, seed: int | None = None) -> np.ndarray:
 
 
 def reward_vector(cfg: BanditConfig, seed: int | None = None) -> np.ndarray:
-    """r(a) for each action (actions are indexed by their rank under π_0); the random rewards are the seed's."""
+    """r(a) for each action (actions are indexed by their rank under π_0); the random rewards are the seed's; with
+    `coin` (a random reward per sample, `coin_rewards`) its expectation, 0.5."""
     ranks = np.arange(cfg.k, dtype=np.float64)
     rng = np.random.default_rng((cfg.seed if seed is None else seed) + 2)
     if cfg.reward == "one_correct":
@@ -117,10 +118,19 @@ def reward_vector(cfg: BanditConfig, seed: int | None = None) -> np.ndarray:
         return (ranks <= cfg.correct_rank).astype(np.float64)
     if cfg.reward == "graded":
         return 1.0 - ranks / max(cfg.k - 1, 1)
+    if cfg.reward == "coin":  # a fair coin per sample, whatever the action (`coin_rewards`): 0.5 expected
+        return np.full(cfg.k, 0.5)
     if cfg.reward == "random_correct":
         correct = rng.choice(cfg.k, size=max(1, round(cfg.k * cfg.correct_percent / 100)), replace=False)
         return np.isin(np.arange(cfg.k), correct).astype(np.float64)
     return rng.random(cfg.k)
+
+
+def coin_rewards(generators: list[np.random.Generator], n: int, repeat: int) -> np.ndarray:
+    """The random-reward control (Park et al. 2025, arXiv 2509.26114): a fair coin per sample, 0 or 1, drawn from
+    each seed's own generator (not the sampler's: the actions drawn are those of any other reward), independent of
+    the action; each seed's coins repeated for its `repeat` measures, so they are compared on the same coins."""
+    return np.repeat(np.stack([(g.random(n) < 0.5).astype(np.float64) for g in generators]), repeat, axis=0)
 
 
 def softmax(theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

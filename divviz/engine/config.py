@@ -119,11 +119,15 @@ def objective_settings(objective: Objective) -> dict:
             "second_beta": objective.second_beta, "off_policy_mask": objective.off_policy_mask}
 
 
+REWARD_SOURCES = ("task", "random")  # the task's checker, or a seeded coin per completion (Park et al. 2025)
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """Everything that defines a run. Build with `RunConfig.make(...)`, which checks every field."""
 
     task: str = "reverse"
+    reward: str = "task"  # "random": the random-reward control, a seeded fair coin per completion (`tasks.coin_rewards`)
     backend: str = "divviz"
     model: str = "builtin"
     prompt_format: str = "auto"  # `engine/prompts.py`: compact, chat (the tokenizer's template), or auto
@@ -187,6 +191,10 @@ class RunConfig:
         cfg = RunConfig(**values, **checked)
         if cfg.task not in TASKS:
             raise DivvizInputError(f"unknown task {quoted(cfg.task)}; known: {', '.join(TASKS)}")
+        if cfg.reward not in REWARD_SOURCES:
+            raise DivvizInputError(f"unknown reward {quoted(cfg.reward)}; choose {' or '.join(REWARD_SOURCES)}")
+        if cfg.reward == "random" and cfg.backend == "trl":
+            raise DivvizInputError("the random-reward control trains with the divviz backend")
         if cfg.baseline not in BASELINES:
             raise DivvizInputError(f"unknown baseline {quoted(cfg.baseline)}; choose {' or '.join(BASELINES)}")
         if cfg.backend == "trl" and cfg.baseline != "group":

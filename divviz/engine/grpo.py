@@ -28,16 +28,19 @@ from divviz.engine.completions import step_record
 from divviz.engine.config import RunConfig
 from divviz.engine.model import load_policy, pick_device, train_last_blocks
 from divviz.engine.prompts import asked_ids, resolve_format, shown_prompts
-from divviz.engine.rollout import Rollout, completion_logps, decode_completions, encode_prompts, sample
+from divviz.engine.rollout import (Rollout, completion_logits, completion_logps, decode_completions, encode_prompts,
+                                  sample, token_logps)
 from divviz.engine.sampler import RolloutPolicy, rollout_policy
-from divviz.engine.tasks import Task, get_task
+from divviz.engine.tasks import Task, coin_rewards, get_task
 from divviz.catalogue.estimators import k1, k2, k3
 from divviz.losses import LossOutput, NonFiniteInput, Objective
-from divviz.metrics import PI_OLD_BINS, bin_labels, clip_fractions, overshoot
+from divviz.metrics import PI_OLD_BINS, bin_labels, clip_fractions, entropy_change, entropy_covariance, overshoot
 from divviz.catalogue.rollout_correction import Correction, RolloutCorrection
 
 TOKEN_SAMPLE = 256  # per-token facts kept per step for the scatter plots
 AFTER_ROWS = 256  # completions re-scored after the update for the KL and mass metrics (all, in small batches)
+ENTROPY_ROWS = 32  # of those, the completions whose full distributions before and after give entropy/change (a
+# (rows, T, vocabulary) copy of the logits is kept through the update: 150 MB for SmolLM2 at 24 tokens)
 
 
 class NonFiniteLoss(RuntimeError):
@@ -147,8 +150,9 @@ def make_batch(tr: Trainer, step: int) -> Batch:
                      autocast=autocast)
     texts = decode_completions(tok, rollout)
     chat = tr.prompt_format == "chat"
-    rewards = torch.tensor([tr.task.reward(p, r, c, cfg.format_reward, chat) for p, r, c in zip(compact, references, texts)],
-                           dtype=torch.float32)
+    scored = (coin_rewards(cfg.seed, step, len(texts)) if cfg.reward == "random" else
+              [tr.task.reward(p, r, c, cfg.format_reward, chat) for p, r, c in zip(compact, references, texts)])
+    rewards = torch.tensor(scored, dtype=torch.float32)
     correct = [tr.task.is_correct(p, r, c, chat) for p, r, c in zip(compact, references, texts)]
     adv = group_advantages(rewards.view(cfg.prompts, cfg.group_size), cfg.scale_rewards, cfg.baseline).reshape(-1).to(tr.device)
     return Batch(rollout, prompts, texts, rewards, correct, adv)
@@ -177,32 +181,39 @@ class Update:
     grad_norms: list[float]
     correction: Correction | None
     mask: torch.Tensor
+    before: torch.Tensor | None = None  # the tempered logits of the `watch` rows at the first inner step (B, T, V)
 
 
 def update(tr: Trainer, batch: Batch, objective: Objective, logp_old, logp_ref, step: int,
-           correction: RolloutCorrection | None = None, bypass: bool | None = None) -> Update:
+           correction: RolloutCorrection | None = None, bypass: bool | None = None,
+           watch: torch.Tensor | None = None) -> Update:
     """μ optimisation steps of `objective` on `batch` from `logp_old` (None: the policy's log-probs at the first inner
     step). With a sampler or an active rollout correction (default: the run's), the correction of π_old against the
     sampler's π_roll weighs and masks every inner step, and its metrics measure the mismatch; in verl's bypass mode
     (default: the run's) π_old is π_roll, and the metrics compare it with the policy at the first inner step, as
-    verl's do. TRL's off-policy sequence mask compares π_θ with π_roll, as TRL does with vLLM's log-probs."""
+    verl's do. TRL's off-policy sequence mask compares π_θ with π_roll, as TRL does with vLLM's log-probs. The
+    full tempered logits of the completions `watch` (an index) are kept from the first inner step's forward, the
+    policy before the update, for its entropy change (`metrics.entropy_change`)."""
     cfg, rollout = tr.cfg, batch.rollout
     mask = rollout.completion_mask
     correction = tr.correction if correction is None else correction
     bypass = cfg.bypass_mode if bypass is None else bypass
     logp_old = rollout.logp if bypass else logp_old
     measured = tr.sampler is not None or correction.active
-    logps = partial(completion_logps, rollout=rollout, temperature=cfg.temperature, autocast=tr.autocast)
     sampling = {"logp_sampling": rollout.logp} if tr.sampler is not None else {}
     tr.model.train()
-    fractions, grad_norms, corrected = {}, [], None
+    fractions, grad_norms, corrected, before = {}, [], None, None
     for inner in range(cfg.mu):
         weight = None
+        logits = completion_logits(tr.model, rollout, cfg.temperature, tr.autocast)
+        if inner == 0 and watch is not None:
+            before = logits[watch].detach().clone()
         if cfg.top_entropy_quantile < 1.0:
-            logp_new, entropy = logps(tr.model, with_entropy=True)
+            logp_new, entropy = token_logps(logits, rollout, with_entropy=True)
             weight = top_entropy_mask(entropy, mask, cfg.top_entropy_quantile)
         else:
-            logp_new = logps(tr.model)
+            logp_new = token_logps(logits, rollout)
+        del logits
         if logp_old is None:  # μ = 1: the current policy is the old one (TRL)
             logp_old = logp_new.detach()
         if inner == 0 and measured:
@@ -220,7 +231,7 @@ def update(tr: Trainer, batch: Batch, objective: Objective, logp_old, logp_ref, 
         for key, value in clip_fractions(out, loss_mask).items():
             fractions[key] = fractions.get(key, 0.0) + value / cfg.mu
     tr.model.eval()
-    return Update(out, logp_old, fractions, grad_norms, corrected, loss_mask)
+    return Update(out, logp_old, fractions, grad_norms, corrected, loss_mask, before)
 
 
 def grpo_step(tr: Trainer, step: int) -> StepResult:
@@ -234,17 +245,21 @@ def grpo_step(tr: Trainer, step: int) -> StepResult:
     with torch.no_grad():
         logp_ref = logps(tr.reference) if tr.reference is not None else None
         logp_old = logps(tr.model) if cfg.mu > 1 and not cfg.bypass_mode else None
-    done = update(tr, batch, tr.objective, logp_old, logp_ref, step)
+    rows = after_rows(len(rewards), inspected_rows(cfg), step).to(tr.device)
+    watch = rows[:ENTROPY_ROWS]
+    done = update(tr, batch, tr.objective, logp_old, logp_ref, step, watch=watch)
     out, logp_old = done.out, done.logp_old
     if tr.sampler is not None:
         tr.sampler.after_update(tr.model)
     # one no-grad forward after the update, on at most AFTER_ROWS completions (a seeded subset): the only
     # cost divviz adds to a bare GRPO step, kept bounded for large batches; its log-probs feed metrics only,
     # never autograd, hence inference mode (no autograd bookkeeping at all)
-    rows = after_rows(len(rewards), inspected_rows(cfg), step).to(tr.device)
     seen = rollout.rows(rows)
     with torch.inference_mode():
-        logp_after = completion_logps(tr.model, seen, cfg.temperature, tr.autocast)
+        logits_after = completion_logits(tr.model, seen, cfg.temperature, tr.autocast)
+        logp_after = token_logps(logits_after, seen)
+        changed = entropy_change(done.before, logits_after[:len(watch)], seen.completion_mask[:len(watch)])
+        del logits_after
     if not torch.isfinite(logp_after).all():
         raise NonFiniteLoss(f"the policy's log-probs became NaN/inf after step {step + 1}; "
                             f"try a smaller learning rate (now {cfg.lr:g})")
@@ -263,6 +278,8 @@ def grpo_step(tr: Trainer, step: int) -> StepResult:
         "clip_ratio/overshoot_mean": overshoot((logp_after - logp_old[rows]).exp(), batch.adv[rows],
                                                seen.completion_mask, tr.objective.clip, logp_old[rows].exp()),
         "entropy": _masked_mean(rollout.entropy, rollout.completion_mask),  # over every completion
+        **changed,
+        **entropy_covariance(logp_old, batch.adv, done.mask, out.clip_state(), tr.objective.dual_clip_c is not None),
         "top1_mass": _masked_mean(rollout.top1, rollout.completion_mask),
         "loss": float(out.loss.detach()),
         "grad_norm": float(np.mean(done.grad_norms)),

@@ -153,7 +153,11 @@ def completion_logps(model, rollout: Rollout, temperature: float, autocast, with
     """(N, T) log-probs of the sampled completion tokens under `model`'s tempered policy (with grad); with
     `with_entropy`, also each position's entropy under that policy (N, T), detached, as TRL computes it for its
     top-entropy mask."""
-    logits = completion_logits(model, rollout, temperature, autocast)
+    return token_logps(completion_logits(model, rollout, temperature, autocast), rollout, with_entropy)
+
+
+def token_logps(logits: torch.Tensor, rollout: Rollout, with_entropy: bool = False):
+    """`completion_logps` from the tempered logits `completion_logits` gave."""
     logp_all = torch.log_softmax(logits, dim=-1)
     logp = logp_all.gather(2, rollout.completion_ids[:, :, None]).squeeze(2) * rollout.completion_mask
     if not with_entropy:

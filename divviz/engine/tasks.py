@@ -221,3 +221,10 @@ def get_task(name: str) -> Task:
     if name not in TASKS:
         raise DivvizInputError(f"unknown task '{name}'; known: {', '.join(TASKS)}")
     return TASKS[name]
+
+
+def coin_rewards(seed: int, step: int, n: int) -> list[float]:
+    """The random-reward control (Park et al. 2025, arXiv 2509.26114): a fair coin, 0 or 1, for each of a step's n
+    completions, from the run's seed and the step alone: whatever the completions say, and the same for every
+    measure run with that seed."""
+    return [float(coin) for coin in random.Random(f"coin {seed} {step}").choices((0, 1), k=n)]

@@ -17,6 +17,7 @@ from divviz import explore
 from divviz.catalogue import theory
 
 from divviz.views import plots, run_plots
+from divviz.bandit.entropy import ATTRIBUTION
 from divviz.bandit.grpo import ROLLOUT_HISTORY, BanditRun, run_bandits
 from divviz.bandit.setting import BanditConfig
 from divviz.catalogue.divergences import ClipTest, clip_test
@@ -169,6 +170,7 @@ BANDIT_CACHE_RUNS = 4096  # a run keeps two distributions and its metrics: at mo
 _bandit_cache: OrderedDict[str, BanditRun] = OrderedDict()  # the latest runs, by their plain values (JSON)
 _bandit_cache_lock = threading.Lock()  # Streamlit runs each session's page in its own thread
 BANDIT_MEASURES = ("expected_reward", "entropy", "top1_mass", "initial_top_mass")
+ENTROPY_CHANGE = ("entropy/change", "entropy/change_predicted")
 BANDIT_CLIPPING = ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/overshoot_mean",
                    "clip_ratio/first_step_past_high", "kl")
 
@@ -233,6 +235,14 @@ def mass_reallocation(groups: list[list[BanditRun]]) -> dict[str, Chart]:
         "clipping": run_plots.history_chart(series(BANDIT_CLIPPING), BANDIT_CLIPPING, "iteration",
                                         "How often each clip binds, how many samples end past it (after the update, "
                                         "and after one inner step), how far π moves"),
+        "entropy": run_plots.history_chart(series(ENTROPY_CHANGE), ENTROPY_CHANGE, "iteration",
+                                           "Entropy change of each update: observed (exact) and predicted to first "
+                                           "order, −Cov_π(log π, Δz) (Cui et al. 2025)"),
+        "attribution": run_plots.entropy_attribution_chart(labels, {
+            metric: summarize(np.stack([[run.history[metric].mean() for run in runs] for runs in groups], axis=1))
+            for metric in ("entropy/change", *ATTRIBUTION)},
+            "Who moves the entropy: each clip state's samples, per update (mean over the iterations), and what the "
+            "masked ones would have done"),
         **({"rollout": run_plots.history_chart(series(ROLLOUT_HISTORY), ROLLOUT_HISTORY, "iteration",
                                                "The sampler against the policy (exact KL(π_roll ‖ π_old)), the mean "
                                                "importance weight and the share of samples rejected")}

@@ -217,3 +217,34 @@ def probability_shift_scatter(series: list[tuple[str, np.ndarray, np.ndarray]]) 
               "yaxis": {"title": {"text": "π after μ steps"}, "range": [0, 1]}}
     return Chart(figure(traces, layout), concat(frames))
 
+
+ATTRIBUTION_PARTS = {  # bandit.entropy's shares: (legend, colour, which bar)
+    "entropy/from_inside": ("samples inside (kept)", "#7f7f7f", "caused"),
+    "entropy/from_masked_low": ("masked low (A < 0, w < l)", "#1f77b4", "caused"),
+    "entropy/from_masked_high": ("masked high (A > 0, w > u)", "#d62728", "caused"),
+    "entropy/would_masked_low": ("masked low, had they been let through", "#9ecae1", "would have"),
+    "entropy/would_masked_high": ("masked high, had they been let through", "#fc9272", "would have"),
+}
+
+
+def entropy_attribution_chart(labels: list[str], parts: dict[str, Summary], title: str) -> Chart:
+    """Who moves the entropy: per measure, two stacked bars of first-order entropy change per update — what each
+    clip state's samples caused, and what the masked ones would have caused unmasked — and the observed change as a
+    marker with its 95% interval. parts: {metric of `ATTRIBUTION_PARTS` and "entropy/change": a Summary over seeds,
+    one value per measure}."""
+    traces, data = [], {"measure": labels}
+    for metric, (name, colour, group) in ATTRIBUTION_PARTS.items():
+        traces.append({"type": "bar", "x": labels, "y": parts[metric].mean, "name": name, "offsetgroup": group,
+                       "legendgroup": group, "marker": {"color": colour},
+                       "hovertemplate": f"{name}: %{{y:.3g}}<extra>%{{x}} · {group}</extra>"})
+        data.update(_summary_columns(metric, parts[metric]))
+    observed = parts["entropy/change"]
+    trace = {"type": "scatter", "x": labels, "y": observed.mean, "mode": "markers", "name": "observed ΔH (exact)",
+             "marker": {"symbol": "diamond", "size": 12, "color": "black"}}
+    if observed.n > 1:
+        trace["error_y"] = _error_bars(observed)
+    traces.append(trace)
+    data.update(_summary_columns("entropy/change", observed))
+    layout = {"height": 440, "barmode": "relative", "title": {"text": title},
+              "yaxis": {"title": {"text": "entropy change per update (nats)"}}}
+    return Chart(figure(traces, layout, [hline(0.0, color="grey")]), pd.DataFrame(data))

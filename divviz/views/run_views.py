@@ -26,10 +26,13 @@ from divviz.views.explorer import PI_OLD_GRID
 TRAINING_PANELS = {
     "reward": ("reward", "accuracy"),
     "entropy": ("entropy", "top1_mass"),
+    "entropy_change": ("entropy/change", "entropy/change_predicted"),
+    "entropy_cov": ("entropy/cov_inside", "entropy/cov_masked_low", "entropy/cov_masked_high"),
     "clipping": ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/overshoot_mean"),
     "kl": ("kl/k1", "kl/k2", "kl/k3"),
     "update": ("mass_to_argmax", "grad_norm"),
 }
+WHEN_LOGGED = ("entropy_change", "entropy_cov")  # panels drawn only where a run logs their metrics
 # drawn when a run's sampler may differ from its policy: verl's measures of the mismatch and of what corrected it
 ROLLOUT_PANEL = ("rollout_corr/k3_kl", "rollout_corr/rollout_is_mean", "rollout_corr/rollout_is_eff_sample_size",
                  "rollout_corr/rollout_rs_masked_fraction")
@@ -67,8 +70,10 @@ def training_charts(runs: list[tuple[str, list[dict]]], smooth: int = 1) -> dict
     curve the trailing mean over `smooth` steps (1 = the raw per-step values). Runs that share a label (one
     measure with several seeds) are drawn thin, under their mean and its 95% band over the steps all of them
     have reached, labelled with their n."""
-    panels = dict(TRAINING_PANELS)
-    if any(ROLLOUT_PANEL[0] in row for _, rows in runs for row in rows[:1]):
+    logged = lambda key: any(key in row for _, rows in runs for row in rows[:1])  # noqa: E731
+    panels = {name: metrics for name, metrics in TRAINING_PANELS.items()  # a panel no run logs (a TRL run has no
+              if name not in WHEN_LOGGED or logged(metrics[0])}  # forward after its update) is left out
+    if logged(ROLLOUT_PANEL[0]):
         panels["rollout"] = ROLLOUT_PANEL
     keys = tuple(sorted({k for metrics in panels.values() for k in metrics}))
     curves = lambda rows: memo(rows, ("curves", keys, smooth),  # noqa: E731
@@ -86,6 +91,10 @@ def training_charts(runs: list[tuple[str, list[dict]]], smooth: int = 1) -> dict
     if not series:
         return {}
     titles = {"reward": "Reward and accuracy", "entropy": "Entropy of the sampling distribution and top-1 mass",
+              "entropy_change": "Entropy change of each update at the sampled positions: observed, and predicted to "
+                                "first order, −Cov_π(log π, Δz) (Cui et al. 2025)",
+              "entropy_cov": "Who drives it: Cov(log π_old, A) over the batch's tokens, by clip state (positive: "
+                             "entropy falls)",
               "clipping": "Clip fractions (TRL: clip_ratio/low_mean, high_mean) and the share past the bound after "
                           "the update",
               "kl": "KL of each update, new vs old (k1, k2, k3 of w = π_new/π_old)",
@@ -211,7 +220,7 @@ def overview_row(run, viewer) -> dict:
     last = store.last_metrics(run.folder)
     return {"run": run.name, "state": run.state, "step": f"{run.step}/{run.steps}",
             "owner": owner_label(run.status, viewer), "model": run.config.get("model", ""),
-            "task": run.config.get("task", ""), "objective": run_label(run), "seed": run.config.get("seed"),
+            "task": task_label(run.config), "objective": run_label(run), "seed": run.config.get("seed"),
             "reward": last.get("reward", float("nan")), "accuracy": last.get("accuracy", float("nan")),
             "entropy": last.get("entropy", float("nan")), "message": run.message or ""}
 
@@ -229,12 +238,18 @@ def seen(runs: list) -> tuple:
     return tuple((run.name, run.state in ACTIVE) for run in runs)
 
 
+def task_label(config: dict) -> str:
+    """A run's task as lists show it, with "random reward" where the task's checker did not give the rewards."""
+    task = config.get("task", "?")
+    return f"{task} (random reward)" if config.get("reward") == "random" else task
+
+
 def run_choice(run) -> str:
     """A run as a list shows it: its measure, model and task, seed, state and steps ("kl3 δ=0.05 · add · seed 1 ·
     done, 20 steps · 20261125-143529"), so runs are picked by what they are, not by their folder's name."""
     config = run.config
     model = "" if config.get("model", "builtin") == "builtin" else f"{config.get('model')} · "
-    return (f"{run_label(run)} · {model}{config.get('task', '?')} · seed {config.get('seed', '?')} · {run.state}, "
+    return (f"{run_label(run)} · {model}{task_label(config)} · seed {config.get('seed', '?')} · {run.state}, "
             f"{run.step} step{'s' if run.step != 1 else ''} · {run.name[:15]}")
 
 

@@ -77,7 +77,27 @@ COLOUR_BY = {  # name → (value of token i of tokens t, what the legend says)
     "entropy": (lambda t, i: fact(t, "entropy", i), "H of the whole next-token distribution the token was drawn from, "
                                                     "in nats (white at 0: certain)"),
     "top-1 mass": (lambda t, i: fact(t, "top1", i), "the largest probability of that distribution (white at 0)"),
+    "entropy covariance": (lambda t, i: fact(t, "entropy_cov", i),
+                           "(log π_old − mean)(A − mean) over the tokens shown: red pushes the entropy down (a likely "
+                           "token pushed up, a rare one down), blue up (Cui et al. 2025; white at 0)"),
 }
+
+REJECTED = 5  # `completions`: a token the rollout correction took out of the loss
+
+
+def with_entropy_covariance(record: dict) -> dict:
+    """The record with each token's entropy covariance term (log π_old(y_t) − mean)(A_t − mean) as its fact
+    `entropy_cov`, the means over the record's tokens that the loss saw (`metrics.entropy_covariance` sums the
+    same terms over the whole batch by clip state). A new dict: the record given is left as it is."""
+    tokens = [c["tokens"] for g in record["groups"] for c in g["completions"]]
+    kept = [(math.log(t["pi_old"][i]), t["adv"][i]) for t in tokens for i in range(len(t["id"]))
+            if t["state"][i] != REJECTED and t["pi_old"][i]]
+    mean_lp, mean_adv = (sum(x) / max(len(kept), 1) for x in zip(*kept)) if kept else (0.0, 0.0)
+    term = lambda t, i: (None if t["state"][i] == REJECTED or not t["pi_old"][i]  # noqa: E731
+                         else (math.log(t["pi_old"][i]) - mean_lp) * (t["adv"][i] - mean_adv))
+    return {**record, "groups": [{**g, "completions": [
+        {**c, "tokens": {**c["tokens"], "entropy_cov": [term(c["tokens"], i) for i in range(len(c["tokens"]["id"]))]}}
+        for c in g["completions"]]} for g in record["groups"]]}
 
 
 NON_NEGATIVE = ("entropy", "top-1 mass")  # colourings of a quantity that is never below 0
