@@ -7,7 +7,7 @@ import streamlit as st
 
 from divviz.app import ui
 
-from divviz.evidence import claims, claims_lm
+from divviz.evidence import claims, claims_lm, forest
 from divviz.engine import store
 from divviz.engine.models import MODELS
 from divviz.catalogue.params import DivvizInputError
@@ -91,6 +91,9 @@ for line in lm_plan.failed if lm_plan is not None else ():
     st.warning(literal(f"A run failed and drops out of its pairs: {line}"), icon=":material/warning:")
 
 summary = pd.DataFrame(result.summary())
+forests: dict[str, list] = {}
+for panel in forest.panels(result):  # each claim's cells against 0, one forest plot per metric
+    forests.setdefault(panel[0].key, []).append(panel)
 cells = pd.DataFrame(result.rows).drop(columns=["claim_key"])
 
 for claim in result.claims:
@@ -99,6 +102,9 @@ for claim in result.claims:
     st.caption(literal(f"{claim.source} · {claim.provenance} · measured as: {claim.operational}{on_lm}"))
     mine = summary[summary.claim == claim.text].drop(columns=["claim"])
     st.dataframe(mine.loc[:, (mine != 0).any(axis=0)], hide_index=True, width="stretch")
+    for _, metric, compared in forests.get(claim.key, []):
+        with st.container(height=min(440, forest.TOP + forest.BOTTOM + forest.ROW * len(compared) + 24)):
+            st.html(forest.svg(compared, f"{claim.text}: {metric}"))
     with st.expander("Every cell of this claim"):
         st.dataframe(cells[cells.claim == claim.text].drop(columns=["claim", "source", "provenance"]),
                      hide_index=True, width="stretch")

@@ -61,6 +61,10 @@ def test_claims_page_shows_computed_verdicts(page, app_url):
     tables.nth(2 * 6 - 1).wait_for(state="attached", timeout=60_000)
     assert not page.locator('[data-testid="stException"]').count()
     page.get_by_role("button", name="Report (HTML)").wait_for()
+    forests = page.locator("svg[aria-label*='keeps entropy higher than PPO']")  # the forest plots, drawn
+    forests.first.wait_for(state="attached", timeout=60_000)
+    box = forests.first.locator("circle").first.bounding_box()
+    assert box is not None and box["width"] > 0 and forests.first.locator("circle").count() > 20
 
 
 def test_training_lab_end_to_end(page, app_url):

@@ -11,13 +11,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from divviz.evidence import claims, claims_lm, intervals
+from divviz.evidence import claims, forest, claims_lm, intervals
 from divviz.bandit.grpo import run_bandit
 from divviz.bandit.setting import BanditConfig
 from divviz.cli import main
 from divviz.engine.store import read_status, write_status
 
-SMALL_GRID = (claims.Condition("likely", 50, "sgd"), claims.Condition("random", 50, "adam"))
+SMALL_GRID = (claims.Condition("likely", 50, "sgd"), claims.Condition("random", 50, "adam"),
+              claims.Condition("coin", 50, "sgd"))
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +34,9 @@ def test_identities_are_exact(report):
 
 def test_every_verdict_follows_from_its_interval(report):
     compared = [r for r in report.rows if r["predicted_sign"]]
-    per_condition = sum(len(c.comparisons) for c in claims.CLAIMS) * 2  # early and late
-    assert len(compared) == per_condition * len(SMALL_GRID)
+    per_condition = {kind: sum(len(c.comparisons) for c in claims.CLAIMS if c.reward == kind) * 2  # early, late
+                     for kind in ("task", "random")}
+    assert per_condition["random"] == 8 and len(compared) == 2 * per_condition["task"] + per_condition["random"]
     for r in compared:
         low = np.nan if r["low"] is None else r["low"]
         high = np.nan if r["high"] is None else r["high"]
@@ -54,6 +56,23 @@ def test_a_cell_equals_the_runs_computed_alone(report):
     assert (row["mean"], row["low"], row["high"]) == pytest.approx((d.mean, d.low, d.high), abs=1e-12)
 
 
+def test_the_random_reward_cells_read_the_runs_own_start_zero_and_a_window_of_updates(report):
+    """Coin rewards, K = 50, SGD: PPO's late entropy against its own entropy before any update, and the late mean of
+    what its masked-low samples would have done against 0, from runs trained alone."""
+    cfg = SMALL_GRID[2].config(claims.LATE).to_dict()
+    runs = [run_bandit(BanditConfig.make(**{**cfg, "seed": s}), claims.OBJECTIVES[claims.PPO]) for s in range(4)]
+    cells = {(r["claim_key"], r["metric"]): r for r in report.rows if r["condition"].startswith("random rewards")
+             and "late" in r["condition"]}
+    falls = cells[("random_reward_entropy_falls", "entropy")]
+    d = intervals.paired([run.history["entropy"][-1] for run in runs], [run.initial_entropy for run in runs])
+    assert (falls["mean"], falls["low"], falls["high"]) == pytest.approx((d.mean, d.low, d.high), abs=1e-12)
+    would = cells[("random_reward_attribution", "entropy/would_masked_low")]
+    values = [run.history["entropy/would_masked_low"][claims.LATE - claims.EARLY:].mean() for run in runs]
+    d = intervals.paired(values, [0.0] * 4)
+    assert (would["mean"], would["low"], would["high"]) == pytest.approx((d.mean, d.low, d.high), abs=1e-12)
+    assert "iterations 71–80" in would["condition"] and falls["baseline"] == claims.START
+
+
 def test_summary_counts_every_cell(report):
     assert sum(s["cells"] for s in report.summary()) == len(report.rows)
     text = claims.to_text(report)
@@ -69,6 +88,23 @@ def test_cli_json_and_self_contained_html(capsys, tmp_path):
     page = out.read_text()
     assert page.startswith("<!doctype html>") and "exact" in page
     assert not re.search(r"<script|<link|src=|href=|@import|url\(", page)  # nothing fetched from anywhere
+
+
+def test_forest_plots_put_each_cell_on_its_side_of_zero_in_its_verdicts_colour(report):
+    panels = forest.panels(report)
+    assert {(claim.key, metric) for claim, metric, _ in panels} == {
+        (r["claim_key"], r["metric"]) for r in report.rows if r["predicted_sign"]}
+    for claim, metric, cells in panels:
+        drawn = forest.svg(cells, f"{claim.text}: {metric}")
+        zero = float(re.search(r"<line x1='([\d.]+)' x2='\1'", drawn).group(1))
+        points = re.findall(r"<circle cx='([\d.]+)' cy='[\d.]+' r='4' fill='(#\w+)'><title>", drawn)
+        assert len(points) == len(cells)
+        for (cx, colour), cell in zip(points, cells):
+            assert colour == forest.VERDICT_COLOURS[cell["verdict"]]
+            assert np.sign(float(cx) - zero) == np.sign(round(cell["mean"], 12)) or abs(float(cx) - zero) < 0.1
+        assert "<script" not in drawn and "&lt;" not in claim.text
+    page = claims.to_html(report)
+    assert page.count("<svg") == len(panels)
 
 
 def test_cli_refuses_bad_options(capsys, tmp_path):
@@ -88,6 +124,9 @@ def test_claims_page_renders():
     assert len(headers) == len(claims.CLAIMS) + 2 and "Not testable here" in headers[-1]
     at.slider[0].set_value(3).run()
     assert not at.exception and len(at.dataframe) == 2 * len(claims.CLAIMS)
+    drawn = [h.proto.body for h in at.get("html") if "<svg" in h.proto.body]  # a forest plot per claim and metric
+    assert len(drawn) == sum(len({c.metric for c in claim.comparisons}) for claim in claims.CLAIMS)
+    assert all("<circle" in body for body in drawn)
 
 
 # --- the built-in LM's cells: runs of the runs folder, trained by its pool, read back as the cache ---------------
@@ -119,9 +158,15 @@ def test_lm_cells_equal_their_runs_metrics(lm_plan):
     row = next(r for r in rows if r["claim_key"] == "kl3_entropy" and r["candidate"] == claims.KL3_WIDE
                and "late" in r["condition"])
 
-    def entropy(measure, seed):  # read straight from metrics.jsonl: the late window of 3 steps is step 3
-        lines = (lm_plan.runs[(measure, seed)].folder / "metrics.jsonl").read_text().splitlines()
-        return next(json.loads(line)["entropy"] for line in lines if json.loads(line)["step"] == LM_STEPS)
+    def entropy(measure, seed, reward="task", step=LM_STEPS):  # straight from metrics.jsonl: the late window of 3
+        lines = (lm_plan.runs[(measure, reward, seed)].folder / "metrics.jsonl").read_text().splitlines()  # steps
+        return next(json.loads(line)["entropy"] for line in lines if json.loads(line)["step"] == step)  # is step 3
+
+    falls = next(r for r in rows if r["claim_key"] == "random_reward_entropy_falls" and "late" in r["condition"])
+    d = intervals.paired([entropy(claims.PPO, s, "random") for s in range(LM_SEEDS)],
+                         [entropy(claims.PPO, s, "random", step=1) for s in range(LM_SEEDS)])
+    assert (falls["mean"], falls["low"], falls["high"]) == pytest.approx((d.mean, d.low, d.high))
+    assert "random rewards" in falls["condition"] and lm_plan.runs[(claims.PPO, "random", 0)].config["reward"] == "random"
 
     d = intervals.paired([entropy(claims.KL3_WIDE, s) for s in range(LM_SEEDS)],
                         [entropy(claims.PPO, s) for s in range(LM_SEEDS)])
@@ -146,19 +191,20 @@ def test_finished_runs_are_read_not_trained_again(lm_plan, capsys):
 def test_a_stopped_run_is_queued_again_and_a_failed_one_drops_out(lm_plan, tmp_path):
     root = tmp_path / "runs"
     shutil.copytree(lm_plan.root, root, ignore=shutil.ignore_patterns(".divviz"))
-    older = claims_lm.LMPlan.read(root, LM_SEEDS, LM_STEPS).runs[(claims.KL3_WIDE, 2)].folder / "config.json"
+    older = claims_lm.LMPlan.read(root, LM_SEEDS, LM_STEPS).runs[(claims.KL3_WIDE, "task", 2)].folder / "config.json"
     config = {k: v for k, v in json.loads(older.read_text()).items() if not k.startswith("inspect_")}
     older.write_text(json.dumps({**config, "checkpoint_every": 10}))  # a run written before those settings
     plan = claims_lm.LMPlan.read(root, LM_SEEDS, LM_STEPS)
     assert not plan.missing  # what a run keeps does not decide whether it is the cell's run
-    failed, stopped = plan.runs[(claims.PPO, 0)].folder, plan.runs[(claims.DAPO, 1)].folder
+    failed, stopped = plan.runs[(claims.PPO, "task", 0)].folder, plan.runs[(claims.DAPO, "task", 1)].folder
     write_status(failed, {**read_status(failed), "state": "failed", "message": "metric 'loss' became nan"})
     plan = plan.refreshed()
     assert plan.finished and plan.failed == [f"{claims.PPO} · seed 0: metric 'loss' became nan"]
-    assert {r["n"] for r in plan.rows()} == {LM_SEEDS - 1}  # every comparison is against PPO
+    assert {r["n"] for r in plan.rows() if "random rewards" not in r["condition"]} == {LM_SEEDS - 1}  # every
+    # comparison with the task's rewards is against PPO; PPO's runs with random rewards are other runs
     write_status(stopped, {**read_status(stopped), "state": "stopped"})
     plan = plan.refreshed()
-    assert plan.missing == [(claims.DAPO, 1)] and not plan.finished
+    assert plan.missing == [(claims.DAPO, "task", 1)] and not plan.finished
 
 
 def test_cli_refuses_lm_options_without_lm(capsys):
@@ -204,10 +250,11 @@ def test_claims_page_says_when_the_runs_folder_is_unusable(tmp_path, monkeypatch
 def test_the_lm_cells_can_train_smollm2_with_its_own_settings(tmp_path, capsys):
     """A plan for SmolLM2 asks for runs of that model on its task, with its settings; nothing is trained here."""
     plan = claims_lm.LMPlan.read(tmp_path, seeds=2, steps=4, model="smollm2-135m")
-    configs = [claims_lm.run_config(m, s, 4, "smollm2-135m") for m, s in plan.missing]
+    configs = [claims_lm.run_config(m, s, 4, "smollm2-135m", r) for m, r, s in plan.missing]
     assert len(plan.missing) == 2 * len(claims_lm.measures()) and not plan.finished
     assert {c.model for c in configs} == {"smollm2-135m"} and {c.task for c in configs} == {"add"}
     assert {c.lr for c in configs} == {1e-5} and "smollm2-135m (add, 4 steps" in plan.text
-    first = claims_lm.measures()[0]
+    first = claims_lm.measures()[0][0]
+    assert {c.reward for c in configs} == {"task", "random"}
     assert claims_lm.run_config(first, 0, 4).model == "builtin" and claims_lm.run_config(first, 0, 4).task == "reverse"
     assert main(["claims", "--lm-model", "smollm2-135m"]) == 2 and "add --lm" in capsys.readouterr().err

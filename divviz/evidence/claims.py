@@ -28,7 +28,7 @@ from divviz import explore
 
 from divviz.catalogue import theory
 
-from divviz.evidence import intervals
+from divviz.evidence import forest, intervals
 from divviz.bandit.grpo import run_bandits
 from divviz.bandit.setting import DEFAULT_LR, BanditConfig
 from divviz.catalogue.divergences import clip_test
@@ -56,7 +56,12 @@ def _objectives() -> dict[str, Objective]:
         "DAPO clip-higher (0.2, 0.28)": Objective(clip=clip_test("clip_higher", eps_low=0.2, eps_high=0.28)),
         f"PPO + {BETA:g}·ProbL2": Objective(clip=clip_test("ratio"), penalty=penalty("prob_l2"), beta=BETA),
         f"PPO + {BETA:g}·k3": Objective(clip=clip_test("ratio"), penalty=penalty("k3"), beta=BETA),
+        CLIP_LOW: Objective(clip=clip_test("clip_higher", eps_low=0.1, eps_high=0.2)),
     }
+
+
+CLIP_LOW = "clip-low [0.9, 1.2] (a more aggressive lower clip)"
+START, ZERO = "its own value at the start", "0"  # baselines that are not a measure: the run before any update, or 0
 
 
 OBJECTIVES = _objectives()
@@ -84,6 +89,7 @@ class Claim:
     identity: Callable[[], list[dict]] | None = None  # for identities: cells of largest differences
     lm_operational: str = ""  # on the built-in LM (`divviz.evidence.claims_lm`), where the claim is tested there too
     lm_comparisons: tuple[Comparison, ...] = ()
+    reward: str = "task"  # "random": tested under the random-reward control (`RANDOM_GRID`, the LM's --reward random)
 
 
 def _kl3_identity_cells() -> list[dict]:
@@ -149,6 +155,33 @@ CLAIMS = (
           "largest |difference| of the gradient of policy_loss with each KL loss in its two forms, tolerance 1e-12",
           identity=_rpg_identity_cells),
 )
+RANDOM_REWARD_SOURCE = "Park et al. 2025, Clip-Low Increases Entropy and Clip-High Decreases Entropy (arXiv 2509.26114)"
+CLAIMS += (
+    Claim("random_reward_entropy_falls", "With random rewards, PPO's symmetric clip lowers entropy",
+          RANDOM_REWARD_SOURCE, "[PAPER]",
+          "entropy of the whole policy minus its entropy at the start, PPO ε = 0.2, a fair coin per sample as reward",
+          (Comparison(PPO, START, "entropy", -1),),
+          lm_operational="entropy: the mean token entropy of the sampled completions minus the same at step 1, PPO, "
+                         "a fair coin per completion as reward",
+          lm_comparisons=(Comparison(PPO, START, "entropy", -1),), reward="random"),
+    Claim("random_reward_clip_low", "With random rewards, a more aggressive lower clip keeps entropy higher than the "
+                                    "symmetric clip", RANDOM_REWARD_SOURCE, "[PAPER]",
+          f"entropy of the whole policy, {CLIP_LOW} minus PPO ε = 0.2, coin rewards",
+          (Comparison(CLIP_LOW, PPO, "entropy", +1),),
+          lm_operational=f"entropy of the sampled completions, {CLIP_LOW} minus PPO, coin rewards",
+          lm_comparisons=(Comparison(CLIP_LOW, PPO, "entropy", +1),), reward="random"),
+    Claim("random_reward_attribution", "Per update, the samples masked low would have lowered entropy and those "
+                                       "masked high would have raised it", RANDOM_REWARD_SOURCE,
+          "[PAPER] mechanism; [INF] first-order attribution (Cui et al. 2025, arXiv 2505.22617)",
+          "entropy/would_masked_low and entropy/would_masked_high of PPO ε = 0.2 (the first-order entropy change the "
+          "masked samples would have caused unmasked, bandit.entropy), mean over the reading's updates, against 0",
+          (Comparison(PPO, ZERO, "entropy/would_masked_low", -1), Comparison(PPO, ZERO, "entropy/would_masked_high", +1)),
+          lm_operational="entropy/cov_masked_low and entropy/cov_masked_high of PPO: the masked tokens' share of "
+                         "Cov(log π_old, A), whose sign is minus that of the entropy change they would have caused "
+                         "(positive: entropy down), against 0",
+          lm_comparisons=(Comparison(PPO, ZERO, "entropy/cov_masked_low", +1),
+                          Comparison(PPO, ZERO, "entropy/cov_masked_high", -1)), reward="random"),
+)
 IDENTITY_TOLERANCE = 1e-12
 SEEDS, QUICK_SEEDS = 64, 20
 SEEDS_PARAM = Param("seeds", QUICK_SEEDS, 2, 256, high_open=False, kind="int", typical=(2, 64, 1),
@@ -174,18 +207,20 @@ class Condition:
     def config(self, iterations: int) -> BanditConfig:
         rewards = {"likely": {"reward": "top_k", "correct_rank": 2},
                    "rare": {"reward": "one_correct", "correct_rank": self.k // 5},
-                   "random": {"reward": "random_correct", "correct_percent": 10}}[self.reward]
+                   "random": {"reward": "random_correct", "correct_percent": 10},
+                   "coin": {"reward": "coin"}}[self.reward]
         return BanditConfig.make(k=self.k, optimizer=self.optimizer, lr=DEFAULT_LR[self.optimizer],
                                  iterations=iterations, **rewards)
 
     @property
     def text(self) -> str:
         where = {"likely": "correct actions likely", "rare": "one rare correct action",
-                 "random": "a random 10% correct"}[self.reward]
+                 "random": "a random 10% correct", "coin": "random rewards (a coin per sample)"}[self.reward]
         return f"{where} · K = {self.k} · {'SGD' if self.optimizer == 'sgd' else 'Adam'}"
 
 
 GRID = tuple(Condition(r, k, o) for r in ("likely", "rare", "random") for k in (50, 1000) for o in ("sgd", "adam"))
+RANDOM_GRID = tuple(Condition("coin", k, o) for k in (50, 1000) for o in ("sgd", "adam"))  # the random-reward claims
 
 
 @dataclass
@@ -218,8 +253,9 @@ class Report:
 VERDICTS = (intervals.HOLDS, intervals.REVERSED, intervals.NOT_RESOLVED, intervals.EXACT, intervals.NOT_EXACT)
 
 
-def evaluate(seeds: int = 20, grid=GRID, progress: Callable[[float, str], None] | None = None) -> Report:
-    """Every claim on every cell: identities on random batches, the bandit claims on the grid with `seeds` seeds."""
+def evaluate(seeds: int = 20, grid=GRID + RANDOM_GRID, progress: Callable[[float, str], None] | None = None) -> Report:
+    """Every claim on every cell: identities on random batches, the bandit claims on the grid with `seeds` seeds
+    (a claim of the random-reward control on the grid's coin conditions, the others on the rest)."""
     rows = []
     for claim in CLAIMS:
         if claim.identity is not None:
@@ -234,16 +270,32 @@ def evaluate(seeds: int = 20, grid=GRID, progress: Callable[[float, str], None] 
             progress(done / len(grid), f"bandit: {condition.text}")
         runs = run_bandits(condition.config(LATE), list(OBJECTIVES.values()), seeds=range(seeds))
         by_name = {name: runs[i::len(names)] for i, name in enumerate(names)}
-        for claim in CLAIMS:
+        for claim in (c for c in CLAIMS if (c.reward == "random") == (condition.reward == "coin")):
             for c in claim.comparisons:
                 for reading, iteration in (("early", EARLY), ("late", LATE)):
-                    d = intervals.paired([run.history[c.metric][iteration - 1] for run in by_name[c.candidate]],
-                                        [run.history[c.metric][iteration - 1] for run in by_name[c.baseline]])
-                    rows.append(comparison_row(claim, BANDIT, f"{condition.text} · {reading} (iteration {iteration})",
-                                               c, d))
+                    window = range(iteration - EARLY, iteration) if c.metric in PER_UPDATE else range(iteration - 1,
+                                                                                                      iteration)
+                    d = intervals.paired(*(bandit_readings(by_name, name, c, window)
+                                           for name in (c.candidate, c.baseline)))
+                    span = (f"iterations {window.start + 1}–{window.stop}" if len(window) > 1
+                            else f"iteration {iteration}")
+                    rows.append(comparison_row(claim, BANDIT, f"{condition.text} · {reading} ({span})", c, d))
     if progress:
         progress(1.0, "done")
     return Report(rows, seeds)
+
+
+PER_UPDATE = ("entropy/would_masked_low", "entropy/would_masked_high")  # read as their mean over a window of updates
+
+
+def bandit_readings(by_name: dict, name: str, c: Comparison, window: range) -> list[float]:
+    """Each seed's value of `c.metric` for the measure `name`, the mean over the iterations in `window` (0-based):
+    the candidate's own start (its entropy before any update) for START, and 0 for ZERO."""
+    if name == ZERO:
+        return [0.0] * len(by_name[c.candidate])
+    if name == START:
+        return [run.initial_entropy for run in by_name[c.candidate]]
+    return [float(run.history[c.metric][window.start:window.stop].mean()) for run in by_name[name]]
 
 
 BANDIT, LM = "bandit", "built-in LM"  # a row's setting
@@ -303,7 +355,10 @@ def to_html(report: Report) -> str:
     for s in report.summary():
         parts.append("<tr>" + "".join(f"<td>{e(s[k])}</td>" for k in ("claim", "setting", "candidate", "baseline",
                                                                       "metric", "cells", *VERDICTS)) + "</tr>")
-    parts.append("</table><h2>Claims</h2><ul>")
+    parts.append("</table><h2>Forest plots</h2><p>Each cell's paired difference with its 95% interval against 0, "
+                 "coloured by its verdict; the side each claim predicts is shaded. Hover a point for its numbers.</p>")
+    parts += [f"<div>{forest.svg(cells, f'{claim.text}: {metric}')}</div>" for claim, metric, cells in forest.panels(report)]
+    parts.append("<h2>Claims</h2><ul>")
     for claim in report.claims:
         lm = f" On the built-in LM: {e(claim.lm_operational)}." if claim.lm_operational and report.lm else ""
         parts.append(f"<li><b>{e(claim.text)}</b>: {e(claim.source)}; {e(claim.provenance)}. "

@@ -35,17 +35,19 @@ STEPS_PARAM = Param("lm_steps", 60, 2, 1000, high_open=False, kind="int", typica
 FINAL = ("done", "failed")  # a run in one of these states is a result; any other ends in the queue again
 
 
-def measures() -> list[str]:
-    """The measures some claim compares on the built-in LM, in the catalogue's order."""
-    named = {name for claim in claims.CLAIMS for c in claim.lm_comparisons for name in (c.candidate, c.baseline)}
-    return [name for name in claims.OBJECTIVES if name in named]
+def measures() -> list[tuple[str, str]]:
+    """The (measure, reward) pairs some claim compares on the built-in LM, in the catalogue's order, the task's
+    rewards first: a claim of the random-reward control trains its measures with random rewards."""
+    named = {(name, claim.reward) for claim in claims.CLAIMS for c in claim.lm_comparisons
+             for name in (c.candidate, c.baseline)}
+    return [(name, reward) for reward in ("task", "random") for name in claims.OBJECTIVES if (name, reward) in named]
 
 
-def run_config(measure: str, seed: int, steps: int, model: str = BUILTIN) -> RunConfig:
+def run_config(measure: str, seed: int, steps: int, model: str = BUILTIN, reward: str = "task") -> RunConfig:
     """A cell's run: the lab's defaults on TASK with the measure's objective (another built-in model: its own task and
-    settings, `engine/models.py`); no checkpoints."""
+    settings, `engine/models.py`), rewarded by the task or by a coin (`reward`); no checkpoints."""
     task = {} if model_defaults(model) else {"task": TASK}
-    return RunConfig.make(model=model, **task, steps=steps, seed=seed, checkpoint_every=0,
+    return RunConfig.make(model=model, **task, reward=reward, steps=steps, seed=seed, checkpoint_every=0,
                           **objective_settings(claims.OBJECTIVES[measure]))
 
 
@@ -67,7 +69,8 @@ class LMPlan:
 
     @staticmethod
     def read(root, seeds: int = SEEDS_PARAM.default, steps: int = STEPS_PARAM.default, model: str = BUILTIN) -> "LMPlan":
-        wanted = {(m, s): _how_it_trains(run_config(m, s, steps, model)) for m in measures() for s in range(seeds)}
+        wanted = {(m, r, s): _how_it_trains(run_config(m, s, steps, model, r)) for m, r in measures()
+                  for s in range(seeds)}
         found: dict = {}
         for run in store.list_runs(root):  # newest first: a final run wins over a later one still queued
             if run.state not in (*FINAL, "queued", "running"):
@@ -82,7 +85,7 @@ class LMPlan:
         return LMPlan(root, seeds, steps, {key: found.get(key) for key in wanted}, model)
 
     @property
-    def missing(self) -> list[tuple[str, int]]:
+    def missing(self) -> list[tuple[str, str, int]]:
         return [key for key, run in self.runs.items() if run is None]
 
     @property
@@ -108,18 +111,19 @@ class LMPlan:
     @property
     def failed(self) -> list[str]:
         """"measure · seed s: message" for each cell whose run failed (it drops out of its pairs)."""
-        return [f"{m} · seed {s}: {run.message}" for (m, s), run in self.runs.items()
-                if run is not None and run.state == "failed"]
+        return [f"{m}{' (random reward)' if r == 'random' else ''} · seed {s}: {run.message}"
+                for (m, r, s), run in self.runs.items() if run is not None and run.state == "failed"]
 
     @property
     def text(self) -> str:
-        cfg = run_config(measures()[0], 0, self.steps, self.model)
+        cfg = run_config(measures()[0][0], 0, self.steps, self.model)
         return (f"{'the built-in LM' if self.model == BUILTIN else self.model} ({cfg.task}, {cfg.steps} steps of {cfg.prompts} prompts × {cfg.group_size}, "
                 f"μ = {cfg.mu}, lr {cfg.lr:g}) with {self.seeds} seeds per measure")
 
     def queue_missing(self, owner: str = "") -> list:
         """Queue a run for every cell without one; returns their folders."""
-        return [runner.start_run(run_config(m, s, self.steps, self.model), self.root, owner) for m, s in self.missing]
+        return [runner.start_run(run_config(m, s, self.steps, self.model, r), self.root, owner)
+                for m, r, s in self.missing]
 
     def refreshed(self) -> "LMPlan":
         return LMPlan.read(self.root, self.seeds, self.steps, self.model)
@@ -133,13 +137,22 @@ class LMPlan:
         for claim in claims.CLAIMS:
             for c in claim.lm_comparisons:
                 for reading, steps in windows(self.steps).items():
-                    pairs = [(readings[(c.candidate, s)][reading][c.metric],
-                              readings[(c.baseline, s)][reading][c.metric])
-                             for s in range(self.seeds) if (c.candidate, s) in readings and (c.baseline, s) in readings]
+                    def value(name: str, seed: int) -> float | None:
+                        """The seed's reading of the measure `name` (its candidate's step 1 for START, 0 for ZERO)."""
+                        own = readings.get((c.candidate if name in (claims.START, claims.ZERO) else name,
+                                            claim.reward, seed))
+                        if own is None:
+                            return None
+                        return 0.0 if name == claims.ZERO else own["start" if name == claims.START else reading][c.metric]
+
+                    pairs = [(a, b) for a, b in ((value(c.candidate, s), value(c.baseline, s)) for s in range(self.seeds))
+                             if a is not None and b is not None]
                     d = intervals.paired(*zip(*pairs)) if pairs else intervals.Paired(np.nan, np.nan, np.nan, 0, 0)
                     span = f"step {steps.start}" if len(steps) == 1 else f"steps {steps.start}–{steps.stop - 1}"
                     task = run_config(c.candidate, 0, self.steps, self.model).task
-                    condition = f"{'' if self.model == BUILTIN else self.model + ' · '}{task} · {reading} (mean of {span})"
+                    rewarded = " · random rewards" if claim.reward == "random" else ""
+                    condition = (f"{'' if self.model == BUILTIN else self.model + ' · '}{task}{rewarded} · {reading} "
+                                 f"(mean of {span})")
                     out.append(claims.comparison_row(claim, claims.LM, condition, c, d))
         return out
 
@@ -165,9 +178,10 @@ def _training(config: dict) -> dict | None:
 
 
 def _readings(run: store.RunInfo, steps: int) -> dict[str, dict[str, float]]:
-    """Per reading, the mean of each compared metric over its window of steps."""
+    """Per reading, the mean of each compared metric over its window of steps; "start": step 1's (its entropy was
+    measured on completions sampled before any update)."""
     rows = {row["step"]: row for row in store.read_metrics(run.folder)}
     metrics = {c.metric for claim in claims.CLAIMS for c in claim.lm_comparisons}
     return {reading: {m: float(np.mean([rows[s][m] for s in window if m in rows.get(s, {})] or [np.nan]))
                       for m in metrics}
-            for reading, window in windows(steps).items()}
+            for reading, window in {**windows(steps), "start": range(1, 2)}.items()}
