@@ -7,7 +7,7 @@ import streamlit as st
 
 from divviz.app import ui
 
-from divviz.evidence import claims, claims_lm, forest
+from divviz.evidence import claims, claims_lm, claims_real, forest
 from divviz.engine import store
 from divviz.engine.models import MODELS
 from divviz.catalogue.params import DivvizInputError
@@ -49,8 +49,9 @@ seeds = st.slider("Seeds per measure", int(low), int(high), key="claims:seeds", 
 result = report(seeds)
 
 st.subheader("On a language model")
-st.write("Three of the claims are also tested by training a language model (the built-in one, or SmolLM2-135M): "
-         "PPO, KL3 at two δ and DAPO, several seeds each, on the same seeds. The runs queue with everyone's in the runs folder (they show on the Runs "
+st.write("Several of the claims are also tested by training a language model (the built-in one, or SmolLM2-135M): "
+         "PPO, KL3 at two δ, DAPO and a tighter lower clip (with random rewards), several seeds each, on the same seeds. "
+         "The runs queue with everyone's in the runs folder (they show on the Runs "
          "page), and a finished run is kept: the next time, this page reads it instead of training it again.")
 lm_plan = None
 with ui.shown_errors():
@@ -89,6 +90,32 @@ elif lm_plan is not None:
     lm_progress()
 for line in lm_plan.failed if lm_plan is not None else ():
     st.warning(literal(f"A run failed and drops out of its pairs: {line}"), icon=":material/warning:")
+
+st.subheader("On a real model, one update at a time")
+st.write("SmolLM2-135M-Instruct cannot be trained for many steps on a CPU while you wait, but one update can: for "
+         "each of N rollout batches, every measure takes its update from the same weights on the same completions, "
+         "and what it did to the full distribution at each sampled position is read exactly — the entropy, the top-1 "
+         "mass, the mass gained by argmax tokens, the covariance shares by clip state — then paired over the "
+         "batches. Each batch is cached once computed (`divviz claims --real` fills the same cache).")
+with ui.shown_errors():
+    real_batches = st.slider("Batches", *map(int, claims_real.BATCHES_PARAM.slider_range()[:2]),
+                             value=claims_real.BATCHES_PARAM.default, key="claims:real_batches",
+                             help=claims_real.BATCHES_PARAM.doc)
+    real_plan = claims_real.RealPlan(real_batches)
+    if not real_plan.missing:
+        result = real_plan.report(result)
+        st.success(literal(f"Included: {real_plan.text}."), icon=":material/check:")
+    else:
+        done = len(real_plan.jobs) - len(real_plan.missing)
+        st.caption(f"{done} of {len(real_plan.jobs)} batch results are cached; computing the rest takes about "
+                   f"{len(real_plan.missing) * 30 // 60 + 1} min on 2 cores, in this page.")
+        teacher = ui.viewer().teacher  # in room mode, a quarter of an hour of the machine is the teacher's call
+        if st.button(f"Compute the {len(real_plan.missing)} missing batches", icon=":material/play_arrow:",
+                     key="claims:real_start", disabled=not teacher,
+                     help=None if teacher else "In a workshop room only the teacher starts this."):
+            bar = st.progress(0.0, text="SmolLM2, one update per batch…")
+            real_plan.compute(lambda k, total, text: bar.progress(k / max(total, 1), text=literal(text)))
+            st.rerun()
 
 summary = pd.DataFrame(result.summary())
 forests: dict[str, list] = {}

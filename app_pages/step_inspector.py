@@ -3,10 +3,12 @@ token's loss explained with its own numbers."""
 
 from pathlib import Path
 
+import pandas as pd
 import streamlit as st
 
 from divviz.app import ui
 
+from divviz.evidence import rescore
 from divviz.views import explain, run_views, token_view
 from divviz.engine import store
 from divviz.losses import TOKEN_STATES
@@ -74,7 +76,24 @@ with ui.shown_errors():
     not_inside = [i for i, s in enumerate(tokens["state"]) if s != 0]
     i = right.selectbox("Token", range(len(tokens["id"])), index=not_inside[0] if not_inside else 0,
                         key=f"inspector:token:{name}:{step}:{g}:{c}", format_func=lambda i: token_label(tokens, i))
+    try:
+        rescored = rescore.rescore_record(record, run.config, [(t.label, t) for t in extra])
+    except DivvizInputError as err:  # a record whose loss saw no token
+        rescored, why = [], str(err)
+    if colour_by == "re-score":
+        record = token_view.with_rescore(record, rescored[1]["changed_tokens"] if len(rescored) > 1 else [])
     st.html(token_view.record_html(record, colour_by, selected=(g, c, i)))
+    st.markdown("**Re-score this step.** Every token the loss saw, under the run's own measure and each clip test "
+                "added in the sidebar: the share each would have masked low (w < l, A < 0) and high (w > u, A > 0), "
+                "the share outside its region, the gradient weight it keeps, and how many tokens it judges otherwise "
+                "(colour by *re-score* to see them). `divviz rescore` prints the same.")
+    if rescored:
+        st.dataframe(pd.DataFrame([{k: v for k, v in r.items() if k != "changed_tokens"} for r in rescored]),
+                     hide_index=True, width="stretch", key="inspector:rescored",
+                     column_config={k: st.column_config.NumberColumn(format="percent") for k in
+                                    ("masked_low", "masked_high", "outside")})
+    else:
+        st.caption(literal(why))
     if tokens["pi_new"] is None:
         st.caption("π after the update is not known for this run: its trainer (TRL) makes no forward pass after the "
                    "update, so Δπ is blank and the token has no point after the update.")

@@ -8,7 +8,9 @@
                  [--backend divviz|trl]
     accelerate launch --multi_gpu --num_processes N -m divviz train --backend trl ...
     divviz runs [--runs-dir DIR] [--json]
-    divviz claims [--quick] [--seeds N] [--lm [--lm-seeds N] [--lm-steps N]] [--json] [--out report.html]
+    divviz rescore RUN --step N [--measure NAME[:k=v...]]... [--json]
+    divviz claims [--quick] [--seeds N] [--lm [--lm-seeds N] [--lm-steps N]] [--real [--batches N]] [--json]
+                  [--out report.html]
 
 Bad input exits with code 2 and one line on stderr, never a traceback.
 """
@@ -138,6 +140,30 @@ def cmd_runs(args) -> int:
     return 0
 
 
+def cmd_rescore(args) -> int:
+    from pathlib import Path
+
+    from divviz.engine.store import runs_dir
+    from divviz.evidence.rescore import rescore_step
+
+    given = args.run_folder
+    folder = Path(given) if Path(given).is_dir() else runs_dir(args.runs_dir) / given
+    if not folder.is_dir():
+        raise DivvizInputError(f"no run {given!r}: give a run folder, or a run's name in {runs_dir(args.runs_dir)}")
+    step = Param("step", 1, 1, 10**9, high_open=False, kind="int").check(args.step, "rescore")
+    rows = rescore_step(folder, step, args.measure or [])
+    if args.json:
+        return print_json(rows, indent=1)
+    print(f"run {folder.name}, step {step}: {rows[0]['tokens']} tokens the loss saw")
+    print(f"{'measure':<44} {'masked low':>10} {'masked high':>11} {'outside':>8} {'grad kept':>9} {'changed':>8}")
+    for r in rows:
+        print(f"{shorten(r['measure'], 44):<44} {r['masked_low']:>10.3%} {r['masked_high']:>11.3%} {r['outside']:>8.2%} "
+              f"{r['gradient_kept']:>9.3f} {r['changed']:>8}")
+        for g, c, i, piece, before, after in r["changed_tokens"][:5]:
+            print(f"    prompt {g + 1}, completion {c + 1}, token {i} {shorten(repr(piece), 30)}: {before} → {after}")
+    return 0
+
+
 def cmd_claims(args) -> int:
     from tqdm import tqdm
 
@@ -148,6 +174,8 @@ def cmd_claims(args) -> int:
         seeds = claims.SEEDS_PARAM.check(args.seeds, "claims")
     if not args.lm and (args.lm_seeds or args.lm_steps or args.runs_dir or args.lm_model != "builtin"):
         raise DivvizInputError("--lm-seeds, --lm-steps, --lm-model and --runs-dir are for the LM's cells: add --lm")
+    if args.batches is not None and not args.real:
+        raise DivvizInputError("--batches is for the real model's cells: add --real")
     quiet = args.json and not sys.stderr.isatty()
     try:  # opened first, so that a path that cannot be written is refused before the work
         out = open(args.out, "w", encoding="utf-8") if args.out else None
@@ -164,6 +192,8 @@ def cmd_claims(args) -> int:
     bar.close()
     if plan is not None:
         report = _wait_for_lm_cells(plan, quiet).report(report)
+    if args.real:
+        report = _real_cells(args, quiet).report(report)
     if out:
         with out:
             out.write(claims.to_html(report))
@@ -171,6 +201,32 @@ def cmd_claims(args) -> int:
         return print_json([{k: v for k, v in row.items() if k != "claim_key"} for row in report.rows], indent=1)
     print(claims.to_text(report))
     return 0
+
+
+def _real_cells(args, quiet: bool):
+    """The real model's batches, computed where not cached (a bar per batch); Ctrl-C keeps the batches done."""
+    from tqdm import tqdm
+
+    from divviz.evidence import claims_real
+
+    plan = claims_real.RealPlan(claims_real.BATCHES_PARAM.check(args.batches or claims_real.BATCHES_PARAM.default,
+                                                                "claims"))
+    missing = len(plan.missing)
+    print(f"divviz: SmolLM2-135M: {len(plan.jobs) - missing} of {len(plan.jobs)} batches already in "
+          f"{claims_real.cache_folder()}, {missing} to compute", file=sys.stderr)
+    bar = tqdm(total=missing, desc="claims: SmolLM2, one update", unit="batch", file=sys.stderr, disable=quiet)
+
+    def progress(done: int, total: int, text: str) -> None:
+        bar.set_postfix_str(text)
+        bar.update(done - bar.n)
+
+    try:
+        plan.compute(progress)
+    except KeyboardInterrupt:
+        raise DivvizInputError(f"stopped: {len(plan.jobs) - len(plan.missing)} of {len(plan.jobs)} batches are kept in "
+                               f"{claims_real.cache_folder()}, and the next --real computes only the rest") from None
+    bar.close()
+    return plan
 
 
 def _queue_lm_cells(args):
@@ -257,7 +313,23 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the model of the LM cells: builtin (default) or smollm2-135m (its own task and settings; "
                         "about 3 minutes per run on 2 cores)")
     p.add_argument("--runs-dir", help="runs folder for --lm (default: $DIVVIZ_RUNS_DIR, else ./runs)")
+    p.add_argument("--real", action="store_true",
+                   help="add SmolLM2-135M's cells: one update per rollout batch under each measure, from the same "
+                        "weights (about 55 s a batch on 2 cores), cached: a second call trains nothing")
+    p.add_argument("--batches", default=None, help="rollout batches for --real (2 to 256; default 16)")
     p.set_defaults(run=cmd_claims)
+
+    p = sub.add_parser("rescore", help="a recorded step's tokens under other measures: what each would have masked")
+    p.add_argument("run_folder", metavar="RUN", help="a run folder, or a run's name in the runs folder")
+    p.add_argument("--step", required=True, help="a step whose completions the run kept (the step inspector's)")
+    p.add_argument("--measure", action="append", metavar="NAME[:K=V…]",
+                   help="a clip test, e.g. kl3:delta=0.02 or clip_higher (repeat to compare several); the run's own "
+                        "measure always comes first")
+    p.add_argument("--runs-dir", help="runs folder (default: $DIVVIZ_RUNS_DIR, else ./runs)")
+    p.add_argument("--json", action="store_true",
+                   help="print a list: measure, tokens, masked_low, masked_high, outside, gradient_kept, changed, "
+                        "changed_tokens")
+    p.set_defaults(run=cmd_rescore)
 
     p = sub.add_parser("runs", help="list the runs in the runs folder with their state")
     p.add_argument("--runs-dir", help="runs folder (default: $DIVVIZ_RUNS_DIR, else ./runs)")

@@ -121,7 +121,7 @@ def test_claims_page_renders():
     at.switch_page("app_pages/claims.py").run()
     assert not at.exception
     headers = [h.value for h in at.subheader]
-    assert len(headers) == len(claims.CLAIMS) + 2 and "Not testable here" in headers[-1]
+    assert len(headers) == len(claims.CLAIMS) + 3 and "Not testable here" in headers[-1]
     at.slider[0].set_value(3).run()
     assert not at.exception and len(at.dataframe) == 2 * len(claims.CLAIMS)
     drawn = [h.proto.body for h in at.get("html") if "<svg" in h.proto.body]  # a forest plot per claim and metric

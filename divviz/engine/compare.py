@@ -21,12 +21,13 @@ from divviz.engine.grpo import (Trainer, inspected_record, inspected_rows, make_
                                 update, update_metrics)
 from divviz.engine.rollout import Rollout, completion_logits
 from divviz.losses import Objective
+from divviz.metrics import entropy_change, entropy_covariance
 
 
 @dataclass
 class Comparison:
     label: str
-    metrics: dict[str, float]  # clip fractions, KL of the update, mass shift, entropy change
+    metrics: dict[str, float]  # clip fractions, KL of the update, mass shift, entropy and top-1 change, entropy/…
     pi_old: np.ndarray  # completion tokens, flattened
     pi_new: np.ndarray
     ratio: np.ndarray  # at the last inner step
@@ -34,13 +35,24 @@ class Comparison:
     record: dict  # the first `inspect_prompts` prompts' completions, every token's facts (`completions.step_record`)
 
 
-def position_logps_and_entropy(model, rollout: Rollout, temperature: float, autocast):
-    """(N, T) log-prob of each sampled token and (N, T) entropy of the full next-token distribution."""
+@dataclass
+class Positions:
+    """The policy at every sampled position: (N, T) log-prob of the sampled token and top-1 mass of the full
+    next-token distribution, and its tempered logits (N, T, V) (`metrics.entropy_change` reads the entropy there)."""
+
+    logp: torch.Tensor
+    top1: torch.Tensor
+    logits: torch.Tensor
+
+
+def positions(model, rollout: Rollout, temperature: float, autocast) -> Positions:
+    """`model`'s `Positions` on the rollout's completions (no gradient)."""
     with torch.no_grad():
-        logp_all = torch.log_softmax(completion_logits(model, rollout, temperature, autocast), dim=-1)
+        logits = completion_logits(model, rollout, temperature, autocast)
+        logp_all = torch.log_softmax(logits, dim=-1)
+    mask = rollout.completion_mask
     logp = logp_all.gather(2, rollout.completion_ids[:, :, None]).squeeze(2)
-    entropy = -(logp_all.exp() * logp_all).sum(-1)
-    return logp * rollout.completion_mask, entropy * rollout.completion_mask
+    return Positions(logp * mask, logp_all.max(-1).values.exp() * mask, logits)
 
 
 def same_batch(cfg: RunConfig, settings: list[tuple[str, RunConfig | Objective]], step: int = 0,
@@ -58,9 +70,9 @@ def same_batch(cfg: RunConfig, settings: list[tuple[str, RunConfig | Objective]]
     start_weights = copy.deepcopy(tr.model.state_dict())
     batch = make_batch(tr, step)
     mask = batch.rollout.completion_mask
-    measure = partial(position_logps_and_entropy, rollout=batch.rollout, temperature=cfg.temperature,
-                      autocast=tr.autocast)
-    logp_old, entropy_before = measure(tr.model)
+    measure = partial(positions, rollout=batch.rollout, temperature=cfg.temperature, autocast=tr.autocast)
+    before = measure(tr.model)
+    logp_old = before.logp
     active = mask > 0
     results = []
     for label, setting in settings:
@@ -71,9 +83,12 @@ def same_batch(cfg: RunConfig, settings: list[tuple[str, RunConfig | Objective]]
         done = update(tr, batch, objective, logp_old if cfg.mu > 1 else None, logp_old, step,
                       correction=run.correction(), bypass=run.bypass_mode)
         out = done.out
-        logp_after, entropy_after = measure(tr.model)
+        after = measure(tr.model)
+        logp_after = after.logp
         metrics = {**done.fractions, **update_metrics(batch.rollout, logp_old, logp_after, None),
-                   "entropy_change": float(((entropy_after - entropy_before) * mask).sum() / mask.sum()),
+                   **entropy_change(before.logits, after.logits, mask),
+                   **entropy_covariance(logp_old, batch.adv, done.mask, out.clip_state(), objective.dual_clip_c is not None),
+                   "top1_change": float(((after.top1 - before.top1) * mask).sum() / mask.sum()),
                    "masked_share": float(out.grad_masked[active].float().mean()),
                    "rejected_share": float((done.mask[active] == 0).float().mean())}
         state = out.clipped_low.long() + 2 * out.clipped_high.long() + 3 * out.dual_clipped.long()

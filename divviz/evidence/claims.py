@@ -90,6 +90,8 @@ class Claim:
     lm_operational: str = ""  # on the built-in LM (`divviz.evidence.claims_lm`), where the claim is tested there too
     lm_comparisons: tuple[Comparison, ...] = ()
     reward: str = "task"  # "random": tested under the random-reward control (`RANDOM_GRID`, the LM's --reward random)
+    real_operational: str = ""  # on SmolLM2-135M, one update per batch (`divviz.evidence.claims_real`)
+    real_comparisons: tuple[Comparison, ...] = ()
 
 
 def _kl3_identity_cells() -> list[dict]:
@@ -131,20 +133,31 @@ CLAIMS = (
           lm_operational="mass_to_argmax: the share of the probability gained in an update that went to tokens that "
                          "were already the argmax, KL3 minus PPO",
           lm_comparisons=(Comparison(KL3_HIGH_EDGE, PPO, "mass_to_argmax", +1),
-                          Comparison(KL3_WIDE, PPO, "mass_to_argmax", +1))),
+                          Comparison(KL3_WIDE, PPO, "mass_to_argmax", +1)),
+          real_operational="one update: mass_to_argmax (the share of the mass gained that went to argmax tokens) and "
+                           "top1_change (the top-1 mass's change over the full vocabulary at the sampled positions), "
+                           "KL3 minus PPO",
+          real_comparisons=tuple(Comparison(name, PPO, metric, +1) for name in (KL3_HIGH_EDGE, KL3_WIDE)
+                                 for metric in ("mass_to_argmax", "top1_change"))),
     Claim("kl3_entropy", "KL3 keeps entropy higher than PPO (entropy-driven exploration)",
           "KL3 / ATR-GRPO paper, theory.md §1.5", "[3P] claims only",
           "entropy of the whole policy (exact), KL3 minus PPO",
           tuple(Comparison(name, PPO, "entropy", +1) for name in KL3_AND_ABLATIONS),
           lm_operational="entropy: the mean token entropy of the sampled completions, KL3 minus PPO",
-          lm_comparisons=(Comparison(KL3_HIGH_EDGE, PPO, "entropy", +1), Comparison(KL3_WIDE, PPO, "entropy", +1))),
+          lm_comparisons=(Comparison(KL3_HIGH_EDGE, PPO, "entropy", +1), Comparison(KL3_WIDE, PPO, "entropy", +1)),
+          real_operational="one update: entropy/change, the exact change of the full distribution's entropy at the "
+                           "sampled positions, KL3 minus PPO",
+          real_comparisons=(Comparison(KL3_HIGH_EDGE, PPO, "entropy/change", +1),
+                            Comparison(KL3_WIDE, PPO, "entropy/change", +1))),
     Claim("dapo_entropy", "Clip-higher keeps entropy higher than symmetric clipping",
           "DAPO (Yu et al. 2025), as RPG App. I.2.1 reads it; RPG §5 says the opposite (theory.md §3.7)",
           "[PAPER] (RPG's text; internally inconsistent)",
           "entropy of the whole policy, DAPO (0.2, 0.28) minus PPO 0.2",
           (Comparison(DAPO, PPO, "entropy", +1),),
           lm_operational="entropy: the mean token entropy of the sampled completions, DAPO minus PPO",
-          lm_comparisons=(Comparison(DAPO, PPO, "entropy", +1),)),
+          lm_comparisons=(Comparison(DAPO, PPO, "entropy", +1),),
+          real_operational="one update: entropy/change, DAPO minus PPO",
+          real_comparisons=(Comparison(DAPO, PPO, "entropy/change", +1),)),
     Claim("probl2_anchors", "ProbL2 anchors confident tokens and leaves rare ones free",
           "GBMPO (arXiv 2602.04380), theory.md §2.3", "[CODE] penalty; [INF] its slope 2p(p − p_ref) ∝ p²",
           "initial_top_moved (Σ|π − π_0| on the top 10% of π_0): ProbL2 minus no penalty, predicted < 0; "
@@ -163,13 +176,17 @@ CLAIMS += (
           (Comparison(PPO, START, "entropy", -1),),
           lm_operational="entropy: the mean token entropy of the sampled completions minus the same at step 1, PPO, "
                          "a fair coin per completion as reward",
-          lm_comparisons=(Comparison(PPO, START, "entropy", -1),), reward="random"),
+          lm_comparisons=(Comparison(PPO, START, "entropy", -1),), reward="random",
+          real_operational="one update with coin rewards: entropy/change of PPO, against 0",
+          real_comparisons=(Comparison(PPO, ZERO, "entropy/change", -1),)),
     Claim("random_reward_clip_low", "With random rewards, a more aggressive lower clip keeps entropy higher than the "
                                     "symmetric clip", RANDOM_REWARD_SOURCE, "[PAPER]",
           f"entropy of the whole policy, {CLIP_LOW} minus PPO ε = 0.2, coin rewards",
           (Comparison(CLIP_LOW, PPO, "entropy", +1),),
           lm_operational=f"entropy of the sampled completions, {CLIP_LOW} minus PPO, coin rewards",
-          lm_comparisons=(Comparison(CLIP_LOW, PPO, "entropy", +1),), reward="random"),
+          lm_comparisons=(Comparison(CLIP_LOW, PPO, "entropy", +1),), reward="random",
+          real_operational=f"one update with coin rewards: entropy/change, {CLIP_LOW} minus PPO",
+          real_comparisons=(Comparison(CLIP_LOW, PPO, "entropy/change", +1),)),
     Claim("random_reward_attribution", "Per update, the samples masked low would have lowered entropy and those "
                                        "masked high would have raised it", RANDOM_REWARD_SOURCE,
           "[PAPER] mechanism; [INF] first-order attribution (Cui et al. 2025, arXiv 2505.22617)",
@@ -180,7 +197,10 @@ CLAIMS += (
                          "Cov(log π_old, A), whose sign is minus that of the entropy change they would have caused "
                          "(positive: entropy down), against 0",
           lm_comparisons=(Comparison(PPO, ZERO, "entropy/cov_masked_low", +1),
-                          Comparison(PPO, ZERO, "entropy/cov_masked_high", -1)), reward="random"),
+                          Comparison(PPO, ZERO, "entropy/cov_masked_high", -1)), reward="random",
+          real_operational="one update with coin rewards: the same covariance shares of PPO, against 0",
+          real_comparisons=(Comparison(PPO, ZERO, "entropy/cov_masked_low", +1),
+                            Comparison(PPO, ZERO, "entropy/cov_masked_high", -1))),
 )
 IDENTITY_TOLERANCE = 1e-12
 SEEDS, QUICK_SEEDS = 64, 20
@@ -228,6 +248,7 @@ class Report:
     rows: list[dict]
     seeds: int
     lm: str = ""  # what the built-in LM's cells are ("" when the report has none): `claims_lm.LMPlan.text`
+    real: str = ""  # what the real model's cells are ("" when none): `claims_real.RealPlan.text`
     untested: tuple[str, ...] = UNTESTED
     claims: tuple[Claim, ...] = field(default=CLAIMS)
 
@@ -247,7 +268,8 @@ class Report:
     def scope(self) -> str:
         """One line: how many cells, and on what."""
         return (f"{len(self.rows)} cells: the bandit grid with {self.seeds} seeds per measure, every measure on the "
-                f"same seeds" + (f"; {self.lm}" if self.lm else "; the built-in LM not included"))
+                f"same seeds" + (f"; {self.lm}" if self.lm else "; the built-in LM not included")
+                + (f"; {self.real}" if self.real else ""))
 
 
 VERDICTS = (intervals.HOLDS, intervals.REVERSED, intervals.NOT_RESOLVED, intervals.EXACT, intervals.NOT_EXACT)
@@ -298,7 +320,7 @@ def bandit_readings(by_name: dict, name: str, c: Comparison, window: range) -> l
     return [float(run.history[c.metric][window.start:window.stop].mean()) for run in by_name[name]]
 
 
-BANDIT, LM = "bandit", "built-in LM"  # a row's setting
+BANDIT, LM, REAL = "bandit", "built-in LM", "SmolLM2-135M, one update"  # a row's setting
 
 
 def comparison_row(claim: Claim, setting: str, condition: str, c: Comparison, d: intervals.Paired) -> dict:
@@ -326,6 +348,8 @@ def to_text(report: Report) -> str:
         lines.append(f"  measured as: {claim.operational}")
         if claim.lm_operational and report.lm:
             lines.append(f"  on the built-in LM: {claim.lm_operational}")
+        if claim.real_operational and report.real:
+            lines.append(f"  on SmolLM2-135M: {claim.real_operational}")
         for s in (s for s in summary if s["claim"] == claim.text):
             counts = ", ".join(f"{s[v]} {v}" for v in VERDICTS if s[v])
             lines.append(f"  [{s['setting']}] {s['candidate']} vs {s['baseline']} ({s['metric']}): {counts} of "
@@ -361,6 +385,7 @@ def to_html(report: Report) -> str:
     parts.append("<h2>Claims</h2><ul>")
     for claim in report.claims:
         lm = f" On the built-in LM: {e(claim.lm_operational)}." if claim.lm_operational and report.lm else ""
+        lm += f" On SmolLM2-135M: {e(claim.real_operational)}." if claim.real_operational and report.real else ""
         parts.append(f"<li><b>{e(claim.text)}</b>: {e(claim.source)}; {e(claim.provenance)}. "
                      f"Measured as {e(claim.operational)}.{lm}</li>")
     parts.append("</ul><h2>Every cell</h2><table><tr>" + "".join(

@@ -153,7 +153,7 @@ def run_label(run, unique: bool = False) -> str:
 
 COMPARISON_COLUMNS = {"clip_ratio/low_mean": "clipped low", "clip_ratio/high_mean": "clipped high",
                       "masked_share": "gradient masked", "kl/k3": "KL k3 of the update",
-                      "entropy_change": "entropy change", "mass_to_argmax": "mass gain to argmax tokens"}
+                      "entropy/change": "entropy change", "mass_to_argmax": "mass gain to argmax tokens"}
 
 
 def same_batch(configs: list[RunConfig], step: int, weights=None):

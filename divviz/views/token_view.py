@@ -80,9 +80,24 @@ COLOUR_BY = {  # name → (value of token i of tokens t, what the legend says)
     "entropy covariance": (lambda t, i: fact(t, "entropy_cov", i),
                            "(log π_old − mean)(A − mean) over the tokens shown: red pushes the entropy down (a likely "
                            "token pushed up, a rare one down), blue up (Cui et al. 2025; white at 0)"),
+    "re-score": (lambda t, i: fact(t, "rescored", i),
+                 "red: the first measure added to re-score this step gives the token another clip state than the "
+                 "run's own (white: the same; blank: the loss did not see it)"),
 }
 
 REJECTED = 5  # `completions`: a token the rollout correction took out of the loss
+
+
+def with_rescore(record: dict, changed: list[tuple]) -> dict:
+    """The record with the fact `rescored`: 1 on the tokens in `changed` ((group, completion, position, …) as
+    `evidence.rescore` lists them), 0 on the others the loss saw. A new dict."""
+    marked = {tuple(c[:3]) for c in changed}
+    value = lambda t, g, c, i: (None if t["state"][i] == REJECTED or t.get("ratio") is None  # noqa: E731
+                                or t["ratio"][i] is None else float((g, c, i) in marked))
+    return {**record, "groups": [{**group, "completions": [
+        {**comp, "tokens": {**comp["tokens"], "rescored": [value(comp["tokens"], g, c, i)
+                                                           for i in range(len(comp["tokens"]["id"]))]}}
+        for c, comp in enumerate(group["completions"])]} for g, group in enumerate(record["groups"])]}
 
 
 def with_entropy_covariance(record: dict) -> dict:

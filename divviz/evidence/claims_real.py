@@ -1,0 +1,131 @@
+"""The claims on a real model within a CPU budget: one update of SmolLM2-135M-Instruct per batch, each measure from the
+same starting weights on the same rollouts (`engine.compare.same_batch`), paired over the batches.
+
+For each of N batches (batch b: the model's own task and prompt format, sampled with seed b from the shipped weights):
+sample the completions once, then for each measure restore the weights and take μ inner steps, and read what that one
+update did over the full vocabulary at every sampled position — the exact change of the entropy (and its first-order
+prediction), of the top-1 mass, the share of the mass gained by argmax tokens, and the covariance of log π_old and A
+by clip state. The claims of the random-reward control use the same batches with a coin per completion as reward.
+The settings are the model's defaults (`engine/models.py`) but for `SETTINGS`: a larger step and μ, chosen so that
+the clips bind in one update (about 10% of the tokens clipped under PPO; at the lab's lr 1e-5 and μ = 2 none is, and
+every measure would make the same update).
+
+Each batch's results are cached on disk as computed (`cache_folder`): a second call trains nothing, and Ctrl-C keeps
+every batch already done.
+
+    plan = RealPlan(batches=16)
+    plan.compute(progress)      # the batches not cached yet
+    rows = plan.rows()          # the report's cells
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from divviz.catalogue.params import Param
+from divviz.engine.config import RunConfig, objective_settings
+from divviz.evidence import claims, intervals
+
+MODEL = "smollm2-135m"
+SETTINGS = {"lr": 5e-5, "mu": 4}  # one update that clips (see the module's docstring)
+BATCHES_PARAM = Param("batches", 16, 2, 256, high_open=False, kind="int", typical=(2, 64, 1),
+                      doc="rollout batches of SmolLM2-135M, each updated once by every measure from the same weights")
+DESIGN = 1  # bumped when what a cached batch holds changes: older files are then computed again
+
+
+def measures() -> dict[str, list[str]]:
+    """Per reward ("task", "random"), the measures some claim compares on the real model, in the catalogue's order."""
+    named = {(name, claim.reward) for claim in claims.CLAIMS for c in claim.real_comparisons
+             for name in (c.candidate, c.baseline)}
+    return {reward: [name for name in claims.OBJECTIVES if (name, reward) in named] for reward in ("task", "random")}
+
+
+def config(batch: int, reward: str) -> RunConfig:
+    return RunConfig.make(model=MODEL, reward=reward, steps=1, seed=batch, checkpoint_every=0, **SETTINGS)
+
+
+def cache_folder() -> Path:
+    from divviz.engine.model import cache_dir
+
+    return cache_dir() / "claims_real"
+
+
+def cache_file(batch: int, reward: str) -> Path:
+    """Where batch `batch`'s results under `reward` are kept: named by everything that decides them (the run config,
+    the measures' objectives, the model's checkpoint, DESIGN)."""
+    from divviz.engine import smollm2
+
+    key = json.dumps({"config": config(batch, reward).to_dict(), "design": DESIGN, "checkpoint": smollm2.SHA256,
+                      "measures": {m: objective_settings(claims.OBJECTIVES[m]) for m in measures()[reward]}},
+                     sort_keys=True, default=str)
+    return cache_folder() / f"batch{batch:03d}-{reward}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+
+
+@dataclass
+class RealPlan:
+    batches: int = BATCHES_PARAM.default
+
+    @property
+    def jobs(self) -> list[tuple[int, str]]:
+        return [(b, reward) for b in range(self.batches) for reward, names in measures().items() if names]
+
+    @property
+    def missing(self) -> list[tuple[int, str]]:
+        return [job for job in self.jobs if not cache_file(*job).is_file()]
+
+    @property
+    def text(self) -> str:
+        cfg = config(0, "task")
+        return (f"SmolLM2-135M-Instruct, one update per batch ({cfg.task}, {cfg.prompts} prompts × {cfg.group_size}, "
+                f"μ = {cfg.mu}, lr {cfg.lr:g}) over {self.batches} batches")
+
+    def compute(self, progress=lambda done, total, text: None) -> None:
+        """Compute and cache every batch not cached yet (the model loaded once); Ctrl-C keeps those done."""
+        from divviz.engine.compare import same_batch
+        from divviz.engine.grpo import make_trainer
+
+        missing, trainer = self.missing, None
+        for k, (batch, reward) in enumerate(missing):
+            progress(k, len(missing), f"batch {batch + 1} of {self.batches}, {reward} rewards")
+            cfg = config(batch, reward)
+            trainer = make_trainer(cfg) if trainer is None else replace(trainer, cfg=cfg)
+            results = same_batch(cfg, [(m, claims.OBJECTIVES[m]) for m in measures()[reward]], 0, trainer=trainer)
+            _write(cache_file(batch, reward), {r.label: r.metrics for r in results})
+        progress(len(missing), len(missing), "done")
+
+    def rows(self) -> list[dict]:
+        """The report's cells: per claim and comparison, the paired difference over the cached batches."""
+        found = {job: json.loads(cache_file(*job).read_text()) for job in self.jobs if cache_file(*job).is_file()}
+        out = []
+        for claim in claims.CLAIMS:
+            for c in claim.real_comparisons:
+                def value(name: str, batch: int) -> float | None:
+                    result = found.get((batch, claim.reward))
+                    if result is None:
+                        return None
+                    return 0.0 if name == claims.ZERO else result[name][c.metric]
+
+                pairs = [(value(c.candidate, b), value(c.baseline, b)) for b in range(self.batches)]
+                pairs = [p for p in pairs if None not in p]
+                d = intervals.paired(*zip(*pairs)) if pairs else intervals.Paired(np.nan, np.nan, np.nan, 0, 0)
+                rewarded = "random rewards" if claim.reward == "random" else f"{config(0, 'task').task}"
+                out.append(claims.comparison_row(claim, claims.REAL, f"{rewarded} · one update, {len(pairs)} batches",
+                                                 c, d))
+        return out
+
+    def report(self, report: claims.Report) -> claims.Report:
+        return replace(report, rows=report.rows + self.rows(), real=self.text)
+
+
+def _write(path: Path, result: dict) -> None:
+    """Write a batch's result atomically (a file is whole or absent, whatever stops the process)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps(result, indent=1))
+    os.replace(temporary, path)
