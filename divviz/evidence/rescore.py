@@ -95,7 +95,6 @@ def measure_objective(spec: str) -> Objective:
 def rescore_step(folder, step: int, specs: list[str]) -> list[dict]:
     """A run's recorded step re-scored under the run's own measure (first, "(this run)") and each of `specs`."""
     from divviz.engine import store
-    from divviz.engine.config import objective_from
 
     kept = store.completion_steps(folder)
     if step not in kept:
