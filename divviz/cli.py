@@ -9,6 +9,7 @@
     accelerate launch --multi_gpu --num_processes N -m divviz train --backend trl ...
     divviz runs [--runs-dir DIR] [--json]
     divviz rescore RUN --step N [--measure NAME[:k=v...]]... [--json]
+    divviz import FILE [--format unipo|jsonl] [--runs-dir DIR]
     divviz claims [--quick] [--seeds N] [--lm [--lm-seeds N] [--lm-steps N]] [--real [--batches N]] [--json]
                   [--out report.html]
 
@@ -161,6 +162,26 @@ def cmd_rescore(args) -> int:
               f"{r['gradient_kept']:>9.3f} {r['changed']:>8}")
         for g, c, i, piece, before, after in r["changed_tokens"][:5]:
             print(f"    prompt {g + 1}, completion {c + 1}, token {i} {shorten(repr(piece), 30)}: {before} → {after}")
+    return 0
+
+
+def cmd_import(args) -> int:
+    from pathlib import Path
+
+    from divviz.engine.store import runs_dir
+    from divviz.importers import jsonl, unipo
+    from divviz.importers.steps import write_run
+
+    path = Path(args.file)
+    if not path.is_file():
+        raise DivvizInputError(f"no file {args.file!r}")
+    fmt = args.format or ("jsonl" if path.suffix == ".jsonl" else "unipo")
+    readers = {"unipo": unipo.read, "jsonl": jsonl.read}
+    if fmt not in readers:
+        raise DivvizInputError(f"unknown format {fmt!r}; choose unipo or jsonl")
+    config, steps = readers[fmt](path)
+    folder = write_run(steps, config, runs_dir(args.runs_dir), f"import-{path.stem}")
+    print(f"imported {path.name} ({fmt}) as run {folder.name} in {folder.parent}")
     return 0
 
 
@@ -318,6 +339,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "weights (about 55 s a batch on 2 cores), cached: a second call trains nothing")
     p.add_argument("--batches", default=None, help="rollout batches for --real (2 to 256; default 16)")
     p.set_defaults(run=cmd_claims)
+
+    p = sub.add_parser("import", help="make a run folder from another trainer's per-token log (UNIPO's schema or "
+                                      "divviz's JSONL)")
+    p.add_argument("file", help="a UNIPO JSON file (.json) or a divviz JSONL file (.jsonl)")
+    p.add_argument("--format", help="unipo or jsonl (default: by the file's extension)")
+    p.add_argument("--runs-dir", help="runs folder (default: $DIVVIZ_RUNS_DIR, else ./runs)")
+    p.set_defaults(run=cmd_import)
 
     p = sub.add_parser("rescore", help="a recorded step's tokens under other measures: what each would have masked")
     p.add_argument("run_folder", metavar="RUN", help="a run folder, or a run's name in the runs folder")

@@ -230,3 +230,23 @@ def test_the_runs_page_draws_long_runs(page, app_url, app_runs_dir):
     page.wait_for_selector(".js-plotly-plot .main-svg", timeout=90_000)
     assert page.locator(".js-plotly-plot").count() >= 5
     assert not page.locator('[data-testid="stException"]').count()
+
+
+def test_an_imported_unipo_run_opens_in_the_inspector_as_text(page, app_url, app_runs_dir, tmp_path):
+    """A UNIPO file with hostile prompts and pieces, imported: chromium shows it in the step inspector as text, and
+    nothing in it runs (no dialog opens)."""
+    import json
+
+    from divviz.cli import main
+    from tests.test_import import unipo_document
+
+    path = tmp_path / "hostile.json"
+    path.write_text(json.dumps(unipo_document()))
+    assert main(["import", str(path), "--runs-dir", str(app_runs_dir)]) == 0
+    dialogs = []
+    page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+    page.goto(f"{app_url}/step_inspector")
+    page.get_by_text("question 1.0").first.wait_for(timeout=90_000)  # the newest run: the imported one, last step
+    assert page.get_by_text("<script>alert('x')</script>").count() > 0 and not dialogs
+    page.get_by_text("Re-score this step.").first.wait_for()
+    assert not page.locator('[data-testid="stException"]').count()

@@ -1,0 +1,183 @@
+"""An imported run's steps, checked, and the run folder made from them (the engine's contract, state `done`).
+
+Whatever the source format, a step is prompts with completions, and a completion per-token log-probs under the policy
+that sampled it (π_old) and under the policy at the update (π), with its advantages. From those, `policy_loss` under
+the run's own clip test (the file's clip ε, else PPO's 0.2) gives every token's ratio, clip state, loss and
+aggregation weight, as the engine records them, so that the Runs page, the step inspector, the token scatter and
+`divviz rescore` read an imported run like any other. The folder is written under a hidden name and renamed when
+complete: a file refused half-way leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from divviz.catalogue.aggregation import aggregation_weights
+from divviz.catalogue.divergences import clip_test
+from divviz.catalogue.estimators import k1, k2, k3
+from divviz.catalogue.params import DivvizInputError
+from divviz.engine import store
+from divviz.engine.completions import BYTE_CAP, check_record
+from divviz.losses import Objective
+from divviz.metrics import clip_fractions
+from divviz.safetext import quoted
+
+
+@dataclass
+class Completion:
+    text: str
+    reward: float
+    ids: list[int]
+    pieces: list[str]
+    logp_old: list[float]
+    logp: list[float]
+    adv: list[float]  # per token
+    logp_ref: list[float] | None = None
+    logp_roll: list[float] | None = None
+
+
+@dataclass
+class Group:
+    prompt: str
+    completions: list[Completion] = field(default_factory=list)
+
+
+@dataclass
+class Step:
+    groups: list[Group]
+    metrics: dict[str, float]  # the file's own numbers for the step (names as it gives them)
+
+
+def checked_completion(values: dict, where: str, names: dict[str, str] | None = None) -> Completion:
+    """A completion whose per-token lists agree in length, with finite log-probs ≤ 0 and finite advantages; else a
+    DivvizInputError naming `where` and the first fault, each list by its name in the file (`names`: ours → the
+    file's, where they differ)."""
+    named = lambda key: (names or {}).get(key, key)  # noqa: E731
+    n = len(values["ids"])
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in values["ids"]):
+        raise DivvizInputError(f"{where}: token ids are not integers")
+    if not all(isinstance(p, str) for p in values["pieces"]):
+        raise DivvizInputError(f"{where}: the token strings are not text")
+    for name in ("pieces", "logp_old", "logp", "adv", "logp_ref", "logp_roll"):
+        given = values.get(name)
+        if given is None:
+            continue
+        if not isinstance(given, list) or len(given) != n:
+            raise DivvizInputError(f"{where}: '{named(name)}' has "
+                                   f"{len(given) if isinstance(given, list) else 'no list of'} values for {n} tokens")
+        if name == "pieces":
+            continue
+        for t, v in enumerate(given):
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+                raise DivvizInputError(f"{where}: '{named(name)}' at token {t} is {quoted(v, 30)}, not a finite number")
+            if name.startswith("logp") and v > 1e-6:
+                raise DivvizInputError(f"{where}: '{named(name)}' at token {t} is {v:g}, above 0: not a "
+                                       "log-probability")
+    reward = values.get("reward", 0.0)
+    if not isinstance(reward, (int, float)) or isinstance(reward, bool) or not math.isfinite(reward):
+        raise DivvizInputError(f"{where}: its reward is {quoted(reward, 30)}, not a finite number")
+    text = values.get("text")
+    return Completion(text if isinstance(text, str) else "".join(values["pieces"]), float(reward), values["ids"],
+                      values["pieces"], *(values.get(k) for k in ("logp_old", "logp", "adv", "logp_ref", "logp_roll")))
+
+
+def numeric_metrics(values: object) -> dict[str, float]:
+    """A step's metrics as the file gives them, the finite numbers only (names kept as text, never run)."""
+    if not isinstance(values, dict):
+        return {}
+    return {str(k)[:80]: float(v) for k, v in values.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+
+
+def write_run(steps, config: dict, root: Path, label: str) -> Path:
+    """The run folder of `steps` (an iterable, consumed once: a big file is never held whole) under `root`; config
+    holds the run's clip test and its `source`. Steps are numbered from 1 in order."""
+    root = store.writable_runs_folder(root)
+    final = store.new_run_folder(root, label)
+    work = final.with_name(f".importing-{final.name}")
+    final.rename(work)
+    try:
+        objective = Objective(clip=clip_test(config.get("clip", "ratio"), **config.get("clip_params", {})))
+        written = 0
+        writer = None
+        for number, step in enumerate(steps, start=1):
+            if writer is None:
+                writer = store.RunWriter(work, {**config, "steps": 0}, 0)
+            metrics, tokens, record = score_step(step, number, objective)
+            shown = [(g.prompt, g.completions[0].text, g.completions[0].reward) for g in step.groups[:3] if g.completions]
+            writer.append(number, metrics, tokens, shown, check_record(record, f"step {number}"))
+            written = number
+        if writer is None:
+            raise DivvizInputError("the file holds no step")
+        writer.add_to_config({"steps": written})
+        writer.status.update(step=written, steps=written)
+        writer.finish("done", f"imported {written} steps")
+        work.rename(final)
+        return final
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+
+
+def score_step(step: Step, number: int, objective: Objective) -> tuple[dict, dict, dict]:
+    """A step's metrics row, token sample and inspector record, scored by `policy_loss` under `objective`."""
+    completions = [c for g in step.groups for c in g.completions]
+    if not completions:
+        raise DivvizInputError(f"step {number}: no completion")
+    width = max(len(c.ids) for c in completions) or 1
+    pad = lambda values, fill: [list(v) + [fill] * (width - len(v)) for v in values]  # noqa: E731
+    mask = torch.tensor(pad([[1.0] * len(c.ids) for c in completions], 0.0), dtype=torch.float64)
+    logp_old, logp = (torch.tensor(pad([getattr(c, k) for c in completions], 0.0), dtype=torch.float64)
+                      for k in ("logp_old", "logp"))
+    adv = torch.tensor(pad([c.adv for c in completions], 0.0), dtype=torch.float64)
+    ref = None if any(c.logp_ref is None for c in completions) else torch.tensor(
+        pad([c.logp_ref for c in completions], 0.0), dtype=torch.float64)
+    out = objective(logp, logp_old, adv, mask)
+    log_ratio = (logp - logp_old) * mask
+    tokens_seen = max(float(mask.sum()), 1.0)
+    metrics = {"reward": float(np.mean([c.reward for c in completions])),  # of the prompts kept, unless the file says
+               **clip_fractions(out, mask),
+               **{f"kl/{name}": float((fn(log_ratio) * mask).sum()) / tokens_seen
+                  for name, fn in (("k1", k1), ("k2", k2), ("k3", k3))},
+               "completions/mean_length": float(mask.sum(1).mean()),
+               **step.metrics, "step": number}  # the file's own numbers (over every rollout) win
+    keep = mask > 0
+    state = out.clip_state()
+    tokens = {"pi_old": logp_old.exp()[keep].float().numpy(), "ratio": out.ratio[keep].float().numpy(),
+              "adv": adv[keep].float().numpy(), "state": state[keep].numpy().astype(np.int8)}
+    weight = aggregation_weights(mask.numpy(), objective.aggregation, width)
+    record = {"step": number, "byte_cap": BYTE_CAP, "omitted": 0, "groups": []}
+    row = 0
+    for group in step.groups:
+        entry = {"prompt": group.prompt, "completions": []}
+        for c in group.completions:
+            n = len(c.ids)
+            facts = {"pi_old": logp_old[row, :n].exp(), "pi_new": None, "ratio": out.ratio[row, :n],
+                     "adv": adv[row, :n], "measure": None if out.measure is None else out.measure[row, :n],
+                     "penalty": None, "pi_ref": None if ref is None else ref[row, :n].exp(),
+                     "loss": out.per_token_loss[row, :n], "weight": torch.from_numpy(weight[row, :n]), "rho": None,
+                     "pi_roll": None if c.logp_roll is None else torch.tensor(c.logp_roll).exp(), "entropy": None,
+                     "top1": None}
+            entry["completions"].append({
+                "text": c.text, "reward": c.reward, "advantage": float(np.mean(c.adv)) if c.adv else 0.0,
+                "tokens": {"id": list(c.ids), "piece": list(c.pieces), "raw": list(c.pieces), "special": [False] * n,
+                           **{k: None if v is None else [float(f"{x:.7g}") for x in v.tolist()] for k, v in facts.items()},
+                           "state": out.token_state()[row, :n].tolist()}})
+            row += 1
+        record["groups"].append(entry)
+    return metrics, tokens, record
+
+
+def source_config(fmt: str, path: Path, model: str, task: str, clip_eps: float | None, extra: dict) -> dict:
+    """An imported run's config.json: the clip test its tokens are scored under, and where it came from."""
+    return {"backend": "import", "model": str(model)[:200], "task": str(task)[:200], "clip": "ratio",
+            "clip_params": {"eps": clip_eps if clip_eps is not None else 0.2}, "seed": 0,
+            "source": {"format": fmt, "file": path.name[:200], "imported": time.strftime("%Y-%m-%d %H:%M:%S"),
+                       **extra}}
