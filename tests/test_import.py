@@ -15,7 +15,7 @@ from divviz.engine import store
 from divviz.engine.config import RunConfig
 from divviz.engine.train import train
 from divviz.evidence.rescore import rescore_step
-from divviz.importers import jsonl, unipo
+from divviz.importers import jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 HOSTILE = "<script>alert('x')</script><img src=x onerror=alert(1)>\u202e\x00"
