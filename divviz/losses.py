@@ -212,6 +212,8 @@ class LossOutput:
     penalty: torch.Tensor | None  # the penalty's value per token, None without a penalty
     policy_weight: torch.Tensor | None = None  # ρ_t, what multiplies the policy term (`weight` × the off-policy
     # mask), None when nothing does
+    token_loss: torch.Tensor | None = None  # ℓ_t × mask with its graph: for a trainer that aggregates the tokens
+    # itself (verl's agg_loss, `divviz.verl`); `loss` is `aggregate` of it
 
     def rows(self, index: torch.Tensor) -> "LossOutput":
         """The per-token facts of the completions in `index` (the scalar loss is kept as it is)."""
@@ -360,6 +362,7 @@ def policy_loss(
         pulled_back=outside & (adv != 0) & ~(clipped_low | clipped_high | capped),
         penalty=None if penalty_value is None else penalty_value * mask,
         policy_weight=None if weight is None else (weight.detach() * mask).expand_as(mask),
+        token_loss=per_token * mask,
     )
 
 
