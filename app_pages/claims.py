@@ -131,7 +131,7 @@ for claim in result.claims:
     st.dataframe(mine.loc[:, (mine != 0).any(axis=0)], hide_index=True, width="stretch")
     for _, metric, compared in forests.get(claim.key, []):
         with st.container(height=min(440, forest.TOP + forest.BOTTOM + forest.ROW * len(compared) + 24)):
-            st.html(forest.svg(compared, f"{claim.text}: {metric}"))
+            st.markdown(forest.svg(compared, f"{claim.text}: {metric}"), unsafe_allow_html=True)  # escaped inside
     with st.expander("Every cell of this claim"):
         st.dataframe(cells[cells.claim == claim.text].drop(columns=["claim", "source", "provenance"]),
                      hide_index=True, width="stretch")

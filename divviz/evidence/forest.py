@@ -12,7 +12,7 @@ import math
 from divviz.evidence import intervals
 
 VERDICT_COLOURS = {intervals.HOLDS: "#2ca02c", intervals.REVERSED: "#d62728", intervals.NOT_RESOLVED: "#8c8c8c"}
-ROW, LABEL_WIDTH, PLOT_WIDTH, TOP, BOTTOM = 17, 430, 420, 46, 44
+ROW, LABEL_WIDTH, PLOT_WIDTH, TOP, BOTTOM = 17, 560, 400, 46, 44
 
 
 def panels(report) -> list[tuple[object, str, list[dict]]]:
@@ -26,9 +26,11 @@ def panels(report) -> list[tuple[object, str, list[dict]]]:
 
 
 def label(cell: dict, shared_candidate: bool) -> str:
-    """A cell's row label: its setting and condition, and the candidate where the panel has several."""
-    who = "" if shared_candidate else f"{cell['candidate']} · "
-    return f"{who}{cell['setting']} · {cell['condition']}"
+    """A cell's row label: the candidate where the panel has several (without its note in brackets), the setting where
+    it is not the bandit, and the condition (its hover title has everything)."""
+    who = "" if shared_candidate else f"{cell['candidate'].split(' (')[0]} · "
+    where = "" if cell["setting"] == "bandit" else f"{cell['setting']} · "
+    return f"{who}{where}{cell['condition']}"
 
 
 def svg(cells: list[dict], title: str) -> str:
@@ -55,10 +57,11 @@ def svg(cells: list[dict], title: str) -> str:
         y = TOP + ROW * i + ROW / 2
         colour = VERDICT_COLOURS.get(cell["verdict"], "#8c8c8c")
         text = label(cell, shared)
-        parts.append(f"<text x='{LABEL_WIDTH - 6}' y='{y + 4:.1f}' text-anchor='end'>{e(text[:75])}</text>")
-        numbers = (f"{text}: mean {cell['mean']:.4g}, 95% [{_num(cell['low'])}, {_num(cell['high'])}], n = {cell['n']}, "
-                   f"{cell['seeds_reversed']} seeds reversed: {cell['verdict']}") if cell["mean"] is not None else \
-            f"{text}: no value"
+        parts.append(f"<text x='{LABEL_WIDTH - 6}' y='{y + 4:.1f}' text-anchor='end'>{e(text[:100])}</text>")
+        whole = f"{cell['candidate']} − {cell['baseline']} · {cell['setting']} · {cell['condition']}"
+        numbers = (f"{whole}: mean {cell['mean']:.4g}, 95% [{_num(cell['low'])}, {_num(cell['high'])}], "
+                   f"n = {cell['n']}, {cell['seeds_reversed']} reversed: {cell['verdict']}"
+                   if cell["mean"] is not None else f"{whole}: no value")
         if cell["low"] is not None and cell["high"] is not None:
             parts.append(f"<line x1='{x(cell['low']):.1f}' x2='{x(cell['high']):.1f}' y1='{y:.1f}' y2='{y:.1f}' "
                          f"stroke='{colour}' stroke-width='2'/>")

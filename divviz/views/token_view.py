@@ -115,7 +115,7 @@ def with_entropy_covariance(record: dict) -> dict:
         for c in g["completions"]]} for g in record["groups"]]}
 
 
-NON_NEGATIVE = ("entropy", "top-1 mass")  # colourings of a quantity that is never below 0
+NON_NEGATIVE = ("entropy", "top-1 mass", "re-score")  # colourings of a quantity that is never below 0
 
 
 def values(record: dict, colour_by: str) -> list[list[list[float | None]]]:
