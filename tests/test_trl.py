@@ -22,7 +22,7 @@ from divviz.catalogue.rollout_correction import rollout_weights  # noqa: E402
 from divviz.catalogue.surrogates import surrogate  # noqa: E402
 from divviz.trl import DivvizGRPOTrainer, DivvizRunCallback, trl_args_for  # noqa: E402
 from divviz.trl.trainer import REWARDS  # noqa: E402
-from trl_support import TASK, config, load_policy  # noqa: E402
+from tests.trl_support import TASK, config, load_policy  # noqa: E402
 
 TRL_METRICS = ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "clip_ratio/low_min",
                "clip_ratio/high_max", "entropy")

@@ -27,7 +27,7 @@ from divviz.engine import store  # noqa: E402
 from divviz.engine.tasks import get_task  # noqa: E402
 from divviz.losses import Objective  # noqa: E402
 from divviz.trl import DivvizGRPOTrainer, DivvizRunCallback  # noqa: E402
-from trl_support import APP, TASK, config, load_policy  # noqa: E402
+from tests.trl_support import APP, TASK, config, load_policy  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,10 @@ Policy π_θ = softmax(θ) over K actions, θ ∈ R^K. Each iteration (one GRPO 
        or by Adam with its moments kept across iterations, as GRPO trainers run (each action is a one-token
        completion, so the loss is exactly the training loss)
     4. record the whole distribution: exact entropy, top-1 mass, mass on the initially likely actions,
-       exact KL(π_old‖π_new), clip fractions, and how far the update went past the clip
+       exact KL(π_old‖π_new), clip fractions, and how far the update went past the clip; the entropy's change,
+       its first-order prediction and which samples caused it, by clip state (`entropy.py`)
+
+Rewards are each action's, or with `reward="coin"` a fair coin per sample (the random-reward control).
 
 Plain SGD keeps the picture honest: the step is the loss's gradient, not an optimiser's rescaling; Adam shows
 what a trainer's optimiser does to the same comparison. Penalties use the start policy π_0 as the reference.

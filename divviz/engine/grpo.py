@@ -4,12 +4,13 @@
     for each step:
         sample `prompts` prompts; G completions each with the KV cache (temperature τ), by the trained policy or by
             a rollout policy π_roll in lower precision or some updates behind (`sampler.py`)
-        r_i = task reward;  A_i = (r_i − mean_group) [/ (std_group + 1e-4)]             (Shao et al. 2024)
+        r_i = task reward (or a seeded coin);  A_i = (r_i − mean_group) [/ (std_group + 1e-4)]   (Shao et al. 2024)
         logp_old = the pre-update policy's log-probs (with μ = 1: the current ones, detached, as TRL; in verl's
             bypass mode: π_roll's)
         verl's rollout correction of π_old against π_roll: importance weights ρ and a rejection mask
         repeat μ times: loss = Objective(logp_new, logp_old, A, mask, logp_ref, weight=ρ); AdamW step
-        metrics, plus one no-grad forward after the update for the KL and the mass that moved; π_roll synced
+        metrics, plus one no-grad forward after the update for the KL, the mass that moved and the entropy's change
+            at the positions of ENTROPY_ROWS completions (full distributions before and after); π_roll synced
 """
 
 from __future__ import annotations
