@@ -195,4 +195,5 @@ def test_the_training_lab_trains_with_the_trl_backend(tmp_path, monkeypatch):
     assert run.state == "done", run.message
     at.run()
     assert not at.exception, at.exception
-    assert len(at.get("plotly_chart")) == 7  # five metric panels, the mass by π_old and the token scatter
+    assert len(at.get("plotly_chart")) == 8  # five metric panels, Cov(log π_old, A) by clip state, the mass by π_old
+    # and the token scatter (no entropy/change: TRL makes no forward pass after its update)

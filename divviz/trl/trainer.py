@@ -38,6 +38,7 @@ from divviz.engine.completions import step_record
 from divviz.engine.grpo import finite_loss
 from divviz.catalogue.estimators import k1, k2, k3
 from divviz.losses import LossOutput, Objective
+from divviz.metrics import entropy_covariance
 from divviz.catalogue.params import DivvizInputError
 from divviz.catalogue.surrogates import VESPO_FLOOR, vespo_sequence_phi
 from divviz.trl.callback import TOKEN_SAMPLE, DivvizRunCallback, run_end
@@ -63,6 +64,9 @@ class DivvizGRPOTrainer(GRPOTrainer):
         divviz/grad_masked_mean      share of tokens whose gradient through w is masked (clipped or dual-capped)
         divviz/outside_mean          share of tokens outside the clip test's region, whatever their advantage
         divviz/outside_last_mean     the same at the last of the μ inner steps only (after μ − 1 updates)
+        entropy/cov_<clip state>     Cov(log π_old, A) over the micro-batch's tokens, summed by clip state
+                                     (`metrics.entropy_covariance`); entropy/change is not known: TRL makes no
+                                     forward pass after its update
 
     With a `DivvizRunCallback` among its callbacks it also hands over, at the last inner step, a sample of per-token
     facts gathered from every process (≤ 256 tokens), which the callback writes as the run's `tokens/`, and the step
@@ -122,6 +126,9 @@ class DivvizGRPOTrainer(GRPOTrainer):
             loss = loss + self.router_aux_loss_coef * aux_loss / accumulation
             self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
         self._log_facts(mode, out, logp_new.detach() - logp_old, adv, entropies, mask)
+        for name, value in entropy_covariance(logp_old, adv.expand_as(mask), mask, out.clip_state(),
+                                              self.objective.dual_clip_c is not None).items():
+            self._metrics[mode][name].append(value)  # this process's micro-batch: means over its tokens
         if mode == "train" and self._last_inner_step():
             self._hand_over_tokens(out, logp_old, adv, mask)
             if self._step % self.args.steps_per_generation == 0:  # the pass's first micro-batch
