@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from divviz.bandit.entropy import attribute, predicted_change, sample_shares
+from divviz.bandit.entropy import ATTRIBUTION, attribute, predicted_change, sample_shares
 from divviz.bandit.grpo import run_bandits
 from divviz.bandit.setting import BanditConfig, softmax
 from divviz.catalogue.divergences import CLIP_TESTS, clip_test
@@ -60,7 +60,7 @@ def test_each_samples_share_is_its_own_step_and_a_masked_one_would_have_had_the_
     actions = rng.integers(0, 12, size=(2, 5))
     flat = (actions + 12 * np.arange(2)[:, None])[..., None]
     slope = rng.normal(size=(2, 5, 1))
-    shares = sample_shares(logp, p, flat, [slope], lr=0.1)[0]
+    shares = sample_shares(logp, p, flat, lr=0.1) * slope
     steps = np.zeros((2, 5, 12))
     for r in range(2):
         for i in range(5):
@@ -69,10 +69,12 @@ def test_each_samples_share_is_its_own_step_and_a_masked_one_would_have_had_the_
                                                     rel=1e-9)
     low, high = rng.random((2, 5, 1)) < 0.3, rng.random((2, 5, 1)) < 0.3
     high &= ~low
-    parts = attribute(logp, p, flat, slope, 2 * slope, low, high, lr=0.1)
+    parts = dict(zip(ATTRIBUTION, attribute(logp, p, flat, slope, 2 * slope, low, high, lr=0.1).T))
     total = parts["entropy/from_inside"] + parts["entropy/from_masked_low"] + parts["entropy/from_masked_high"]
     np.testing.assert_allclose(total, predicted_change(logp, p, steps.sum(axis=1)), rtol=1e-12)
+    np.testing.assert_allclose(parts["entropy/from_inside"], (shares * ~(low | high)).sum(axis=(1, 2)), rtol=1e-12)
     np.testing.assert_allclose(parts["entropy/would_masked_low"], 2 * (shares * low).sum(axis=(1, 2)), rtol=1e-12)
+    np.testing.assert_allclose(parts["entropy/would_masked_high"], 2 * (shares * high).sum(axis=(1, 2)), rtol=1e-12)
 
 
 def test_entropy_change_is_the_distributions_own_and_the_prediction_is_the_covariance():

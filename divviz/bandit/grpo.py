@@ -40,7 +40,7 @@ import torch
 from divviz.catalogue.aggregation import aggregation_weights, group_advantages
 from divviz.bandit.rollout import BanditRollout
 from divviz.bandit.setting import BanditConfig, coin_rewards, initial_logits, reward_vector, softmax
-from divviz.bandit.entropy import ENTROPY_HISTORY, attribute, predicted_change
+from divviz.bandit.entropy import ATTRIBUTION, ENTROPY_HISTORY, attribute, predicted_change
 from divviz.bandit.loss_gradient import LossGradient, PolicyLossGradient
 from divviz.losses import Objective
 from divviz.catalogue.params import DivvizInputError
@@ -235,13 +235,12 @@ def run_bandits(cfg: BanditConfig, objectives: list[Objective], seeds: list[int]
         theta = logp.copy()
         low_count, high_count = np.zeros(batch.logp_old.shape, dtype=int), np.zeros(batch.logp_old.shape, dtype=int)
         with np.errstate(over="ignore", invalid="ignore"):  # a step that overflows is caught just below
-            shares = dict.fromkeys(ENTROPY_HISTORY[2:], 0.0)
+            shares = np.zeros((runs, len(ATTRIBUTION)))
             for inner in range(cfg.mu):
                 grad, out, (now_logp, now_p) = gradient_of(rows, theta, batch)
                 would = gradient.unclipped_slope(now_logp.reshape(-1)[batch.flat_actions])
-                for name, value in attribute(now_logp, now_p, batch.flat_actions, out.grad, would, out.clipped_low,
-                                             out.clipped_high, cfg.lr).items():
-                    shares[name] = shares[name] + value
+                shares += attribute(now_logp, now_p, batch.flat_actions, out.grad, would, out.clipped_low,
+                                    out.clipped_high, cfg.lr)
                 optimiser(theta, grad)
                 low_count += out.clipped_low
                 high_count += out.clipped_high
@@ -260,8 +259,8 @@ def run_bandits(cfg: BanditConfig, objectives: list[Objective], seeds: list[int]
                first_past_high / positive)
         history["entropy/change"][:, it] = history["entropy"][:, it] + (p * logp).sum(axis=1)
         history["entropy/change_predicted"][:, it] = predicted_change(logp, p, new_logp - logp)
-        for name, value in shares.items():
-            history[name][:, it] = value
+        for k, name in enumerate(ATTRIBUTION):
+            history[name][:, it] = shares[:, k]
         if rollout is not None:
             record_rollout(history, it, rollout, logp, batch)
             rollout.push((new_logp, new_p))
