@@ -37,7 +37,8 @@ REWARD_LABELS = {"one_correct": "one correct action (at a rank)",
 PARAM_LABELS = {"k": "K, the number of actions",
                 "correct_rank": lambda reward: ("correct_rank: ranks 0 … this one are correct" if reward == "top_k"
                                                 else "correct_rank: the rank of the correct action"),
-                "correct_percent": "correct_percent: the share of actions that are correct (%)"}
+                "correct_percent": "correct_percent: the share of actions that are correct (%)",
+                "attribution": "Attribute the entropy's change to each clip state (slower)"}
 APPLIES = {"correct_rank": lambda cfg: cfg["reward"] in ("top_k", "one_correct"),  # a setting the others ignore is
            "correct_percent": lambda cfg: cfg["reward"] == "random_correct",  # not shown (its value is kept)
            "sharpness": lambda cfg: cfg["init"] != "uniform"}
@@ -128,7 +129,11 @@ with ui.shown_errors():
              "high lowers it). Exact with SGD; with Adam, the shares are those of the loss gradient's own step. "
              "Choose the *coin* reward for their random-reward control.")
     ui.show_chart(charts["entropy"], "entropy change observed and predicted")
-    ui.show_chart(charts["attribution"], "entropy change by clip state")
+    if "attribution" in charts:
+        ui.show_chart(charts["attribution"], "entropy change by clip state")
+    else:
+        st.caption("Tick *Attribute the entropy's change to each clip state* in the sidebar for who moves it (about "
+                   "a third more time per change).")
     if "rollout" in charts:
         ui.show_chart(charts["rollout"], "sampler mismatch and corrections over iterations")
 

@@ -44,7 +44,7 @@ def test_bandit_shares_by_state_add_up_to_the_predicted_change_of_a_plain_step(o
     """SGD with μ = 1 and a sampler two iterations behind taken as π_old (verl's bypass mode: so the one step is
     off-policy and clips): the first-order shares of the samples, summed over the clip states, equal
     −Cov_π(log π, Δθ) of the whole step."""
-    cfg = BanditConfig.make(k=40, lr=2.0, mu=1, iterations=6, rollout_lag=2, reward="graded")
+    cfg = BanditConfig.make(k=40, lr=2.0, mu=1, iterations=6, rollout_lag=2, reward="graded", attribution=True)
     for run in run_bandits(cfg, [objective], seeds=range(2), rollouts=[(RolloutCorrection(), True)]):
         total = sum(run.history[key] for key in STATES)
         np.testing.assert_allclose(total, run.history["entropy/change_predicted"], rtol=1e-9, atol=1e-15)
@@ -157,3 +157,14 @@ def test_bandit_coins_are_per_sample_seeded_and_shared_by_the_measures():
     assert 0.35 < np.mean([r.history["reward"] for r in runs]) < 0.65
     again = run_bandits(cfg, [Objective(clip=clip_test("ratio"))], seeds=[0])[0]
     assert np.array_equal(again.history["reward"], runs[0].history["reward"])
+
+
+def test_the_attribution_is_computed_when_asked_and_changes_nothing_else():
+    objectives = [Objective(clip=clip_test("ratio")), Objective(clip=clip_test("kl3"))]
+    plain = run_bandits(BanditConfig.make(k=20, iterations=5), objectives, seeds=[0, 1])
+    attributed = run_bandits(BanditConfig.make(k=20, iterations=5, attribution=True), objectives, seeds=[0, 1])
+    for a, b in zip(plain, attributed):
+        assert set(b.history) - set(a.history) == set(ATTRIBUTION)
+        assert all(np.array_equal(a.history[k], b.history[k]) for k in a.history)
+    with pytest.raises(Exception, match="attribution"):
+        BanditConfig.make(attribution="perhaps")

@@ -160,9 +160,11 @@ def test_kl3_page_check_and_reaction():
 
 def test_mass_reallocation_page():
     at = open_page("app_pages/mass_reallocation.py", {"iterations": "20", "k": "20"})
-    assert len(specs(at)) == 7 and len(at.metric) == 3 and "n = 8" in at.metric[0].delta and "band [" in at.metric[0].delta
+    assert len(specs(at)) == 6 and len(at.metric) == 3 and "n = 8" in at.metric[0].delta and "band [" in at.metric[0].delta
     assert not at.warning  # at the default lr no sample passes u in the first inner step
     assert any("change_predicted" in spec for spec in specs(at))  # why the entropy moves: observed, predicted
+    next(t for t in at.toggle if "Attribute the entropy" in t.label).set_value(True).run()
+    assert not at.exception and len(specs(at)) == 7  # … and who moves it
     assert any("masked high, had they been let through" in spec and "observed" in spec for spec in specs(at))
     before = specs(at)
     slider(at, "delta").set_value(0.2).run()
@@ -205,8 +207,8 @@ def test_mass_reallocation_compares_rollout_corrections_under_a_lagging_sampler(
     at = open_page("app_pages/mass_reallocation.py", query)
     assert [m.label for m in at.metric] == ["kl3 δ=0.05", "kl3 δ=0.05 · TIS token u=1.1",
                                             "kl3 δ=0.05 · RS token_k1 0.95_1.05"]
-    assert len(specs(at)) == 8  # distribution, mass, history, clipping, entropy change and attribution, the rollout
-    # chart, the paired difference
+    assert len(specs(at)) == 7  # distribution, mass, history, clipping, entropy change, the rollout chart, the
+    # paired difference
     rollout = next(f for f in map(json.loads, specs(at)) if "KL(π_roll" in f["layout"]["title"]["text"])
     assert [t["name"] for t in rollout["data"] if t.get("showlegend", True) and "name" in t] == [
         "kl3 δ=0.05", "kl3 δ=0.05 · TIS token u=1.1", "kl3 δ=0.05 · RS token_k1 0.95_1.05"]

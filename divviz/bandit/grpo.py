@@ -9,7 +9,7 @@ Policy π_θ = softmax(θ) over K actions, θ ∈ R^K. Each iteration (one GRPO 
        completion, so the loss is exactly the training loss)
     4. record the whole distribution: exact entropy, top-1 mass, mass on the initially likely actions,
        exact KL(π_old‖π_new), clip fractions, and how far the update went past the clip; the entropy's change,
-       its first-order prediction and which samples caused it, by clip state (`entropy.py`)
+       its first-order prediction and, with `attribution`, which samples caused it, by clip state (`entropy.py`)
 
 Rewards are each action's, or with `reward="coin"` a fair coin per sample (the random-reward control).
 
@@ -227,7 +227,8 @@ def run_bandits(cfg: BanditConfig, objectives: list[Objective], seeds: list[int]
     optimiser = (Adam if cfg.optimizer == "adam" else SGD)((runs, cfg.k), cfg.lr)
 
     rollout = BanditRollout(cfg, corrections, (logp, p)) if BanditRollout.needed(cfg, corrections) else None
-    history = {name: np.full((runs, cfg.iterations), np.nan) for name in HISTORY + (ROLLOUT_HISTORY if rollout else ())}
+    kept = HISTORY + (ROLLOUT_HISTORY if rollout else ()) + (ATTRIBUTION if cfg.attribution else ())
+    history = {name: np.full((runs, cfg.iterations), np.nan) for name in kept}
     for it in range(cfg.iterations):
         u = np.repeat(np.stack([g.random(n) for g in generators]), each, axis=0)
         coins = None if coin_generators is None else coin_rewards(coin_generators, n, each)
@@ -238,9 +239,10 @@ def run_bandits(cfg: BanditConfig, objectives: list[Objective], seeds: list[int]
             shares = np.zeros((runs, len(ATTRIBUTION)))
             for inner in range(cfg.mu):
                 grad, out, (now_logp, now_p) = gradient_of(rows, theta, batch)
-                would = gradient.unclipped_slope(now_logp.reshape(-1)[batch.flat_actions])
-                shares += attribute(now_logp, now_p, batch.flat_actions, out.grad, would, out.clipped_low,
-                                    out.clipped_high, cfg.lr)
+                if cfg.attribution:
+                    would = gradient.unclipped_slope(now_logp.reshape(-1)[batch.flat_actions])
+                    shares += attribute(now_logp, now_p, batch.flat_actions, out.grad, would, out.clipped_low,
+                                        out.clipped_high, cfg.lr)
                 optimiser(theta, grad)
                 low_count += out.clipped_low
                 high_count += out.clipped_high
@@ -259,7 +261,7 @@ def run_bandits(cfg: BanditConfig, objectives: list[Objective], seeds: list[int]
                first_past_high / positive)
         history["entropy/change"][:, it] = history["entropy"][:, it] + (p * logp).sum(axis=1)
         history["entropy/change_predicted"][:, it] = predicted_change(logp, p, new_logp - logp)
-        for k, name in enumerate(ATTRIBUTION):
+        for k, name in enumerate(ATTRIBUTION if cfg.attribution else ()):
             history[name][:, it] = shares[:, k]
         if rollout is not None:
             record_rollout(history, it, rollout, logp, batch)
@@ -276,7 +278,7 @@ def run_bandit(cfg: BanditConfig, objective: Objective) -> BanditRun:
 
 HISTORY = ("reward", "entropy", "top1_mass", "initial_top_mass", "kl", "expected_reward", "clip_ratio/low_mean",
            "clip_ratio/high_mean", "clip_ratio/region_mean", "clip_ratio/overshoot_mean",
-           "clip_ratio/first_step_past_high", "initial_top_moved", "initial_rare_moved", *ENTROPY_HISTORY)
+           "clip_ratio/first_step_past_high", "initial_top_moved", "initial_rare_moved", *ENTROPY_HISTORY[:2])
 
 
 ROLLOUT_HISTORY = ("rollout_corr/kl", "rollout_corr/rollout_is_mean", "rollout_corr/rollout_rs_masked_fraction")

@@ -38,6 +38,9 @@ BANDIT_PARAMS = (
           doc="the sampler draws from the policy of this many iterations ago (0: the current one)"),
     Param("autograd", False, kind="bool",
           doc="take each step's gradient by autograd through policy_loss, as training does (~10× slower)"),
+    Param("attribution", False, kind="bool",
+          doc="attribute each update's entropy change to each clip state's samples, and to what the masked ones "
+              "would have done (every inner step: about a third more time)"),
 )
 
 
@@ -63,6 +66,7 @@ class BanditConfig:
     rollout_dtype: str = "same"  # the sampler's logits rounded to bfloat16 or float16 (`BanditRollout`)
     rollout_lag: int = 0
     autograd: bool = False
+    attribution: bool = False  # `entropy.attribute` at every inner step, as the random-reward claims ask
 
     def __post_init__(self):
         """Every field checked however the setting is built: options against their lists, numbers against their

@@ -228,7 +228,7 @@ class Condition:
         rewards = {"likely": {"reward": "top_k", "correct_rank": 2},
                    "rare": {"reward": "one_correct", "correct_rank": self.k // 5},
                    "random": {"reward": "random_correct", "correct_percent": 10},
-                   "coin": {"reward": "coin"}}[self.reward]
+                   "coin": {"reward": "coin", "attribution": True}}[self.reward]  # what masked samples would do
         return BanditConfig.make(k=self.k, optimizer=self.optimizer, lr=DEFAULT_LR[self.optimizer],
                                  iterations=iterations, **rewards)
 

@@ -238,11 +238,11 @@ def mass_reallocation(groups: list[list[BanditRun]]) -> dict[str, Chart]:
         "entropy": run_plots.history_chart(series(ENTROPY_CHANGE), ENTROPY_CHANGE, "iteration",
                                            "Entropy change of each update: observed (exact) and predicted to first "
                                            "order, −Cov_π(log π, Δz) (Cui et al. 2025)"),
-        "attribution": run_plots.entropy_attribution_chart(labels, {
+        **({"attribution": run_plots.entropy_attribution_chart(labels, {
             metric: summarize(np.stack([[run.history[metric].mean() for run in runs] for runs in groups], axis=1))
             for metric in ("entropy/change", *ATTRIBUTION)},
             "Who moves the entropy: each clip state's samples, per update (mean over the iterations), and what the "
-            "masked ones would have done"),
+            "masked ones would have done")} if ATTRIBUTION[0] in first.history else {}),
         **({"rollout": run_plots.history_chart(series(ROLLOUT_HISTORY), ROLLOUT_HISTORY, "iteration",
                                                "The sampler against the policy (exact KL(π_roll ‖ π_old)), the mean "
                                                "importance weight and the share of samples rejected")}
