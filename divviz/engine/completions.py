@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # the app reads records without importing torch
 FACTS = ("pi_old", "pi_new", "ratio", "adv", "measure", "state", "penalty", "pi_ref", "loss", "weight", "rho", "pi_roll",
          "entropy", "top1")
 STATES = 6  # `losses.TOKEN_STATES`: code 5, rejected by the rollout correction, is a record's only
+REJECTED = STATES - 1  # a token the rollout correction took out of the loss
 BYTE_CAP, MAX_BYTES = 262_144, 67_108_864  # a record's default cap, and the largest cap a run may set
 
 
@@ -60,7 +61,7 @@ def _rows(x, rows: list[int]) -> list[list] | None:
     return np.asarray(x, float)[rows].tolist()
 
 
-def _numbers(values: list | None, n: int) -> list | None:
+def significant(values: list | None, n: int) -> list | None:
     """The first n values to 7 significant digits (None for a non-finite one)."""
     if values is None:
         return None
@@ -93,7 +94,7 @@ def step_record(*, step: int, tokenizer, groups: list[tuple[str, list[int]]], te
         "loss": unseen(out.per_token_loss), "weight": weight, "rho": unseen(out.policy_weight),
         "pi_roll": None if logp_roll is None else logp_roll.exp(), "entropy": entropy, "top1": top1}
     columns = {fact: _rows(x, rows) for fact, x in columns.items()}
-    states = _rows(out.token_state() if rejected is None else out.token_state().masked_fill(rejected, STATES - 1), rows)
+    states = _rows(out.token_state() if rejected is None else out.token_state().masked_fill(rejected, REJECTED), rows)
     ids = completion_ids.detach()[rows].tolist()
     pieces = token_pieces(tokenizer, [i for k, n in enumerate(lengths) for i in ids[k][:n]])
 
@@ -105,7 +106,7 @@ def step_record(*, step: int, tokenizer, groups: list[tuple[str, list[int]]], te
         added = len(json.dumps(group)) + 2
         for i in members:
             n = lengths[k]
-            facts = {fact: _numbers(values[k], n) if values is not None else None for fact, values in columns.items()}
+            facts = {fact: significant(values[k], n) if values is not None else None for fact, values in columns.items()}
             facts["state"] = [int(s) for s in states[k][:n]]
             completion = {"text": texts[i], "reward": float(rewards[i]), "advantage": float(adv[i, 0]),
                           "tokens": {**{key: part[start:start + n] for key, part in pieces.items()}, **facts}}

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 import torch
 
 from divviz.catalogue.params import DivvizInputError
+from divviz.engine.completions import REJECTED
 from divviz.losses import Objective, policy_loss
 
 STATE_NAMES = ("inside", "masked low", "masked high", "dual-clipped")
-REJECTED = 5
 
 
 @dataclass

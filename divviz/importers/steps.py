@@ -24,7 +24,7 @@ from divviz.catalogue.divergences import clip_test
 from divviz.catalogue.estimators import k1, k2, k3
 from divviz.catalogue.params import DivvizInputError
 from divviz.engine import store
-from divviz.engine.completions import BYTE_CAP, check_record
+from divviz.engine.completions import BYTE_CAP, check_record, significant
 from divviz.losses import Objective
 from divviz.metrics import clip_fractions
 from divviz.safetext import quoted
@@ -168,7 +168,7 @@ def score_step(step: Step, number: int, objective: Objective) -> tuple[dict, dic
             entry["completions"].append({
                 "text": c.text, "reward": c.reward, "advantage": float(np.mean(c.adv)) if c.adv else 0.0,
                 "tokens": {"id": list(c.ids), "piece": list(c.pieces), "raw": list(c.pieces), "special": [False] * n,
-                           **{k: None if v is None else [float(f"{x:.7g}") for x in v.tolist()] for k, v in facts.items()},
+                           **{k: None if v is None else significant(v.tolist(), n) for k, v in facts.items()},
                            "state": out.token_state()[row, :n].tolist()}})
             row += 1
         record["groups"].append(entry)

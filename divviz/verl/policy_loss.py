@@ -17,6 +17,8 @@ here. Metrics: verl's `actor/pg_clipfrac`, `actor/ppo_kl`, `actor/pg_clipfrac_lo
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from divviz.catalogue import instances
@@ -26,7 +28,7 @@ from divviz.losses import Objective, policy_loss
 PREFIX = "divviz:"
 
 
-def objective(spec: str, dual_clip_c: float | None = None) -> Objective:
+def objective(spec: str) -> Objective:
     """The objective a loss mode's spelling names (module docstring); DivvizInputError if it is not one."""
     clip, *options = [part.strip() for part in str(spec).split(",")]
     settings = dict(option.split("=", 1) if "=" in option else (option, "") for option in options)
@@ -39,7 +41,7 @@ def objective(spec: str, dual_clip_c: float | None = None) -> Objective:
                       surrogate=instances.parse(settings["surrogate"], "surrogate") if "surrogate" in settings else None,
                       penalty=instances.parse(settings["penalty"], "penalty") if "penalty" in settings else None,
                       beta=number("beta") if "beta" in settings else 0.0,
-                      dual_clip_c=number("dual_clip_c") if "dual_clip_c" in settings else dual_clip_c)
+                      dual_clip_c=number("dual_clip_c") if "dual_clip_c" in settings else None)
     if built.needs_ref:
         raise DivvizInputError(f"verl loss mode {spec!r} needs a reference policy: use verl's use_kl_loss for that")
     return built
@@ -47,16 +49,18 @@ def objective(spec: str, dual_clip_c: float | None = None) -> Objective:
 
 def verl_loss(spec: str):
     """verl's policy-loss function for the objective `spec` (verl's signature and return: (loss, metrics))."""
-    objective(spec)  # checked now, before any training
-    built: dict = {}  # verl's clip_ratio_c → the objective (parsed once)
+    base = objective(spec)  # checked now, before any training
+    # verl's dual-clip (its clip_ratio_c) applies to a clip test's box, as in verl's vanilla loss: not to a
+    # surrogate's own loss, nor where the spelling sets dual_clip_c itself
+    takes_dual = base.clip is not None and base.surrogate is None and base.dual_clip_c is None
 
     def compute(old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor,
                 response_mask: torch.Tensor, loss_agg_mode: str = "token-mean", config=None,
                 rollout_is_weights: torch.Tensor | None = None):
         from verl.trainer.ppo.core_algos import agg_loss
 
-        dual = config.get("clip_ratio_c", 3.0) if config is not None and dual_clip_applies(spec) else None
-        chosen = built.get(dual) or built.setdefault(dual, objective(spec, dual_clip_c=dual))
+        chosen = replace(base, dual_clip_c=config.get("clip_ratio_c", 3.0)) if takes_dual and config is not None \
+            else base
         mask = response_mask.to(log_prob.dtype)
         out = policy_loss(log_prob, old_log_prob, advantages, mask, clip=chosen.clip, surrogate=chosen.surrogate,
                           penalty=chosen.penalty, beta=chosen.beta, dual_clip_c=chosen.dual_clip_c,
@@ -73,12 +77,6 @@ def verl_loss(spec: str):
         return loss, metrics
 
     return compute
-
-
-def dual_clip_applies(spec: str) -> bool:
-    """Whether verl's dual-clip (its `clip_ratio_c`) applies: to a clip test, as verl's vanilla loss applies it to
-    its ratio box; not to a surrogate's own loss, nor where the spelling sets dual_clip_c itself."""
-    return not any(part in spec for part in ("surrogate=", "dual_clip_c=")) and not spec.strip().startswith("none")
 
 
 def register(spec: str) -> str:

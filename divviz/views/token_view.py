@@ -17,6 +17,7 @@ import html
 import math
 import operator
 
+from divviz.engine.completions import REJECTED
 from divviz.losses import TOKEN_STATES
 
 STATE_COLOURS = ("transparent", "#9ecae1", "#fc9272", "#c994c7", "#fdd49e", "#bdbdbd")  # TOKEN_STATES, in order
@@ -85,34 +86,33 @@ COLOUR_BY = {  # name → (value of token i of tokens t, what the legend says)
                  "run's own (white: the same; blank: the loss did not see it)"),
 }
 
-REJECTED = 5  # `completions`: a token the rollout correction took out of the loss
+def with_fact(record: dict, name: str, value) -> dict:
+    """The record with one more per-token fact `name`: value(tokens, group, completion, i) for each token. A new
+    dict: the record given (Streamlit's cached copy) is left as it is."""
+    return {**record, "groups": [{**group, "completions": [
+        {**comp, "tokens": {**comp["tokens"], name: [value(comp["tokens"], g, c, i)
+                                                    for i in range(len(comp["tokens"]["id"]))]}}
+        for c, comp in enumerate(group["completions"])]} for g, group in enumerate(record["groups"])]}
 
 
 def with_rescore(record: dict, changed: list[tuple]) -> dict:
     """The record with the fact `rescored`: 1 on the tokens in `changed` ((group, completion, position, …) as
-    `evidence.rescore` lists them), 0 on the others the loss saw. A new dict."""
+    `evidence.rescore` lists them), 0 on the others the loss saw."""
     marked = {tuple(c[:3]) for c in changed}
-    value = lambda t, g, c, i: (None if t["state"][i] == REJECTED or t.get("ratio") is None  # noqa: E731
-                                or t["ratio"][i] is None else float((g, c, i) in marked))
-    return {**record, "groups": [{**group, "completions": [
-        {**comp, "tokens": {**comp["tokens"], "rescored": [value(comp["tokens"], g, c, i)
-                                                           for i in range(len(comp["tokens"]["id"]))]}}
-        for c, comp in enumerate(group["completions"])]} for g, group in enumerate(record["groups"])]}
+    return with_fact(record, "rescored", lambda t, g, c, i: None if t["state"][i] == REJECTED or t.get("ratio") is None
+                     or t["ratio"][i] is None else float((g, c, i) in marked))
 
 
 def with_entropy_covariance(record: dict) -> dict:
     """The record with each token's entropy covariance term (log π_old(y_t) − mean)(A_t − mean) as its fact
     `entropy_cov`, the means over the record's tokens that the loss saw (`metrics.entropy_covariance` sums the
-    same terms over the whole batch by clip state). A new dict: the record given is left as it is."""
+    same terms over the whole batch by clip state)."""
     tokens = [c["tokens"] for g in record["groups"] for c in g["completions"]]
     kept = [(math.log(t["pi_old"][i]), t["adv"][i]) for t in tokens for i in range(len(t["id"]))
             if t["state"][i] != REJECTED and t["pi_old"][i]]
     mean_lp, mean_adv = (sum(x) / max(len(kept), 1) for x in zip(*kept)) if kept else (0.0, 0.0)
-    term = lambda t, i: (None if t["state"][i] == REJECTED or not t["pi_old"][i]  # noqa: E731
-                         else (math.log(t["pi_old"][i]) - mean_lp) * (t["adv"][i] - mean_adv))
-    return {**record, "groups": [{**g, "completions": [
-        {**c, "tokens": {**c["tokens"], "entropy_cov": [term(c["tokens"], i) for i in range(len(c["tokens"]["id"]))]}}
-        for c in g["completions"]]} for g in record["groups"]]}
+    return with_fact(record, "entropy_cov", lambda t, g, c, i: None if t["state"][i] == REJECTED or not t["pi_old"][i]
+                     else (math.log(t["pi_old"][i]) - mean_lp) * (t["adv"][i] - mean_adv))
 
 
 NON_NEGATIVE = ("entropy", "top-1 mass", "re-score")  # colourings of a quantity that is never below 0
