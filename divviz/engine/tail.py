@@ -55,6 +55,7 @@ class _File:
     seen: bytes = b""  # the last CHECK bytes before the offset
     columns: dict = field(default_factory=dict)  # metric name -> its values as float64, for the rows converted
     derived: OrderedDict = field(default_factory=OrderedDict)  # key -> (rows it was computed from, value)
+    counted: int = 0  # its rows in the cache's running total
 
     def column(self, name: str, upto: int) -> np.ndarray:
         """The first `upto` rows' values of `name` (NaN where a row lacks it), converting only rows not yet
@@ -106,6 +107,7 @@ class MetricsCache:
         self.max_rows = max_rows
         self.bytes_read = 0
         self._files: OrderedDict[Path, _File] = OrderedDict()
+        self._rows = 0  # rows cached over all files: a read costs what it reads, not a sum over every file
         self._lock = threading.Lock()
 
     def rows(self, path: Path) -> list[dict]:
@@ -114,7 +116,8 @@ class MetricsCache:
             stat = os.stat(path)
         except OSError:
             with self._lock:
-                self._files.pop(path, None)
+                gone = self._files.pop(path, None)
+                self._rows -= gone.counted if gone is not None else 0
             return []
         with self._lock:
             known = self._files.get(path)
@@ -127,6 +130,10 @@ class MetricsCache:
                 if not self._extend(path, entry):
                     return []
             entry.mtime_ns = stat.st_mtime_ns
+            if known is not None and known is not entry:
+                self._rows -= known.counted
+            self._rows += len(entry.rows) - entry.counted
+            entry.counted = len(entry.rows)
             self._files[path] = entry
             self._files.move_to_end(path)
             self._bound()
@@ -155,14 +162,14 @@ class MetricsCache:
         return True
 
     def _bound(self) -> None:
-        total = sum(len(f.rows) for f in self._files.values())
-        while total > self.max_rows and len(self._files) > 1:
+        while self._rows > self.max_rows and len(self._files) > 1:
             _, dropped = self._files.popitem(last=False)
-            total -= len(dropped.rows)
+            self._rows -= dropped.counted
 
     def clear(self) -> None:
         with self._lock:
             self._files.clear()
+            self._rows = 0
 
 
 METRICS = MetricsCache()
