@@ -53,7 +53,8 @@ def charts(names: list[str], group: bool) -> None:
                                icon=":material/table:", file_name="divviz_metrics.csv", mime="text/csv",
                                key="runs:csv", on_click="ignore", help="every step of every chosen run, made when "
                                                                        "you click")
-        ui.show_training_charts("runs", data)
+        ui.show_training_charts("runs", data, [store.read_evals(run.folder) for run in picked],
+                                "Training with mini-batches (K ≥ 2), a larger μ or learning rate makes it bind.")
         for run in picked:
             with st.expander(f"{literal(run.name)}: config and status"):
                 st.json({"config": run.config, "status": run.status})

@@ -9,7 +9,8 @@ from divviz.app import ui
 from divviz.views import run_views, token_view
 from divviz.engine import runner, store
 from divviz.engine.config import BACKENDS, REWARD_SOURCES, ROLLOUT_LAG, RUN_PARAMS, RunConfig, objective_settings
-from divviz.engine.models import MODELS
+from divviz.engine.model import DTYPES
+from divviz.engine.models import MODELS, SMOLLM2_SETTINGS, model_settings
 from divviz.engine.tasks import TASKS
 from divviz.catalogue.params import DivvizInputError, Param
 from divviz.safetext import literal
@@ -28,13 +29,17 @@ CONTROLS = [
     Control("task", "reverse", options=tuple(TASKS)),
     Control("reward", "task", options=REWARD_SOURCES),
     Control("backend", "divviz", options=BACKENDS),
+    Control("setting", "learn", options=tuple(SMOLLM2_SETTINGS)),
     Control("device", "auto", options=("auto", "cpu", "cuda")),
+    Control("dtype", "auto", options=DTYPES),
     Control("seeds", SEEDS.default, param=SEEDS),
     Control("step", 0, param=Param("step", 0, 0, 100_000, kind="int", typical=(0, 100_000, 1),
                                    doc="the token scatter's step (0: the latest)")),
     *[Control(p.name, p.default, param=p) for p in SETTINGS],
 ]
 BY_NAME = {c.name: c for c in CONTROLS}
+BINDING_HINT = ("To make the constraint bind, train each batch in mini-batches (K ≥ 2: every mini-batch after the "
+                "first is off-policy), raise μ or the learning rate; SmolLM2's *learn* setting does (K = 4).")
 
 st.title("Training lab")
 st.write("Train the built-in model (or your own) with GRPO, one run per chosen clip test or surrogate and seed, and watch them side "
@@ -79,6 +84,11 @@ with ui.shown_errors():
         if model == OTHER_MODEL:
             model = st.text_input("Folder or hub id", "", key="lab:model_path",
                                   help="a local folder with a causal LM, or a hub id (needs the network)")
+        elif model_settings(model):
+            ui.choice(PAGE, BY_NAME["setting"], "Setting", on_change=ui.apply_model_settings, args=(PAGE, BY_NAME),
+                      help="learn: held-out accuracy rises within about 15 minutes here and the clip binds on the "
+                           "off-policy mini-batches; look only: a short step where nothing clips; stress: four times "
+                           "the learning rate, where a measure may collapse (docs/learning.md)")
         task = ui.choice(PAGE, BY_NAME["task"], "Task")
         reward = ui.choice(PAGE, BY_NAME["reward"], "Reward", labels={
             "task": "the task's checker", "random": "random: a fair coin per completion (the random-reward control)"},
@@ -90,6 +100,9 @@ with ui.shown_errors():
                                  "(DivvizGRPOTrainer), as you would run it at scale",
                             labels={"divviz": "divviz's engine", "trl": "TRL (DivvizGRPOTrainer)"})
         device = ui.choice(PAGE, BY_NAME["device"], "Device")
+        dtype = ui.choice(PAGE, BY_NAME["dtype"], "Precision",
+                          help="auto: bfloat16 forward passes on a GPU, or on a CPU with AVX512-BF16 or AMX for a real "
+                               "model (about twice as fast), else float32; log-softmax and the loss stay float32")
         settings = {p.name: ui.number(PAGE, BY_NAME[p.name], p.name) for p in SETTINGS}
         with st.expander("Rollout: a sampler unlike the policy, and verl's corrections"):
             st.caption("Sample with a copy of the policy in lower precision or some updates behind, as an inference "
@@ -98,7 +111,8 @@ with ui.shown_errors():
                 PAGE, BY_NAME, "a copy of the policy cast whole, as vLLM holds it (same: the trained policy samples "
                                "itself)", "Sampler lag (updates behind)")
     ui.publish_controls(PAGE, CONTROLS)
-    configs = [RunConfig.make(task=task, reward=reward, backend=backend, model=model.strip(), device=device, **advantages,
+    configs = [RunConfig.make(task=task, reward=reward, backend=backend, model=model.strip(), device=device, dtype=dtype,
+                              **advantages,
                               **objective_settings(o), **sampler, **correction,
                               **{**settings, "seed": settings["seed"] + s})
                for o in objectives for correction in corrections for s in range(seeds)]
@@ -149,7 +163,8 @@ def draw_runs() -> None:
         st.progress(min(1.0, run.step / max(run.steps, 1)), text=text)
         if run.state in ("failed", "interrupted"):
             st.error(literal(f"{label}: {run.message}"), icon=":material/error:")
-    if ui.show_training_charts(PAGE, [(label, rows) for label, rows, _ in data]):
+    if ui.show_training_charts(PAGE, [(label, rows) for label, rows, _ in data],
+                               [store.read_evals(run.folder) for _, _, run in data], BINDING_HINT):
         last_step = max(len(rows) for _, rows, _ in data)
         chosen = st.session_state.get("lab:step") or last_step  # 0 (a link's default): the latest step
         st.session_state["lab:step"] = min(max(chosen, 1), max(last_step, 2))

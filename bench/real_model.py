@@ -1,21 +1,26 @@
 """One GRPO step of SmolLM2-135M-Instruct, three ways, side by side in one run: divviz, TRL's GRPOTrainer, a bare loop.
 
 The same model (a fresh copy each, its last `trainable_blocks` blocks trained), the chat prompts of the `add` task
-through its template, prompts × G, completion length, temperature, learning rate and μ of the model's defaults
-(`divviz/engine/models.py`), AdamW, DAPO's token-mean loss. Targets (issue: a real model): divviz ≤ 1.25× bare and
-≤ 0.8× TRL.
+through its template, prompts × G, completion length, temperature, learning rate, μ and K mini-batches of the
+model's defaults (`divviz/engine/models.py`: its learning setting) or as given, AdamW, DAPO's token-mean loss, the
+forward passes in float32 or under bfloat16 autocast. Targets: divviz ≤ 1.25× bare and ≤ 0.8× TRL; bfloat16's divviz
+step ≤ 0.6× float32's (`--compare-dtypes`).
 
-    (a) divviz   `divviz.engine.grpo.grpo_step`, the whole call: sample, rewards, advantages, π_old, μ updates with
-                 the loss's per-token facts, the after-update forward and every metric, the step inspector's record
-    (b) TRL      `trl.GRPOTrainer.train` (beta=0, loss_type="dapo", num_iterations=μ); step time from a callback
-    (c) bare     the same KV-cached sampler, π_old without grad, and μ forward/backward passes of the clipped loss,
-                 nothing else
+    (a) divviz   `divviz.engine.grpo.grpo_step`, the whole call: sample, rewards, advantages, π_old, μ × K updates
+                 with the loss's per-token facts, the after-update forward and every metric, the step inspector's record
+    (b) TRL      `trl.GRPOTrainer.train` (beta=0, loss_type="dapo", num_iterations=μ, steps_per_generation=K, bf16
+                 when bfloat16); step time from a callback
+    (c) bare     the same KV-cached sampler, π_old without grad per mini-batch, and μ × K forward/backward passes of
+                 the clipped loss, nothing else
+
+The held-out evaluation (`engine/evaluate.py`: 128 problems, sampled and greedy) is timed once after the steps.
 
 Each figure is the median over the steps after one warm-up step; the three alternate step by step (a callback runs
 a divviz and a bare step after each of TRL's), so they see the same load. Peak memory: each way alone in a fresh
 process, the highest resident set (CPU) or allocated GPU memory (CUDA) during two steps once its model is loaded.
 
-    python bench/real_model.py [--steps N] [--device cpu|cuda] [--trainable-blocks N]
+    python bench/real_model.py [--steps N] [--device cpu|cuda] [--trainable-blocks N] [--minibatches K]
+                               [--dtype float32|bfloat16] [--compare-dtypes] [--peak-memory]
 """
 
 import argparse
@@ -28,28 +33,32 @@ import tempfile
 import threading
 import time
 from contextlib import nullcontext
+from dataclasses import replace
 
 import torch
 
 from divviz.catalogue.aggregation import group_advantages
 from divviz.engine.config import RunConfig
 from divviz.engine.grpo import grpo_step, make_trainer
-from divviz.engine.model import load_policy, pick_device, train_last_blocks
+from divviz.engine.minibatch import minibatch_rows
+from divviz.engine.model import cpu_has_bf16, load_policy, pick_device, pick_dtype, train_last_blocks
 from divviz.engine.prompts import prompt_ids
 from divviz.engine.rollout import completion_logps, decode_completions, encode_prompts, sample
 from divviz.engine.smollm2 import NAME
 from divviz.engine.tasks import get_task
+from divviz.engine.train import held_out_evaluation
 
 
-def config(device: str, steps: int, blocks: int | None) -> RunConfig:
-    extra = {} if blocks is None else {"trainable_blocks": blocks}
-    return RunConfig.make(model=NAME, device=device, steps=steps, clip="ratio", aggregation="dapo", **extra)
+def config(device: str, steps: int, blocks: int | None, minibatches: int | None, dtype: str) -> RunConfig:
+    extra = {key: value for key, value in (("trainable_blocks", blocks), ("minibatches", minibatches))
+             if value is not None}
+    return RunConfig.make(model=NAME, device=device, steps=steps, clip="ratio", aggregation="dapo", dtype=dtype,
+                          eval_every=0, **extra)
 
 
-def autocast_for(device: torch.device):
-    if device.type == "cuda":
-        return lambda: torch.autocast("cuda", dtype=torch.bfloat16)
-    return nullcontext
+def autocast_for(cfg: RunConfig):
+    dtype = pick_dtype(cfg.dtype, pick_device(cfg.device), cfg.model)
+    return (lambda: torch.autocast(pick_device(cfg.device).type, dtype=dtype)) if dtype else nullcontext
 
 
 def divviz_step(cfg: RunConfig):
@@ -70,7 +79,7 @@ def bare_step(cfg: RunConfig):
     train_last_blocks(model, cfg.trainable_blocks)
     optimiser = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.0,
                                   foreach=True)
-    autocast = autocast_for(device)
+    autocast = autocast_for(cfg)
 
     def step(s):
         start = time.perf_counter()
@@ -85,15 +94,18 @@ def bare_step(cfg: RunConfig):
                                 for (p, a), c in zip([q for q in pairs for _ in range(cfg.group_size)], texts)])
         adv = group_advantages(rewards.view(cfg.prompts, cfg.group_size), True).reshape(-1, 1).to(device)
         keep = rollout.completion_mask
+        parts = minibatch_rows(len(adv), cfg.minibatches, s) or [torch.arange(len(adv))]
         with torch.no_grad():
-            old = completion_logps(model, rollout, cfg.temperature, autocast)
+            old = [completion_logps(model, rollout.rows(rows), cfg.temperature, autocast) for rows in parts]
         for _ in range(cfg.mu):
-            logp = completion_logps(model, rollout, cfg.temperature, autocast)
-            ratio = (logp - old).exp()
-            loss = -(torch.min(ratio * adv, ratio.clamp(0.8, 1.2) * adv) * keep).sum() / keep.sum()
-            optimiser.zero_grad()
-            loss.backward()
-            optimiser.step()
+            for rows, logp_old in zip(parts, old):
+                logp = completion_logps(model, rollout.rows(rows), cfg.temperature, autocast)
+                ratio = (logp - logp_old).exp()
+                loss = -(torch.min(ratio * adv[rows], ratio.clamp(0.8, 1.2) * adv[rows]) * keep[rows]).sum() / (
+                    keep.sum() / cfg.minibatches)
+                optimiser.zero_grad()
+                loss.backward()
+                optimiser.step()
         return time.perf_counter() - start
     return step
 
@@ -112,12 +124,13 @@ def trl_trainer(cfg: RunConfig, output_dir: str, callbacks):
     def reward(completions, answer, compact, **_):
         return [task.reward(p, a, c[-1]["content"], chat=True) for p, c, a in zip(compact, completions, answer)]
 
-    args = GRPOConfig(output_dir=output_dir, per_device_train_batch_size=cfg.prompts * cfg.group_size,
+    args = GRPOConfig(output_dir=output_dir, per_device_train_batch_size=cfg.prompts * cfg.group_size // cfg.minibatches,
                       num_generations=cfg.group_size, max_completion_length=cfg.max_new_tokens,
-                      num_iterations=cfg.mu, steps_per_generation=1, beta=0.0, loss_type="dapo",
+                      num_iterations=cfg.mu, steps_per_generation=cfg.minibatches, beta=0.0, loss_type="dapo",
                       temperature=cfg.temperature, learning_rate=cfg.lr, lr_scheduler_type="constant",
-                      weight_decay=0.0, bf16=device.type == "cuda", use_cpu=device.type == "cpu",
-                      gradient_checkpointing=False, max_steps=(cfg.steps + 1) * cfg.mu, logging_steps=1,
+                      weight_decay=0.0, bf16=pick_dtype(cfg.dtype, device, cfg.model) == torch.bfloat16,
+                      use_cpu=device.type == "cpu", gradient_checkpointing=False,
+                      max_steps=(cfg.steps + 1) * cfg.mu * cfg.minibatches, logging_steps=1,
                       report_to="none", save_strategy="no", disable_tqdm=True, seed=0, dataloader_num_workers=0,
                       shuffle_dataset=False)
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=Dataset.from_list(rows),
@@ -127,25 +140,27 @@ def trl_trainer(cfg: RunConfig, output_dir: str, callbacks):
 
 
 def time_side_by_side(cfg: RunConfig):
-    """Step times of TRL, divviz and bare, alternating: after each of TRL's steps (μ of its optimiser steps) a
+    """Step times of TRL, divviz and bare, alternating: after each of TRL's steps (μ × K of its optimiser steps) a
     callback runs one divviz step and one bare step. Step 0 of each is a warm-up, not counted."""
     from transformers import TrainerCallback
 
     others = {"divviz": divviz_step(cfg), "bare": bare_step(cfg)}
     times = {"TRL": [], "divviz": [], "bare": []}
 
+    per_step = cfg.mu * cfg.minibatches
+
     class SideBySide(TrainerCallback):
         start = None
 
         def on_step_begin(self, args, state, control, **kw):
-            if state.global_step % cfg.mu == 0:  # a GRPO step begins: TRL generates, then μ optimiser steps
+            if state.global_step % per_step == 0:  # a GRPO step begins: TRL generates, then μ × K optimiser steps
                 self.start = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kw):
-            if state.global_step % cfg.mu == 0:
+            if state.global_step % per_step == 0:
                 times["TRL"].append(time.perf_counter() - self.start)
                 for name, step in others.items():
-                    times[name].append(step(state.global_step // cfg.mu - 1))
+                    times[name].append(step(state.global_step // per_step - 1))
 
     with tempfile.TemporaryDirectory() as out:
         trl_trainer(cfg, out, [SideBySide()]).train()
@@ -185,34 +200,63 @@ def peak_memory(way: str, cfg: RunConfig) -> float:
     return max(peak)
 
 
+def eval_seconds(cfg: RunConfig) -> float:
+    """Seconds of one held-out evaluation (`engine/evaluate.py`) of the start model at these settings."""
+    trainer = make_trainer(cfg)
+    held_out_evaluation(trainer)  # warm-up
+    return held_out_evaluation(trainer)["eval/time"]
+
+
+def measure(cfg: RunConfig, args) -> dict[str, float]:
+    """Median seconds per step of divviz, TRL and bare; the evaluation's seconds; printed as a table with ratios."""
+    print(f"{NAME}: {cfg.prompts} prompts × {cfg.group_size}, {cfg.max_new_tokens} new tokens, μ = {cfg.mu}, "
+          f"K = {cfg.minibatches}, {cfg.dtype} ({pick_dtype(cfg.dtype, pick_device(cfg.device), cfg.model) or 'float32'}), "
+          + (f"last {cfg.trainable_blocks} blocks trained" if cfg.trainable_blocks else "every parameter trained")
+          + f"; median of {args.steps} steps after a warm-up", flush=True)
+    times = time_side_by_side(cfg)
+    d, t, b = (statistics.median(times[k]) for k in ("divviz", "TRL", "bare"))
+    e = eval_seconds(cfg)
+    flags = ["--trainable-blocks", str(cfg.trainable_blocks), "--minibatches", str(cfg.minibatches), "--dtype", cfg.dtype]
+    peaks = {way: float(subprocess.run([sys.executable, __file__, "--peak", way, "--device", args.device, *flags],
+                                       capture_output=True, text=True, check=True).stdout.split()[-1])
+             for way in ("divviz", "TRL", "bare")} if args.peak_memory else {}
+    print(f"{'':<8} {'s/step':>8} {'peak GiB':>9}" + ("  (peak: two steps alone, the model loaded)" if peaks else ""))
+    for way, seconds in (("divviz", d), ("TRL", t), ("bare", b)):
+        print(f"{way:<8} {seconds:>8.2f} {peaks.get(way, float('nan')):>9.2f}")
+    print(f"divviz/bare {d / b:.2f} (target ≤ 1.25), divviz/TRL {d / t:.2f} (target ≤ 0.8); held-out evaluation "
+          f"{e:.1f} s ({e / d:.1f} steps' worth)", flush=True)
+    return {"divviz": d, "TRL": t, "bare": b, "eval": e}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--trainable-blocks", type=int, help="instead of the model's default (0: every parameter)")
+    parser.add_argument("--minibatches", type=int, help="K, instead of the model's default (1: one step per pass)")
+    parser.add_argument("--dtype", default="auto", help="auto, float32 or bfloat16")
+    parser.add_argument("--compare-dtypes", action="store_true",
+                        help="float32, then bfloat16, and bfloat16's divviz step over float32's (target ≤ 0.6)")
+    parser.add_argument("--peak-memory", action="store_true", help="also each way's peak memory, alone")
     parser.add_argument("--peak", help=argparse.SUPPRESS)  # one way's peak memory, in a child process
     args = parser.parse_args()
-    cfg = config(args.device, args.steps, args.trainable_blocks)
+    cfg = config(args.device, args.steps, args.trainable_blocks, args.minibatches, args.dtype)
     if args.peak:
         print(json.dumps(peak_memory(args.peak, cfg)))
         return
     torch.manual_seed(0)
     device = pick_device(args.device)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {device}"
-          + (f" ({torch.cuda.get_device_name()})" if device.type == "cuda" else ""))
-    print(f"{NAME}: {cfg.prompts} prompts × {cfg.group_size}, {cfg.max_new_tokens} new tokens, μ = {cfg.mu}, "
-          + (f"last {cfg.trainable_blocks} blocks trained" if cfg.trainable_blocks else "every parameter trained")
-          + f"; median of {args.steps} steps after a warm-up")
-    times = time_side_by_side(cfg)
-    d, t, b = (statistics.median(times[k]) for k in ("divviz", "TRL", "bare"))
-    blocks = [] if args.trainable_blocks is None else ["--trainable-blocks", str(args.trainable_blocks)]
-    peaks = {way: float(subprocess.run([sys.executable, __file__, "--peak", way, "--device", args.device, *blocks],
-                                       capture_output=True, text=True, check=True).stdout.split()[-1])
-             for way in ("divviz", "TRL", "bare")}
-    print(f"{'':<8} {'s/step':>8} {'peak GiB':>9}  (peak: two steps alone, the model loaded)")
-    for way, seconds in (("divviz", d), ("TRL", t), ("bare", b)):
-        print(f"{way:<8} {seconds:>8.2f} {peaks[way]:>9.2f}")
-    print(f"divviz/bare {d / b:.2f} (target ≤ 1.25), divviz/TRL {d / t:.2f} (target ≤ 0.8)", flush=True)
+          + (f" ({torch.cuda.get_device_name()})" if device.type == "cuda" else "")
+          + f", native bfloat16: {torch.cuda.is_bf16_supported() if device.type == 'cuda' else cpu_has_bf16()}")
+    if not args.compare_dtypes:
+        measure(cfg, args)
+        return
+    fp32 = measure(replace(cfg, dtype="float32"), args)
+    bf16 = measure(replace(cfg, dtype="bfloat16"), args)
+    print(f"bfloat16/float32: divviz {bf16['divviz'] / fp32['divviz']:.2f} (target ≤ 0.6), TRL "
+          f"{bf16['TRL'] / fp32['TRL']:.2f}, bare {bf16['bare'] / fp32['bare']:.2f}, evaluation "
+          f"{bf16['eval'] / fp32['eval']:.2f}", flush=True)
 
 
 if __name__ == "__main__":

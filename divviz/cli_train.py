@@ -10,6 +10,7 @@ from divviz.catalogue import instances
 from divviz.catalogue.divergences import clip_test, get_entry
 from divviz.catalogue.params import UPLOAD_MAX_BYTES, DivvizInputError, parse_assignments
 from divviz.engine.config import RUN_PARAMS
+from divviz.safetext import quoted
 
 
 def add_train_parser(sub) -> None:
@@ -65,8 +66,15 @@ def add_train_parser(sub) -> None:
                    help="divviz (its own engine) or trl (TRL's GRPOTrainer; under `accelerate launch` on N processes)")
     p.add_argument("--model", default="builtin",
                    help="builtin, smollm2-135m (see `divviz models`), a local model folder or a hub id")
+    p.add_argument("--setting", metavar="NAME",
+                   help="one of the model's named settings instead of its defaults: smollm2-135m has learn (its "
+                        "defaults), 'look only' and stress (see `divviz models`); options given here still win")
     p.add_argument("--trust-remote-code", action="store_true", help="allow a model's own code (off by default)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
+    p.add_argument("--dtype", default="auto",
+                   help="the forward passes' precision: auto (bfloat16 on a GPU, or on a CPU with AVX512-BF16 or AMX "
+                        "for a real model; else float32), float32 or bfloat16; weights, log-softmax and the loss stay "
+                        "float32")
     p.add_argument("--runs-dir", help="runs folder (default: $DIVVIZ_RUNS_DIR, else ./runs)")
     p.add_argument("--now", action="store_true",
                    help="start even if the runs folder already trains its limit of runs ($DIVVIZ_MAX_RUNS)")
@@ -103,8 +111,9 @@ def cmd_train(args) -> int:
                                "--beta 0.04 --penalty2 prob_l2 --beta2 0.1)")
     soft = surrogate_settings(args.surrogate)
     cfg = RunConfig.make(
-        **given(task=args.task, **{p.name: getattr(args, p.name) for p in RUN_PARAMS}),
-        backend=args.backend, model=args.model, device=args.device, prompt_format=args.prompt_format,
+        **{**named_setting(args.model, args.setting),
+           **given(task=args.task, **{p.name: getattr(args, p.name) for p in RUN_PARAMS})},
+        backend=args.backend, model=args.model, device=args.device, dtype=args.dtype, prompt_format=args.prompt_format,
         reward=args.reward,
         **measure_settings(args.measure, args.param, args.formula,
                            default="none" if soft["surrogate"] and get_entry(soft["surrogate"]).clip == "none"
@@ -135,6 +144,19 @@ def cmd_train(args) -> int:
     print(f"{run.state}: {run.message}" if run.message else run.state)
     print(folder)
     return 0 if run.state in ("done", "stopped") else 1
+
+
+def named_setting(model: str, name: str | None) -> dict:
+    """The run settings of `model`'s setting `name` (`models.model_settings`); {} for none (the model's defaults)."""
+    from divviz.engine.models import model_settings
+
+    if name is None:
+        return {}
+    named = model_settings(model)
+    if name not in named:
+        offered = f"it has {', '.join(map(quoted, named))}" if named else "it has none"
+        raise DivvizInputError(f"model {quoted(model)} has no setting {quoted(name)}; {offered}")
+    return dict(named[name])
 
 
 def given(**options) -> dict:

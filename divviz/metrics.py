@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 import torch
+from scipy import stats
 
 from divviz.losses import LossOutput
 
@@ -64,6 +65,18 @@ GLOSSARY = {
     "rollout_corr/rollout_is_eff_sample_size": "verl: 1 / mean (w / mean w)², the weights' effective sample size "
                                                "as a share of the tokens (1: all weights equal)",
     "rollout_corr/rollout_rs_masked_fraction": "verl: share of tokens the rejection took out of the loss",
+    "clip_ratio/region_mean_by_minibatch": "clip_ratio/region_mean at each optimiser step of an update, in order (1 … K "
+                                           "the first pass's mini-batches, K + 1 … 2K the second's, …; step 1's "
+                                           "ratios are exactly 1)",
+    "kl/k3_by_minibatch": "mean k3 of w = π_θ/π_old at each optimiser step of an update, before it: how far the "
+                          "earlier steps already moved the policy",
+    "eval/accuracy": "share of the task's held-out problems answered correctly, sampled at the run's τ "
+                     "(Wilson 95% interval)",
+    "eval/accuracy_greedy": "the same, answering greedily (the most likely token each time)",
+    "stability/max_kl": "largest kl/k3 of one update so far",
+    "stability/max_clip": "largest clip_ratio/region_mean of one step so far",
+    "stability/collapsed": "1 from the step the run collapsed: reward fell below half its peak while an update's KL "
+                           "was large, or the entropy fell to a tenth of its start",
 }
 
 # Where a TRL run logs what the engine calls otherwise: TRL names each reward function's mean
@@ -82,6 +95,16 @@ def metric_range(key: str) -> tuple[float, float]:
     if any(key == s or (s.endswith("/") and key.startswith(s)) for s in SHARES):
         return 0.0, 1.0
     return (0.0, math.inf) if key in NON_NEGATIVE else (-math.inf, math.inf)
+
+
+def proportion(successes: int, n: int, level: float = 0.95) -> tuple[float, float, float]:
+    """(share, low, high): `successes` of `n` with Wilson's score interval (scipy's `binomtest(...).proportion_ci`),
+    which stays inside [0, 1] and is not degenerate at 0 or n successes (Wilson 1927; Agresti & Coull 1998 compare
+    it with the Wald interval). n = 0 gives NaN for all three."""
+    if n == 0:
+        return math.nan, math.nan, math.nan
+    interval = stats.binomtest(successes, n).proportion_ci(confidence_level=level, method="wilson")
+    return successes / n, float(interval.low), float(interval.high)
 
 
 def metric(row: dict, key: str, default=float("nan")):

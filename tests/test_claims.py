@@ -249,12 +249,15 @@ def test_claims_page_says_when_the_runs_folder_is_unusable(tmp_path, monkeypatch
 
 
 def test_the_lm_cells_can_train_smollm2_with_its_own_settings(tmp_path, capsys):
-    """A plan for SmolLM2 asks for runs of that model on its task, with its settings; nothing is trained here."""
+    """A plan for SmolLM2 asks for runs of that model on its task, with its learning setting; nothing is trained here."""
+    from divviz.engine.models import SMOLLM2_LEARN
+
     plan = claims_lm.LMPlan.read(tmp_path, seeds=2, steps=4, model="smollm2-135m")
     configs = [claims_lm.run_config(m, s, 4, "smollm2-135m", r) for m, r, s in plan.missing]
     assert len(plan.missing) == 2 * len(claims_lm.measures()) and not plan.finished
     assert {c.model for c in configs} == {"smollm2-135m"} and {c.task for c in configs} == {"add"}
-    assert {c.lr for c in configs} == {1e-5} and "smollm2-135m (add, 4 steps" in plan.text
+    assert {c.lr for c in configs} == {SMOLLM2_LEARN["lr"]} and {c.minibatches for c in configs} == {4}
+    assert "smollm2-135m (add, 4 steps" in plan.text
     first = claims_lm.measures()[0][0]
     assert {c.reward for c in configs} == {"task", "random"}
     assert claims_lm.run_config(first, 0, 4).model == "builtin" and claims_lm.run_config(first, 0, 4).task == "reverse"

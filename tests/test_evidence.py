@@ -5,6 +5,7 @@ import pytest
 from scipy import stats
 
 from divviz.evidence import intervals
+from divviz.metrics import proportion
 
 
 def test_interval_equals_scipy_and_a_textbook_case():
@@ -61,7 +62,7 @@ def test_a_proportions_interval_is_wilsons_and_stays_in_0_1(k, n):
     """scipy's binomtest gives Wilson's score interval too: the same numbers, inside [0, 1], around k/n."""
     from scipy.stats import binomtest
 
-    share, low, high = intervals.proportion(k, n)
+    share, low, high = proportion(k, n)
     want = binomtest(k, n).proportion_ci(confidence_level=0.95, method="wilson")
     assert share == k / n and 0 <= low <= share <= high <= 1
     assert low == pytest.approx(want.low, abs=1e-12) and high == pytest.approx(want.high, abs=1e-12)

@@ -50,7 +50,7 @@ def test_start_watch_stop_and_find_on_runs_page(runs_root):
     names = at.session_state["lab_runs"]
     assert len(names) == 2 and all((runs_root / n).is_dir() for n in names)
     wait_for(at, lambda at: all(len(store.read_metrics(runs_root / n)) >= 3 for n in names))
-    assert len(at.get("plotly_chart")) == 9  # reward, entropy, its change and covariance by state, clipping, kl,
+    assert len(at.get("plotly_chart")) == 10  # reward, entropy, its change and covariance by state, clipping, kl,
     # update, mass by π_old, token scatter
     assert button(at, "Start").disabled and not button(at, "Stop").disabled
     button(at, "Stop").click().run()  # returns at once; the runs stop in the background
@@ -62,7 +62,7 @@ def test_start_watch_stop_and_find_on_runs_page(runs_root):
     assert not at.exception
     table = at.dataframe[0].value
     assert set(table["run"]) == set(names) and set(table["state"]) == {"stopped"}
-    assert len(at.get("plotly_chart")) == 8  # the two latest runs are overlaid
+    assert len(at.get("plotly_chart")) == 9  # the two latest runs are overlaid
     csv = next(b for b in at.get("download_button") if "CSV" in b.proto.label).proto
     assert csv.label == "Metrics of these runs (CSV)"
 
@@ -244,3 +244,28 @@ def test_the_lab_trains_a_surrogate_beside_a_clip_test(runs_root):
         ("kl3", None, "sequence"), (None, "sapo", "sequence")]
     wait_for(at, lambda at: all(store.read_run(runs_root / n).state == "done" for n in names))
     assert all(len(store.read_metrics(runs_root / n)) == 2 for n in names)
+
+
+def test_the_lab_says_when_nothing_clipped_and_draws_held_out_accuracy(runs_root):
+    """μ = 1 and K = 1: every ratio is exactly 1, nothing can clip, and the page says that every measure then makes the
+    same update; the held-out evaluations (start, every 2 steps, end) are drawn with their intervals."""
+    at = lab({"m": "ratio,kl3", "steps": "3", "prompts": "4", "group_size": "4", "mu": "1", "eval_every": "2"})
+    button(at, "Start").click().run()
+    names = at.session_state["lab_runs"]
+    wait_for(at, lambda at: all(store.read_run(runs_root / n).state == "done" for n in names))
+    at.run()
+    assert any("No token was clipped" in info.value and "mini-batches" in info.value for info in at.info)
+    titles = [chart.proto.spec for chart in at.get("plotly_chart")]
+    assert any("Held-out accuracy" in spec for spec in titles)
+    assert [row["step"] for row in store.read_evals(runs_root / names[0])] == [0, 2, 3]
+
+
+def test_minibatches_draw_the_clip_fraction_by_optimiser_step(runs_root):
+    at = lab({"m": "ratio", "steps": "2", "prompts": "4", "group_size": "4", "mu": "2", "minibatches": "4"})
+    button(at, "Start").click().run()
+    (name,) = at.session_state["lab_runs"]
+    wait_for(at, lambda at: store.read_run(runs_root / name).state == "done")
+    at.run()
+    assert not any("No token was clipped" in info.value for info in at.info)  # off-policy mini-batches clip here
+    assert any("By mini-batch" in chart.proto.spec for chart in at.get("plotly_chart"))
+    assert store.read_run(runs_root / name).config["minibatches"] == 4

@@ -380,3 +380,18 @@ def test_the_paired_iteration_and_the_claims_settings_are_in_the_link():
     at = open_page("app_pages/claims.py", {"seeds": "4", "lm_model": "smollm2-135m", "lm_steps": "30"})
     assert not at.exception and at.slider[0].value == 4
     assert at.selectbox(key="claims:lm_model").value == "smollm2-135m" and at.number_input[0].value == 30
+
+
+def test_the_lab_shows_a_real_models_learning_rate_and_offers_its_settings():
+    """SmolLM2's learning rate 5e-5 reads 5.00e-05, not 0.0000 (a slider's fixed decimals); choosing its stress setting
+    puts the stress learning rate into the widgets, and the mini-batch and precision controls are there."""
+    from divviz.engine.models import SMOLLM2_SETTINGS
+
+    at = open_page("app_pages/training_lab.py")
+    at.sidebar.selectbox(key="lab:model").set_value("smollm2-135m").run()
+    lr = at.sidebar.number_input(key="lab:lr")
+    assert lr.value == SMOLLM2_SETTINGS["learn"]["lr"] and lr.proto.format == "%.2e"
+    at.sidebar.selectbox(key="lab:setting").set_value("stress").run()
+    assert not at.exception and at.sidebar.number_input(key="lab:lr").value == SMOLLM2_SETTINGS["stress"]["lr"]
+    assert at.sidebar.slider(key="lab:minibatches").value == SMOLLM2_SETTINGS["stress"]["minibatches"]
+    assert at.sidebar.selectbox(key="lab:dtype").value == "auto"

@@ -162,3 +162,18 @@ def test_a_long_series_is_thinned_to_its_extremes_and_exported_whole():
     assert len(chart.data) == 50_000
     short = run_plots.history_chart([("a", {"entropy": walk[:100]})], ("entropy",), "step", "short")
     assert short.export is None
+
+
+def test_a_curve_hidden_under_an_identical_one_is_named_and_steps_are_whole():
+    """Two measures whose curves coincide (nothing clipped: the same update) would draw the first invisibly under the
+    second; the title names it. Step axes have whole-number ticks (one per step while there are few)."""
+    from divviz.views import run_plots
+
+    same = {"reward": np.array([0.1, 0.2, 0.3])}
+    chart = run_plots.history_chart([("ratio <ε>", same), ("kl3", dict(same)), ("dapo", {"reward": np.array([0.1, 0.2, 0.4])})],
+                                    ("reward",), "step", "Reward")
+    layout = chart.figure.to_dict()["layout"]
+    assert "ratio &lt;ε&gt; lies under kl3" in layout["title"]["text"] and "dapo" not in layout["title"]["text"]
+    assert layout["xaxis"]["tickformat"] == "d" and layout["xaxis"]["dtick"] == 1
+    apart = run_plots.history_chart([("a", same), ("b", {"reward": np.array([0.0, 0.2, 0.3])})], ("reward",), "step", "R")
+    assert "lies under" not in apart.figure.to_dict()["layout"]["title"]["text"]

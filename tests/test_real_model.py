@@ -14,7 +14,7 @@ import torch
 from streamlit.testing.v1 import AppTest
 
 from divviz.engine import smollm2, store
-from divviz.engine.model import cache_dir
+from divviz.engine.model import cache_dir, cpu_has_bf16
 from divviz.engine.prompts import prompt_ids, resolve_format
 from divviz.engine.tasks import TASKS
 from divviz.views import token_view
@@ -28,15 +28,38 @@ def smol():
     return smollm2.load(cache_dir())
 
 
+def train_cli(root: Path, *flags: str) -> Path:
+    proc = subprocess.run([str(Path(sys.executable).with_name("divviz")), "train", "--model", smollm2.NAME, *flags,
+                           "--runs-dir", str(root), "--now"], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "deprecated" not in proc.stderr and "Loading weights" not in proc.stderr  # a quiet console
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
 @pytest.fixture(scope="module")
 def real_run(tmp_path_factory):
-    """One GRPO step of SmolLM2 through the CLI, 4 prompts × 4 completions, the first two prompts kept whole."""
-    root = tmp_path_factory.mktemp("real-runs")
-    proc = subprocess.run([str(Path(sys.executable).with_name("divviz")), "train", "--model", smollm2.NAME, "--steps",
-                           "1", "--prompts", "4", "--group-size", "4", "--max-new-tokens", "16", "--inspect-prompts",
-                           "2", "--runs-dir", str(root), "--now"], capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return Path(proc.stdout.strip().splitlines()[-1])
+    """One GRPO step of SmolLM2 through the CLI in float32 ("look only": 4 prompts × 4 completions, one full-batch
+    step per pass), the first two prompts kept whole."""
+    return train_cli(tmp_path_factory.mktemp("real-runs"), "--setting", "look only", "--steps", "1",
+                     "--max-new-tokens", "16", "--inspect-prompts", "2", "--dtype", "float32")
+
+
+def test_the_learning_setting_evaluates_at_start_and_end_and_its_clip_binds(tmp_path):
+    """Two steps at SmolLM2's learning setting (its defaults: 8 prompts × 8, K = 4 mini-batches, bfloat16 where the
+    CPU has it): the held-out evaluation before the first step and after the last, and a clip that binds on the
+    off-policy mini-batches while the first one is on-policy. (The learning itself is measured in docs/learning.md.)"""
+    folder = train_cli(tmp_path, "--steps", "2", "--eval-every", "2")
+    run = store.read_run(folder)
+    assert run.config["minibatches"] == 4 and run.config["precision"] == ("bfloat16" if cpu_has_bf16() else "float32")
+    evals = store.read_evals(folder)
+    assert [e["step"] for e in evals] == [0, 2] and all(0 <= e["eval/accuracy"] <= 1 for e in evals)
+    assert all(e["eval/n"] == 128 and e["eval/accuracy_low"] <= e["eval/accuracy"] <= e["eval/accuracy_high"]
+               for e in evals)
+    rows = store.read_metrics(folder)
+    assert all(row["kl/k3_by_minibatch/1"] == 0.0 for row in rows)  # the first mini-batch is on-policy, to the bit
+    assert sum(row["clip_ratio/region_mean"] for row in rows) > 0
+    record = store.read_completions(folder, 2)
+    assert {c["minibatch"] for g in record["groups"] for c in g["completions"]} <= {1, 2, 3, 4}
 
 
 def test_the_wheels_gguf_is_the_file_divviz_checks():

@@ -167,8 +167,8 @@ def test_the_runs_page_lists_and_overlays_a_trl_run_with_an_engine_run(tmp_path,
     table = at.dataframe[0].value
     assert trl_run.name in set(table["run"]) and set(table["state"]) == {"done"}
     assert "kl3 δ=0.05 (TRL)" in set(table["objective"])
-    assert len(at.get("plotly_chart")) == 8  # both runs overlaid: five metric panels, the engine run's entropy change
-    # and covariance by state (a TRL run logs neither), and the mass by π_old
+    assert len(at.get("plotly_chart")) == 9  # both runs overlaid: six metric panels (stability too), the engine run's
+    # entropy change and covariance by state (a TRL run logs neither), and the mass by π_old
     at.switch_page("app_pages/step_inspector.py").run()
     at.sidebar.selectbox(key="inspector:run").set_value(trl_run.name).run()  # the TRL run's completions, explained
     assert not at.exception, at.exception
@@ -195,5 +195,16 @@ def test_the_training_lab_trains_with_the_trl_backend(tmp_path, monkeypatch):
     assert run.state == "done", run.message
     at.run()
     assert not at.exception, at.exception
-    assert len(at.get("plotly_chart")) == 8  # five metric panels, Cov(log π_old, A) by clip state, the mass by π_old
+    assert len(at.get("plotly_chart")) == 9  # six metric panels, Cov(log π_old, A) by clip state, the mass by π_old
     # and the token scatter (no entropy/change: TRL makes no forward pass after its update)
+
+
+def test_a_trl_run_in_minibatches_evaluates_on_the_held_out_set(tmp_path):
+    """`--backend trl --minibatches 2`: TRL's steps_per_generation = 2, so μ × K optimiser steps per divviz step; the
+    held-out evaluation runs at the start, every step asked and the end, and every row carries the stability."""
+    run = train_cli(tmp_path, "--mu", "2", "--minibatches", "2", "--eval-every", "1")
+    assert run.state == "done" and run.config["minibatches"] == 2
+    rows = store.read_metrics(run.folder)
+    assert [r["trl/global_step"] for r in rows] == [4, 8]
+    assert all({"stability/max_kl", "stability/collapsed"} <= set(r) for r in rows)
+    assert [e["step"] for e in store.read_evals(run.folder)] == [0, 1, 2]

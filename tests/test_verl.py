@@ -14,7 +14,8 @@ from divviz.catalogue.divergences import clip_test
 from divviz.losses import Objective, policy_loss
 from divviz.catalogue.params import DivvizInputError
 from divviz.catalogue.penalties import penalty
-from divviz.catalogue.rollout_correction import RolloutCorrection, offpolicy_metrics, rejection_mask, rollout_weights
+from divviz.catalogue.rollout_correction import (ESTIMATORS, SAFETY_BOUND, RolloutCorrection, offpolicy_metrics,
+                                                 rejection_mask, rollout_weights, rs_options)
 from divviz.catalogue.surrogates import surrogate
 
 DATA = json.loads((Path(__file__).parent / "data" / "verl_policy_losses.json").read_text())
@@ -286,6 +287,32 @@ def test_the_rejection_cases_reject_something():
     dropping = [k for k, c in DATA["rollout_correction"].items() if k.startswith("rejection")
                 and 0 < sum(map(sum, c["mask"])) < sum(map(sum, DATA["batches"][c["batch"]]["response_mask"]))]
     assert len(dropping) >= 12
+
+
+REJECTION_MARGIN = 1e-9  # relative: float64 rounding on another CPU moves a statistic by ~1e-15 of itself
+
+
+@pytest.mark.parametrize("key", [k for k in DATA["rollout_correction"] if k.startswith("rejection")])
+def test_no_rejection_statistic_sits_on_its_threshold(key):
+    """The exact masks above hold on any CPU only if no token's statistic (k1, k2 or k3 of ρ, per token or reduced
+    over its completion) lies within rounding of the threshold it is compared with: each is at least
+    `REJECTION_MARGIN` (relative) away from it, so a one-ulp difference in exp or log cannot flip a decision."""
+    case = DATA["rollout_correction"][key]
+    old, rollout, mask = tensors(DATA["batches"][case["batch"]], "old_log_prob", "rollout_log_prob", "response_mask")
+    log_ratio, active = (old - rollout).clamp(-SAFETY_BOUND, SAFETY_BOUND), mask > 0
+    for name, low, high in rs_options(case["rollout_rs"], case["rollout_rs_threshold"]):
+        reduction, _, statistic = name.rpartition("_")
+        value = ESTIMATORS[statistic](log_ratio) * mask
+        if reduction == "seq_sum":
+            value = value.sum(-1, keepdim=True)
+        elif reduction == "seq_mean":
+            value = value.sum(-1, keepdim=True) / (mask.sum(-1, keepdim=True) + 1e-8)
+        elif reduction == "seq_max":
+            value = torch.where(active, value, -math.inf).amax(-1, keepdim=True)
+        compared = value.expand_as(mask)[active]
+        edges = [math.log(low), math.log(high)] if statistic == "k1" else [high]
+        for edge in edges:
+            assert ((compared - edge).abs() > REJECTION_MARGIN * max(abs(edge), 1e-12)).all(), (name, edge)
 
 
 @pytest.mark.parametrize("call, says", [

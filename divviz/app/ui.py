@@ -18,7 +18,7 @@ from divviz.catalogue.aggregation import AGGREGATIONS, BASELINES, SCALE_REWARDS
 from divviz.catalogue.divergences import BETA, DUAL_CLIP, FAMILIES
 from divviz.engine import runner
 from divviz.engine.config import RUN_PARAMS
-from divviz.engine.models import model_defaults
+from divviz.engine.models import model_defaults, model_settings
 from divviz.engine.runner import Viewer
 from divviz.catalogue.formula import MAX_CHARACTERS
 from divviz.losses import OFF_POLICY_MASK, Objective, RATIO_CAP
@@ -85,6 +85,9 @@ def number(page: str, control: Control, label: str, help: str | None = None, whe
     return slider_for(control.param, key(page, control.name), label, help, where)
 
 
+TINY_STEP = 1e-4  # a parameter stepped finer than this spans decades: a number box in scientific notation
+
+
 def slider_for(p: Param, widget_key: str, label: str, help: str | None = None, where=st):
     """A slider (toggle, text box, file upload) with the range of `p`, bound to session key `widget_key`."""
     if p.upload is not None:
@@ -96,6 +99,9 @@ def slider_for(p: Param, widget_key: str, label: str, help: str | None = None, w
     low, high, step = p.slider_range()
     if p.kind == "int":
         return where.slider(label, int(low), int(high), step=int(step), key=widget_key, help=help or p.doc)
+    if step < TINY_STEP:  # a rate over decades (a learning rate from 1e-6): typed, shown as 5.00e-05, not 0.0000
+        return where.number_input(label, float(low), float(high), step=float(step), key=widget_key,
+                                  help=help or p.doc, format="%.2e")
     return where.slider(label, float(low), float(high), step=float(step), key=widget_key,
                         help=help or p.doc, format="%.4f" if step < 0.001 else "%.3f")
 
@@ -109,9 +115,14 @@ def choice(page: str, control: Control, label: str, help: str | None = None, whe
 
 
 def apply_model_settings(page: str, controls: dict[str, Control]) -> None:
-    """When the model changes (a widget callback): the settings that suit it (`engine/models.py`) into the page's
-    widgets, and every other setting back to its default, so a run of the new model starts sensibly."""
-    suited = model_defaults(st.session_state[key(page, "model")])
+    """When the model or its named setting changes (a widget callback): the settings that suit it (`engine/models.py`:
+    the named setting chosen, else the model's defaults) into the page's widgets, and every other setting back to its
+    default, so a run of the new model starts sensibly."""
+    model = st.session_state[key(page, "model")]
+    named = model_settings(model)
+    if named and st.session_state.get(key(page, "setting")) not in named:
+        st.session_state[key(page, "setting")] = next(iter(named))
+    suited = named.get(st.session_state.get(key(page, "setting")), model_defaults(model))
     for name in ({p.name for p in RUN_PARAMS} | {"task"}) & set(controls):
         st.session_state[key(page, name)] = suited.get(name, controls[name].default)
 
@@ -365,13 +376,33 @@ def show_chart(chart: Chart, name: str) -> None:
     # when clicked: a live chart redraws every 2 s
 
 
-def show_training_charts(page: str, runs: list[tuple[str, list[dict]]]) -> bool:
-    """The metric curves of runs [(label, metrics rows)] with a smoothing slider, then their mass reallocation
-    by π_old (Training lab and Runs page alike). Returns whether there was anything to draw."""
+def show_training_charts(page: str, runs: list[tuple[str, list[dict]]], evals: list[list[dict]] | None = None,
+                         binding_hint: str = "") -> bool:
+    """The metric curves of runs [(label, metrics rows)] with a smoothing slider: first, when nothing has clipped,
+    a notice that every measure makes the same update (with `binding_hint`, how to make it bind), and each run's
+    collapse; the held-out accuracy (`evals`, each run's evaluation rows); the curves; the clip fraction and KL by
+    mini-batch; their mass reallocation by π_old (Training lab and Runs page alike). Returns whether there was
+    anything to draw."""
+    if run_views.nothing_clipped(runs):
+        st.info(f"No token was clipped in the last {run_views.BINDING_WINDOW} steps of any of these runs, so at these "
+                "settings every clip test makes exactly the same update as no clip at all: their curves can differ "
+                f"only by chance. {binding_hint}", icon=":material/info:")
+    for label, rows in runs:
+        step = run_views.collapse_step(rows) if rows else None
+        if step is not None:
+            st.warning(literal(f"{label} collapsed at step {step}: reward below half its peak while an update's KL "
+                               "was large, or the entropy at a tenth of its start (engine/stability.py)."),
+                       icon=":material/trending_down:")
+    held_out = run_views.held_out_chart([(label, rows, e) for (label, rows), e in zip(runs, evals or [[]] * len(runs))])
+    if held_out is not None:
+        show_chart(held_out, f"{page} held-out accuracy")
     smooth = st.slider("Smoothing: trailing mean over steps", 1, 20, 1, key=key(page, "smooth"))
     charts = run_views.training_charts(runs, smooth)
     for name, chart in charts.items():
         show_chart(chart, f"{page} {name}")
+    by_minibatch = run_views.minibatch_profile(runs)
+    if by_minibatch is not None:
+        show_chart(by_minibatch, f"{page} by mini-batch")
     if charts:
         show_chart(run_views.mass_shift(runs), f"{page} mass reallocation")
     return bool(charts)

@@ -80,7 +80,7 @@ def same_batch(cfg: RunConfig, settings: list[tuple[str, RunConfig | Objective]]
         objective = run.objective()
         tr.model.load_state_dict(start_weights)
         tr.optimiser = make_optimiser(tr.model, cfg)
-        done = update(tr, batch, objective, logp_old if cfg.mu > 1 else None, logp_old, step,
+        done = update(tr, batch, objective, logp_old if cfg.mu > 1 and cfg.minibatches == 1 else None, logp_old, step,
                       correction=run.correction(), bypass=run.bypass_mode)
         out = done.out
         after = measure(tr.model)

@@ -3,7 +3,8 @@
 
 A record holds the first `inspect_prompts` prompts of the step, each with its token ids as the model saw them
 (`prompt_ids`) and its G completions: the text, reward and advantage, and per token its id, its piece as the tokenizer decodes it alone, the tokenizer's raw piece and whether
-it is a special token, and the facts of the last inner step of the update:
+it is a special token, the mini-batch it trained in (1-based, when the update had several), and the facts of the last
+inner step of the update (its last pass, in its mini-batch):
 
     pi_old   π_old of the sampled token          ratio    w = π_θ/π_old at the last inner step (what the loss saw)
     pi_new   π after the update                  adv      the advantage A
@@ -73,7 +74,8 @@ def step_record(*, step: int, tokenizer, groups: list[tuple[str, list[int]]], te
                 logp_after: "torch.Tensor | None", logp_ref: "torch.Tensor | None", weight: np.ndarray,
                 byte_cap: int = BYTE_CAP, kept: "torch.Tensor | None" = None,
                 logp_roll: "torch.Tensor | None" = None, prompt_ids: list[list[int]] | None = None,
-                entropy: "torch.Tensor | None" = None, top1: "torch.Tensor | None" = None) -> dict:
+                entropy: "torch.Tensor | None" = None, top1: "torch.Tensor | None" = None,
+                minibatch: "torch.Tensor | None" = None) -> dict:
     """The record of the completions in `groups`: (prompt, its completions' rows of the batch), in order.
 
     `out`, `logp_old`, `adv` ((B,) or (B, T)), `mask`, `logp_ref`, `weight`, `completion_ids`, `texts` and
@@ -81,7 +83,8 @@ def step_record(*, step: int, tokenizer, groups: list[tuple[str, list[int]]], te
     last row kept), or it is None where π after the update is not known (a TRL run makes no such forward). `kept` is
     the loss's mask where a rollout correction rejected tokens of `mask` (the completions'), and `logp_roll` the
     sampler's log-probs where the batch may be off-policy. `prompt_ids` (one list per group) are each prompt's token
-    ids as the model saw them (chat template applied), so π_old can be recomputed from the record."""
+    ids as the model saw them (chat template applied), so π_old can be recomputed from the record. `minibatch` (B,)
+    is the 0-based mini-batch each completion trained in, when the update had several (recorded 1-based)."""
     rows = [i for _, members in groups for i in members]
     lengths = mask.detach()[rows].sum(-1).long().tolist()
     adv = adv.unsqueeze(1) if adv.dim() == 1 else adv
@@ -109,6 +112,7 @@ def step_record(*, step: int, tokenizer, groups: list[tuple[str, list[int]]], te
             facts = {fact: significant(values[k], n) if values is not None else None for fact, values in columns.items()}
             facts["state"] = [int(s) for s in states[k][:n]]
             completion = {"text": texts[i], "reward": float(rewards[i]), "advantage": float(adv[i, 0]),
+                          **({"minibatch": int(minibatch[i]) + 1} if minibatch is not None else {}),
                           "tokens": {**{key: part[start:start + n] for key, part in pieces.items()}, **facts}}
             added += len(json.dumps(completion)) + 2
             if size + added > byte_cap:
@@ -143,6 +147,10 @@ def check_record(record: object, name: str) -> dict:
             need(isinstance(completion, dict) and isinstance(completion.get("text"), str)
                  and number(completion.get("reward")) and number(completion.get("advantage"))
                  and isinstance(completion.get("tokens"), dict), f"{where} lacks its text, reward or tokens")
+            need("minibatch" not in completion or (isinstance(completion["minibatch"], int)
+                                                   and not isinstance(completion["minibatch"], bool)
+                                                   and completion["minibatch"] >= 1),
+                 f"{where}: its mini-batch is not a positive integer")
             tokens = completion["tokens"]
             ids = tokens.get("id")
             need(isinstance(ids, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in ids),

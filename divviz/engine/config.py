@@ -10,6 +10,7 @@ from divviz.catalogue.aggregation import AGGREGATIONS, BASELINES, check_scale_re
 from divviz.catalogue.divergences import clip_test
 from divviz.engine.completions import BYTE_CAP, MAX_BYTES
 from divviz.engine.models import model_defaults
+from divviz.engine.model import DTYPES
 from divviz.engine.prompts import PROMPT_FORMATS
 from divviz.engine.tasks import TASKS
 from divviz.losses import Objective
@@ -29,7 +30,11 @@ RUN_PARAMS = (
     Param("group_size", 8, 2, 256, high_open=False, kind="int", typical=(2, 32, 1),
           doc="G, completions per prompt (TRL num_generations)"),
     Param("mu", 2, 1, 16, high_open=False, kind="int", typical=(1, 8, 1),
-          doc="μ, optimisation steps per batch (TRL num_iterations)"),
+          doc="μ, passes over each rollout batch (TRL num_iterations, verl ppo_epochs)"),
+    Param("minibatches", 1, 1, 256, high_open=False, kind="int", typical=(1, 16, 1),
+          doc="K, optimiser steps per pass: the batch's completions shuffled once and split into K equal "
+              "mini-batches, all trained against the sampling policy π_old (TRL steps_per_generation; verl "
+              "batch / ppo_mini_batch_size); every mini-batch after the first is off-policy (1: one step per pass)"),
     Param("lr", 2e-3, 0.0, 1.0, low_open=True, high_open=False, typical=(1e-6, 1e-2, 1e-6),
           doc="AdamW learning rate"),
     Param("temperature", 1.0, 0.0, 10.0, low_open=True, high_open=False, typical=(0.1, 2.0, 0.05),
@@ -51,6 +56,9 @@ RUN_PARAMS = (
               "(0: none)"),
     Param("inspect_bytes", BYTE_CAP, 1_024, MAX_BYTES, high_open=False, kind="int", typical=(1_024, 4_194_304, 1_024),
           doc="the most bytes of one step's kept completions (the later completions are left out)"),
+    Param("eval_every", 0, 0, 100_000, high_open=False, kind="int", typical=(0, 100, 1),
+          doc="evaluate on the task's held-out problems before the first step, every N steps and after the last "
+              "(0: never): sampled and greedy accuracy with their 95% intervals"),
     Param("trainable_blocks", 0, 0, 1_000, high_open=False, kind="int", typical=(0, 30, 1),
           doc="train only the last N transformer blocks (and the final norm), the rest frozen: a CPU step of a real "
               "model in seconds (0: every parameter)"),
@@ -132,6 +140,7 @@ class RunConfig:
     model: str = "builtin"
     prompt_format: str = "auto"  # `engine/prompts.py`: compact, chat (the tokenizer's template), or auto
     device: str = "auto"
+    dtype: str = "auto"  # the forward passes' precision (`model.pick_dtype`): auto, float32 or bfloat16
     clip: str | None = "ratio"
     clip_params: dict = field(default_factory=dict)
     surrogate: str | None = None
@@ -161,6 +170,7 @@ class RunConfig:
     prompts: int = 16
     group_size: int = 8
     mu: int = 2
+    minibatches: int = 1
     lr: float = 2e-3
     temperature: float = 1.0
     max_new_tokens: int = 8
@@ -172,6 +182,7 @@ class RunConfig:
     checkpoint_every: int = 10
     inspect_prompts: int = 2
     inspect_bytes: int = BYTE_CAP
+    eval_every: int = 0
     trainable_blocks: int = 0
 
     @staticmethod
@@ -211,6 +222,12 @@ class RunConfig:
                                    f"{', '.join(PROMPT_FORMATS)}")
         if cfg.device not in ("auto", "cpu", "cuda", "mps"):
             raise DivvizInputError(f"unknown device {quoted(cfg.device)}; choose auto, cpu, cuda or mps")
+        if cfg.dtype not in DTYPES:
+            raise DivvizInputError(f"unknown dtype {quoted(cfg.dtype)}; choose {', '.join(DTYPES)}")
+        completions = cfg.prompts * cfg.group_size
+        if completions % cfg.minibatches:
+            raise DivvizInputError(f"{completions} completions per step (prompts × group_size) do not split into "
+                                   f"{cfg.minibatches} equal mini-batches; choose K dividing {completions}")
         if not isinstance(cfg.rollout_dtype, str) or cfg.rollout_dtype not in SAMPLER_DTYPES:
             raise DivvizInputError(f"unknown rollout_dtype {quoted(cfg.rollout_dtype)}; choose "
                                    f"{', '.join(SAMPLER_DTYPES)}")

@@ -27,7 +27,8 @@ import torch
 from divviz.catalogue.aggregation import aggregation_weights, group_advantages
 from divviz.engine.completions import step_record
 from divviz.engine.config import RunConfig
-from divviz.engine.model import load_policy, pick_device, train_last_blocks
+from divviz.engine.minibatch import in_batch_order, minibatch_index, minibatch_rows, policy_before
+from divviz.engine.model import load_policy, pick_device, pick_dtype, train_last_blocks
 from divviz.engine.prompts import asked_ids, resolve_format, shown_prompts
 from divviz.engine.rollout import (Rollout, completion_logits, completion_logps, decode_completions, encode_prompts,
                                   sample, token_logps)
@@ -76,12 +77,13 @@ class Trainer:
     correction: RolloutCorrection
     sampler: RolloutPolicy | None = None  # None: the trained model samples its own completions
     prompt_format: str = "compact"  # `prompts.py`: the compact prompt, or the question through the chat template
+    dtype: torch.dtype | None = None  # the forward passes' autocast precision (`model.pick_dtype`); None: float32
 
     def autocast(self):
-        """bf16 autocast on CUDA; full precision elsewhere."""
-        if self.device.type == "cuda" and torch.cuda.is_bf16_supported():
-            return torch.autocast("cuda", dtype=torch.bfloat16)
-        return nullcontext()
+        """Autocast to the run's precision (bf16 on a GPU or CPU that has it, `model.pick_dtype`), else nothing."""
+        if self.dtype is None:
+            return nullcontext()
+        return torch.autocast(self.device.type, dtype=self.dtype)
 
     def sampling(self) -> tuple[torch.nn.Module, object]:
         """The model that samples and its autocast: the sampler in its own precision, or the trained model."""
@@ -103,7 +105,8 @@ def make_trainer(cfg: RunConfig) -> Trainer:
     if objective.needs_ref:
         reference = copy.deepcopy(model).eval().requires_grad_(False)  # frozen copy of the start policy
     return Trainer(cfg, task, model, reference, tokenizer, make_optimiser(model, cfg), objective, device,
-                   cfg.correction(), rollout_policy(model, cfg.rollout_dtype, cfg.rollout_lag), fmt)
+                   cfg.correction(), rollout_policy(model, cfg.rollout_dtype, cfg.rollout_lag), fmt,
+                   pick_dtype(cfg.dtype, device, cfg.model))
 
 
 def make_optimiser(model, cfg: RunConfig) -> torch.optim.AdamW:
@@ -172,9 +175,10 @@ def top_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float)
 
 @dataclass
 class Update:
-    """What `update` did: the last inner step's LossOutput, the old log-probs it used, the clip fractions averaged
-    over the μ inner steps, the gradient norms, the rollout correction (None when the batch is on-policy) and the
-    loss's mask (the completions' less the tokens the correction rejected)."""
+    """What `update` did: the last pass's LossOutput (each completion's from its mini-batch), the old log-probs it
+    used, the clip fractions averaged over its μ × K optimiser steps (and by mini-batch position when K > 1), the
+    gradient norms, the rollout correction (None when the batch is on-policy), the loss's mask (the completions'
+    less the tokens the correction rejected) and the mini-batch each completion trained in."""
 
     out: LossOutput
     logp_old: torch.Tensor
@@ -182,57 +186,83 @@ class Update:
     grad_norms: list[float]
     correction: Correction | None
     mask: torch.Tensor
-    before: torch.Tensor | None = None  # the tempered logits of the `watch` rows at the first inner step (B, T, V)
+    before: torch.Tensor | None = None  # the tempered logits of the `watch` rows before the update (B, T, V)
+    minibatch: torch.Tensor | None = None  # (N,) 0-based mini-batch of each completion; None for K = 1
 
 
 def update(tr: Trainer, batch: Batch, objective: Objective, logp_old, logp_ref, step: int,
            correction: RolloutCorrection | None = None, bypass: bool | None = None,
            watch: torch.Tensor | None = None) -> Update:
-    """μ optimisation steps of `objective` on `batch` from `logp_old` (None: the policy's log-probs at the first inner
-    step). With a sampler or an active rollout correction (default: the run's), the correction of π_old against the
-    sampler's π_roll weighs and masks every inner step, and its metrics measure the mismatch; in verl's bypass mode
-    (default: the run's) π_old is π_roll, and the metrics compare it with the policy at the first inner step, as
-    verl's do. TRL's off-policy sequence mask compares π_θ with π_roll, as TRL does with vLLM's log-probs. The
-    full tempered logits of the completions `watch` (an index) are kept from the first inner step's forward, the
-    policy before the update, for its entropy change (`metrics.entropy_change`)."""
+    """μ passes of `objective` over `batch`, each K = `minibatches` optimiser steps on the mini-batches of
+    `minibatch.minibatch_rows`, from `logp_old` (None: the policy's log-probs before the update; with K = 1 and
+    μ = 1 the current ones, detached, as TRL). With a sampler or an active rollout correction (default: the run's),
+    the correction of π_old against the sampler's π_roll weighs and masks every step, and its metrics measure the
+    mismatch; in verl's bypass mode (default: the run's) π_old is π_roll, and the metrics compare it with the policy
+    before the update, as verl's do. TRL's off-policy sequence mask compares π_θ with π_roll, as TRL does with
+    vLLM's log-probs. The full tempered logits of the completions `watch` (an index) are kept from the policy before
+    the update, for its entropy change (`metrics.entropy_change`)."""
     cfg, rollout = tr.cfg, batch.rollout
-    mask = rollout.completion_mask
+    mask, n = rollout.completion_mask, len(batch.adv)
     correction = tr.correction if correction is None else correction
     bypass = cfg.bypass_mode if bypass is None else bypass
-    logp_old = rollout.logp if bypass else logp_old
     measured = tr.sampler is not None or correction.active
-    sampling = {"logp_sampling": rollout.logp} if tr.sampler is not None else {}
+    parts = minibatch_rows(n, cfg.minibatches, cfg.seed * 104_729 + step)
+    corrected, before = None, None
+    if parts is None:
+        logp_old = rollout.logp if bypass else logp_old
+    else:  # π_old of every mini-batch before the first one trains
+        logp_pre, before = policy_before(tr.model, rollout, parts, cfg.temperature, tr.autocast, watch)
+        logp_old = rollout.logp if bypass else logp_pre
+        if measured:
+            corrected = correction.apply(logp_pre if bypass else logp_old, rollout.logp, mask)
+    steps = cfg.mu * cfg.minibatches
+    tokens = mask.sum() / cfg.minibatches if objective.aggregation == "dapo" and parts is not None else None
     tr.model.train()
-    fractions, grad_norms, corrected, before = {}, [], None, None
+    fractions, grad_norms, last = {}, [], []
     for inner in range(cfg.mu):
-        weight = None
-        logits = completion_logits(tr.model, rollout, cfg.temperature, tr.autocast)
-        if inner == 0 and watch is not None:
-            before = logits[watch].detach().clone()
-        if cfg.top_entropy_quantile < 1.0:
-            logp_new, entropy = token_logps(logits, rollout, with_entropy=True)
-            weight = top_entropy_mask(entropy, mask, cfg.top_entropy_quantile)
-        else:
-            logp_new = token_logps(logits, rollout)
-        del logits
-        if logp_old is None:  # μ = 1: the current policy is the old one (TRL)
-            logp_old = logp_new.detach()
-        if inner == 0 and measured:
-            corrected = correction.apply(logp_new.detach() if bypass else logp_old, rollout.logp, mask)
-        loss_mask = mask if corrected is None else corrected.mask
-        if corrected is not None and corrected.weight is not None:
-            weight = corrected.weight if weight is None else weight * corrected.weight
-        out = finite_loss(objective, f"step {step + 1} (inner step {inner + 1})", cfg.lr, logp_new, logp_old,
-                          batch.adv, loss_mask, logp_ref=logp_ref, max_completion_length=cfg.max_new_tokens,
-                          weight=weight, **sampling)
-        tr.optimiser.zero_grad(set_to_none=True)
-        out.loss.backward()
-        grad_norms.append(float(torch.nn.utils.clip_grad_norm_(tr.model.parameters(), cfg.max_grad_norm)))
-        tr.optimiser.step()
-        for key, value in clip_fractions(out, loss_mask).items():
-            fractions[key] = fractions.get(key, 0.0) + value / cfg.mu
+        for k, rows in enumerate(parts or [None]):
+            pick = (lambda x: x) if rows is None else (lambda x: None if x is None else x[rows])  # noqa: E731
+            part = rollout if rows is None else rollout.rows(rows)
+            weight = None
+            logits = completion_logits(tr.model, part, cfg.temperature, tr.autocast)
+            if inner == 0 and watch is not None and rows is None:
+                before = logits[watch].detach().clone()
+            if cfg.top_entropy_quantile < 1.0:
+                logp_new, entropy = token_logps(logits, part, with_entropy=True)
+                weight = top_entropy_mask(entropy, pick(mask), cfg.top_entropy_quantile)
+            else:
+                logp_new = token_logps(logits, part)
+            del logits
+            if logp_old is None:  # K = 1, μ = 1: the current policy is the old one (TRL)
+                logp_old = logp_new.detach()
+            if inner == 0 and measured and rows is None:
+                corrected = correction.apply(logp_new.detach() if bypass else logp_old, rollout.logp, mask)
+            loss_mask = pick(mask if corrected is None else corrected.mask)
+            if corrected is not None and corrected.weight is not None:
+                weight = pick(corrected.weight) if weight is None else weight * pick(corrected.weight)
+            where = f"inner step {inner + 1}" if rows is None else f"pass {inner + 1}, mini-batch {k + 1}"
+            out = finite_loss(objective, f"step {step + 1} ({where})", cfg.lr, logp_new, pick(logp_old),
+                              pick(batch.adv), loss_mask, logp_ref=pick(logp_ref),
+                              max_completion_length=cfg.max_new_tokens, weight=weight, num_items_in_batch=tokens,
+                              **({"logp_sampling": pick(rollout.logp)} if tr.sampler is not None else {}))
+            tr.optimiser.zero_grad(set_to_none=True)
+            out.loss.backward()
+            grad_norms.append(float(torch.nn.utils.clip_grad_norm_(tr.model.parameters(), cfg.max_grad_norm)))
+            tr.optimiser.step()
+            measured_here = clip_fractions(out, loss_mask)
+            for key, value in measured_here.items():
+                fractions[key] = fractions.get(key, 0.0) + value / steps
+            if rows is not None:  # by optimiser step: 1 … K in the first pass, K + 1 … 2K in the second, …
+                position = inner * cfg.minibatches + k + 1
+                fractions[f"clip_ratio/region_mean_by_minibatch/{position}"] = measured_here["clip_ratio/region_mean"]
+                fractions[f"kl/k3_by_minibatch/{position}"] = _masked_mean(k3(logp_new.detach() - pick(logp_old)),
+                                                                           loss_mask)
+            if inner == cfg.mu - 1:
+                last.append((rows, out))
     tr.model.eval()
-    return Update(out, logp_old, fractions, grad_norms, corrected, loss_mask, before)
+    out = out if parts is None else in_batch_order(last, n)
+    return Update(out, logp_old, fractions, grad_norms, corrected, mask if corrected is None else corrected.mask,
+                  before, None if parts is None else minibatch_index(parts, n))
 
 
 def grpo_step(tr: Trainer, step: int) -> StepResult:
@@ -245,7 +275,7 @@ def grpo_step(tr: Trainer, step: int) -> StepResult:
     logps = partial(completion_logps, rollout=rollout, temperature=cfg.temperature, autocast=tr.autocast)
     with torch.no_grad():
         logp_ref = logps(tr.reference) if tr.reference is not None else None
-        logp_old = logps(tr.model) if cfg.mu > 1 and not cfg.bypass_mode else None
+        logp_old = logps(tr.model) if cfg.mu > 1 and cfg.minibatches == 1 and not cfg.bypass_mode else None
     rows = after_rows(len(rewards), inspected_rows(cfg), step).to(tr.device)
     watch = rows[:ENTROPY_ROWS]
     done = update(tr, batch, tr.objective, logp_old, logp_ref, step, watch=watch)
@@ -324,7 +354,7 @@ def inspected_record(tr: Trainer, batch: Batch, done: Update, logp_after, logp_r
                        out=done.out, logp_old=done.logp_old, logp_after=logp_after, logp_ref=logp_ref, weight=weight,
                        byte_cap=cfg.inspect_bytes, kept=None if done.correction is None else done.mask,
                        entropy=batch.rollout.entropy, top1=batch.rollout.top1,
-                       logp_roll=None if done.correction is None else batch.rollout.logp)
+                       logp_roll=None if done.correction is None else batch.rollout.logp, minibatch=done.minibatch)
 
 
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:

@@ -121,7 +121,11 @@ def _warm_start(task: Task, seed: int):
 
 def load_policy(model: str, task: Task, seed: int = 0, trust_remote_code: bool = False):
     """(model, tokenizer) for a built-in model ("builtin", "smollm2-135m": `models.py`) or a local folder / hub id
-    of a causal LM. Bad paths get a clear `DivvizInputError`, never a traceback."""
+    of a causal LM. Bad paths get a clear `DivvizInputError`, never a traceback. transformers' progress bar of the
+    weights it loads ("Loading weights 272/272", in every run's log) is switched off."""
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
     if model == BUILTIN:
         return builtin_policy(task, seed)
     if model == smollm2.NAME:
@@ -167,6 +171,31 @@ def train_last_blocks(model, blocks: int) -> None:
 def _first_line(err: Exception) -> str:
     text = str(err).strip().splitlines()
     return shorten(text[0], 300) if text else type(err).__name__
+
+
+DTYPES = ("auto", "float32", "bfloat16")
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU computes bfloat16 matrix products natively (AVX512-BF16 or AMX), where bf16 autocast is
+    about twice as fast as float32 (docs/learning.md); without them it is emulated and slower."""
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
+def pick_dtype(name: str, device: torch.device, model: str) -> torch.dtype | None:
+    """The autocast precision of the forward passes, None for full float32. "auto": bfloat16 on a CUDA device that
+    has it, and on a CPU that has it for a real model (the built-in model is too small to gain and keeps float32);
+    "bfloat16" where the device cannot is refused. Weights, log-softmax and the loss stay float32."""
+    if name == "float32":
+        return None
+    supported = (torch.cuda.is_bf16_supported() if device.type == "cuda" else
+                 cpu_has_bf16() if device.type == "cpu" else False)
+    if name == "bfloat16":
+        if not supported:
+            raise DivvizInputError(f"dtype 'bfloat16' was asked for but this {device.type.upper()} has no native "
+                                   "bfloat16 (AVX512-BF16 or AMX on a CPU); use --dtype auto or float32")
+        return torch.bfloat16
+    return torch.bfloat16 if supported and (device.type == "cuda" or model != BUILTIN) else None
 
 
 def pick_device(name: str = "auto") -> torch.device:

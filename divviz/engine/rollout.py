@@ -7,6 +7,8 @@ G copies of each) and the completions on top of its KV cache.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass, fields
 
 import torch
@@ -55,6 +57,23 @@ def left_pad(sequences: list[list[int]], pad_id: int, device) -> tuple[torch.Ten
     return ids.to(device), mask.long().to(device)
 
 
+@functools.cache
+def _cache_argument(kind: type) -> str:
+    return "cache" if "cache" in inspect.signature(kind.forward).parameters else "past_key_values"
+
+
+def cache_argument(model) -> str:
+    """The name under which `model`'s forward takes a KV cache: `cache` from transformers 5.2x on (which warns on
+    every call given the old name), `past_key_values` before."""
+    return _cache_argument(type(model))
+
+
+def kv_cache(out):
+    """The KV cache a forward returned, under either name (`cache_argument`)."""
+    cache = getattr(out, "cache", None)
+    return out.past_key_values if cache is None else cache
+
+
 def prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, autocast):
     """One forward over the prompts with the KV cache: (cache, last-position logits, next position), all (N, ...).
 
@@ -70,14 +89,16 @@ def prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, autocast
     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # left padding is invisible to the model
     with autocast():
         out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
-    cache = out.past_key_values
+    cache = kv_cache(out)
     cache.reorder_cache(inverse)
     return cache, out.logits[inverse, -1], positions[inverse, -1:] + 1
 
 
 def sample(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, eos_id: int, pad_id: int,
-           max_new_tokens: int, temperature: float, generator: torch.Generator, autocast=None) -> Rollout:
-    """Sample up to `max_new_tokens` tokens per prompt with the model's KV cache.
+           max_new_tokens: int, temperature: float, generator: torch.Generator | None, autocast=None,
+           greedy: bool = False) -> Rollout:
+    """Sample up to `max_new_tokens` tokens per prompt with the model's KV cache (with `greedy`, take the most
+    likely token each time instead: greedy decoding, the generator unused).
 
     Rows that have produced <eos> leave the batch (their cache rows are dropped), so each decoding step runs
     only the completions still being written; their later columns are padding (mask 0)."""
@@ -89,7 +110,7 @@ def sample(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, eos_id
         live = torch.arange(n, device=device)  # the rows still being written, in batch order
         for t in range(max_new_tokens):
             logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
-            token = out.write(live, t, logp_all, generator)
+            token = out.write(live, t, logp_all, generator, greedy)
             going = token != eos_id
             if t + 1 == max_new_tokens or not bool(going.any()):
                 break
@@ -99,8 +120,8 @@ def sample(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, eos_id
             attention = torch.cat([attention, attention.new_ones((len(live), 1))], dim=1)
             with autocast():
                 step = model(input_ids=token[:, None], attention_mask=attention, position_ids=position,
-                             past_key_values=cache, use_cache=True)
-            cache, logits, position = step.past_key_values, step.logits[:, -1], position + 1
+                             use_cache=True, **{cache_argument(model): cache})
+            cache, logits, position = kv_cache(step), step.logits[:, -1], position + 1
     return out.rollout(prompt_ids, prompt_mask, t + 1)
 
 
@@ -112,12 +133,14 @@ class _Columns:
         self.mask, self.logp, self.entropy, self.top1 = (torch.zeros(n, width, device=device) for _ in range(4))
         self.argmax = torch.zeros(n, width, dtype=torch.bool, device=device)
 
-    def write(self, rows: torch.Tensor, t: int, logp_all: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        """Sample column t for `rows` from log π = `logp_all` and record the token, its log-prob, the entropy
-        H = −Σ π log π, the top-1 mass max π and whether the token was the argmax; returns the tokens."""
+    def write(self, rows: torch.Tensor, t: int, logp_all: torch.Tensor, generator: torch.Generator | None,
+              greedy: bool = False) -> torch.Tensor:
+        """Sample column t for `rows` from log π = `logp_all` (or take its argmax, `greedy`) and record the token, its
+        log-prob, the entropy H = −Σ π log π, the top-1 mass max π and whether the token was the argmax; returns the
+        tokens."""
         probs = logp_all.exp()
-        token = torch.multinomial(probs, 1, generator=generator).squeeze(1)
         top1, argmax = probs.max(dim=-1)
+        token = argmax if greedy else torch.multinomial(probs, 1, generator=generator).squeeze(1)
         self.ids[rows, t] = token
         self.mask[rows, t] = 1.0
         self.logp[rows, t] = logp_all.gather(1, token[:, None]).squeeze(1)
@@ -144,7 +167,7 @@ def completion_logits(model, rollout: Rollout, temperature: float, autocast) -> 
         positions = position + torch.arange(t - 1, device=position.device)
         with autocast():
             out = model(input_ids=rollout.completion_ids[:, :-1], attention_mask=attention, position_ids=positions,
-                        past_key_values=cache, use_cache=True)
+                        use_cache=True, **{cache_argument(model): cache})
         logits.append(out.logits)
     return torch.cat(logits, dim=1).float() / temperature
 

@@ -117,6 +117,13 @@ class RunWriter:
         self.status["step"] = step
         self._write_status()
 
+    def add_eval(self, step: int, metrics: dict) -> None:
+        """One held-out evaluation (`evaluate.evaluate`) after `step` updates (0: before the first) to eval.jsonl."""
+        with open(self.folder / "eval.jsonl", "a") as handle:
+            handle.write(json.dumps({"step": step, **metrics}) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
     def save_checkpoint(self, step: int, model) -> None:
         from safetensors.torch import save_model  # handles tied weights (embedding = LM head)
 
@@ -272,6 +279,12 @@ def read_metrics(folder: Path) -> list[dict]:
     """All complete, readable lines of metrics.jsonl, numbers only (a torn or corrupt line is skipped), read
     incrementally: only what was appended since the last call is read from disk (`tail.MetricsCache`)."""
     return METRICS.rows(folder / "metrics.jsonl")
+
+
+def read_evals(folder: Path) -> list[dict]:
+    """The run's held-out evaluations (eval.jsonl: `step`, the updates done before it, and the `eval/*` metrics), in
+    order; [] for a run that evaluated nothing. Read as metrics.jsonl is (a torn or corrupt line is skipped)."""
+    return METRICS.rows(folder / "eval.jsonl")
 
 
 def last_metrics(folder: Path) -> dict:

@@ -2,7 +2,8 @@
 
 Each task makes (prompt, answer) pairs and scores a completion: reward 1 if the completion (up to the
 end-of-sequence token) is a correct answer, else 0; with `format_reward` > 0, a wrong but well-formed
-answer (only the characters the answer may contain) earns that much.
+answer (only the characters the answer may contain) earns that much. Each task keeps a fixed held-out set of
+`HELD_OUT` problems (`Task.held_out`) that its training batches never contain, for the evaluation during training.
 
     add        "17+8="         → "25"
     sort       "sort:3142="    → "1234"
@@ -24,6 +25,7 @@ before the first blank line), so a model that answers and then rambles is judged
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 from dataclasses import dataclass
@@ -65,8 +67,19 @@ class Task:
         return format_reward if well_formed else 0.0
 
     def batch(self, seed: int, n: int) -> list[tuple[str, str]]:
-        rng = random.Random(seed)
-        return [self.make(rng) for _ in range(n)]
+        """n training problems drawn from `seed`: never one of the held-out set (`held_out`), which is redrawn."""
+        rng, held_out = random.Random(seed), held_out_prompts(self.name)
+        problems = []
+        while len(problems) < n:
+            problem = self.make(rng)
+            if problem[0] not in held_out:
+                problems.append(problem)
+        return problems
+
+    def held_out(self) -> list[tuple[str, str]]:
+        """The task's fixed held-out set: `HELD_OUT` distinct problems that training never draws (`batch`), the same
+        for every run, evaluated during training (`engine/evaluate.py`)."""
+        return _held_out(self.name)
 
 
 def _add(rng: random.Random) -> tuple[str, str]:
@@ -215,6 +228,23 @@ TASKS: dict[str, Task] = {
              "0123456789+-*()", 11, _ask_countdown, _extract_expression),
     )
 }
+
+
+HELD_OUT = 128  # problems in each task's held-out set: a Wilson 95% interval of about ±0.085 at accuracy 0.5
+
+
+@functools.cache
+def _held_out(name: str) -> list[tuple[str, str]]:
+    rng, found = random.Random(f"held-out {name}"), {}
+    while len(found) < HELD_OUT:
+        prompt, answer = TASKS[name].make(rng)
+        found.setdefault(prompt, answer)
+    return list(found.items())
+
+
+@functools.cache
+def held_out_prompts(name: str) -> frozenset[str]:
+    return frozenset(prompt for prompt, _ in _held_out(name))
 
 
 def get_task(name: str) -> Task:

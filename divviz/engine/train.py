@@ -9,9 +9,13 @@ import signal
 from pathlib import Path
 from typing import Callable
 
+import torch
+
 from divviz.engine.config import RunConfig
+from divviz.engine.evaluate import evaluate
 from divviz.engine.grpo import NonFiniteLoss, StepResult, Trainer, grpo_step, make_trainer
 from divviz.engine.prompts import prompting
+from divviz.engine.stability import Stability
 from divviz.engine.store import RunWriter, new_run_folder
 from divviz.catalogue.params import DivvizInputError
 
@@ -56,22 +60,50 @@ def small_enough(model, limit: int = 50_000_000) -> bool:
     return sum(p.numel() for p in model.parameters()) <= limit
 
 
+def eval_steps(cfg: RunConfig) -> set[int]:
+    """The steps after which a run evaluates on the held-out set: 0 (before the first), every `eval_every`, the last;
+    none when `eval_every` is 0."""
+    if not cfg.eval_every:
+        return set()
+    return {0, cfg.steps, *range(cfg.eval_every, cfg.steps, cfg.eval_every)}
+
+
+def held_out_evaluation(trainer: Trainer) -> dict[str, float]:
+    """`evaluate.evaluate` of the trainer's policy at its run's temperature and completion length."""
+    cfg = trainer.cfg
+    return evaluate(trainer.model, trainer.tokenizer, trainer.task, trainer.prompt_format, temperature=cfg.temperature,
+                    max_new_tokens=cfg.max_new_tokens, device=trainer.device, autocast=trainer.autocast)
+
+
 def train(cfg: RunConfig, root: Path, *, folder: Path | None = None, trainer: Trainer | None = None,
           on_step: Callable[[StepResult], None] | None = None) -> Path:
-    """Run `cfg` to the end (or until stopped or failed) and return its run folder."""
+    """Run `cfg` to the end (or until stopped or failed) and return its run folder; evaluate on the held-out set at
+    `eval_steps` and add the run's stability so far (`stability.Stability`) to every metrics row."""
     folder = folder or new_run_folder(root, f"{cfg.task}-{cfg.label}")
     writer = RunWriter(folder, cfg.to_dict(), cfg.steps)
+    evaluated, stability = eval_steps(cfg), Stability()
     try:
         trainer = trainer or make_trainer(cfg)
-        writer.add_to_config({"prompting": prompting(trainer.tokenizer, trainer.task, trainer.prompt_format)})
+        writer.add_to_config({"prompting": prompting(trainer.tokenizer, trainer.task, trainer.prompt_format),
+                              "precision": str(trainer.dtype or torch.float32).removeprefix("torch.")})
         writer.set_device(str(trainer.device))
+        if 0 in evaluated:
+            scores = held_out_evaluation(trainer)
+            with writing():
+                writer.add_eval(0, scores)
         for step in range(cfg.steps):
             result = grpo_step(trainer, step)
             bad = [k for k, v in result.metrics.items() if not math.isfinite(v)]
             if bad:
                 raise NonFiniteLoss(f"metric '{bad[0]}' became {result.metrics[bad[0]]} at step {step + 1}")
+            result.metrics.update(stability.update(step + 1, result.metrics))
             with writing():
                 writer.append(step + 1, result.metrics, result.tokens, result.completions, result.inspected)
+            if step + 1 in evaluated:
+                scores = held_out_evaluation(trainer)
+                with writing():
+                    writer.add_eval(step + 1, scores)
+            with writing():
                 if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0 and small_enough(trainer.model):
                     writer.save_checkpoint(step + 1, trainer.model)
             if on_step:

@@ -6,9 +6,10 @@ sample the completions once, then for each measure restore the weights and take 
 update did over the full vocabulary at every sampled position — the exact change of the entropy (and its first-order
 prediction), of the top-1 mass, the share of the mass gained by argmax tokens, and the covariance of log π_old and A
 by clip state. The claims of the random-reward control use the same batches with a coin per completion as reward.
-The settings are the model's defaults (`engine/models.py`) but for `SETTINGS`: a larger step and μ, chosen so that
-the clips bind in one update (about 10% of the tokens clipped under PPO; at the lab's lr 1e-5 and μ = 2 none is, and
-every measure would make the same update).
+The settings are the model's "look only" setting (`engine/models.py`: 4 prompts × 4, one full-batch step per pass,
+float32) but for `SETTINGS`: a larger step and μ, chosen so that the clips bind in one update (about 10% of the tokens
+clipped under PPO; at lr 1e-5 and μ = 2 none is, and every measure would make the same update). The claims over
+training use the learning setting instead (`claims_lm`).
 
 Each batch's results are cached on disk as computed (`cache_folder`): a second call trains nothing, and Ctrl-C keeps
 every batch already done.
@@ -30,10 +31,12 @@ import numpy as np
 
 from divviz.catalogue.params import Param
 from divviz.engine.config import RunConfig, objective_settings
+from divviz.engine.models import SMOLLM2_LOOK
 from divviz.evidence import claims, intervals
 
 MODEL = "smollm2-135m"
-SETTINGS = {"lr": 5e-5, "mu": 4}  # one update that clips (see the module's docstring)
+SETTINGS = {**{k: v for k, v in SMOLLM2_LOOK.items() if k not in ("steps", "checkpoint_every")},
+            "lr": 5e-5, "mu": 4, "dtype": "float32"}  # one update that clips (see the module's docstring)
 BATCHES_PARAM = Param("batches", 16, 2, 256, high_open=False, kind="int", typical=(2, 64, 1),
                       doc="rollout batches of SmolLM2-135M, each updated once by every measure from the same weights")
 DESIGN = 1  # bumped when what a cached batch holds changes: older files are then computed again

@@ -14,7 +14,6 @@ predicts — "holds" (the interval lies on the predicted side of 0), "reversed" 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -95,13 +94,3 @@ def verdict(low: float, high: float, predicted_sign: int) -> str:
 def identity_verdict(max_abs_difference: float, tolerance: float) -> str:
     """For a claimed identity: "exact" when the largest difference found is within `tolerance`."""
     return EXACT if max_abs_difference <= tolerance else NOT_EXACT
-
-
-def proportion(successes: int, n: int, level: float = LEVEL) -> tuple[float, float, float]:
-    """(share, low, high): `successes` of `n` with Wilson's score interval (scipy's `binomtest(...).proportion_ci`),
-    which stays inside [0, 1] and is not degenerate at 0 or n successes (Wilson 1927; Agresti & Coull 1998 compare
-    it with the Wald interval). n = 0 gives NaN for all three."""
-    if n == 0:
-        return math.nan, math.nan, math.nan
-    interval = stats.binomtest(successes, n).proportion_ci(confidence_level=level, method="wilson")
-    return successes / n, float(interval.low), float(interval.high)

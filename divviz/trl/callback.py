@@ -26,6 +26,7 @@ from transformers import TrainerCallback
 
 from divviz.engine.config import RUN_PARAMS, objective_settings
 from divviz.engine.grpo import TOKEN_SAMPLE
+from divviz.engine.stability import Stability
 from divviz.engine.store import RunWriter, new_run_folder, runs_dir
 from divviz.engine.train import StopRequested, writing
 from divviz.losses import Objective
@@ -55,11 +56,14 @@ class DivvizRunCallback(TrainerCallback):
     folder to write instead (divviz's own worker); config: what config.json holds (default: the run's settings read
     from the trainer's GRPOConfig and objective); task: a name shown with the run; inspect_prompts, inspect_bytes:
     how many prompts' completions `DivvizGRPOTrainer` keeps whole per step for the step inspector (0: none), and the
-    byte cap of each step's record (the engine's run settings of the same names)."""
+    byte cap of each step's record (the engine's run settings of the same names); evaluate, eval_steps: a function of
+    the model giving the held-out `eval/*` metrics (`engine.evaluate`), called after each step in `eval_steps` (0:
+    before the first). Every metrics row also gets the run's stability so far (`engine.stability`)."""
 
     def __init__(self, runs_folder: str | os.PathLike | None = None, *, folder: Path | None = None,
                  config: dict | None = None, task: str | None = None, on_row=None,
-                 inspect_prompts: int = INSPECT_PROMPTS.default, inspect_bytes: int = INSPECT_BYTES.default):
+                 inspect_prompts: int = INSPECT_PROMPTS.default, inspect_bytes: int = INSPECT_BYTES.default,
+                 evaluate=None, eval_steps: set[int] = frozenset()):
         self.root, self.folder, self.config = runs_dir(runs_folder), folder, config
         self.task, self.on_row = task, on_row
         self.inspect_prompts = INSPECT_PROMPTS.check(inspect_prompts, "DivvizRunCallback")
@@ -69,6 +73,7 @@ class DivvizRunCallback(TrainerCallback):
         self._pending: list[dict] = []
         self._tokens = self._inspected = None
         self._hook = None
+        self.evaluate, self.eval_steps, self.stability = evaluate, set(eval_steps), Stability()
 
     # -- TRL's events --------------------------------------------------------------------------------------------
 
@@ -84,6 +89,11 @@ class DivvizRunCallback(TrainerCallback):
         self.writer.set_device(str(args.device))
         self._hook = sys.excepthook  # a plain GRPOTrainer's exception reaches the callback only this way
         sys.excepthook = self._excepthook
+        self._evaluate(0, model)
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if self.writer is not None and state.global_step % self.per_step == 0:
+            self._evaluate(state.global_step // self.per_step, model)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if self.writer is None or not logs or "train_runtime" in logs:  # the last call sums up the whole run
@@ -128,12 +138,21 @@ class DivvizRunCallback(TrainerCallback):
         row = {k: sum(r[k] for r in self._pending if k in r) / sum(k in r for r in self._pending) for k in sorted(keys)}
         step = math.ceil(global_step / self.per_step)
         row.update({"step": step, "trl/global_step": global_step})
+        row.update(self.stability.update(step, row))
         inspected = None if self._inspected is None else {**self._inspected, "step": step}
         with writing():  # a SIGTERM waits for the write to end (engine.train)
             self.writer.append(step, row, self._tokens, [], inspected)
         self._pending, self._tokens, self._inspected = [], None, None
         if self.on_row:
             self.on_row(row)
+
+    def _evaluate(self, step: int, model) -> None:
+        """The held-out evaluation after `step` updates (`evaluate.evaluate`), when the run asked for one then."""
+        if self.evaluate is None or step not in self.eval_steps or model is None:
+            return
+        scores = self.evaluate(getattr(model, "module", model))  # the model itself, not a DDP wrapper
+        with writing():
+            self.writer.add_eval(step, scores)
 
     def _excepthook(self, kind, err, traceback):
         self.end(*run_end(err))

@@ -10,7 +10,9 @@ and TRL gathers what it logs; the main process writes the one run folder.
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -21,10 +23,11 @@ from trl import GRPOConfig
 
 from divviz.engine.config import RunConfig
 from divviz.engine.grpo import NonFiniteLoss
-from divviz.engine.model import load_policy, pick_device, train_last_blocks
+from divviz.engine.evaluate import evaluate
+from divviz.engine.model import load_policy, pick_device, pick_dtype, train_last_blocks
 from divviz.engine.prompts import prompting, resolve_format
 from divviz.engine.tasks import Task, get_task
-from divviz.engine.train import StopRequested
+from divviz.engine.train import StopRequested, eval_steps
 from divviz.catalogue.params import DivvizInputError
 from divviz.trl.callback import DivvizRunCallback
 from divviz.trl.options import trl_loss_type
@@ -58,20 +61,23 @@ def task_rewards(task: Task, format_reward: float, chat: bool) -> list:
 
 
 def grpo_config(cfg: RunConfig, processes: int, device: torch.device, output_dir: str) -> GRPOConfig:
-    """TRL's settings for `cfg`, with 1/`processes` of each step's completions per process."""
+    """TRL's settings for `cfg`, with 1/`processes` of each step's completions per process, in K = `minibatches`
+    optimiser steps per pass (`steps_per_generation`), at the run's precision (`model.pick_dtype`)."""
     completions = cfg.prompts * cfg.group_size
-    if completions % processes:
+    if completions % (processes * cfg.minibatches):
         raise DivvizInputError(f"prompts × group_size = {completions} completions per step do not split evenly over "
-                               f"{processes} processes")
+                               f"{processes} processes × {cfg.minibatches} mini-batches")
     return GRPOConfig(
-        output_dir=output_dir, per_device_train_batch_size=completions // processes, gradient_accumulation_steps=1,
-        steps_per_generation=1, num_generations=cfg.group_size, num_iterations=cfg.mu, max_steps=cfg.steps * cfg.mu,
+        output_dir=output_dir, per_device_train_batch_size=completions // processes // cfg.minibatches,
+        gradient_accumulation_steps=1, steps_per_generation=cfg.minibatches, num_generations=cfg.group_size,
+        num_iterations=cfg.mu, max_steps=cfg.steps * cfg.mu * cfg.minibatches,
         learning_rate=cfg.lr, lr_scheduler_type="constant", weight_decay=0.0, optim="adamw_torch",
-        max_grad_norm=cfg.max_grad_norm, top_entropy_quantile=cfg.top_entropy_quantile, temperature=cfg.temperature, max_completion_length=cfg.max_new_tokens,
-        seed=cfg.seed, loss_type=trl_loss_type(cfg.objective()), scale_rewards=cfg.scale_rewards,
-        shuffle_dataset=False, reward_weights=[1.0, 0.0], use_cpu=device.type == "cpu",
-        bf16=device.type == "cuda" and torch.cuda.is_bf16_supported(), gradient_checkpointing=False,
-        logging_steps=1, report_to="none", save_strategy="no", disable_tqdm=True, dataloader_num_workers=0)
+        max_grad_norm=cfg.max_grad_norm, top_entropy_quantile=cfg.top_entropy_quantile, temperature=cfg.temperature,
+        max_completion_length=cfg.max_new_tokens, seed=cfg.seed, loss_type=trl_loss_type(cfg.objective()),
+        scale_rewards=cfg.scale_rewards, shuffle_dataset=False, reward_weights=[1.0, 0.0],
+        use_cpu=device.type == "cpu", bf16=pick_dtype(cfg.dtype, device, cfg.model) == torch.bfloat16,
+        gradient_checkpointing=False, logging_steps=1, report_to="none", save_strategy="no", disable_tqdm=True,
+        dataloader_num_workers=0)
 
 
 def process_state(cfg: RunConfig) -> PartialState:
@@ -89,8 +95,14 @@ def train(cfg: RunConfig, root: Path, *, folder: Path | None = None, on_row=None
     model, tokenizer = load_policy(cfg.model, task, seed=0, trust_remote_code=cfg.trust_remote_code)
     fmt = resolve_format(cfg.prompt_format, tokenizer)
     train_last_blocks(model, cfg.trainable_blocks)
-    callback = DivvizRunCallback(root, folder=folder, config={**cfg.to_dict(), "prompting": prompting(tokenizer, task, fmt)},
-                                 on_row=on_row, inspect_prompts=cfg.inspect_prompts, inspect_bytes=cfg.inspect_bytes)
+    dtype = pick_dtype(cfg.dtype, device, cfg.model)
+    autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype else contextlib.nullcontext
+    held_out = partial(evaluate, tokenizer=tokenizer, task=task, prompt_format=fmt, temperature=cfg.temperature,
+                       max_new_tokens=cfg.max_new_tokens, device=device, autocast=autocast)
+    callback = DivvizRunCallback(root, folder=folder, config={**cfg.to_dict(), "prompting": prompting(tokenizer, task, fmt),
+                                                             "precision": str(dtype or torch.float32).removeprefix("torch.")},
+                                 on_row=on_row, inspect_prompts=cfg.inspect_prompts, inspect_bytes=cfg.inspect_bytes,
+                                 evaluate=held_out if cfg.eval_every else None, eval_steps=eval_steps(cfg))
     with tempfile.TemporaryDirectory(prefix="divviz-trl-") as output_dir:
         trainer = DivvizGRPOTrainer(model=model, reward_funcs=task_rewards(task, cfg.format_reward, fmt == "chat"),
                                     args=grpo_config(cfg, processes, device, output_dir),

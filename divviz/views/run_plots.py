@@ -4,11 +4,13 @@ the explorer's charts are in `plots.py`."""
 
 from __future__ import annotations
 
+import html
+
 import numpy as np
 import pandas as pd
 
 from divviz.evidence.intervals import Summary
-from divviz.views.figures import BUCKETS, GL_POINTS, Chart, color, concat, figure, hline, panels, rgba, thinned
+from divviz.views.figures import BUCKETS, GL_POINTS, Chart, color, concat, figure, hline, panels, rgba, thinned, vline
 from divviz.metrics import GLOSSARY, bin_labels
 
 def bandit_distribution_chart(initial: np.ndarray, rewards: np.ndarray, finals: list[tuple[str, Summary]],
@@ -96,13 +98,30 @@ def history_chart(series: list[tuple[str, dict[str, np.ndarray | Summary]]], met
                           "members": [np.asarray(m[metric], dtype=np.float64) for m in (members or {}).get(label, [])]})
             columns.update(_summary_columns(metric, summary) if summary else {metric: mean})
         tables.append({"run": label, x_title: steps, **columns})
-    for xref, _ in refs[0]:
-        layout[f"xaxis{xref[1:]}"]["title"] = {"text": x_title}
-    layout.update(height=380, title={"text": title})
+    longest = max((len(line["steps"]) for line in drawn), default=0)
+    for xref, _ in refs[0]:  # whole steps: no tick at 1.5; one tick per step while there are few
+        layout[f"xaxis{xref[1:]}"].update(title={"text": x_title}, tickformat="d", **({"dtick": 1} if longest <= 12 else {}))
+    hidden = coinciding(drawn)
+    layout.update(height=380, title={"text": title + (f"<br><sup>{hidden}</sup>" if hidden else "")})
     traces = lambda thin: [t for line in drawn for t in _series_traces(**line, thin=thin)]  # noqa: E731
     thinned_any = any(len(line["steps"]) > 2 * BUCKETS for line in drawn)  # then the export keeps every point
     return Chart(figure(traces(True), layout), lambda: concat([pd.DataFrame(table) for table in tables]),
                  figure(traces(False), layout) if thinned_any else None)
+
+
+def coinciding(drawn: list[dict]) -> str:
+    """A note naming the series whose curves coincide with a later one's in every panel (drawn underneath, they would
+    be invisible): "ratio ε=0.2 lies under kl3 δ=0.05 (identical values)", or ""."""
+    curves: dict[str, list[np.ndarray]] = {}
+    for line in drawn:
+        curves.setdefault(line["label"], []).append(line["mean"])
+    labels, notes = list(curves), []
+    for i, first in enumerate(labels):
+        covering = [later for later in labels[i + 1:] if len(curves[later]) == len(curves[first]) and all(
+            a.shape == b.shape and np.array_equal(a, b, equal_nan=True) for a, b in zip(curves[first], curves[later]))]
+        if covering:
+            notes.append(f"{html.escape(first)} lies under {html.escape(covering[-1])}")
+    return f"{'; '.join(notes)} (identical values)" if notes else ""
 
 
 def _series_traces(label, metric, colour, first, xref, yref, steps, mean, band, members, thin: bool) -> list[dict]:
@@ -248,3 +267,58 @@ def entropy_attribution_chart(labels: list[str], parts: dict[str, Summary], titl
     layout = {"height": 440, "barmode": "relative", "title": {"text": title},
               "yaxis": {"title": {"text": "entropy change per update (nats)"}}}
     return Chart(figure(traces, layout, [hline(0.0, color="grey")]), pd.DataFrame(data))
+
+
+EVAL_PANELS = (("eval/accuracy", "sampled at τ"), ("eval/accuracy_greedy", "greedy"))
+
+
+def eval_chart(series: list[tuple[str, list[dict]]], collapses: dict[str, list[int]]) -> Chart:
+    """Held-out accuracy over training: one panel sampled at τ, one greedy; each run's evaluations as points joined by
+    a line, with their Wilson 95% intervals as error bars: [(label, eval rows)], rows with `step` and the `eval/*`
+    metrics. `collapses` ({label: steps}) marks where a run collapsed (`engine.stability`) with a dotted line."""
+    layout, refs = panels(1, len(EVAL_PANELS), [title for _, title in EVAL_PANELS], gap=0.06)
+    traces, shapes, tables = [], [], []
+    for i, (label, rows) in enumerate(series):
+        steps = np.array([row["step"] for row in rows], dtype=np.float64)
+        columns = {"run": label, "step": steps}
+        for j, (name, _) in enumerate(EVAL_PANELS):
+            value, low, high = (np.array([row.get(f"{name}{end}", np.nan) for row in rows]) for end in ("", "_low", "_high"))
+            traces.append({"type": "scatter", "x": steps, "y": value, "mode": "lines+markers", "name": label,
+                           "legendgroup": label, "showlegend": j == 0, "xaxis": refs[0][j][0], "yaxis": refs[0][j][1],
+                           "line": {"color": color(i), "width": 1.5}, "marker": {"size": 7},
+                           "error_y": {"type": "data", "symmetric": False, "array": high - value,
+                                       "arrayminus": value - low, "thickness": 1.2, "width": 4},
+                           "hovertemplate": f"{name}: %{{y:.3f}} after %{{x}} steps<extra>{label}</extra>"})
+            columns.update({name: value, f"{name} low": low, f"{name} high": high})
+            shapes += [vline(step, xref=refs[0][j][0], yref=refs[0][j][1], color=color(i))
+                       for step in collapses.get(label, [])]
+        tables.append(pd.DataFrame(columns))
+    for xref, yref in refs[0]:
+        layout[f"xaxis{xref[1:]}"].update(title={"text": "step (updates done)"}, tickformat="d")
+        layout[f"yaxis{yref[1:]}"].update(range=[0, 1])
+    layout.update(height=360, title={"text": "Held-out accuracy (the task's held-out problems, never trained on), with "
+                                              "Wilson 95% intervals; dotted: a run collapsed"})
+    return Chart(figure(traces, layout, shapes), lambda: concat(tables))
+
+
+def minibatch_chart(series: list[tuple[str, dict[str, np.ndarray]]]) -> Chart:
+    """The clip fraction and the KL of the policy to π_old at each optimiser step of an update, in order (1 … K the
+    first pass's mini-batches, then the next pass's), averaged over a run's steps: [(label, {metric: values by
+    position})]. Step 1 is on-policy (ratios exactly 1); what follows shows how far off-policy the later ones are."""
+    names = (("clip_ratio/region_mean_by_minibatch", "clip fraction"), ("kl/k3_by_minibatch", "k3 KL to π_old"))
+    layout, refs = panels(1, 2, [title for _, title in names], gap=0.08)
+    traces, tables = [], []
+    for i, (label, values) in enumerate(series):
+        for j, (name, _) in enumerate(names):
+            y = values[name]
+            x = np.arange(1, len(y) + 1)
+            traces.append({"type": "bar", "x": x, "y": y, "name": label, "legendgroup": label, "showlegend": j == 0,
+                           "xaxis": refs[0][j][0], "yaxis": refs[0][j][1], "marker": {"color": color(i)},
+                           "hovertemplate": f"{name} at optimiser step %{{x}}: %{{y:.4f}}<extra>{label}</extra>"})
+            tables.append(pd.DataFrame({"run": label, "optimiser step": x, name: y}))
+    for xref, _ in refs[0]:
+        layout[f"xaxis{xref[1:]}"].update(title={"text": "optimiser step within the update (mini-batch)"},
+                                          tickformat="d", dtick=1)
+    layout.update(height=320, barmode="group", title={"text": "By mini-batch: clip fraction and KL to π_old at each "
+                                                               "optimiser step of an update (mean over the run's steps)"})
+    return Chart(figure(traces, layout), lambda: concat(tables))

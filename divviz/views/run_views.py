@@ -31,8 +31,9 @@ TRAINING_PANELS = {
     "clipping": ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/overshoot_mean"),
     "kl": ("kl/k1", "kl/k2", "kl/k3"),
     "update": ("mass_to_argmax", "grad_norm"),
+    "stability": ("stability/max_kl", "stability/max_clip", "stability/collapsed"),
 }
-WHEN_LOGGED = ("entropy_change", "entropy_cov")  # panels drawn only where a run logs their metrics
+WHEN_LOGGED = ("entropy_change", "entropy_cov", "stability")  # panels drawn only where a run logs their metrics
 # drawn when a run's sampler may differ from its policy: verl's measures of the mismatch and of what corrected it
 ROLLOUT_PANEL = ("rollout_corr/k3_kl", "rollout_corr/rollout_is_mean", "rollout_corr/rollout_is_eff_sample_size",
                  "rollout_corr/rollout_rs_masked_fraction")
@@ -97,12 +98,60 @@ def training_charts(runs: list[tuple[str, list[dict]]], smooth: int = 1) -> dict
                              "entropy falls)",
               "clipping": "Clip fractions (TRL: clip_ratio/low_mean, high_mean) and the share past the bound after "
                           "the update",
-              "kl": "KL of each update, new vs old (k1, k2, k3 of w = π_new/π_old)",
+              "kl": "KL of each update, new vs old (k1, k2, k3 of w = π_new/π_old; k1 is unbiased and can dip below 0, "
+                    "k2 and k3 cannot)",
+              "stability": "Stability so far: the largest update KL (k3) and clip fraction, and 1 from the step the run "
+                           "collapsed",
               "update": "Share of the mass gained that went to argmax tokens, and the gradient's norm",
               "rollout": "The sampler against the policy (verl's k3 KL of π_roll‖π_old), and the correction: mean "
                          "weight, effective sample size, share rejected"}
     return {name: run_plots.history_chart(series, metrics, "step", titles[name], members=members)
             for name, metrics in panels.items()}
+
+
+def collapse_step(rows) -> int | None:
+    """The step a run collapsed on (`engine.stability`), None if it has not (or logs no stability)."""
+    steps = column(rows, "stability/collapse_step") if rows else np.array([])
+    steps = steps[~np.isnan(steps)]
+    return int(steps[0]) if len(steps) else None
+
+
+def held_out_chart(runs: list[tuple[str, list[dict], list[dict]]]) -> Chart | None:
+    """The held-out accuracy of runs [(label, metrics rows, eval rows)] over training (`run_plots.eval_chart`), each
+    run's collapse marked; None when no run evaluated."""
+    evaluated = [(label, evals, collapse_step(rows)) for label, rows, evals in runs if evals]
+    if not evaluated:
+        return None
+    names = unique_labels([label for label, _, _ in evaluated])
+    return run_plots.eval_chart([(name, evals) for name, (_, evals, _) in zip(names, evaluated)],
+                                {name: [step] for name, (_, _, step) in zip(names, evaluated) if step is not None})
+
+
+def minibatch_profile(runs: list[tuple[str, list[dict]]]) -> Chart | None:
+    """The clip fraction and KL by optimiser step within an update (`run_plots.minibatch_chart`), each the mean over
+    a run's steps (and over a label's runs); None when no run trained in mini-batches."""
+    series = []
+    for label, group in grouped(runs):
+        names = sorted({k for rows in group for k in rows[0] if k.startswith("clip_ratio/region_mean_by_minibatch/")},
+                       key=lambda k: int(k.rsplit("/", 1)[1]))
+        if not names:
+            continue
+        positions = [int(k.rsplit("/", 1)[1]) for k in names]
+        series.append((label, {metric: np.array([np.nanmean([np.nanmean(column(rows, f"{metric}/{p}")) for rows in group])
+                                                 for p in positions])
+                               for metric in ("clip_ratio/region_mean_by_minibatch", "kl/k3_by_minibatch")}))
+    return run_plots.minibatch_chart(series) if series else None
+
+
+BINDING_WINDOW = 10  # the "nothing clipped" notice looks at a run's last this many steps
+
+
+def nothing_clipped(runs: list[tuple[str, list[dict]]]) -> bool:
+    """Whether every run with rows has had no token clipped (clip_ratio/region_mean 0) over its last `BINDING_WINDOW`
+    steps (its whole run when shorter): then every measure made the same update, and comparing them shows nothing."""
+    logged = [rows for _, rows in runs if rows]
+    return bool(logged) and all(not np.nansum(column(rows, "clip_ratio/region_mean")[-BINDING_WINDOW:])
+                                for rows in logged)
 
 
 def grouped(runs: list[tuple[str, list[dict]]]) -> list[tuple[str, list[list[dict]]]]:
@@ -217,12 +266,16 @@ PAGE_SIZE = 50  # the Runs page's table shows this many runs at a time
 def overview_row(run, viewer) -> dict:
     """A run's line in the Runs page's table: its status, its config's main fields and its last metrics row (read
     from the end of metrics.jsonl alone: the table needs no history)."""
-    last = store.last_metrics(run.folder)
+    last, evals = store.last_metrics(run.folder), store.read_evals(run.folder)
+    collapsed = last.get("stability/collapse_step")
     return {"run": run.name, "state": run.state, "step": f"{run.step}/{run.steps}",
             "owner": owner_label(run.status, viewer), "model": run.config.get("model", ""),
             "task": task_label(run.config), "objective": run_label(run), "seed": run.config.get("seed"),
             "reward": last.get("reward", float("nan")), "accuracy": last.get("accuracy", float("nan")),
-            "entropy": last.get("entropy", float("nan")), "message": run.message or ""}
+            "held-out": (f"{evals[0]['eval/accuracy']:.2f} → {evals[-1]['eval/accuracy']:.2f}" if len(evals) > 1 else
+                         f"{evals[0]['eval/accuracy']:.2f}" if evals else ""),
+            "entropy": last.get("entropy", float("nan")), "max KL": last.get("stability/max_kl", float("nan")),
+            "collapsed": "" if collapsed is None else f"at step {collapsed:.0f}", "message": run.message or ""}
 
 
 def matching(runs: list, query: str) -> list:

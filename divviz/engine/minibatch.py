@@ -1,0 +1,77 @@
+"""Mini-batch updates: each pass over a rollout batch as K optimiser steps, as real trainers take them.
+
+TRL (`GRPOTrainer._prepare_inputs`) shuffles a generation batch once (`shuffle_sequence_dict`), splits it into
+`steps_per_generation` consecutive slices (`split_tensor_dict`), and trains the slices in order, one optimiser step
+each, in every one of its `num_iterations` passes; verl splits its batch into `ppo_mini_batch_size` pieces for each
+of `ppo_epochs`. divviz splits by completion, as TRL does, with one seeded shuffle per rollout batch shared by the μ
+passes, so its mini-batches match a TRL run's given the same permutation (tests/test_trl_runs.py). Every mini-batch
+is trained against π_old, the policy that sampled the batch: the first one of the first pass is on-policy (its
+ratios are exactly 1, π_old and π coming from the same forward on the same rows), every later one is off-policy by
+the steps before it, which is where a clip test starts to bind.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+import torch
+
+from divviz.engine.rollout import Rollout, completion_logits, token_logps
+from divviz.losses import LossOutput
+
+
+def minibatch_rows(n: int, k: int, seed: int) -> list[torch.Tensor] | None:
+    """The rows of each of K mini-batches of a batch of n completions: a permutation seeded by `seed` cut into K
+    equal slices, each slice's rows in ascending order (a prompt's completions stay together, so its prompt runs
+    once in the forward, `rollout.prefill`). None for K = 1: the whole batch in its order, as before mini-batches."""
+    if k == 1:
+        return None
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    return [part.sort().values for part in order.view(k, n // k)]
+
+
+def minibatch_index(parts: list[torch.Tensor] | None, n: int) -> torch.Tensor:
+    """(n,) the mini-batch (0-based) each completion was trained in; all 0 for K = 1."""
+    index = torch.zeros(n, dtype=torch.long)
+    for k, rows in enumerate(parts or []):
+        index[rows] = k
+    return index
+
+
+def policy_before(model, rollout: Rollout, parts: list[torch.Tensor], temperature: float, autocast,
+                  watch: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """π_old of every completion before any mini-batch trains, computed mini-batch by mini-batch with the shapes the
+    training forwards will have (so the first mini-batch's ratios are exactly 1), and the tempered logits of the
+    `watch` rows (the entropy change's "before"). Returns ((N, T) log-probs, (len(watch), T, V) logits or None)."""
+    logp = torch.zeros_like(rollout.logp)
+    before, place = None, {} if watch is None else {int(row): i for i, row in enumerate(watch.tolist())}
+    with torch.no_grad():
+        for rows in parts:
+            part = rollout.rows(rows)
+            logits = completion_logits(model, part, temperature, autocast)
+            logp[rows] = token_logps(logits, part)
+            for j, row in enumerate(rows.tolist()):
+                if row in place:
+                    if before is None:
+                        before = logits.new_zeros((len(place), *logits.shape[1:]))
+                    before[place[row]] = logits[j]
+            del logits
+    return logp, before
+
+
+def in_batch_order(parts: list[tuple[torch.Tensor, LossOutput]], n: int) -> LossOutput:
+    """One LossOutput for the whole batch from each mini-batch's (rows, output): every per-token fact put back at
+    its completion's row; the loss is the mean of the mini-batches' losses; no graph is kept."""
+    joined = {}
+    for field in fields(LossOutput):
+        values = [getattr(out, field.name) for _, out in parts]
+        if field.name == "loss":
+            joined["loss"] = torch.stack([value.detach() for value in values]).mean()
+        elif field.name == "token_loss" or values[0] is None:
+            joined[field.name] = None
+        else:
+            full = values[0].new_zeros((n, *values[0].shape[1:]))
+            for (rows, _), value in zip(parts, values):
+                full[rows.to(full.device)] = value.detach()
+            joined[field.name] = full
+    return LossOutput(**joined)
