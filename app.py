@@ -8,7 +8,8 @@ import streamlit as st
 
 from divviz.app import ui
 
-st.set_page_config(page_title="divviz", page_icon=":material/insights:", layout="wide")
+st.set_page_config(page_title="divviz", page_icon="📈", layout="wide")  # an emoji: drawn by the browser
+# itself, where a :material/…: favicon is fetched from fonts.gstatic.com (an error in the console offline)
 
 pages = [
     st.Page("app_pages/home.py", title="Home", icon=":material/home:", default=True),

@@ -200,9 +200,11 @@ with ui.shown_errors():
     asked = (tuple(repr(cfg) for cfg in first_seed), int(batch_step), start_from)  # what a result was made for
     if st.button("Compare on the same batch", icon=":material/compare_arrows:", disabled=not configs,
                  key="lab:compare"):
-        with st.spinner("Sampling once, then one update per measure…"):
-            st.session_state["lab_compare"] = (asked, run_views.same_batch(first_seed, int(batch_step) - 1,
-                                                                           starts[start_from]))
+        bar = st.progress(0.0, text=f"Sampling once, then one update for each of {len(first_seed)} measures…")
+        shown = lambda done, total, text: bar.progress(done / total, text=f"{done} of {total}: {text}")  # noqa: E731
+        st.session_state["lab_compare"] = (asked, run_views.same_batch(first_seed, int(batch_step) - 1,
+                                                                       starts[start_from], progress=shown))
+        bar.empty()
     if "lab_compare" in st.session_state:
         made_for, (table, charts, records) = st.session_state["lab_compare"]
         if made_for != asked:

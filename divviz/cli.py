@@ -78,6 +78,10 @@ def cmd_models(args) -> int:
         print(f"{'':<14} {row['model']}; from {row['source']}; licence {row['licence']}")
         if row["defaults"]:
             print(f"{'':<14} defaults: " + ", ".join(f"{k}={v}" for k, v in row["defaults"].items()))
+        for name, setting in row.get("settings", {}).items():  # `divviz train --setting NAME`
+            changed = {k: v for k, v in setting.items() if row["defaults"].get(k) != v}
+            print(f"{'':<14} --setting {name!r}: " + (", ".join(f"{k}={v}" for k, v in changed.items())
+                                                       or "the defaults"))
     return 0
 
 

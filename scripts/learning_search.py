@@ -28,7 +28,7 @@ from divviz.engine import store  # noqa: E402
 BASE = ["--model", "smollm2-135m", "--task", "add", "--prompts", "8", "--group-size", "8", "--max-new-tokens", "24",
         "--trainable-blocks", "4", "--mu", "1", "--seed", "0", "--inspect-prompts", "1"]
 LEARN = ["--lr", "5e-5", "--minibatches", "4", "--steps", "50", "--eval-every", "25"]
-STRESS = ["--lr", "2e-4", "--minibatches", "4", "--steps", "50", "--eval-every", "25"]
+STRESS = ["--lr", "2e-4", "--minibatches", "4", "--steps", "30", "--eval-every", "15"]
 CANDIDATES = {  # name: the flags it adds (later flags win)
     "A lr5e-5 K4": LEARN,
     "B lr1e-4 K4": ["--lr", "1e-4", "--minibatches", "4", "--steps", "50", "--eval-every", "25"],
@@ -40,6 +40,7 @@ CANDIDATES = {  # name: the flags it adds (later flags win)
     "G kl3 δ=0.05, stress": [*STRESS, "--measure", "kl3", "--param", "delta=0.05"],
     "H dapo 0.2/0.28, stress": [*STRESS, "--measure", "clip_higher", "--param", "eps_low=0.2", "--param",
                                 "eps_high=0.28"],
+    "I lr5e-5 K4 float32": [*LEARN, "--dtype", "float32", "--steps", "25"],
 }
 
 

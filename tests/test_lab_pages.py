@@ -111,7 +111,7 @@ def test_same_batch_comparison_on_the_page(runs_root):
     assert not at.exception
     table = at.dataframe[0].value
     assert list(table["objective"]) == ["ratio ε=0.2", "kl3 δ=0.05", "kl3 δ=0.1", "prob_tv δ=0.1"]
-    assert (table["gradient masked"] > 0).any()
+    assert (table["gradient masked at the last step (low, high or dual-clip)"] > 0).any()
     assert table["KL k3 of the update"].nunique() == 4  # the measures moved the policy differently
     assert len(at.get("plotly_chart")) == 2
     columns = [h.proto.body for h in at.get("html") if "dv-c" in h.proto.body and "dv-legend" not in h.proto.body]
@@ -269,3 +269,16 @@ def test_minibatches_draw_the_clip_fraction_by_optimiser_step(runs_root):
     assert not any("No token was clipped" in info.value for info in at.info)  # off-policy mini-batches clip here
     assert any("By mini-batch" in chart.proto.spec for chart in at.get("plotly_chart"))
     assert store.read_run(runs_root / name).config["minibatches"] == 4
+
+
+def test_the_time_estimate_counts_runs_side_by_side_and_says_how_uncertain(runs_root, monkeypatch):
+    """Two seeds on a machine that trains two runs at once: each step is slower while both train, and the page says
+    so, with the evaluations to come and how far to trust the figure."""
+    from divviz.engine.train import train
+
+    monkeypatch.setenv("DIVVIZ_MAX_RUNS", "2")
+    train(RunConfig.make(task="reverse", steps=3, prompts=16, group_size=8), runs_root)  # a timed run here
+    at = lab({"m": "ratio", "seeds": "2", "task": "reverse", "eval_every": "20"})
+    caption = next(c.value for c in at.caption if c.value.startswith("Expected")).replace("\\", "")  # unescaped
+    assert "while 2 train side by side" in caption and "factor of 2" in caption
+    assert "4 held-out evaluations each" in caption  # steps 0, 20, 40 and the last (60)

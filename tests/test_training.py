@@ -157,3 +157,17 @@ def test_bf16_minibatches_keep_the_first_ratios_exactly_one():
     assert tr.dtype == torch.bfloat16
     done = update(tr, make_batch(tr, 0), tr.objective, None, None, 0)
     assert done.fractions["kl/k3_by_minibatch/1"] == 0.0 and done.fractions["kl/k3_by_minibatch/2"] > 0
+
+
+def test_the_same_batch_comparison_reports_its_progress():
+    """The lab's progress bar hears of the sampling, then of each measure's update, in order."""
+    from divviz.catalogue.divergences import clip_test
+    from divviz.engine.compare import same_batch
+    from divviz.losses import Objective
+
+    heard = []
+    cfg = RunConfig.make(task="reverse", prompts=2, group_size=4, mu=2)
+    same_batch(cfg, [("ratio", Objective(clip=clip_test("ratio"))), ("kl3", Objective(clip=clip_test("kl3")))],
+               progress=lambda done, total, text: heard.append((done, total, text)))
+    assert [(done, total) for done, total, _ in heard] == [(1, 3), (2, 3), (3, 3)]
+    assert heard[0][2].startswith("sampled") and "kl3" in heard[2][2]

@@ -20,6 +20,7 @@ from divviz.engine import runner
 from divviz.engine.config import RUN_PARAMS
 from divviz.engine.models import model_defaults, model_settings
 from divviz.engine.runner import Viewer
+from divviz.engine.train import eval_steps
 from divviz.catalogue.formula import MAX_CHARACTERS
 from divviz.losses import OFF_POLICY_MASK, Objective, RATIO_CAP
 from divviz.app.ownership import browser_id, is_teacher_key
@@ -140,10 +141,16 @@ def expected_step_time(root, configs: list, on_measure) -> None:
                      on_click=on_measure, args=(replace(cfg, steps=1),))
         return
     seconds, basis = estimate
-    total = seconds * cfg.steps * len(configs)  # runs side by side share this machine's cores
-    st.caption(literal(f"Expected: about {seconds:.1f} s per step on this machine, about {run_views.duration(total)} "
-                       f"of training for these {len(configs)} run{'s' if len(configs) != 1 else ''} of {cfg.steps} "
-                       f"steps ({basis})."))
+    runs, side_by_side = len(configs), min(len(configs), runner.max_runs())
+    total = seconds * cfg.steps * runs  # runs side by side share this machine's cores: each step takes longer
+    evaluations = len(eval_steps(cfg))
+    st.caption(literal(
+        f"Expected: about {seconds:.1f} s per step for a run training alone on this machine"
+        + (f", about {seconds * side_by_side:.0f} s while {side_by_side} train side by side" if side_by_side > 1 else "")
+        + f"; about {run_views.duration(total)} of training for these {runs} run{'s' if runs != 1 else ''} of "
+        f"{cfg.steps} steps" + (f", plus {evaluations} held-out evaluations each" if evaluations else "")
+        + f" ({basis}). Take it as within a factor of 2: anything else this machine does, another browser's runs "
+        "included, slows every step."))
 
 
 def _renew_measure_widgets(page: str, name: str = "m") -> None:

@@ -9,9 +9,11 @@ each token's probability, where the mass went, and how the policy's entropy on t
 from __future__ import annotations
 
 import copy
+import time
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -56,10 +58,14 @@ def positions(model, rollout: Rollout, temperature: float, autocast) -> Position
 
 
 def same_batch(cfg: RunConfig, settings: list[tuple[str, RunConfig | Objective]], step: int = 0,
-               trainer: Trainer | None = None, weights: Path | None = None) -> list[Comparison]:
+               trainer: Trainer | None = None, weights: Path | None = None,
+               progress: Callable[[int, int, str], None] | None = None) -> list[Comparison]:
     """Apply each (label, setting) to step `step`'s batch, all from the same weights: `cfg`'s start model, or a
     checkpoint saved by a run (`weights`, a safetensors file). A setting is an objective (under `cfg`'s rollout
-    correction), or a run config whose objective, rollout correction and bypass mode apply; `cfg` says the rest."""
+    correction), or a run config whose objective, rollout correction and bypass mode apply; `cfg` says the rest.
+    `progress(done, total, text)` hears of each part as it ends: the sampling, then each setting's update."""
+    say = progress or (lambda done, total, text: None)
+    started = time.perf_counter()
     tr = trainer or make_trainer(cfg)
     if weights is not None:
         from safetensors.torch import load_model
@@ -69,6 +75,7 @@ def same_batch(cfg: RunConfig, settings: list[tuple[str, RunConfig | Objective]]
             tr.sampler.reset(tr.model)
     start_weights = copy.deepcopy(tr.model.state_dict())
     batch = make_batch(tr, step)
+    say(1, len(settings) + 1, f"sampled the batch in {time.perf_counter() - started:.0f} s")
     mask = batch.rollout.completion_mask
     measure = partial(positions, rollout=batch.rollout, temperature=cfg.temperature, autocast=tr.autocast)
     before = measure(tr.model)
@@ -97,5 +104,6 @@ def same_batch(cfg: RunConfig, settings: list[tuple[str, RunConfig | Objective]]
         results.append(Comparison(label, metrics, logp_old.exp()[active].cpu().numpy(),
                                   logp_after.exp()[active].cpu().numpy(), out.ratio[active].cpu().numpy(),
                                   state[active].cpu().numpy(), record))
+        say(len(results) + 1, len(settings) + 1, f"updated under {label} ({time.perf_counter() - started:.0f} s so far)")
     tr.model.load_state_dict(start_weights)
     return results

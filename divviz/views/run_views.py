@@ -200,19 +200,21 @@ def run_label(run, unique: bool = False) -> str:
     return f"{label} · {run.name[-6:]}" if unique else label
 
 
-COMPARISON_COLUMNS = {"clip_ratio/low_mean": "clipped low", "clip_ratio/high_mean": "clipped high",
-                      "masked_share": "gradient masked", "kl/k3": "KL k3 of the update",
+COMPARISON_COLUMNS = {"clip_ratio/low_mean": "clipped low, mean of the μ × K steps",
+                      "clip_ratio/high_mean": "clipped high, mean of the μ × K steps",
+                      "masked_share": "gradient masked at the last step (low, high or dual-clip)",
+                      "kl/k3": "KL k3 of the update",
                       "entropy/change": "entropy change", "mass_to_argmax": "mass gain to argmax tokens"}
 
 
-def same_batch(configs: list[RunConfig], step: int, weights=None):
+def same_batch(configs: list[RunConfig], step: int, weights=None, progress=None):
     """Every config's objective and rollout correction on step `step`'s batch from the same weights (the start model,
     or a run's checkpoint file), sampled by the first config's sampler: a table, two charts, and each one's (label,
-    record of whole completions)."""
+    record of whole completions). `progress(done, total, text)` hears of each part as it ends."""
     from divviz.engine.compare import same_batch as compare
 
     labels = unique_labels([cfg.label for cfg in configs])
-    results = compare(configs[0], list(zip(labels, configs)), step, weights=weights)
+    results = compare(configs[0], list(zip(labels, configs)), step, weights=weights, progress=progress)
     columns = {**COMPARISON_COLUMNS, **({"rejected_share": "rejected (rollout)"}
                                         if any(cfg.correction().rollout_rs for cfg in configs) else {})}
     table = pd.DataFrame([{"objective": r.label, **{name: r.metrics[key] for key, name in columns.items()}}

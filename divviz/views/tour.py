@@ -147,8 +147,8 @@ STEPS = (
          "TIS per token and bypass with 3 seeds each: press Start. Then colour a corrected run's tokens by *ρ* or "
          "*rollout gap* in the Step inspector, and see the Mass reallocation preset *A sampler 2 iterations behind "
          "in bf16* and *Clipping regions* → *Rollout corrections*.",
-         "The rollout panel shows the sampler's distance from the policy (k3 KL); README's table \"What the rollout "
-         "corrections do\" has the measured effect over 8 seeds."),
+         "The rollout panel shows the sampler's distance from the policy (k3 KL); the table \"What the rollout "
+         "corrections do\" (docs/rollout_corrections.md) has the measured effect over 8 seeds."),
 )
 
 
