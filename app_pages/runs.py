@@ -4,7 +4,7 @@ inspect, export, delete."""
 import pandas as pd
 import streamlit as st
 
-from divviz.app import ui
+from divviz.app import run_ui, ui
 
 from divviz.views import run_views
 from divviz.engine import runner, store
@@ -53,7 +53,7 @@ def charts(names: list[str], group: bool) -> None:
                                icon=":material/table:", file_name="divviz_metrics.csv", mime="text/csv",
                                key="runs:csv", on_click="ignore", help="every step of every chosen run, made when "
                                                                        "you click")
-        ui.show_training_charts("runs", data, [store.read_evals(run.folder) for run in picked],
+        run_ui.show_training_charts("runs", data, [store.read_evals(run.folder) for run in picked],
                                 "Training with mini-batches (K ≥ 2), a larger μ or learning rate makes it bind.")
         for run in picked:
             with st.expander(f"{literal(run.name)}: config and status"):

@@ -1,6 +1,7 @@
 """Step inspector: a step's completions as text, every token coloured by what the constraint did to it, and one
 token's loss explained with its own numbers."""
 
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -12,12 +13,21 @@ from divviz.evidence import rescore
 from divviz.views import explain, run_views, token_view
 from divviz.engine import store
 from divviz.losses import TOKEN_STATES
-from divviz.catalogue.params import DivvizInputError
+from divviz.catalogue.params import DivvizInputError, Param
 from divviz.safetext import literal
 from divviz.app.urlstate import Control
 
 PAGE = "inspector"
-CONTROLS = [Control("colour", "clip state", options=tuple(token_view.COLOUR_BY)), Control("m", [], family="clip")]
+CONTROLS = [  # all in the link: it opens the same token of the same step
+    Control("run", "", param=Param("run", "", kind="text", doc="the run's folder name (empty: the newest run)")),
+    Control("step", 0, param=Param("step", 0, 0, 10**9, kind="int", typical=(0, 10**9, 1),
+                                   doc="a step whose completions the run kept (0: its last)")),
+    Control("colour", "clip state", options=tuple(token_view.COLOUR_BY)),
+    Control("completion", "", param=Param("completion", "", kind="text",
+                                          doc="prompt.completion, each from 1, e.g. 2.3 (empty: the first)")),
+    Control("token", -1, param=Param("token", -1, -1, 10**6, kind="int", typical=(-1, 10**6, 1),
+                                     doc="the token's position (-1: the first one the constraint acted on)")),
+    Control("m", [], family="clip")]
 BY_NAME = {c.name: c for c in CONTROLS}
 
 st.title("Step inspector")
@@ -35,8 +45,21 @@ def record_of(folder: str, step: int, mtime: float) -> dict:  # keyed by the fil
     return token_view.with_entropy_covariance(store.read_completions(Path(folder), step))
 
 
-def token_label(tokens: dict, i: int) -> str:
-    return f"{i}: {tokens['raw'][i]!r} · {TOKEN_STATES[tokens['state'][i]]}"
+def settle(name: str, options: list, fallback, where: str) -> None:
+    """Before a widget whose options the data decides: a value it cannot show (a link's, or one kept from a run that
+    is gone) becomes `fallback`; one that is not the control's default is said to be missing from `where`."""
+    value = st.session_state.get(ui.key(PAGE, name))
+    if value not in options:
+        if value != BY_NAME[name].default:
+            st.warning(literal(f"{name} {value!r} is not in {where}: showing {fallback!r} instead."))
+        st.session_state[ui.key(PAGE, name)] = fallback
+
+
+def forget(*names: str) -> None:
+    """Back to their defaults (a widget callback: a new run starts at its last step, a new completion at its first
+    token the constraint acted on)."""
+    for name in names:
+        st.session_state[ui.key(PAGE, name)] = BY_NAME[name].default
 
 
 with ui.shown_errors():
@@ -47,56 +70,77 @@ with ui.shown_errors():
                 "step keeps its first `inspect_prompts` prompts' completions whole).")
         st.stop()
     names = {run.name: run for run in runs}
+    settle("run", list(names), runs[0].name, "this runs folder's runs with kept completions")
+    steps = store.completion_steps(names[st.session_state[ui.key(PAGE, "run")]].folder)
+    settle("step", steps, steps[-1], "the steps whose completions this run kept")
     with st.sidebar:
-        name = st.selectbox("Run", list(names), key="inspector:run", format_func=lambda n: run_views.run_choice(names[n]))
+        name = st.selectbox("Run", list(names), key=ui.key(PAGE, "run"), on_change=forget,
+                            args=("step", "completion", "token"), format_func=lambda n: run_views.run_choice(names[n]))
         run = names[name]
-        steps = store.completion_steps(run.folder)
-        step = st.select_slider("Step", steps, value=steps[-1], key=f"inspector:step:{name}") if len(steps) > 1 \
-            else steps[0]
+        step = st.select_slider("Step", steps, key=ui.key(PAGE, "step"), on_change=forget, args=("token",)) \
+            if len(steps) > 1 else steps[0]
         colour_by = ui.choice(PAGE, BY_NAME["colour"], "Colour tokens by")
         extra = ui.measure_list(PAGE, BY_NAME["m"], "Explain the token also under these clip tests (the run's "
                                                     "penalty, β, dual-clip and aggregation kept)")
-    ui.publish_controls(PAGE, CONTROLS)
     path = run.folder / "completions" / f"step_{step:06d}.json"
     record = record_of(str(run.folder), step, path.stat().st_mtime if path.exists() else 0.0)
 
     st.subheader(literal(f"{run_views.run_label(run)} · step {step}"))
-    choices = [(g, c) for g, group in enumerate(record["groups"]) for c in range(len(group["completions"]))]
+    choices = [f"{g + 1}.{c + 1}" for g, group in enumerate(record["groups"]) for c in range(len(group["completions"]))]
     if not choices:
+        ui.publish_controls(PAGE, CONTROLS)
         st.warning("This step's record holds no completion (its byte cap left them all out).")
         st.stop()
     left, right = st.columns(2)
-    g, c = left.selectbox("Completion", choices, key="inspector:completion",
-                          format_func=lambda gc: f"prompt {gc[0] + 1} · completion {gc[1] + 1} · reward "
-                                                 f"{record['groups'][gc[0]]['completions'][gc[1]]['reward']:.3g}")
+
+    def completion_of(choice: str) -> tuple[int, int]:  # "2.3" → (1, 2): prompt and completion, from 0
+        g, c = choice.split(".")
+        return int(g) - 1, int(c) - 1
+
+    def completion_label(choice: str) -> str:
+        g, c = completion_of(choice)
+        return f"prompt {g + 1} · completion {c + 1} · reward {record['groups'][g]['completions'][c]['reward']:.3g}"
+
+    settle("completion", choices, choices[0], f"step {step}'s completions")
+    g, c = completion_of(left.selectbox("Completion", choices, key=ui.key(PAGE, "completion"), on_change=forget,
+                                       args=("token",), format_func=completion_label))
     tokens = record["groups"][g]["completions"][c]["tokens"]
     if not tokens["id"]:
+        ui.publish_controls(PAGE, CONTROLS)
         st.warning("This completion has no token.")
         st.stop()
     not_inside = [i for i, s in enumerate(tokens["state"]) if s != 0]
-    i = right.selectbox("Token", range(len(tokens["id"])), index=not_inside[0] if not_inside else 0,
-                        key=f"inspector:token:{name}:{step}:{g}:{c}", format_func=lambda i: token_label(tokens, i))
+    settle("token", list(range(len(tokens["id"]))), not_inside[0] if not_inside else 0, "this completion")
+    i = right.selectbox("Token", range(len(tokens["id"])), key=ui.key(PAGE, "token"),
+                        format_func=lambda i: token_view.token_choice(tokens, i))
+    ui.publish_controls(PAGE, CONTROLS)  # after the last widget the link holds: run, step, completion, token
     try:
         rescored = rescore.rescore_record(record, run.config, [(t.label, t) for t in extra])
     except DivvizInputError as err:  # a record whose loss saw no token
         rescored, why = [], str(err)
     if colour_by == "re-score":
-        record = token_view.with_rescore(record, rescored[1]["changed_tokens"] if len(rescored) > 1 else [])
+        record = token_view.with_rescore(record, [r["changed_tokens"] for r in rescored[1:]])
+        st.caption(literal(f"Marked: the tokens that {', '.join(r['measure'] for r in rescored[1:])} judge otherwise "
+                           "than the run's own measure (the darker, the more of them do).") if len(rescored) > 1
+                   else "Add a clip test in the sidebar to mark the tokens it judges otherwise than the run's own.")
     st.html(token_view.record_html(record, colour_by, selected=(g, c, i)))
     st.markdown("**Re-score this step.** Every token the loss saw, under the run's own measure and each clip test "
                 "added in the sidebar: the share each would have masked low (w < l, A < 0) and high (w > u, A > 0), "
                 "the share outside its region, the gradient weight it keeps, and how many tokens it judges otherwise "
                 "(colour by *re-score* to see them). `divviz rescore` prints the same.")
     if rescored:
+        st.caption(literal(f"Counted: the tokens the loss saw in {rescore.coverage(record, run.config)}."))
         st.dataframe(pd.DataFrame([{k: v for k, v in r.items() if k != "changed_tokens"} for r in rescored]),
                      hide_index=True, width="stretch", key="inspector:rescored",
                      column_config={k: st.column_config.NumberColumn(format="percent") for k in
                                     ("masked_low", "masked_high", "outside")})
+        if any(math.isnan(r["gradient_kept"]) for r in rescored):
+            st.caption("gradient_kept is blank: every advantage in this step's record is 0, so no token has a "
+                       "gradient for a clip test to keep or mask.")
     else:
         st.caption(literal(why))
     if tokens["pi_new"] is None:
-        st.caption("π after the update is not known for this run: its trainer (TRL) makes no forward pass after the "
-                   "update, so Δπ is blank and the token has no point after the update.")
+        st.caption(literal(token_view.pi_after_unknown(run.config)))
 
     st.subheader("This token's loss")
     objectives = run_views.explained_objectives(run.config, extra)

@@ -4,7 +4,7 @@ import time
 
 import streamlit as st
 
-from divviz.app import ui
+from divviz.app import run_ui, ui
 
 from divviz.views import run_views, token_view
 from divviz.engine import runner, store
@@ -52,9 +52,10 @@ ui.bind_controls(PAGE, CONTROLS)
 root = store.runs_dir()
 me = ui.viewer()
 st.session_state.setdefault("lab_runs", [])  # kept even when the runs folder below cannot be read
-with ui.shown_errors():  # this tab's runs, and any this browser still has queued or running (after a reload)
-    st.session_state["lab_runs"] = list(dict.fromkeys([*st.session_state.get("lab_runs", []),
-                                                       *runner.active_runs(root, me.who)]))
+with ui.shown_errors():  # this tab's runs, and any this browser still has queued or running (after a reload); outside
+    # room mode, a tab with none shows every queued or running run: the app's one user manages them all
+    st.session_state["lab_runs"] = runner.lab_runs(root, st.session_state.get("lab_runs", []), me.who,
+                                                   everyone=not ui.room_mode())
     runner.ensure_pool(root)  # warm: a pool that has imported torch starts a run in well under a second
 
 
@@ -121,7 +122,7 @@ runs = [store.read_run(root / name) for name in st.session_state["lab_runs"] if 
 running = any(run.state in ("queued", "running") for run in runs)
 if configs:
     with ui.shown_errors():
-        ui.expected_step_time(root, configs, on_measure=lambda cfg: start([cfg]))
+        run_ui.expected_step_time(root, configs, on_measure=lambda cfg: start([cfg]))
 left, right, _ = st.columns([1, 1, 4])
 left.button("Start", type="primary", icon=":material/play_arrow:", disabled=running or not configs,
             on_click=start, args=(configs,), width="stretch")
@@ -130,6 +131,17 @@ for message in refused:
     st.warning(f"Not started: {literal(message)}", icon=":material/warning:")
 if "lab_error" in st.session_state:
     st.error(literal(st.session_state.pop("lab_error")), icon=":material/error:")
+
+
+def binding_minibatches() -> int:
+    """The mini-batches the notice offers: 4, else the first of 2 and 3 that splits the batch into equal parts."""
+    completions = st.session_state["lab:prompts"] * st.session_state["lab:group_size"]
+    return next((k for k in (4, 2, 3) if completions % k == 0), completions)
+
+
+def make_it_bind() -> None:
+    """The notice's button: K mini-batches per pass (every one after the first off-policy), for the next Start."""
+    st.session_state["lab:minibatches"] = binding_minibatches()
 
 
 @st.fragment(run_every=2.0 if running else None)
@@ -141,7 +153,8 @@ def live() -> None:
 def draw_runs() -> None:
     runs = [store.read_run(root / name) for name in st.session_state["lab_runs"] if (root / name).is_dir()]
     if not runs:
-        st.caption("No run yet: choose measures and press Start.")
+        st.caption("No run queued or running: choose measures and press Start. Finished runs are on the Runs page.")
+        st.page_link("app_pages/runs.py", label="Runs", icon=":material/folder_open:")
         return
     data = []
     for run in runs:
@@ -163,8 +176,9 @@ def draw_runs() -> None:
         st.progress(min(1.0, run.step / max(run.steps, 1)), text=text)
         if run.state in ("failed", "interrupted"):
             st.error(literal(f"{label}: {run.message}"), icon=":material/error:")
-    if ui.show_training_charts(PAGE, [(label, rows) for label, rows, _ in data],
-                               [store.read_evals(run.folder) for _, _, run in data], BINDING_HINT):
+    if run_ui.show_training_charts(PAGE, [(label, rows) for label, rows, _ in data],
+                               [store.read_evals(run.folder) for _, _, run in data], BINDING_HINT,
+                               (f"Train in {binding_minibatches()} mini-batches", make_it_bind)):
         last_step = max(len(rows) for _, rows, _ in data)
         chosen = st.session_state.get("lab:step") or last_step  # 0 (a link's default): the latest step
         st.session_state["lab:step"] = min(max(chosen, 1), max(last_step, 2))

@@ -149,7 +149,7 @@ def cmd_rescore(args) -> int:
     from pathlib import Path
 
     from divviz.engine.store import runs_dir
-    from divviz.evidence.rescore import rescore_step
+    from divviz.evidence.rescore import rescore_step, step_coverage
 
     given = args.run_folder
     folder = Path(given) if Path(given).is_dir() else runs_dir(args.runs_dir) / given
@@ -159,13 +159,17 @@ def cmd_rescore(args) -> int:
     rows = rescore_step(folder, step, args.measure or [])
     if args.json:
         return print_json(rows, indent=1)
-    print(f"run {folder.name}, step {step}: {rows[0]['tokens']} tokens the loss saw")
+    print(f"run {folder.name}, step {step}: {rows[0]['tokens']} tokens the loss saw, in "
+          f"{step_coverage(folder, step)}")
     print(f"{'measure':<44} {'masked low':>10} {'masked high':>11} {'outside':>8} {'grad kept':>9} {'changed':>8}")
     for r in rows:
+        kept = "—" if math.isnan(r["gradient_kept"]) else f"{r['gradient_kept']:.3f}"
         print(f"{shorten(r['measure'], 44):<44} {r['masked_low']:>10.3%} {r['masked_high']:>11.3%} {r['outside']:>8.2%} "
-              f"{r['gradient_kept']:>9.3f} {r['changed']:>8}")
+              f"{kept:>9} {r['changed']:>8}")
         for g, c, i, piece, before, after in r["changed_tokens"][:5]:
             print(f"    prompt {g + 1}, completion {c + 1}, token {i} {shorten(repr(piece), 30)}: {before} → {after}")
+    if any(math.isnan(r["gradient_kept"]) for r in rows):
+        print("grad kept —: every advantage is 0 in these completions, so no token has a gradient to keep or mask")
     return 0
 
 

@@ -1,6 +1,6 @@
 """End to end in a real browser: Debian's chromium, driven by Playwright, against `streamlit run app.py`."""
 
-from urllib.parse import unquote
+from urllib.parse import quote, unquote, urlparse
 
 import pytest
 
@@ -206,8 +206,8 @@ def test_step_inspector_shows_a_real_model_completion(page, app_url, app_runs_di
     from divviz.engine.smollm2 import NAME
     from divviz.engine.train import train
 
-    train(RunConfig.make(model=NAME, steps=1, prompts=2, group_size=2, max_new_tokens=12, inspect_prompts=1),
-          app_runs_dir)
+    train(RunConfig.make(model=NAME, steps=1, prompts=2, group_size=2, max_new_tokens=12, inspect_prompts=1,
+                         minibatches=1, eval_every=0), app_runs_dir)
     page.goto(f"{app_url}/step_inspector")
     page.get_by_text("What is", exact=False).first.wait_for(timeout=90_000)
     pieces = page.locator(".dv-c .dv-t").all_inner_texts()
@@ -250,3 +250,79 @@ def test_an_imported_unipo_run_opens_in_the_inspector_as_text(page, app_url, app
     assert page.get_by_text("<script>alert('x')</script>").count() > 0 and not dialogs
     page.get_by_text("Re-score this step.").first.wait_for()
     assert not page.locator('[data-testid="stException"]').count()
+
+
+TITLES = {"": "divviz", "tour": "Tour", "clipping_regions": "Clipping regions", "kl3_equivalence": "KL3",
+          "mass_reallocation": "Mass reallocation", "claims": "Claims", "training_lab": "Training lab", "runs": "Runs",
+          "step_inspector": "Step inspector", "catalogue": "Catalogue"}
+
+
+@pytest.mark.parametrize("path, title", TITLES.items())
+def test_each_page_loads_quietly_and_fetches_nothing_from_outside(page, app_url, path, title):
+    """A workshop machine may be offline: loading a page fails no request, logs no error and asks no other host for
+    anything (a :material/…: favicon came from fonts.gstatic.com). Left: the two probes by which Streamlit 1.67's
+    frontend finds the server's base path when a page's own URL is loaded — PAGE/_stcore/health and
+    PAGE/_stcore/host-config answer 404 before the root's answer 200 (streamlit/streamlit#7074); nothing an app
+    sets avoids them."""
+    host = urlparse(app_url).netloc
+    errors, failed, outside = [], [], []
+    page.on("console", lambda message: errors.append(message.location.get("url") or message.text)
+            if message.type == "error" else None)
+    page.on("requestfailed", lambda request: failed.append(f"{request.url} {request.failure}"))
+    page.on("request", lambda request: outside.append(request.url)
+            if urlparse(request.url).scheme in ("http", "https", "ws", "wss") and urlparse(request.url).netloc != host
+            else None)
+    page.goto(f"{app_url}/{path}")
+    page.get_by_role("heading", name=title).first.wait_for(timeout=90_000)
+    page.wait_for_timeout(3_000)  # the favicon is set from the script's first message, fonts load as text shows
+    probes = {f"{app_url}/{path}/_stcore/health", f"{app_url}/{path}/_stcore/host-config"} if path else set()
+    assert outside == [] and failed == []
+    assert [error for error in errors if error not in probes] == []
+
+
+CONTRASTS = """() => [...document.querySelectorAll('.dv-c .dv-t')].map(token => {
+  const text = token.querySelector('.dv-special, .dv-bytes') || token;
+  return [getComputedStyle(text).color, getComputedStyle(token).backgroundColor,
+          !!token.querySelector('.dv-special')];
+})"""
+
+
+def wcag_contrast(a: str, b: str) -> float:
+    """WCAG 2's contrast ratio of two CSS colours as chromium computes them ("rgb(r, g, b)"; "rgba(…, 0)", nothing
+    drawn, is the page's white)."""
+    def luminance(css: str) -> float:
+        channels = (255, 255, 255) if css.startswith("rgba") else (int(x) for x in css[4:-1].split(","))
+        r, g, b = (c / 255 / 12.92 if c <= 10 else ((c / 255 + 0.055) / 1.055) ** 2.4 for c in channels)  # sRGB
+        return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+    low, high = sorted((luminance(a), luminance(b)))
+    return (high + 0.05) / (low + 0.05)
+
+
+def test_every_token_stays_readable_on_its_colour(page, app_url, app_runs_dir):
+    """A special token (<|im_end|>) put where Δπ is largest, so on the scale's most saturated colour: chromium's
+    computed text and background colours give every token a WCAG 2 contrast ratio of at least 4.5 (AA)."""
+    import json
+
+    from divviz.engine import store
+    from divviz.engine.config import RunConfig
+    from divviz.engine.train import train
+
+    assert wcag_contrast("rgb(0, 0, 0)", "rgba(0, 0, 0, 0)") == pytest.approx(21)  # black on white
+    folder = train(RunConfig.make(steps=1, prompts=2, group_size=4, lr=0.05, mu=3, max_new_tokens=6), app_runs_dir)
+    record = store.read_completions(folder, 1)
+    _, g, c, i = max((abs(t["pi_new"][i] - t["pi_old"][i]), g, c, i) for g, group in enumerate(record["groups"])
+                     for c, completion in enumerate(group["completions"]) for t in [completion["tokens"]]
+                     for i in range(len(t["id"])))
+    tokens = record["groups"][g]["completions"][c]["tokens"]
+    tokens["piece"][i] = tokens["raw"][i] = "<|im_end|>"
+    tokens["special"][i] = True
+    (folder / "completions" / "step_000001.json").write_text(json.dumps(record))
+    page.goto(f"{app_url}/step_inspector?run={quote(folder.name)}")
+    page.locator('[data-testid="stSelectbox"]').filter(
+        has=page.get_by_text("Colour tokens by", exact=True)).first.click(timeout=90_000)
+    page.get_by_role("option", name="Δπ").first.click()
+    page.locator(".dv-legend").filter(has_text="π after the update").wait_for(timeout=30_000)
+    shown = [(wcag_contrast(text, background), special) for text, background, special in page.evaluate(CONTRASTS)]
+    assert sum(special for _, special in shown) == 1 and len(shown) > 10
+    assert min(ratio for ratio, _ in shown) >= 4.5, shown

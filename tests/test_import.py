@@ -189,3 +189,25 @@ def test_an_imported_run_opens_in_the_inspector_with_its_text_escaped(imported, 
     at.switch_page("app_pages/runs.py").run()
     assert not at.exception and "done" in set(at.dataframe[0].value["state"])
     assert math.isfinite(store.last_metrics(folder)["kl/k3"])
+
+
+def test_an_imported_run_is_named_as_imported_with_no_seed_and_its_missing_pi_after_blamed_on_its_file(imported,
+                                                                                                     monkeypatch):
+    """Lists say "imported (unipo)" where an engine run has its seed (the file gave none, none is made up); the
+    inspector says π after the update is unknown because the run came from that file, not from TRL."""
+    from streamlit.testing.v1 import AppTest
+
+    from divviz.views import run_views
+
+    _, folder = imported
+    run = store.read_run(folder)
+    assert "seed" not in run.config
+    choice = run_views.run_choice(run)
+    assert "imported (unipo)" in choice and "seed" not in choice and "imported (unipo)" in run_views.run_label(run)
+    monkeypatch.setenv("DIVVIZ_RUNS_DIR", str(folder.parent))
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300).run()
+    at.switch_page("app_pages/step_inspector.py").run()
+    assert not at.exception, at.exception
+    assert at.selectbox(key="inspector:run").options == [choice]
+    said = " ".join(c.value for c in at.caption).replace("\\", "")
+    assert "imported (divviz import) from 'run.json' in UNIPO's schema" in said and "TRL" not in said

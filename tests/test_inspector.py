@@ -148,7 +148,7 @@ def test_the_page_explains_a_corrected_token_and_says_why_a_rejected_one_has_no_
     kept = next(p for p in where if record["groups"][p[0]]["completions"][p[1]]["tokens"]["state"][p[2]] != 5)
     at = app()  # on the run's last step, 2, where the sampler lags
     for (g, c, i), expect in ((rejected, "rejected this token"), (kept, "multiplied by ρ")):
-        at.selectbox(key="inspector:completion").set_value((g, c)).run()
+        at.selectbox(key="inspector:completion").set_value(f"{g + 1}.{c + 1}").run()
         next(sb for sb in at.selectbox if sb.label == "Token").set_value(i).run()
         assert not at.exception, at.exception
         shown = html_bodies(at) + "".join(x.value for x in at.info)
@@ -249,10 +249,12 @@ def test_corrupt_records_are_refused_with_a_reason(tmp_path):
     assert check_record(good, "x") is good
 
 
-def app():
+def app(link: dict | None = None):
+    """The inspector opened as a user would, from a link's query parameters `link` if given."""
     from streamlit.testing.v1 import AppTest
 
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300)
+    at.query_params.update(link or {})
     at.run()
     at.switch_page("app_pages/step_inspector.py").run()
     return at
@@ -274,7 +276,7 @@ def test_the_page_shows_a_run_and_explains_a_token(tmp_path, monkeypatch):
     body = html_bodies(at)
     assert "&lt;script&gt;" in body and "<script" not in body and "<img" not in body
     assert "masked" in body or "inside" in body
-    at.selectbox(key="inspector:completion").set_value((1, 2)).run()
+    at.selectbox(key="inspector:completion").set_value("2.3").run()
     token = next(sb for sb in at.selectbox if sb.label == "Token")
     token.set_value(len(token.options) - 1).run()
     assert not at.exception
@@ -307,3 +309,101 @@ def test_same_batch_records_show_each_measure_on_the_same_completions():
     assert ta["measure"] != tb["measure"]
     assert f"{len(ta['id'])} tokens" in token_view.state_counts(ta)
     np.testing.assert_allclose([x for x in ta["ratio"]], a.ratio[:len(ta["ratio"])], rtol=1e-6)
+
+
+def token_box(at):
+    return next(sb for sb in at.selectbox if sb.label == "Token")
+
+
+def test_the_token_box_names_a_token_by_its_text_not_its_raw_bpe_piece(tmp_path, monkeypatch):
+    """Byte-level BPE writes " equals" as the piece "Ġequals" and a newline as "Ċ": the Token box lists the text, its
+    whitespace visible ("␣equals", "↵"), and a special token by its name."""
+    monkeypatch.setenv("DIVVIZ_RUNS_DIR", str(tmp_path))
+    folder = train(RunConfig.make(steps=1, prompts=1, group_size=2, max_new_tokens=6), tmp_path)
+    path = folder / "completions" / "step_000001.json"
+    record = json.loads(path.read_text())
+    tokens = record["groups"][0]["completions"][0]["tokens"]
+    n = len(tokens["id"])
+    assert n >= 4, n  # the tiny model's completion to this seed's prompt, cut at max_new_tokens
+    bpe = [(" equals", "Ġequals", False), (" +", "Ġ+", False), ("\n", "Ċ", False), ("<|im_end|>", "<|im_end|>", True)]
+    tokens["piece"], tokens["raw"], tokens["special"] = (list(column) for column in zip(*(bpe * n)[:n]))
+    path.write_text(json.dumps(record))
+    options = token_box(app()).options
+    states = [option.split(" · ")[-1] for option in options]
+    assert options[:4] == [f"0: ␣equals · {states[0]}", f"1: ␣+ · {states[1]}", f"2: ↵ · {states[2]}",
+                           f"3: <|im_end|> (special) · {states[3]}"]
+    assert not any("Ġ" in o or "Ċ" in o or "'" in o for o in options)
+
+
+def marked_tokens(body: str) -> int:
+    """How many token spans of the inspector's text have a colour other than white (the re-score's marks)."""
+    import re
+
+    backgrounds = re.findall(r"class='dv-t[^']*' style='background:([^;']+)", body)
+    return sum(b not in ("rgb(255,255,255)", "transparent") for b in backgrounds)
+
+
+def test_rescore_colouring_marks_the_tokens_any_added_test_judges_otherwise(tmp_path, monkeypatch):
+    """The run's own PPO box added first (it judges every token as the run did) and a narrow one second: the tokens
+    the second judges otherwise are marked, as the table counts them."""
+    monkeypatch.setenv("DIVVIZ_RUNS_DIR", str(tmp_path))
+    folder = train(RunConfig.make(steps=1, prompts=2, group_size=4, max_new_tokens=6, lr=0.05, mu=3, inspect_prompts=2),
+                   tmp_path)
+    from divviz.evidence.rescore import rescore_step
+
+    own, agreeing, narrow = rescore_step(folder, 1, ["ratio", "ratio:eps=0.01"])
+    assert agreeing["changed"] == 0 and narrow["changed"] > 0
+    at = app({"m": "ratio,ratio:eps=0.01", "colour": "re-score"})
+    assert not at.exception, at.exception
+    table = next(d.value for d in at.dataframe if "gradient_kept" in d.value.columns)
+    assert list(table["changed"]) == [own["changed"], 0, narrow["changed"]]
+    next(sb for sb in at.selectbox if sb.label == "Colour tokens by").set_value("re-score").run()
+    assert marked_tokens(html_bodies(at)) == narrow["changed"]
+    assert any("judge otherwise" in c.value for c in at.caption)
+
+
+def test_the_link_holds_the_run_step_colouring_completion_and_token(tmp_path, monkeypatch):
+    """Every choice of the page goes into its link, and the link opens the same run, step, colouring, completion and
+    token; a link to a run that is not there says so and shows the newest."""
+    monkeypatch.setenv("DIVVIZ_RUNS_DIR", str(tmp_path))
+    for seed in (1, 2):
+        train(RunConfig.make(steps=2, prompts=2, group_size=4, max_new_tokens=6, seed=seed), tmp_path)
+    newest, older = (run.name for run in store.list_runs(tmp_path))
+    at = app()
+    assert not at.exception, at.exception
+    link = lambda: {k: v if isinstance(v, str) else v[-1] for k, v in at.query_params.items()}  # noqa: E731
+    assert link()["run"] == newest and link()["step"] == "2"
+    at.selectbox(key="inspector:run").set_value(older).run()
+    at.select_slider(key="inspector:step").set_value(1).run()
+    next(sb for sb in at.selectbox if sb.label == "Colour tokens by").set_value("ratio").run()
+    at.selectbox(key="inspector:completion").set_value("2.3").run()
+    token_box(at).set_value(1).run()
+    assert not at.exception, at.exception
+    shared = link()
+    assert {k: shared[k] for k in ("run", "step", "colour", "completion", "token")} == {
+        "run": older, "step": "1", "colour": "ratio", "completion": "2.3", "token": "1"}
+    opened = app(shared)  # another browser, from the link
+    assert not opened.exception and not opened.warning, opened.warning
+    assert opened.selectbox(key="inspector:run").value == older and opened.select_slider(key="inspector:step").value == 1
+    assert next(sb for sb in opened.selectbox if sb.label == "Colour tokens by").value == "ratio"
+    assert opened.selectbox(key="inspector:completion").value == "2.3" and token_box(opened).value == 1
+    assert "class='dv-t dv-sel'" in html_bodies(opened)
+    gone = app({"run": "<b>no-such-run</b>", "step": "7"})
+    assert not gone.exception and gone.selectbox(key="inspector:run").value == newest
+    said = [w.value for w in gone.warning]
+    assert any("<b>no-such-run</b>" in w.replace("\\", "") for w in said) and not any("<b>" in w for w in said)
+
+
+def test_every_token_colour_keeps_its_text_readable(tmp_path):
+    """WCAG 2's contrast ratio (black on white 21, #777 on white 4.48: its reference values) between a token's text
+    and its background is at least 4.5 on every colour the scales and the clip states make; a special token on the
+    darkest blue is written in white."""
+    assert token_view.contrast_ratio("#fff", "#000") == pytest.approx(21)
+    assert token_view.contrast_ratio("#777777", "rgb(255,255,255)") == pytest.approx(4.48, abs=0.01)
+    for colour in [token_view.background(v, 1.0) for v in np.linspace(-1, 1, 401)] + list(token_view.STATE_COLOURS):
+        assert token_view.contrast_ratio(colour, token_view.text_colour(colour)) >= 4.5, colour
+    tokens = {"id": [1, 2], "piece": ["<|im_end|>", "a"], "raw": ["<|im_end|>", "a"], "special": [True, False],
+              "state": [0, 0], "pi_old": [0.5, 0.5], "pi_new": [0.01, 0.5], "ratio": [1.0, 1.0], "adv": [1.0, 1.0],
+              "measure": None, "penalty": None, "pi_ref": None, "loss": [0.0, 0.0], "weight": [1.0, 1.0]}
+    html = token_view.completion_html(tokens, token_view.colours(tokens, "Δπ", 0.49))
+    assert "background:rgb(33,102,172);color:#fff" in html and "dv-special" in html

@@ -137,7 +137,7 @@ def test_the_lab_compares_rollout_corrections_under_a_lagging_sampler(runs_root)
         (None, None, 2, "bfloat16"), ("token", None, 2, "bfloat16"), (None, "token_k3", 2, "bfloat16")]
     wait_for(at, lambda at: all(store.read_run(runs_root / n).state == "done" for n in names))
     charts = at.get("plotly_chart")
-    assert len(charts) == 10  # the seven panels, verl's rollout panel, mass by π_old, the token scatter
+    assert len(charts) == 11  # the eight panels (stability too), verl's rollout panel, mass by π_old, the token scatter
     last = [store.read_metrics(runs_root / n)[-1] for n in names]
     assert last[0]["rollout_corr/k3_kl"] > 0 and "rollout_corr/rollout_is_mean" in last[1]
     assert last[2]["rollout_corr/rollout_rs_masked_fraction"] > 0
@@ -255,6 +255,8 @@ def test_the_lab_says_when_nothing_clipped_and_draws_held_out_accuracy(runs_root
     wait_for(at, lambda at: all(store.read_run(runs_root / n).state == "done" for n in names))
     at.run()
     assert any("No token was clipped" in info.value and "mini-batches" in info.value for info in at.info)
+    button(at, "Train in 4 mini-batches").click().run()  # the setting that makes it bind, for the next Start
+    assert next(s for s in at.slider if s.label == "minibatches").value == 4
     titles = [chart.proto.spec for chart in at.get("plotly_chart")]
     assert any("Held-out accuracy" in spec for spec in titles)
     assert [row["step"] for row in store.read_evals(runs_root / names[0])] == [0, 2, 3]

@@ -13,7 +13,7 @@ from divviz.cli import main
 from divviz.engine import store
 from divviz.engine.config import RunConfig
 from divviz.engine.train import train
-from divviz.evidence.rescore import rescore_step
+from divviz.evidence.rescore import coverage, rescore_step
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -95,3 +95,36 @@ def test_the_inspector_rescores_the_step_and_marks_the_tokens_judged_otherwise(r
     assert not at.exception
     body = "".join(element.proto.body for element in at.get("html"))
     assert "re-score" in body and body.count("rgb(") >= expected[1]["changed"]
+
+
+def test_the_cli_says_which_completions_it_counted(run, tmp_path, capsys):
+    """A run that keeps 2 of its 4 prompts' completions: the count is said to be of the inspected ones only."""
+    part = train(RunConfig.make(steps=1, prompts=4, group_size=2, inspect_prompts=2, max_new_tokens=6), tmp_path)
+    assert main(["rescore", str(part), "--step", "1"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert ("tokens the loss saw, in the inspected completions only: 4 completions of 2 of the step's 4 prompts (8 "
+            "completions); the run keeps its first inspect_prompts = 2 prompts' completions") in first, first
+    assert main(["rescore", str(run), "--step", "2"]) == 0
+    assert "tokens the loss saw, in all 16 completions of the step's 4 prompts" in capsys.readouterr().out
+    capped = {"groups": [{"completions": [{}] * 3}], "omitted": 1}  # a byte cap left one of 4 out
+    assert coverage(capped, {"prompts": 2, "group_size": 4, "inspect_prompts": 1}).endswith(
+        "3 completions of 1 of the step's 2 prompts (8 completions); the run keeps its first inspect_prompts = 1 "
+        "prompts' completions; the record's byte cap left out 1 more")
+
+
+def test_the_cli_explains_a_gradient_kept_that_there_is_none_of(run, tmp_path, capsys):
+    """A step whose advantages are all 0 (every reward of each group equal) has no gradient to keep: the CLI says so
+    instead of printing nan."""
+    import shutil
+
+    folder = shutil.copytree(run, tmp_path / run.name)
+    path = folder / "completions" / "step_000002.json"
+    record = json.loads(path.read_text())
+    for group in record["groups"]:
+        for completion in group["completions"]:
+            completion["advantage"] = 0.0
+            completion["tokens"]["adv"] = [0.0] * len(completion["tokens"]["adv"])
+    path.write_text(json.dumps(record))
+    assert main(["rescore", str(folder), "--step", "2", "--measure", "ratio"]) == 0
+    out = capsys.readouterr().out
+    assert "nan" not in out.lower() and "every advantage is 0 in these completions, so no token has a gradient" in out

@@ -185,3 +185,72 @@ def test_only_the_teacher_queues_the_claims_lm_grid_in_room_mode(tmp_path, monke
         assert not at.exception, at.exception
         button = next(b for b in at.button if b.label.startswith("Train the"))
         assert button.disabled != allowed and ("only the teacher" in (button.help or "")) != allowed
+
+
+APP_STAND_IN = """import sys, time
+from pathlib import Path
+from divviz.engine import runner
+from divviz.engine.config import RunConfig
+root = Path(sys.argv[1])
+if sys.argv[2] == "queue":
+    print(runner.start_run(RunConfig.make(steps=5000, prompts=2, group_size=4, max_new_tokens=6), root), flush=True)
+else:
+    runner.ensure_pool(root)
+    print("pool started", flush=True)
+time.sleep(600)
+"""
+
+
+def app_with_pool(root: Path, what: str) -> tuple[subprocess.Popen, int, str]:
+    """A process standing in for the app: it starts the runs folder's pool (and queues a long run if `what` is
+    "queue"), then idles. Returns it, its pool's pid and what it printed. Pools wait 600 s idle here, so only the
+    app's end can end them within a test."""
+    app = subprocess.Popen([sys.executable, "-c", APP_STAND_IN, str(root), what], stdout=subprocess.PIPE, text=True,
+                           env={**os.environ, "DIVVIZ_POOL_IDLE_S": "600"})
+    said = app.stdout.readline().strip()
+    pool_file = root / ".divviz" / "pool.json"
+    wait(lambda: pool_file.exists() and json.loads(pool_file.read_text())["pid"] != os.getpid(), 60)
+    return app, json.loads(pool_file.read_text())["pid"], said
+
+
+def test_an_idle_pool_leaves_when_its_app_is_gone_and_a_busy_one_trains_its_runs_first(tmp_path):
+    app, pool, _ = app_with_pool(tmp_path / "idle", "ensure")
+    time.sleep(1)
+    assert store.process_alive(pool)
+    app.kill()
+    app.wait()
+    wait(lambda: not store.process_alive(pool), 60)  # it imports torch first (seconds), then leaves within a poll
+
+    app, pool, folder = app_with_pool(tmp_path / "busy", "queue")
+    folder = Path(folder)
+    wait(lambda: store.read_run(folder).step >= 1)
+    app.kill()
+    app.wait()
+    step = store.read_run(folder).step
+    wait(lambda: store.read_run(folder).step > step + 1)  # the queue outlives the app
+    assert store.process_alive(pool)
+    runner.stop_run(folder)
+    wait(lambda: store.read_run(folder).state == "stopped", 30)
+    wait(lambda: not store.process_alive(pool), 30)  # and with nothing left to train, the pool leaves too
+
+
+def test_outside_room_mode_a_new_browser_sees_the_runs_going(tmp_path, monkeypatch):
+    """On a local app (one user), the lab of a browser that started nothing shows every queued and running run; in
+    room mode it shows only its own, and points to the Runs page."""
+    monkeypatch.setenv("DIVVIZ_RUNS_DIR", str(tmp_path))
+    monkeypatch.setenv("DIVVIZ_MAX_RUNS", "1")
+    going = [runner.start_run(RunConfig.make(steps=5000, seed=i, **SMALL), tmp_path, owner="another-browser")
+             for i in range(2)]
+    wait(lambda: store.read_run(going[0]).state == "running")
+    at = lab(tmp_path, {})
+    assert at.session_state["lab_runs"] == [f.name for f in going]
+    texts = [p.proto.text for p in at.get("progress")]
+    assert len(texts) == 2 and any("queued, 0 ahead" in t for t in texts), texts
+    assert next(b for b in at.button if b.label == "Stop").disabled is False
+    monkeypatch.setenv("DIVVIZ_ROOM", "1")
+    student = lab(tmp_path, {})
+    assert student.session_state["lab_runs"] == []
+    assert any("No run queued or running" in c.value for c in student.caption)
+    for folder in going:
+        runner.stop_run(folder)
+    wait(lambda: states(going) == ["stopped", "stopped"], 30)

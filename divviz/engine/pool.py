@@ -19,7 +19,10 @@ responsive:
   pool marks it stopped (its folder has a `.stop` request) or failed.
 
 One pool per runs folder (an flock on `.divviz/pool.lock`); `runner.ensure_pool` starts it when a run is
-queued, and it leaves by itself after `IDLE_EXIT_S` seconds with nothing to do ($DIVVIZ_POOL_IDLE_S, default 600).
+queued. With nothing queued or running it leaves by itself: at once when the app that started it is gone (nothing
+is left to queue runs or read them), else after `IDLE_EXIT_S` seconds ($DIVVIZ_POOL_IDLE_S, default 600), warm
+meanwhile for the app's next Start. Runs still queued or running when the app ends are trained first: the queue
+outlives the app, the idle pool does not.
 """
 
 from __future__ import annotations
@@ -125,13 +128,20 @@ class Pool:
         self.idle_since = time.time()
 
     def serve(self) -> None:
+        """Train the queue; return once nothing is queued or running and the app is gone or `IDLE_EXIT_S` passed."""
         while True:
             self.reap()
             if self.start_queued() or self.children:
                 self.idle_since = time.time()
-            elif time.time() - self.idle_since > IDLE_EXIT_S:
+            elif not self.app_alive() or time.time() - self.idle_since > IDLE_EXIT_S:
                 return
             time.sleep(POLL_S)
+
+    def app_alive(self) -> bool:
+        """Whether the app that started the pool still runs. The pool is its child (`runner.ensure_pool`), and an
+        orphan is adopted by another process, so the parent's pid changes when the app ends, however it ends (a
+        pid reused since cannot pass for it). A pool started without the app's pid never counts it gone."""
+        return self.app_pid is None or os.getppid() == self.app_pid
 
     def memory_used_mb(self) -> float:
         pids = [os.getpid(), *self.children] + ([self.app_pid] if self.app_pid else [])

@@ -179,11 +179,22 @@ def wait_for_slot(root: Path, say) -> None:
         time.sleep(1.0)
 
 
-def active_runs(root: Path, who: str) -> list[str]:
-    """The names of the queued and running runs that `who` queued, oldest first (a reloaded tab finds them)."""
-    mine = [run for run in list_runs(root) if who and run.status.get("owner") == who
-            and run.state in ("queued", "running")]
-    return [run.name for run in reversed(mine)]
+def active_runs(root: Path, who: str, everyone: bool = False) -> list[str]:
+    """The names of the queued and running runs that `who` queued, oldest first (a reloaded tab finds them); with
+    `everyone`, all of them, whoever queued them (outside room mode the app has one user, who manages every run: a
+    second browser, or the terminal's runs, are still that user's)."""
+    active = [run for run in list_runs(root) if run.state in ("queued", "running")
+              and (everyone or (who and run.status.get("owner") == who))]
+    return [run.name for run in reversed(active)]
+
+
+def lab_runs(root: Path, shown: list[str], who: str, everyone: bool = False) -> list[str]:
+    """The runs a Training lab tab shows: those it shows already, then those `who` has queued or running (a reloaded
+    tab finds them). A tab with none to show gets, with `everyone` (outside room mode, where the app's one user
+    manages every run), every queued or running run: a second browser, or a run queued from elsewhere, is still
+    that user's. A tab that shows runs of its own never takes in others'."""
+    names = list(dict.fromkeys([*shown, *active_runs(root, who)]))
+    return names or (active_runs(root, who, everyone=True) if everyone else [])
 
 
 def is_running(folder: Path) -> bool:

@@ -108,6 +108,30 @@ def rescore_step(folder, step: int, specs: list[str]) -> list[dict]:
                           [(spec, measure_objective(spec).clip) for spec in specs])
 
 
+def coverage(record: dict, config: dict) -> str:
+    """Which completions of the step a record holds, hence which tokens a re-score counts: "all 16 completions of
+    the step's 4 prompts", or, where the run kept only its first `inspect_prompts` prompts' completions (or its byte
+    cap left some out), "the inspected completions only: 8 completions of 2 of the step's 4 prompts (16
+    completions) …". An imported run's record holds every prompt its file gives."""
+    prompts, kept = len(record["groups"]), sum(len(g["completions"]) for g in record["groups"])
+    omitted = int(record.get("omitted") or 0)
+    per_step, group_size = config.get("prompts"), config.get("group_size")
+    cut = f"; the record's byte cap left out {omitted} more" if omitted else ""
+    if not isinstance(per_step, int) or per_step <= prompts:
+        return f"{'the' if omitted else 'all'} {kept} completions of the step's {prompts} prompts{cut}"
+    whole = f" ({per_step * group_size} completions)" if isinstance(group_size, int) else ""
+    return (f"the inspected completions only: {kept} completions of {prompts} of the step's {per_step} prompts{whole}; "
+            f"the run keeps its first inspect_prompts = {config.get('inspect_prompts', prompts)} prompts' completions"
+            f"{cut}")
+
+
+def step_coverage(folder, step: int) -> str:
+    """`coverage` of a run's recorded step."""
+    from divviz.engine import store
+
+    return coverage(store.read_completions(folder, step), store.read_run(folder).config)
+
+
 def rescore_record(record: dict, config: dict, tests: list) -> list[dict]:
     """A step's record re-scored under the run's own clip test (from its config; first, "(this run)") and each of
     `tests` [(label, clip test or None)]."""

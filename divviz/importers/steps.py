@@ -176,8 +176,9 @@ def score_step(step: Step, number: int, objective: Objective) -> tuple[dict, dic
 
 
 def source_config(fmt: str, path: Path, model: str, task: str, clip_eps: float | None, extra: dict) -> dict:
-    """An imported run's config.json: the clip test its tokens are scored under, and where it came from."""
+    """An imported run's config.json: the clip test its tokens are scored under, and where it came from. No seed:
+    a file gives none, and one made up would read as a fact about the run."""
     return {"backend": "import", "model": str(model)[:200], "task": str(task)[:200], "clip": "ratio",
-            "clip_params": {"eps": clip_eps if clip_eps is not None else 0.2}, "seed": 0,
+            "clip_params": {"eps": clip_eps if clip_eps is not None else 0.2},
             "source": {"format": fmt, "file": path.name[:200], "imported": time.strftime("%Y-%m-%d %H:%M:%S"),
                        **extra}}

@@ -190,13 +190,17 @@ def token_scatter(runs: list[tuple[str, str, dict, dict]]) -> Chart:
 
 
 def run_label(run, unique: bool = False) -> str:
-    """A legend label for a run: its objective (and the end of its folder name when `unique`)."""
+    """A legend label for a run: its objective, where it came from when not divviz's engine ("(TRL)", "· imported
+    (unipo)"), and the end of its folder name when `unique`."""
     try:
         label = config_label(run.config)
     except (DivvizInputError, TypeError, AttributeError):  # a config written by another version, or none
         return run.name
     if run.config.get("backend") == "trl":
         label = f"{label} (TRL)"
+    if run.config.get("backend") == "import":  # its file's format, as `importers.steps.source_config` keeps it
+        source = run.config.get("source") if isinstance(run.config.get("source"), dict) else {}
+        label = f"{label} · imported ({source.get('format', 'unknown format')})"
     return f"{label} · {run.name[-6:]}" if unique else label
 
 
@@ -294,17 +298,20 @@ def seen(runs: list) -> tuple:
 
 
 def task_label(config: dict) -> str:
-    """A run's task as lists show it, with "random reward" where the task's checker did not give the rewards."""
-    task = config.get("task", "?")
+    """A run's task as lists show it, with "random reward" where the task's checker did not give the rewards ("task
+    not given" where its config names none, as an imported file may not)."""
+    task = config.get("task") or "task not given"
     return f"{task} (random reward)" if config.get("reward") == "random" else task
 
 
 def run_choice(run) -> str:
     """A run as a list shows it: its measure, model and task, seed, state and steps ("kl3 δ=0.05 · add · seed 1 ·
-    done, 20 steps · 20261125-143529"), so runs are picked by what they are, not by their folder's name."""
+    done, 20 steps · 20261125-143529"), so runs are picked by what they are, not by their folder's name. An imported
+    run has no seed (its file gives none): its label says "imported (format)" instead."""
     config = run.config
     model = "" if config.get("model", "builtin") == "builtin" else f"{config.get('model')} · "
-    return (f"{run_label(run)} · {model}{task_label(config)} · seed {config.get('seed', '?')} · {run.state}, "
+    seed = "" if config.get("backend") == "import" else f"seed {config.get('seed', '?')} · "
+    return (f"{run_label(run)} · {model}{task_label(config)} · {seed}{run.state}, "
             f"{run.step} step{'s' if run.step != 1 else ''} · {run.name[:15]}")
 
 

@@ -4,11 +4,14 @@ Input is a record of `engine.completions.step_record` (checked by `store.read_co
 which every piece of text from the model or the tokenizer is escaped (`html.escape`), so a completion holding
 HTML, markdown or `<script>` shows as those characters. Pieces are shown as they are: spaces and newlines kept
 (a newline also marked ↵), special tokens boxed, a piece that does not decode alone (byte fallback, part of a
-UTF-8 character) shown as the tokenizer's raw piece in a dashed box. Hovering a token shows all its facts.
+UTF-8 character) shown as the tokenizer's raw piece in a dashed box. Hovering a token shows all its facts. Where a
+token is named in a list (the inspector's Token box), it is the text it decodes to with its whitespace made visible
+("␣equals"), not the tokenizer's raw piece ("Ġequals").
 
 Colour scales: the clip state is categorical; the others diverge around their neutral value (1 for the ratio, read
 on log w; 1 for ρ; 0 for the rest), blue below and red above, saturating at the largest |value − neutral| of the
-record.
+record. Each token's text is black or white, whichever contrasts more with its background (WCAG 2's contrast
+ratio, at least 4.5 on every colour these scales make), so a token on a saturated colour stays readable.
 """
 
 from __future__ import annotations
@@ -82,8 +85,8 @@ COLOUR_BY = {  # name → (value of token i of tokens t, what the legend says)
                            "(log π_old − mean)(A − mean) over the tokens shown: red pushes the entropy down (a likely "
                            "token pushed up, a rare one down), blue up (Cui et al. 2025; white at 0)"),
     "re-score": (lambda t, i: fact(t, "rescored", i),
-                 "red: the first measure added to re-score this step gives the token another clip state than the "
-                 "run's own (white: the same; blank: the loss did not see it)"),
+                 "red: how many of the clip tests added to re-score this step give the token another clip state than "
+                 "the run's own (white: none does; blank: the loss did not see it)"),
 }
 
 def with_fact(record: dict, name: str, value) -> dict:
@@ -95,12 +98,13 @@ def with_fact(record: dict, name: str, value) -> dict:
         for c, comp in enumerate(group["completions"])]} for g, group in enumerate(record["groups"])]}
 
 
-def with_rescore(record: dict, changed: list[tuple]) -> dict:
-    """The record with the fact `rescored`: 1 on the tokens in `changed` ((group, completion, position, …) as
-    `evidence.rescore` lists them), 0 on the others the loss saw."""
-    marked = {tuple(c[:3]) for c in changed}
+def with_rescore(record: dict, changed_by_test: list[list[tuple]]) -> dict:
+    """The record with the fact `rescored`: on each token the loss saw, how many of the added clip tests judge it
+    otherwise than the run's own measure (`changed_by_test`: each test's changed tokens, (group, completion,
+    position, …) as `evidence.rescore` lists them)."""
+    marks = [{tuple(c[:3]) for c in changed} for changed in changed_by_test]
     return with_fact(record, "rescored", lambda t, g, c, i: None if t["state"][i] == REJECTED or t.get("ratio") is None
-                     or t["ratio"][i] is None else float((g, c, i) in marked))
+                     or t["ratio"][i] is None else float(sum((g, c, i) in marked for marked in marks)))
 
 
 def with_entropy_covariance(record: dict) -> dict:
@@ -143,14 +147,78 @@ def background(value: float | None, scale: float) -> str:
     return f"rgb({mix(r)},{mix(g)},{mix(b)})"
 
 
+def text_colour(background_colour: str) -> str:
+    """Black or white: whichever has the larger WCAG 2 contrast ratio with `background_colour` ("rgb(r,g,b)",
+    "#rrggbb", or "transparent", taken as the page's white). The ratio is (L₁ + 0.05)/(L₂ + 0.05) with L the
+    relative luminance; black and white meet at L ≈ 0.18, where each has 4.58, so the chosen one has at least that."""
+    return "#000" if contrast_ratio(background_colour, "#000") >= contrast_ratio(background_colour, "#fff") else "#fff"
+
+
+def contrast_ratio(a: str, b: str) -> float:
+    """WCAG 2's contrast ratio of two colours, 1 (the same) to 21 (black on white)."""
+    low, high = sorted((luminance(a), luminance(b)))
+    return (high + 0.05) / (low + 0.05)
+
+
+def luminance(colour: str) -> float:
+    """WCAG 2's relative luminance of "rgb(r,g,b)", "#rrggbb", "#rgb" or "transparent" (white, the page below)."""
+    if colour == "transparent":
+        channels = (255, 255, 255)
+    elif colour.startswith("rgb("):
+        channels = tuple(int(x) for x in colour[4:-1].split(","))
+    else:
+        digits = colour.lstrip("#")
+        digits = "".join(d * 2 for d in digits) if len(digits) == 3 else digits
+        channels = tuple(int(digits[k:k + 2], 16) for k in (0, 2, 4))
+    linear = [c / 255 / 12.92 if c / 255 <= 0.04045 else ((c / 255 + 0.055) / 1.055) ** 2.4 for c in channels]
+    return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+
+
+VISIBLE_WHITESPACE = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍"}
+
+
+def readable_piece(tokens: dict, i: int) -> str:
+    """Token i as a list names it: the text it decodes to, its whitespace made visible (" equals" → "␣equals") and
+    any other unprintable character escaped ("\\u202e"); a special token ("<|im_end|>") or a piece that does not
+    decode alone ("<0xE2>") as the tokenizer's raw piece."""
+    piece, raw = tokens["piece"][i], tokens["raw"][i]
+    if tokens["special"][i] or "\ufffd" in piece:
+        return raw
+    shown = "".join(VISIBLE_WHITESPACE.get(ch, ch if ch.isprintable() else ascii(ch)[1:-1]) for ch in piece)
+    return shown or "∅"
+
+
+def token_choice(tokens: dict, i: int) -> str:
+    """"6: ␣equals · masked high": a token as the inspector's Token box lists it."""
+    special = " (special)" if tokens["special"][i] else ""
+    return f"{i}: {readable_piece(tokens, i)}{special} · {TOKEN_STATES[tokens['state'][i]]}"
+
+
+def pi_after_unknown(config: dict) -> str:
+    """Why a run's record has no π after the update, named by where the run came from (its config's `backend` and,
+    for an import, its `source`)."""
+    after = "so Δπ is blank and the token has no point after the update."
+    source = config.get("source") if isinstance(config.get("source"), dict) else {}
+    if config.get("backend") == "import":
+        fmt = {"jsonl": "divviz's JSONL format", "unipo": "UNIPO's schema"}.get(source.get("format"),
+                                                                             str(source.get("format", "a file")))
+        return (f"π after the update is not known for this run: it was imported (divviz import) from "
+                f"{source.get('file', 'a file')!r} in {fmt}, which gives log π at the update and not after it, "
+                f"{after}")
+    if config.get("backend") == "trl":
+        return ("π after the update is not known for this run: its trainer (TRL) makes no forward pass after the "
+                f"update, {after}")
+    return f"π after the update is not known for this run: its writer recorded none, {after}"
+
+
 def _fmt(x) -> str:
     return "–" if x is None else f"{x:.5g}" if isinstance(x, float) else str(x)
 
 
 def hover(tokens: dict, i: int) -> str:
     """All of token i's facts, one per line (plain text: it goes into an escaped title attribute)."""
-    parts = [f"token {i} · id {tokens['id'][i]} · raw {tokens['raw'][i]!r}" + (" (special)" if tokens['special'][i]
-                                                                              else ""),
+    parts = [f"token {i} · id {tokens['id'][i]} · {readable_piece(tokens, i)} (raw {tokens['raw'][i]!r})"
+             + (" (special)" if tokens['special'][i] else ""),
              f"π_old {_fmt(fact(tokens, 'pi_old', i))} → π after " + (
                  "not known" if tokens["pi_new"] is None
                  else f"{_fmt(fact(tokens, 'pi_new', i))} (Δπ {_fmt(_delta_pi(tokens, i))})"),
@@ -184,8 +252,8 @@ def piece_html(piece: str, raw: str, special: bool) -> str:
 STYLE = ("<style>.dv-c{font-family:ui-monospace,monospace;white-space:pre-wrap;line-height:1.9;font-size:14px}"
          ".dv-t{border-radius:3px;padding:1px 0;border-right:1px solid rgba(0,0,0,.08)}"
          ".dv-sel{outline:2px solid #000;outline-offset:1px}"
-         ".dv-special{border:1px solid #888;border-radius:3px;padding:0 2px;font-size:11px;color:#555}"
-         ".dv-bytes{border:1px dashed #888;border-radius:3px;padding:0 2px;font-size:11px}"
+         ".dv-special{border:1px solid currentColor;border-radius:3px;padding:0 2px;font-size:11px}"
+         ".dv-bytes{border:1px dashed currentColor;border-radius:3px;padding:0 2px;font-size:11px}"
          ".dv-legend span{display:inline-block;padding:1px 6px;margin-right:6px;border-radius:3px;"
          "border:1px solid #ddd;font-size:12px}</style>")
 
@@ -202,7 +270,7 @@ def completion_html(tokens: dict, colours: list[str], selected: int | None = Non
     spans = []
     for i in range(len(tokens["id"])):
         cls = "dv-t dv-sel" if i == selected else "dv-t"
-        spans.append(f"<span class='{cls}' style='background:{colours[i]}' "
+        spans.append(f"<span class='{cls}' style='background:{colours[i]};color:{text_colour(colours[i])}' "
                      f"title='{html.escape(hover(tokens, i), quote=True)}'>"
                      f"{piece_html(tokens['piece'][i], tokens['raw'][i], tokens['special'][i])}</span>")
     return f"<div class='dv-c'>{''.join(spans)}</div>"
@@ -225,9 +293,10 @@ def legend_html(colour_by: str, scale: float) -> str:
         low, high = {"ratio": (f"w = {math.exp(-scale):.3g}", f"w = {math.exp(scale):.3g}"),
                      "ρ": (f"ρ = {1 - scale:.3g}", f"ρ = {1 + scale:.3g}")}.get(colour_by,
                                                                            (f"{-scale:.3g}", f"{scale:.3g}"))
-        items = [f"<span style='background:{background(-scale, scale)};color:#fff'>{low} or below</span>",
+        lowest, highest = background(-scale, scale), background(scale, scale)
+        items = [f"<span style='background:{lowest};color:{text_colour(lowest)}'>{low} or below</span>",
                  f"<span style='background:#fff'>{neutral}</span>",
-                 f"<span style='background:{background(scale, scale)};color:#fff'>{high} or above</span>"]
+                 f"<span style='background:{highest};color:{text_colour(highest)}'>{high} or above</span>"]
         if colour_by in NON_NEGATIVE:  # nothing below 0 to show
             items = items[1:]
     return (f"<div class='dv-legend'><b>{html.escape(colour_by)}</b>: {html.escape(COLOUR_BY[colour_by][1])}<br>"

@@ -1,0 +1,73 @@
+"""The widgets of the run pages (Training lab, Runs) that ui.py's shared controls do not cover: what a run will cost
+before Start, and the charts of runs with the notices that go with them."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import streamlit as st
+
+from divviz.app.ui import key, show_chart
+from divviz.engine import runner
+from divviz.engine.train import eval_steps
+from divviz.safetext import literal
+from divviz.views import run_views
+
+
+def expected_step_time(root, configs: list, on_measure) -> None:
+    """Before Start: what a step of these runs will cost on this machine, from a run of the same model already
+    timed here (`runner.step_time_estimate`); without one, a button that measures it with a one-step run."""
+    cfg = configs[0]
+    estimate = runner.step_time_estimate(root, cfg)
+    if estimate is None:
+        left, right = st.columns([3, 1])
+        left.caption(literal(f"No step of {cfg.model} has been timed on this machine yet, so the time per step is "
+                             "not known: a one-step run measures it."))
+        right.button("Measure one step", icon=":material/timer:", key="measure_step",
+                     on_click=on_measure, args=(replace(cfg, steps=1),))
+        return
+    seconds, basis = estimate
+    runs, side_by_side = len(configs), min(len(configs), runner.max_runs())
+    total = seconds * cfg.steps * runs  # runs side by side share this machine's cores: each step takes longer
+    evaluations = len(eval_steps(cfg))
+    st.caption(literal(
+        f"Expected: about {seconds:.1f} s per step for a run training alone on this machine"
+        + (f", about {seconds * side_by_side:.0f} s while {side_by_side} train side by side" if side_by_side > 1 else "")
+        + f"; about {run_views.duration(total)} of training for these {runs} run{'s' if runs != 1 else ''} of "
+        f"{cfg.steps} steps" + (f", plus {evaluations} held-out evaluations each" if evaluations else "")
+        + f" ({basis}). Take it as within a factor of 2: anything else this machine does, another browser's runs "
+        "included, slows every step."))
+
+
+def show_training_charts(page: str, runs: list[tuple[str, list[dict]]], evals: list[list[dict]] | None = None,
+                         binding_hint: str = "", make_it_bind=None) -> bool:
+    """The metric curves of runs [(label, metrics rows)] with a smoothing slider: first, when nothing has clipped,
+    a notice that every measure makes the same update (with `binding_hint`, how to make it bind), and each run's
+    collapse; the held-out accuracy (`evals`, each run's evaluation rows); the curves; the clip fraction and KL by
+    mini-batch; their mass reallocation by π_old (Training lab and Runs page alike). Returns whether there was
+    anything to draw. `make_it_bind`: (button label, callback) that changes the page's settings so the clip binds."""
+    if run_views.nothing_clipped(runs):
+        st.info(f"No token was clipped in the last {run_views.BINDING_WINDOW} steps of any of these runs, so at these "
+                "settings every clip test makes exactly the same update as no clip at all: their curves can differ "
+                f"only by chance. {binding_hint}", icon=":material/info:")
+        if make_it_bind is not None:
+            st.button(make_it_bind[0], on_click=make_it_bind[1], icon=":material/tune:", key=key(page, "make_it_bind"))
+    for label, rows in runs:
+        step = run_views.collapse_step(rows) if rows else None
+        if step is not None:
+            st.warning(literal(f"{label} collapsed at step {step}: reward below half its peak while an update's KL "
+                               "was large, or the entropy at a tenth of its start (engine/stability.py)."),
+                       icon=":material/trending_down:")
+    held_out = run_views.held_out_chart([(label, rows, e) for (label, rows), e in zip(runs, evals or [[]] * len(runs))])
+    if held_out is not None:
+        show_chart(held_out, f"{page} held-out accuracy")
+    smooth = st.slider("Smoothing: trailing mean over steps", 1, 20, 1, key=key(page, "smooth"))
+    charts = run_views.training_charts(runs, smooth)
+    for name, chart in charts.items():
+        show_chart(chart, f"{page} {name}")
+    by_minibatch = run_views.minibatch_profile(runs)
+    if by_minibatch is not None:
+        show_chart(by_minibatch, f"{page} by mini-batch")
+    if charts:
+        show_chart(run_views.mass_shift(runs), f"{page} mass reallocation")
+    return bool(charts)
