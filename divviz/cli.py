@@ -9,7 +9,7 @@
     accelerate launch --multi_gpu --num_processes N -m divviz train --backend trl ...
     divviz runs [--runs-dir DIR] [--json]
     divviz rescore RUN --step N [--measure NAME[:k=v...]]... [--json]
-    divviz import FILE [--format unipo|jsonl] [--runs-dir DIR]
+    divviz import FILE|FOLDER [--format unipo|trl|verl|jsonl] [--runs-dir DIR]
     divviz claims [--quick] [--seeds N] [--lm [--lm-seeds N] [--lm-steps N]] [--real [--batches N]] [--json]
                   [--out report.html]
 
@@ -176,20 +176,14 @@ def cmd_rescore(args) -> int:
 def cmd_import(args) -> int:
     from pathlib import Path
 
-    from divviz.engine.store import runs_dir
-    from divviz.importers import jsonl, unipo
+    from divviz.engine.store import read_status, runs_dir
+    from divviz.importers.formats import read
     from divviz.importers.steps import write_run
 
     path = Path(args.file)
-    if not path.is_file():
-        raise DivvizInputError(f"no file {args.file!r}")
-    fmt = args.format or ("jsonl" if path.suffix == ".jsonl" else "unipo")
-    readers = {"unipo": unipo.read, "jsonl": jsonl.read}
-    if fmt not in readers:
-        raise DivvizInputError(f"unknown format {fmt!r}; choose unipo or jsonl")
-    config, steps = readers[fmt](path)
+    fmt, config, steps = read(path, args.format)
     folder = write_run(steps, config, runs_dir(args.runs_dir), f"import-{path.stem}")
-    print(f"imported {path.name} ({fmt}) as run {folder.name} in {folder.parent}")
+    print(f"imported {path.name} ({fmt}) as run {folder.name} in {folder.parent}: {read_status(folder)['message']}")
     return 0
 
 
@@ -348,10 +342,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batches", default=None, help="rollout batches for --real (2 to 256; default 16)")
     p.set_defaults(run=cmd_claims)
 
-    p = sub.add_parser("import", help="make a run folder from another trainer's per-token log (UNIPO's schema or "
-                                      "divviz's JSONL)")
-    p.add_argument("file", help="a UNIPO JSON file (.json) or a divviz JSONL file (.jsonl)")
-    p.add_argument("--format", help="unipo or jsonl (default: by the file's extension)")
+    p = sub.add_parser("import", help="make a run folder from another trainer's log: UNIPO's JSON, JSONL or folder, "
+                                      "TRL's trainer_state.json, verl's file logger, divviz's JSONL")
+    p.add_argument("file", help="the log: a file, or a folder (a TRL checkpoint, UNIPO's build_data.py output); its "
+                                "format is told from its content")
+    p.add_argument("--format", choices=("unipo", "trl", "verl", "jsonl"),
+                   help="read FILE as this format instead of telling it from the content")
     p.add_argument("--runs-dir", help="runs folder (default: $DIVVIZ_RUNS_DIR, else ./runs)")
     p.set_defaults(run=cmd_import)
 

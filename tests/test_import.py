@@ -130,7 +130,8 @@ def test_a_file_too_big_to_read_whole_is_refused_before_reading(tmp_path, capsys
     with open(path, "wb") as handle:
         handle.truncate(2 * 2**30)  # a sparse 2 GB file: nothing to read in it
     assert main(["import", str(path), "--runs-dir", str(tmp_path / "runs")]) == 2
-    assert "2048 MB; a UNIPO file is read whole, at most 256 MB" in capsys.readouterr().err
+    assert "2048 MB; a JSON document (UNIPO's JSON, TRL's trainer_state.json) is read whole, at most 256 MB" \
+        in capsys.readouterr().err
 
 
 def test_the_jsonl_format_round_trips_an_engine_runs_recorded_step(tmp_path):

@@ -171,3 +171,14 @@ def test_the_same_batch_comparison_reports_its_progress():
                progress=lambda done, total, text: heard.append((done, total, text)))
     assert [(done, total) for done, total, _ in heard] == [(1, 3), (2, 3), (3, 3)]
     assert heard[0][2].startswith("sampled") and "kl3" in heard[2][2]
+
+
+def test_the_inspector_shows_the_minibatch_each_completion_trained_in(tmp_path):
+    from divviz.views import token_view
+
+    folder = train(RunConfig.make(task="reverse", prompts=4, group_size=4, steps=1, minibatches=4), tmp_path)
+    record = store.read_completions(folder, 1)
+    completions = [c for g in record["groups"] for c in g["completions"]]
+    assert {c["minibatch"] for c in completions} <= {1, 2, 3, 4}
+    page = token_view.record_html(record, "ratio")
+    assert page.count(" · mini-batch ") == len(completions) and " · mean w " in page

@@ -9,66 +9,46 @@
         "logp_ref": [..], "logp_roll": [..]}]}],                         optional: π_ref, the sampler's π_roll
      "metrics": {"entropy": 1.2, …}}                                    optional: the trainer's own numbers
 
-Each line becomes one divviz step, numbered from 1 in file order. A line is read at a time (at most `MAX_LINE_BYTES`);
-`export_record` writes an engine run's recorded step in this format (tests round-trip it).
+The header's `clip_eps` is ε or [ε_low, ε_high] (`source.clip_setting`). Each line becomes one divviz step, numbered
+from 1 in file order. A line is read at a time (at most `files.MAX_LINE_BYTES`); `export_record` writes an engine
+run's recorded step in this format (tests round-trip it).
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
 
 from divviz.catalogue.params import DivvizInputError
-from divviz.importers.steps import Group, Step, checked_completion, numeric_metrics, source_config
-
-MAX_LINE_BYTES = 64 * 2**20  # one step's line
+from divviz.importers.files import first_line, json_lines
+from divviz.importers.names import metrics_row
+from divviz.importers.source import clip_setting, source_config
+from divviz.importers.steps import Group, Step, checked_completion
 
 
 def read(path: Path) -> tuple[dict, Iterator[Step]]:
     """(the run's config, its steps as they are read), or DivvizInputError naming the first fault (the steps are
     checked as they are read: `steps.write_run` removes what it wrote when one is refused)."""
-    handle = open(path, "rb")
-    first = _line(handle, 1)
+    first, _ = first_line(path)
     header = first.get("header") if isinstance(first, dict) and isinstance(first.get("header"), dict) else None
-    eps = header.get("clip_eps") if header else None
-    eps = eps if isinstance(eps, (int, float)) and not isinstance(eps, bool) and math.isfinite(eps) and 0 < eps < 10 \
-        else None
-    config = source_config("jsonl", path, (header or {}).get("model", ""), (header or {}).get("task", ""), eps, {})
+    config = source_config("jsonl", "JSONL", path, model=(header or {}).get("model"), task=(header or {}).get("task"),
+                           clip=clip_setting(header or {}, "header"))
 
     def steps() -> Iterator[Step]:
-        with handle:
-            number, value = 1, first
-            if header is None and value is not None:
-                yield _step(value, number)
-            while True:
-                number += 1
-                value = _line(handle, number)
-                if value is None:
-                    return
-                yield _step(value, number)
+        with open(path, "rb") as handle:
+            lines = json_lines(handle, path.name)
+            if header is not None:
+                next(lines)
+            for number, (line, value) in enumerate(lines, start=1):
+                yield _step(value, line, number)
 
     return config, steps()
 
 
-def _line(handle, number: int):
-    """The JSON value of the next non-blank line (None at the end of the file)."""
-    while True:
-        raw = handle.readline(MAX_LINE_BYTES + 1)
-        if not raw:
-            return None
-        if len(raw) > MAX_LINE_BYTES:
-            raise DivvizInputError(f"line {number} is longer than {MAX_LINE_BYTES // 2**20} MB")
-        if raw.strip():
-            try:
-                return json.loads(raw.decode("utf-8"))
-            except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
-                raise DivvizInputError(f"line {number} is not JSON ({str(err)[:80]})") from None
-
-
-def _step(value: object, number: int) -> Step:
-    where = f"line {number}"
+def _step(value: object, line: int, number: int) -> Step:
+    """Line `line`'s step, the run's step `number`."""
+    where = f"line {line}"
     if not isinstance(value, dict) or not isinstance(value.get("prompts"), list):
         raise DivvizInputError(f"{where}: a step needs a 'prompts' list")
     groups = []
@@ -92,7 +72,8 @@ def _step(value: object, number: int) -> Step:
                 adv = [float(one)] * len(completion["ids"])
             group.completions.append(checked_completion({**completion, "adv": adv}, here))
         groups.append(group)
-    return Step(groups, numeric_metrics(value.get("metrics")))
+    metrics, dropped = metrics_row(value.get("metrics"), {}, f"step {number}")
+    return Step(groups, metrics, number, dropped)
 
 
 def export_record(record: dict, metrics: dict | None = None) -> dict:

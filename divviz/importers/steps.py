@@ -4,15 +4,15 @@ Whatever the source format, a step is prompts with completions, and a completion
 that sampled it (π_old) and under the policy at the update (π), with its advantages. From those, `policy_loss` under
 the run's own clip test (the file's clip ε, else PPO's 0.2) gives every token's ratio, clip state, loss and
 aggregation weight, as the engine records them, so that the Runs page, the step inspector, the token scatter and
-`divviz rescore` read an imported run like any other. The folder is written under a hidden name and renamed when
-complete: a file refused half-way leaves nothing behind.
+`divviz rescore` read an imported run like any other. A step the file gives only metrics for (a metrics-only log:
+UNIPO's `<algo>_metrics.json`, TRL's trainer_state.json, verl's file logger) is a metrics row and nothing else. The
+folder is written under a hidden name and renamed when complete: a file refused half-way leaves nothing behind.
 """
 
 from __future__ import annotations
 
 import math
 import shutil
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,8 +51,18 @@ class Group:
 
 @dataclass
 class Step:
-    groups: list[Group]
-    metrics: dict[str, float]  # the file's own numbers for the step (names as it gives them)
+    groups: list[Group] | None  # None: the file has no per-token data for this step
+    metrics: dict[str, float]  # the file's own numbers for the step (`names.metrics_row`)
+    number: int  # the step's number in the run
+    dropped: list[str] = field(default_factory=list)  # the file's values for the step that are not finite numbers
+
+
+def check_order(number: int, last: int | None, where: str) -> None:
+    """Steps come in increasing order, each once; else the fault, naming `where` and both steps."""
+    if last is not None and number == last:
+        raise DivvizInputError(f"{where}: step {number} again (each step is given once)")
+    if last is not None and number < last:
+        raise DivvizInputError(f"{where}: step {number} after step {last} (steps out of order)")
 
 
 def checked_completion(values: dict, where: str, names: dict[str, str] | None = None) -> Completion:
@@ -88,37 +98,37 @@ def checked_completion(values: dict, where: str, names: dict[str, str] | None = 
                       values["pieces"], *(values.get(k) for k in ("logp_old", "logp", "adv", "logp_ref", "logp_roll")))
 
 
-def numeric_metrics(values: object) -> dict[str, float]:
-    """A step's metrics as the file gives them, the finite numbers only (names kept as text, never run)."""
-    if not isinstance(values, dict):
-        return {}
-    return {str(k)[:80]: float(v) for k, v in values.items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
-
-
 def write_run(steps, config: dict, root: Path, label: str) -> Path:
     """The run folder of `steps` (an iterable, consumed once: a big file is never held whole) under `root`; config
-    holds the run's clip test and its `source`. Steps are numbered from 1 in order."""
+    holds the run's clip test and its `source`, to which the counts are added: steps, those with per-token data,
+    values dropped. The status message says what was imported, plainly when nothing was per token."""
     root = store.writable_runs_folder(root)
     final = store.new_run_folder(root, label)
     work = final.with_name(f".importing-{final.name}")
     final.rename(work)
     try:
         objective = Objective(clip=clip_test(config.get("clip", "ratio"), **config.get("clip_params", {})))
-        written = 0
-        writer = None
-        for number, step in enumerate(steps, start=1):
+        writer, count, per_token, dropped = None, 0, 0, []
+        for step in steps:
             if writer is None:
                 writer = store.RunWriter(work, {**config, "steps": 0}, 0)
-            metrics, tokens, record = score_step(step, number, objective)
-            shown = [(g.prompt, g.completions[0].text, g.completions[0].reward) for g in step.groups[:3] if g.completions]
-            writer.append(number, metrics, tokens, shown, check_record(record, f"step {number}"))
-            written = number
+            if step.groups is None:
+                writer.append(step.number, {**step.metrics, "step": step.number}, None, [])
+            else:
+                metrics, tokens, record = score_step(step, objective)
+                shown = [(g.prompt, g.completions[0].text, g.completions[0].reward) for g in step.groups[:3]
+                         if g.completions]
+                writer.append(step.number, metrics, tokens, shown, check_record(record, f"step {step.number}"))
+                per_token += 1
+            count += 1
+            dropped.extend(step.dropped)
         if writer is None:
             raise DivvizInputError("the file holds no step")
-        writer.add_to_config({"steps": written})
-        writer.status.update(step=written, steps=written)
-        writer.finish("done", f"imported {written} steps")
+        last = writer.status["step"]
+        writer.add_to_config({"steps": last, "source": {**config.get("source", {}), "steps": count,
+                                                        "per_token_steps": per_token, "dropped": len(dropped)}})
+        writer.status.update(steps=last)
+        writer.finish("done", summary(count, per_token, dropped))
         work.rename(final)
         return final
     except BaseException:
@@ -126,8 +136,23 @@ def write_run(steps, config: dict, root: Path, label: str) -> Path:
         raise
 
 
-def score_step(step: Step, number: int, objective: Objective) -> tuple[dict, dict, dict]:
+def summary(count: int, per_token: int, dropped: list[str]) -> str:
+    """What an import wrote, in a sentence: its steps, which had per-token data, and the values dropped."""
+    said = f"imported {count} step{'s' if count != 1 else ''}"
+    if per_token == 0:
+        said += (" of metrics only: the file has no per-token data, so the step inspector and divviz rescore have "
+                 "nothing to show for this run")
+    elif per_token < count:
+        said += f", {per_token} of them with per-token data (the step inspector's and divviz rescore's steps)"
+    if dropped:
+        said += (f"; {len(dropped)} value{'s' if len(dropped) != 1 else ''} dropped, not finite numbers (first: "
+                 f"{dropped[0]})")
+    return said
+
+
+def score_step(step: Step, objective: Objective) -> tuple[dict, dict, dict]:
     """A step's metrics row, token sample and inspector record, scored by `policy_loss` under `objective`."""
+    number = step.number
     completions = [c for g in step.groups for c in g.completions]
     if not completions:
         raise DivvizInputError(f"step {number}: no completion")
@@ -173,12 +198,3 @@ def score_step(step: Step, number: int, objective: Objective) -> tuple[dict, dic
             row += 1
         record["groups"].append(entry)
     return metrics, tokens, record
-
-
-def source_config(fmt: str, path: Path, model: str, task: str, clip_eps: float | None, extra: dict) -> dict:
-    """An imported run's config.json: the clip test its tokens are scored under, and where it came from. No seed:
-    a file gives none, and one made up would read as a fact about the run."""
-    return {"backend": "import", "model": str(model)[:200], "task": str(task)[:200], "clip": "ratio",
-            "clip_params": {"eps": clip_eps if clip_eps is not None else 0.2},
-            "source": {"format": fmt, "file": path.name[:200], "imported": time.strftime("%Y-%m-%d %H:%M:%S"),
-                       **extra}}

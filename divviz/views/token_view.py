@@ -303,9 +303,19 @@ def legend_html(colour_by: str, scale: float) -> str:
             + "".join(items) + "</div>")
 
 
+def minibatch_note(completion: dict) -> str:
+    """" · mini-batch 3 · mean w 1.012": where the update had several mini-batches, the one this completion trained
+    in and its tokens' mean ratio there (at the last pass; "" otherwise)."""
+    if "minibatch" not in completion:
+        return ""
+    ratios = [w for w in completion["tokens"].get("ratio") or [] if w is not None]
+    return f" · mini-batch {int(completion['minibatch'])}" + (f" · mean w {sum(ratios) / len(ratios):.4g}" if ratios else "")
+
+
 def record_html(record: dict, colour_by: str, selected: tuple[int, int, int] | None = None,
                 scale: float | None = None) -> str:
-    """Every prompt with its completions (reward and advantage beside each), then the legend."""
+    """Every prompt with its completions (reward and advantage beside each, and the mini-batch each trained in), then
+    the legend."""
     scale = scale_of(record, colour_by) if scale is None else scale
     parts = [STYLE, legend_html(colour_by, scale)]
     for g, group in enumerate(record["groups"]):
@@ -313,7 +323,8 @@ def record_html(record: dict, colour_by: str, selected: tuple[int, int, int] | N
         for c, completion in enumerate(group["completions"]):
             chosen = selected[2] if selected is not None and selected[:2] == (g, c) else None
             parts.append(f"<div style='margin:2px 0 6px 12px'><small>completion {c + 1} · reward "
-                         f"{completion['reward']:.3g} · A {completion['advantage']:+.3g}</small>"
+                         f"{completion['reward']:.3g} · A {completion['advantage']:+.3g}{minibatch_note(completion)}"
+                         "</small>"
                          + completion_html(completion["tokens"], colours(completion["tokens"], colour_by, scale),
                                            chosen) + "</div>")
     if record.get("omitted"):
