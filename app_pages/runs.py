@@ -27,7 +27,7 @@ def overview() -> None:
             st.info("No runs yet. Start one in the Training lab, or run `divviz train` in a terminal.")
         else:
             query = st.text_input("Filter runs", key="runs:filter", placeholder="part of a measure, task, model, state, "
-                                  "seed or folder name")
+                                  "seed, folder name or source (imported, UNIPO, TRL, verl)")
             matching = run_views.matching(runs, query)
             pages = max(1, -(-len(matching) // run_views.PAGE_SIZE))
             if st.session_state.get("runs:page", 1) > pages:  # a narrower filter: its last page

@@ -64,7 +64,13 @@ def forget(*names: str) -> None:
 
 with ui.shown_errors():
     root = store.runs_dir()
-    runs = [run for run in store.list_runs(root) if store.completion_steps(run.folder)]
+    every = store.list_runs(root)
+    runs = [run for run in every if store.completion_steps(run.folder)]
+    metrics_only = [run.name for run in every if run.config.get("backend") == "import" and run not in runs]
+    if metrics_only:
+        st.caption(literal(f"Not listed here: {len(metrics_only)} imported run{'s' if len(metrics_only) != 1 else ''} "
+                           f"whose file holds metrics only, no per-token data ({', '.join(metrics_only[:3])}"
+                           f"{', …' if len(metrics_only) > 3 else ''}); their curves are on the Runs page."))
     if not runs:
         st.info("No run with kept completions yet: start one in the Training lab or with `divviz train` (each "
                 "step keeps its first `inspect_prompts` prompts' completions whole).")

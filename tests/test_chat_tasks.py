@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from divviz.engine.tasks import TASKS
+from divviz.engine.tasks import held_out_prompts, TASKS
 
 ADD = "12+13="  # reference "25"
 SHAPES = [  # (task, compact prompt, reply, what the extractor gives, correct?)
@@ -78,4 +78,5 @@ def test_questions_ask_the_same_problem_and_the_reference_answer_passes(name):
         assert task.is_correct(prompt, reference, f"Sure.  The answer is {reference}", chat=True) or name == "reverse"
         assert task.is_correct(prompt, reference, f"**{reference}**\n\nHope this helps!", chat=True)
     assert TASKS["add"].question("17+8=") == "What is 17 + 8? Reply with only the number."
-    assert task.batch(seed=5, n=3) == [task.make(r) for r in [random.Random(5)] for _ in range(3)]
+    drawn = [task.make(r) for r in [random.Random(5)] for _ in range(20)]  # the seed's problems, the held-out skipped
+    assert task.batch(seed=5, n=3) == [p for p in drawn if p[0] not in held_out_prompts(task.name)][:3]

@@ -21,6 +21,7 @@ import torch
 
 from divviz.catalogue.params import DivvizInputError
 from divviz.engine.completions import REJECTED
+from divviz.importers.source import source_of
 from divviz.losses import Objective, policy_loss
 
 STATE_NAMES = ("inside", "masked low", "masked high", "dual-clipped")
@@ -97,6 +98,9 @@ def rescore_step(folder, step: int, specs: list[str]) -> list[dict]:
     from divviz.engine import store
 
     kept = store.completion_steps(folder)
+    if not kept and (source := source_of(store.read_run(folder).config)):
+        raise DivvizInputError(f"run '{folder.name}' has no per-token data to re-score: it was imported from {source}, "
+                               "which holds metrics only")
     if step not in kept:
         near = f"; it kept steps {kept[0]}–{kept[-1]} ({len(kept)} of them)" if kept else "; it kept none"
         raise DivvizInputError(f"run '{folder.name}' kept no completions for step {step}{near}")

@@ -35,7 +35,8 @@ def parsed(raw: bytes, where: str) -> object:
     except RecursionError:
         raise DivvizInputError(f"{where} is not JSON (nested too deeply)") from None
     except json.JSONDecodeError as err:
-        cut = "; the text stops mid-value: truncated?" if err.pos >= len(text.rstrip()) else ""
+        stops = err.pos >= len(text.rstrip()) or err.msg.startswith("Unterminated string")
+        cut = "; the text stops mid-value: truncated?" if stops else ""
         raise DivvizInputError(f"{where} is not JSON ({err.msg} at line {err.lineno}, column {err.colno}{cut})") \
             from None
 

@@ -2,8 +2,8 @@
 
     a folder             holding trainer_state.json: TRL's checkpoint; holding <algo>_metrics.json (or named <algo>
                          beside one): UNIPO's build_data.py output
-    a JSONL file         by its first line: {"type": "header", …} UNIPO; {"step": N, "data": {…}} verl's file logger;
-                         {"prompts": …} or {"header": …} divviz's JSONL
+    a JSONL file         by its first line: {"type": "header", …} UNIPO; {"step": N, "data": {…}} verl's file
+                         logger; {"prompts": …} or {"header": …} divviz's JSONL
     a JSON document      by its keys: "log_history" TRL's trainer_state.json; "entries" or "header" UNIPO's JSON
                          (a document written on one line is one, and so is a one-line file without a JSONL line's
                          keys "type", "data", "prompts")
@@ -22,8 +22,7 @@ from divviz.importers.files import first_line, read_document
 from divviz.importers.steps import Step
 from divviz.safetext import quoted
 
-FORMATS = {"unipo": "UNIPO's JSON, JSONL or folder", "trl": "TRL's trainer_state.json or a checkpoint folder",
-           "verl": "verl's file logger JSONL", "jsonl": "divviz's JSONL"}
+FORMATS = ("unipo", "trl", "verl", "jsonl")
 LINE_READERS = {"unipo": unipo.read_jsonl, "verl": verl_log.read, "jsonl": jsonl.read}
 DOCUMENT_READERS = {"unipo": unipo.read, "trl": trainer_state.read}
 FOLDER_READERS = {"unipo": unipo.read_folder, "trl": trainer_state.read}
@@ -45,8 +44,7 @@ def read(path: Path, fmt: str | None = None) -> tuple[str, dict, Iterator[Step]]
     if path.stat().st_size == 0:
         raise DivvizInputError(f"{path.name} is empty: it holds no step")
     first, alone = (None, False) if fmt == "trl" else first_line(path)
-    if fmt in ("verl", "jsonl") or isinstance(first, dict) and not {"entries", "log_history"} & first.keys() \
-            and not (alone and not LINE_KEYS & first.keys()):
+    if fmt in ("verl", "jsonl") or is_jsonl(first, alone):
         fmt = fmt or line_format(first, path.name)
         return fmt, *LINE_READERS[fmt](path)
     document = read_document(path)
@@ -57,6 +55,14 @@ def read(path: Path, fmt: str | None = None) -> tuple[str, dict, Iterator[Step]]
         raise DivvizInputError(f"{path.name}: a JSON document with neither 'entries' (UNIPO) nor 'log_history' (TRL's "
                                f"trainer_state.json) but {keys}; name its format with --format")
     return fmt, *DOCUMENT_READERS[fmt](path, document)
+
+
+def is_jsonl(first: object, alone: bool) -> bool:
+    """Whether a file whose first line holds `first` (None: not JSON) is JSONL: that line is an object, not a whole
+    document ('entries', 'log_history'), and not alone in its file without a JSONL line's keys."""
+    if not isinstance(first, dict) or {"entries", "log_history"} & first.keys():
+        return False
+    return not alone or bool(LINE_KEYS & first.keys())
 
 
 def folder_format(path: Path) -> str:

@@ -21,8 +21,7 @@ from divviz.importers.names import finite
 from divviz.safetext import quoted, shorten
 
 CLIP_NAMES = ("clip_eps", "cliprange", "clip_range", "epsilon", "clip_ratio")  # the first one a header gives counts
-FORMAT_NAMES = {"unipo": "UNIPO", "jsonl": "divviz JSONL", "trl": "TRL trainer_state.json",
-                "verl": "verl file logger"}
+FORMAT_NAMES = {"unipo": "UNIPO", "jsonl": "divviz JSONL", "trl": "TRL", "verl": "verl"}
 ASSUMED = ("ratio", {"eps": 0.2}, None)  # (clip test, parameters, the file's fields): where a file gives no clip
 
 
@@ -70,7 +69,7 @@ def source_config(fmt: str, form: str, path: Path, *, model: object = "", task: 
 
 
 def source_of(config: dict) -> str:
-    """Where an imported run came from, in one line for the Runs table: "UNIPO (folder) 'static' · model
+    """Where an imported run came from, in one line for the Runs table: "UNIPO (folder) 'grpo_metrics.json' · model
     meta-llama/Llama-3.2-1B-Instruct · grpo · clip_eps=[0.2, 0.2]"; "" for a run divviz trained (its engine or its
     TRL backend). Text from the file is cut short here and must be escaped where it is shown."""
     source = config.get("source") if isinstance(config, dict) and config.get("backend") == "import" else None

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from divviz.catalogue.params import DivvizInputError
 from divviz.importers.files import read_document
-from divviz.importers.names import metrics_row, names_for
+from divviz.importers.names import finite, metrics_row, names_for
 from divviz.importers.source import ASSUMED, clip_setting, source_config
 from divviz.importers.steps import Step, check_order
 from divviz.safetext import quoted
@@ -45,13 +45,24 @@ def read(path: Path, document: object | None = None) -> tuple[dict, Iterator[Ste
         raise DivvizInputError(f"{state_file.name}: 'log_history' is {type(history).__name__}, not a list")
     folder = state_file.parent
     args, args_file = _training_args(folder)
-    config = source_config("trl", "checkpoint folder" if path.is_dir() else "trainer_state.json", state_file,
+    config = source_config("trl", "checkpoint folder" if path.is_dir() else "trainer_state.json", path,
                            model=_model_name(folder), algorithm=args.get("loss_type"),
                            clip=clip_setting(args, "training_args.json") if args else ASSUMED,
-                           extra={"trainer_state": {k: state[k] for k in STATE_KEPT if k in state},
-                                  "training_args": {"file": args_file,
-                                                    **{k: args[k] for k in ARGS_KEPT if k in args}}})
+                           extra={"trainer_state": _kept(state, STATE_KEPT),
+                                  "training_args": {"file": args_file, **_kept(args, ARGS_KEPT)}})
     return config, iter(_steps(history))
+
+
+def _kept(values: dict, names: tuple[str, ...]) -> dict:
+    """The settings `names` of `values` that are a finite number, true/false, null or short text (cut at 80)."""
+    kept = {}
+    for name in (n for n in names if n in values):
+        value = values[name]
+        if value is None or isinstance(value, bool) or finite(value) is not None:
+            kept[name] = value
+        elif isinstance(value, str):
+            kept[name] = value[:80]
+    return kept
 
 
 def _training_args(folder: Path) -> tuple[dict, str | None]:
@@ -103,6 +114,7 @@ def _steps(history: list) -> list[Step]:
 
 
 def _merge(into: Step, numbers: dict[str, float], where: str) -> None:
+    """Another row's `numbers` of the step `into`: a name it already has must come with the same number."""
     for name, value in numbers.items():
         if into.metrics.get(name, value) != value:
             raise DivvizInputError(f"{where}: step {into.number}'s {quoted(name, 40)} again, as {value:g} after "

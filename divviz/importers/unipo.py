@@ -53,16 +53,16 @@ def read(path: Path, document: object) -> tuple[dict, Iterator[Step]]:
 
 def read_jsonl(path: Path) -> tuple[dict, Iterator[Step]]:
     """(the run's config, its steps as they are read) of a UNIPO JSONL file."""
-    handle = open(path, "rb")
-    lines = json_lines(handle, path.name)
-    number, first = next(lines, (1, None))
+    with open(path, "rb") as handle:
+        number, first = next(json_lines(handle, path.name), (1, None))
     if not isinstance(first, dict) or first.get("type") != "header":
-        handle.close()
         raise DivvizInputError(f"{path.name}: line {number} is not UNIPO's header line ({{\"type\": \"header\", …}})")
     config, names = _config({k: v for k, v in first.items() if k != "type"}, path, "JSONL")
 
     def entries():
-        with handle:
+        with open(path, "rb") as handle:
+            lines = json_lines(handle, path.name)
+            next(lines)
             for number, value in lines:
                 if not isinstance(value, dict) or value.get("type") != "step":
                     raise DivvizInputError(f"line {number} is not a step line ({{\"type\": \"step\", …}})")
@@ -100,7 +100,8 @@ def read_folder(path: Path) -> tuple[dict, Iterator[Step]]:
             record = read_document(files[step])
             if not isinstance(record, dict) or not isinstance(record.get("prompts"), list):
                 raise DivvizInputError(f"{key}/{files[step].name}: no 'prompts' list")
-            yield f"{metrics_file.name} entry {e + 1} ({key}/{files[step].name})", {**entry, "prompts": record["prompts"]}
+            where = f"{metrics_file.name} entry {e + 1} ({key}/{files[step].name})"
+            yield where, {**entry, "prompts": record["prompts"]}
 
     return config, _steps(entries_with_prompts(), names)
 

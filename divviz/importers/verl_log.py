@@ -37,4 +37,4 @@ def read(path: Path) -> tuple[dict, Iterator[Step]]:
                 metrics, dropped = metrics_row(value["data"], names, f"step {step}")
                 yield Step(None, metrics, step, dropped)
 
-    return source_config("verl", "file logger JSONL", path), steps()
+    return source_config("verl", "file logger", path), steps()

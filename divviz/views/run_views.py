@@ -16,6 +16,7 @@ from divviz.catalogue.divergences import ClipTest, clip_test
 from divviz.engine import store
 from divviz.engine.config import RunConfig, config_label, correction_from, objective_from
 from divviz.evidence.intervals import summarize
+from divviz.importers.source import source_of
 from divviz.views.figures import Chart
 from divviz.catalogue.instances import unique_labels
 from divviz.losses import Objective
@@ -198,7 +199,7 @@ def run_label(run, unique: bool = False) -> str:
         return run.name
     if run.config.get("backend") == "trl":
         label = f"{label} (TRL)"
-    if run.config.get("backend") == "import":  # its file's format, as `importers.steps.source_config` keeps it
+    if run.config.get("backend") == "import":  # its file's format, as `importers.source.source_config` keeps it
         source = run.config.get("source") if isinstance(run.config.get("source"), dict) else {}
         label = f"{label} · imported ({source.get('format', 'unknown format')})"
     return f"{label} · {run.name[-6:]}" if unique else label
@@ -281,14 +282,16 @@ def overview_row(run, viewer) -> dict:
             "held-out": (f"{evals[0]['eval/accuracy']:.2f} → {evals[-1]['eval/accuracy']:.2f}" if len(evals) > 1 else
                          f"{evals[0]['eval/accuracy']:.2f}" if evals else ""),
             "entropy": last.get("entropy", float("nan")), "max KL": last.get("stability/max_kl", float("nan")),
-            "collapsed": "" if collapsed is None else f"at step {collapsed:.0f}", "message": run.message or ""}
+            "collapsed": "" if collapsed is None else f"at step {collapsed:.0f}",
+            "source": source_of(run.config) or "trained here", "message": run.message or ""}
 
 
 def matching(runs: list, query: str) -> list:
-    """The runs whose description (`run_choice`: measure, model, task, seed, state, folder) contains every word of
-    `query`, case aside; all of them for an empty query."""
+    """The runs whose description (`run_choice`: measure, model, task, seed, state, folder; an imported run's source,
+    `importers.source.source_of`) contains every word of `query`, case aside; all of them for an empty query."""
     words = (query or "").lower().split()
-    return [run for run in runs if all(word in f"{run_choice(run)} {run.name}".lower() for word in words)]
+    return [run for run in runs if all(word in f"{run_choice(run)} {run.name} {source_of(run.config)}".lower()
+                                       for word in words)]
 
 
 def seen(runs: list) -> tuple:

@@ -200,8 +200,8 @@ def pi_after_unknown(config: dict) -> str:
     after = "so Δπ is blank and the token has no point after the update."
     source = config.get("source") if isinstance(config.get("source"), dict) else {}
     if config.get("backend") == "import":
-        fmt = {"jsonl": "divviz's JSONL format", "unipo": "UNIPO's schema"}.get(source.get("format"),
-                                                                             str(source.get("format", "a file")))
+        fmt = {"jsonl": "divviz's JSONL format", "unipo": "UNIPO's schema", "trl": "TRL's trainer_state.json",
+               "verl": "verl's file-logger JSONL"}.get(source.get("format"), str(source.get("format", "a file")))
         return (f"π after the update is not known for this run: it was imported (divviz import) from "
                 f"{source.get('file', 'a file')!r} in {fmt}, which gives log π at the update and not after it, "
                 f"{after}")
