@@ -61,12 +61,17 @@ def autocast_for(cfg: RunConfig):
     return (lambda: torch.autocast(pick_device(cfg.device).type, dtype=dtype)) if dtype else nullcontext
 
 
+FACTS: dict[str, list[tuple[float, float]]] = {}  # precision → each divviz step's (clip fraction, reward)
+
+
 def divviz_step(cfg: RunConfig):
     trainer = make_trainer(cfg)
+    facts = FACTS.setdefault(cfg.dtype, [])
 
     def step(s):
         start = time.perf_counter()
-        grpo_step(trainer, s)
+        metrics = grpo_step(trainer, s).metrics
+        facts.append((metrics["clip_ratio/region_mean"], metrics["reward"]))
         return time.perf_counter() - start
     return step
 
@@ -254,6 +259,9 @@ def main():
         return
     fp32 = measure(replace(cfg, dtype="float32"), args)
     bf16 = measure(replace(cfg, dtype="bfloat16"), args)
+    for dtype, facts in FACTS.items():  # the same seeds and prompts in both precisions, step by step
+        print(f"{dtype}: divviz's clip fraction by step " + ", ".join(f"{c:.4f}" for c, _ in facts)
+              + "; reward " + ", ".join(f"{r:.3f}" for _, r in facts))
     print(f"bfloat16/float32: divviz {bf16['divviz'] / fp32['divviz']:.2f} (target ≤ 0.6), TRL "
           f"{bf16['TRL'] / fp32['TRL']:.2f}, bare {bf16['bare'] / fp32['bare']:.2f}, evaluation "
           f"{bf16['eval'] / fp32['eval']:.2f}", flush=True)
