@@ -177,3 +177,10 @@ def test_a_curve_hidden_under_an_identical_one_is_named_and_steps_are_whole():
     assert layout["xaxis"]["tickformat"] == "d" and layout["xaxis"]["dtick"] == 1
     apart = run_plots.history_chart([("a", same), ("b", {"reward": np.array([0.0, 0.2, 0.3])})], ("reward",), "step", "R")
     assert "lies under" not in apart.figure.to_dict()["layout"]["title"]["text"]
+
+
+def test_the_kl_panel_says_why_k1_can_be_negative():
+    """k1 = −log w averages below 0 on some updates (it is unbiased, not non-negative): the panel says so."""
+    rows = [{"step": s, "kl/k1": -0.001, "kl/k2": 0.001, "kl/k3": 0.001, "reward": 0.5} for s in range(1, 4)]
+    title = run_views.training_charts([("ratio", rows)])["kl"].figure.to_dict()["layout"]["title"]["text"]
+    assert "k1 is unbiased and can dip below 0" in title

@@ -103,6 +103,8 @@ def test_a_runs_evaluations_are_at_start_every_n_and_end_with_wilson_intervals(t
             assert (row[name], row[f"{name}_low"], row[f"{name}_high"]) == proportion(k, HELD_OUT)
     rows = store.read_metrics(folder)
     assert all({"stability/max_kl", "stability/max_clip", "stability/collapsed"} <= set(row) for row in rows)
+    config = store.read_run(folder).config  # what the run recorded once started is not a setting: it reads back
+    assert config["precision"] == "float32" and RunConfig.from_dict(config) == cfg
     assert rows[-1]["stability/max_kl"] == max(row["kl/k3"] for row in rows)
 
 

@@ -127,6 +127,7 @@ def objective_settings(objective: Objective) -> dict:
             "second_beta": objective.second_beta, "off_policy_mask": objective.off_policy_mask}
 
 
+RECORDED = ("prompting", "precision")  # what the run writes into its config.json once started: facts, not settings
 REWARD_SOURCES = ("task", "random")  # the task's checker, or a seeded coin per completion (Park et al. 2025)
 
 
@@ -264,8 +265,9 @@ class RunConfig:
 
     @staticmethod
     def from_dict(data: dict) -> "RunConfig":
-        """The run of a config.json; what the run recorded of its prompts (`prompting`) is not a setting."""
-        return RunConfig.make(**{k: v for k, v in data.items() if k != "prompting"})
+        """The run of a config.json; what the run recorded once it started (`RECORDED`: what it asked, `prompting`,
+        and the precision it ran in) is not a setting."""
+        return RunConfig.make(**{k: v for k, v in data.items() if k not in RECORDED})
 
     @property
     def label(self) -> str:
