@@ -14,8 +14,8 @@ from divviz.catalogue.divergences import clip_test
 from divviz.losses import Objective, policy_loss
 from divviz.catalogue.params import DivvizInputError
 from divviz.catalogue.penalties import penalty
-from divviz.catalogue.rollout_correction import (ESTIMATORS, SAFETY_BOUND, RolloutCorrection, offpolicy_metrics,
-                                                 rejection_mask, rollout_weights, rs_options)
+from divviz.catalogue.rollout_correction import (SAFETY_BOUND, RolloutCorrection, offpolicy_metrics, rejection_mask,
+                                                 rejection_statistic, rollout_weights, rs_options)
 from divviz.catalogue.surrogates import surrogate
 
 DATA = json.loads((Path(__file__).parent / "data" / "verl_policy_losses.json").read_text())
@@ -301,16 +301,8 @@ def test_no_rejection_statistic_sits_on_its_threshold(key):
     old, rollout, mask = tensors(DATA["batches"][case["batch"]], "old_log_prob", "rollout_log_prob", "response_mask")
     log_ratio, active = (old - rollout).clamp(-SAFETY_BOUND, SAFETY_BOUND), mask > 0
     for name, low, high in rs_options(case["rollout_rs"], case["rollout_rs_threshold"]):
-        reduction, _, statistic = name.rpartition("_")
-        value = ESTIMATORS[statistic](log_ratio) * mask
-        if reduction == "seq_sum":
-            value = value.sum(-1, keepdim=True)
-        elif reduction == "seq_mean":
-            value = value.sum(-1, keepdim=True) / (mask.sum(-1, keepdim=True) + 1e-8)
-        elif reduction == "seq_max":
-            value = torch.where(active, value, -math.inf).amax(-1, keepdim=True)
-        compared = value.expand_as(mask)[active]
-        edges = [math.log(low), math.log(high)] if statistic == "k1" else [high]
+        compared = rejection_statistic(log_ratio, mask, name).expand_as(mask)[active]
+        edges = [math.log(low), math.log(high)] if name.endswith("k1") else [high]
         for edge in edges:
             assert ((compared - edge).abs() > REJECTION_MARGIN * max(abs(edge), 1e-12)).all(), (name, edge)
 

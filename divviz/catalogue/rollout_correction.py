@@ -233,6 +233,20 @@ def _weight_metrics(weights, raw, judged, mask, level: str, floor: float, high: 
     return metrics
 
 
+def rejection_statistic(log_ratio: torch.Tensor, mask: torch.Tensor, option: str) -> torch.Tensor:
+    """What verl's rejection `option` (e.g. "token_k1", "seq_mean_k3") compares with its threshold: the estimator
+    (k1, k2 or k3 of ρ) per token (B, T), or summed, averaged or maxed over each completion's tokens (B, 1)."""
+    reduction, _, statistic = option.rpartition("_")
+    value = ESTIMATORS[statistic](log_ratio) * mask
+    if reduction == "seq_sum":
+        return value.sum(-1, keepdim=True)
+    if reduction == "seq_mean":
+        return value.sum(-1, keepdim=True) / (mask.sum(-1, keepdim=True) + 1e-8)
+    if reduction == "seq_max":
+        return torch.where(mask > 0, value, -math.inf).amax(-1, keepdim=True)
+    return value
+
+
 def rejection_mask(log_ratio: torch.Tensor, mask: torch.Tensor, options: str, thresholds,
                    with_metrics: bool = True) -> tuple[torch.Tensor, dict[str, float]]:
     """verl's `compute_rollout_rejection_mask`: `mask` with the rejected tokens (or whole completions) zeroed, for
@@ -246,15 +260,8 @@ def rejection_mask(log_ratio: torch.Tensor, mask: torch.Tensor, options: str, th
         active = mask > 0
         keep, metrics = active.clone(), {}
         for name, low, high in parsed:
-            reduction, _, statistic = name.rpartition("_")
-            value = ESTIMATORS[statistic](log_ratio) * mask
-            if reduction == "seq_sum":
-                value = value.sum(-1, keepdim=True)
-            elif reduction == "seq_mean":
-                value = value.sum(-1, keepdim=True) / (mask.sum(-1, keepdim=True) + 1e-8)
-            elif reduction == "seq_max":
-                value = torch.where(active, value, -math.inf).amax(-1, keepdim=True)
-            kept = (value >= math.log(low)) & (value <= math.log(high)) if statistic == "k1" else value <= high
+            value = rejection_statistic(log_ratio, mask, name)
+            kept = (value >= math.log(low)) & (value <= math.log(high)) if name.endswith("k1") else value <= high
             kept = kept.expand_as(mask)
             if with_metrics:
                 metrics.update(_rejected(f"rollout_rs_{name}_", kept, active, mask, active.any(-1)))
