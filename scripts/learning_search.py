@@ -43,7 +43,7 @@ CANDIDATES = {  # name: the flags it adds (later flags win)
     "H dapo 0.2/0.28, stress": [*STRESS, "--measure", "clip_higher", "--param", "eps_low=0.2", "--param",
                                 "eps_high=0.28"],
     "I lr5e-5 K4 float32, 12 steps": [*LEARN, "--dtype", "float32", "--steps", "12", "--eval-every", "12"],
-    "J the learn setting as shipped": [],  # SmolLM2's defaults: 40 steps, an evaluation every 20
+    "J the learn setting, 40 steps": ["--steps", "40", "--eval-every", "20"],  # stopped after 32 steps (docs)
 }
 
 

@@ -24,7 +24,7 @@ def expected_step_time(root, configs: list, on_measure) -> None:
         left.caption(literal(f"No step of {cfg.model} has been timed on this machine yet, so the time per step is "
                              "not known: a one-step run measures it."))
         right.button("Measure one step", icon=":material/timer:", key="measure_step",
-                     on_click=on_measure, args=(replace(cfg, steps=1),))
+                     on_click=on_measure, args=(replace(cfg, steps=1, eval_every=0),))  # a step, no evaluation
         return
     seconds, basis = estimate
     runs, side_by_side = len(configs), min(len(configs), runner.max_runs())
