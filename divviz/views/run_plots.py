@@ -319,6 +319,7 @@ def minibatch_chart(series: list[tuple[str, dict[str, np.ndarray]]]) -> Chart:
     for xref, _ in refs[0]:
         layout[f"xaxis{xref[1:]}"].update(title={"text": "optimiser step within the update (mini-batch)"},
                                           tickformat="d", dtick=1)
-    layout.update(height=320, barmode="group", title={"text": "By mini-batch: clip fraction and KL to π_old at each "
-                                                               "optimiser step of an update (mean over the run's steps)"})
+    layout.update(height=360, barmode="group", legend={"orientation": "h", "y": -0.42, "yanchor": "top"},
+                  title={"text": "By mini-batch: clip fraction and KL to π_old at each optimiser step of an update "
+                                 "(mean over the run's steps)"})
     return Chart(figure(traces, layout), lambda: concat(tables))
