@@ -22,7 +22,8 @@ from __future__ import annotations
 from collections import deque
 
 WINDOW = 5  # steps averaged for r̄ and ē
-KL_COLLAPSE = 0.05  # an update's kl/k3 above this is a large step: 10–100× the learning setting's (docs/learning.md)
+KL_COLLAPSE = 0.05  # an update's kl/k3 above this is a large step: SmolLM2's learning runs stayed below 0.039 in all
+# of their steps, the stress run reached 0.40 (docs/learning.md)
 PEAK_FLOOR = 0.1  # the trailing reward must once have reached this for its fall to count
 ENTROPY_FLOOR = 0.1  # the entropy fell to a tenth of its start
 
