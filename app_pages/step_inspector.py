@@ -66,7 +66,8 @@ with ui.shown_errors():
     root = store.runs_dir()
     every = store.list_runs(root)
     runs = [run for run in every if store.completion_steps(run.folder)]
-    metrics_only = [run.name for run in every if run.config.get("backend") == "import" and run not in runs]
+    listed = {run.name for run in runs}
+    metrics_only = [run.name for run in every if run.config.get("backend") == "import" and run.name not in listed]
     if metrics_only:
         st.caption(literal(f"Not listed here: {len(metrics_only)} imported run{'s' if len(metrics_only) != 1 else ''} "
                            f"whose file holds metrics only, no per-token data ({', '.join(metrics_only[:3])}"
