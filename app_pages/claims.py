@@ -9,9 +9,10 @@ from divviz.app import ui
 
 from divviz.evidence import claims, claims_lm, claims_real, forest
 from divviz.engine import store
-from divviz.engine.models import MODELS
+from divviz.engine.models import MODELS, SMOLLM2_SETTINGS, model_settings
 from divviz.catalogue.params import DivvizInputError
 from divviz.app.urlstate import Control
+from divviz.views import run_plots, run_views
 from divviz.safetext import literal
 
 
@@ -33,6 +34,7 @@ def queue_lm_runs(plan: claims_lm.LMPlan, owner: str) -> None:
 PAGE = "claims"
 CONTROLS = [Control("seeds", claims.QUICK_SEEDS, param=claims.SEEDS_PARAM),
             Control("lm_model", "builtin", options=tuple(MODELS)),
+            Control("lm_setting", "learn", options=(*SMOLLM2_SETTINGS, "the lab's defaults")),
             Control("lm_seeds", claims_lm.SEEDS_PARAM.default, param=claims_lm.SEEDS_PARAM),
             Control("lm_steps", claims_lm.STEPS_PARAM.default, param=claims_lm.STEPS_PARAM)]
 
@@ -48,26 +50,38 @@ low, high, _ = claims.SEEDS_PARAM.slider_range()
 seeds = st.slider("Seeds per measure", int(low), int(high), key="claims:seeds", help=claims.SEEDS_PARAM.doc)
 result = report(seeds)
 
-st.subheader("On a language model")
-st.write("Several of the claims are also tested by training a language model (the built-in one, or SmolLM2-135M): "
-         "PPO, KL3 at two δ, DAPO and a tighter lower clip (with random rewards), several seeds each, on the same seeds. "
-         "The runs queue with everyone's in the runs folder (they show on the Runs "
-         "page), and a finished run is kept: the next time, this page reads it instead of training it again.")
+st.subheader("On a language model, over training")
+st.write("Several of the claims are also tested by training a language model — the built-in one, or SmolLM2-135M at "
+         "its *learn* setting (it learns within 15 minutes a run and its clip binds) or its *stress* setting (four "
+         "times the learning rate, where a measure may collapse): PPO, KL3 at two δ, the two one-edge boxes of "
+         "δ = 0.05, DAPO, PPO + ProbL2, and a tighter lower clip with random rewards, several seeds each, on the same "
+         "seeds (the same prompts at every step). Final performance is the held-out accuracy; stability the collapse "
+         "flag, the largest update KL and clip fraction. The runs queue with everyone's in the runs folder (they show "
+         "on the Runs page), a finished run is kept, and a stopped one resumes from its last resume state: the next "
+         "time, this page reads them instead of training them again. Cells show as soon as both runs of a pair are "
+         "done; n says how many seeds each has.")
 lm_plan = None
 with ui.shown_errors():
-    model_column, left, right = st.columns(3)
+    model_column, setting_column, left, right = st.columns(4)
     lm_model = model_column.selectbox("Model", list(MODELS), key="claims:lm_model",
                                       help="the built-in LM (reverse, 60 steps: about 5 minutes for every cell on 2 "
-                                           "cores) or SmolLM2-135M-Instruct (its own task and settings: about 3 "
-                                           "minutes per run on 2 cores)")
+                                           "cores) or SmolLM2-135M-Instruct (its own task, held-out set and settings: "
+                                           "about 13 minutes per run on 2 cores, so a grid takes hours)")
+    settings = list(model_settings(lm_model))
+    lm_setting = setting_column.selectbox("Setting", settings or ["the lab's defaults"], key="claims:lm_setting",
+                                          disabled=not settings, help="SmolLM2's settings (`divviz models`); the "
+                                          "built-in LM trains at the lab's defaults")
+    lm_setting = lm_setting if settings else ""
     lm_seeds = left.slider("Seeds per measure", *map(int, claims_lm.SEEDS_PARAM.slider_range()[:2]),
                            key="claims:lm_seeds", help=claims_lm.SEEDS_PARAM.doc)
     lm_steps = right.number_input("Steps per run", int(claims_lm.STEPS_PARAM.low), int(claims_lm.STEPS_PARAM.high),
-                                  key="claims:lm_steps", help=claims_lm.STEPS_PARAM.doc)
+                                  key="claims:lm_steps", disabled=bool(settings),
+                                  help="the setting's own (30) for SmolLM2; " + claims_lm.STEPS_PARAM.doc)
     ui.publish_controls(PAGE, CONTROLS)
-    lm_plan = claims_lm.LMPlan.read(store.runs_dir(), lm_seeds, lm_steps, lm_model)
-if lm_plan is not None and lm_plan.finished:
+    lm_plan = claims_lm.LMPlan.read(store.runs_dir(), lm_seeds, None if settings else lm_steps, lm_model, lm_setting)
+if lm_plan is not None and lm_plan.done:
     result = lm_plan.report(result)
+if lm_plan is not None and lm_plan.finished:
     st.success(literal(f"Included: {lm_plan.text}."), icon=":material/check:")
 elif lm_plan is not None:
     me = ui.viewer()  # in room mode, queueing a grid of runs is the teacher's call: it fills everyone's queue
@@ -83,13 +97,32 @@ elif lm_plan is not None:
     def lm_progress() -> None:
         with ui.shown_errors():
             plan = lm_plan.refreshed()
-            st.progress(plan.progress, text=f"{plan.done} of {len(plan.runs)} runs finished ({plan.text})")
-            if plan.finished:
+            left_s = plan.time_left()
+            eta = "" if left_s is None else f", about {run_views.duration(left_s)} left at the pace so far"
+            st.progress(plan.progress, text=literal(f"{plan.done} of {len(plan.runs)} runs finished{eta} "
+                                                    f"({plan.text})"))
+            if plan.done != lm_plan.done:
                 st.rerun(scope="app")
 
     lm_progress()
+    if lm_plan.done:
+        st.info(literal(f"Included so far: the cells of the {lm_plan.done} finished runs (each cell's n says how many "
+                        "seeds it has)."), icon=":material/hourglass_top:")
 for line in lm_plan.failed if lm_plan is not None else ():
     st.warning(literal(f"A run failed and drops out of its pairs: {line}"), icon=":material/warning:")
+if lm_plan is not None and lm_plan.done:
+    with ui.shown_errors():
+        ui.show_chart(run_plots.learning_curves_chart(
+            {metric: lm_plan.curves(metric) for metric in claims_lm.CURVES},
+            f"Learning curves on {lm_plan.name}: mean over the finished seeds with the band (their range below 4 "
+            "seeds, else the 95% interval)"), f"learning curves {lm_plan.model} {lm_plan.setting}")
+        st.caption("Collapses per measure: a run collapsed when its reward fell below half its running peak while an "
+                   "update's KL was above 0.05, or its entropy fell below a tenth of its start (`engine/stability.py`), "
+                   "or it stopped on a non-finite value; the share with its Wilson 95% interval.")
+        st.dataframe(claims_lm.collapse_table(lm_plan.collapses()), hide_index=True, width="stretch")
+        pilot = lm_plan.pilot()
+        if pilot is not None:
+            st.caption(literal(claims_lm.pilot_text(pilot)))
 
 st.subheader("On a real model, one update at a time")
 st.write("SmolLM2-135M-Instruct cannot be trained for many steps on a CPU while you wait, but one update can: for "
@@ -125,7 +158,7 @@ cells = pd.DataFrame(result.rows).drop(columns=["claim_key"])
 
 for claim in result.claims:
     st.subheader(literal(claim.text))
-    on_lm = f" · on the built-in LM: {claim.lm_operational}" if result.lm and claim.lm_operational else ""
+    on_lm = f" · on a language model: {claim.lm_operational}" if result.lm and claim.lm_operational else ""
     st.caption(literal(f"{claim.source} · {claim.provenance} · measured as: {claim.operational}{on_lm}"))
     mine = summary[summary.claim == claim.text].drop(columns=["claim"])
     st.dataframe(mine.loc[:, (mine != 0).any(axis=0)], hide_index=True, width="stretch")

@@ -10,7 +10,8 @@
     divviz runs [--runs-dir DIR] [--json]
     divviz rescore RUN --step N [--measure NAME[:k=v...]]... [--json]
     divviz import FILE|FOLDER [--format unipo|trl|verl|jsonl] [--runs-dir DIR]
-    divviz claims [--quick] [--seeds N] [--lm [--lm-seeds N] [--lm-steps N]] [--real [--batches N]] [--json]
+    divviz claims [--quick] [--seeds N] [--lm [--lm-model M] [--lm-setting S] [--lm-seeds N] [--lm-steps N]
+                  [--no-wait]] [--real [--batches N]] [--json]
                   [--out report.html]
 
 Bad input exits with code 2 and one line on stderr, never a traceback.
@@ -195,8 +196,10 @@ def cmd_claims(args) -> int:
     seeds = claims.QUICK_SEEDS if args.quick else claims.SEEDS
     if args.seeds is not None:
         seeds = claims.SEEDS_PARAM.check(args.seeds, "claims")
-    if not args.lm and (args.lm_seeds or args.lm_steps or args.runs_dir or args.lm_model != "builtin"):
-        raise DivvizInputError("--lm-seeds, --lm-steps, --lm-model and --runs-dir are for the LM's cells: add --lm")
+    if not args.lm and (args.lm_seeds or args.lm_steps or args.runs_dir or args.lm_model != "builtin"
+                        or args.lm_setting or args.no_wait):
+        raise DivvizInputError("--lm-seeds, --lm-steps, --lm-model, --lm-setting, --no-wait and --runs-dir are for "
+                               "the LM's cells: add --lm")
     if args.batches is not None and not args.real:
         raise DivvizInputError("--batches is for the real model's cells: add --real")
     quiet = args.json and not sys.stderr.isatty()
@@ -214,7 +217,11 @@ def cmd_claims(args) -> int:
     report = claims.evaluate(seeds, progress=progress)
     bar.close()
     if plan is not None:
-        report = _wait_for_lm_cells(plan, quiet).report(report)
+        if args.no_wait:
+            plan = plan.refreshed()
+            print(f"divviz: {plan.name}: {plan.done} of {len(plan.runs)} runs finished; the report has their cells, "
+                  "and the pool goes on training the rest (run this again later)", file=sys.stderr)
+        report = (plan if args.no_wait else _wait_for_lm_cells(plan, quiet)).report(report)
     if args.real:
         report = _real_cells(args, quiet).report(report)
     if out:
@@ -253,18 +260,24 @@ def _real_cells(args, quiet: bool):
 
 
 def _queue_lm_cells(args):
-    from divviz.engine.models import MODELS
+    from divviz.engine.models import MODELS, model_settings
     from divviz.engine.store import runs_dir
     from divviz.evidence import claims_lm
 
-    seeds, steps = (param.check(given or param.default, "claims") for param, given in
-                    ((claims_lm.SEEDS_PARAM, args.lm_seeds), (claims_lm.STEPS_PARAM, args.lm_steps)))
     if args.lm_model not in MODELS:
         raise DivvizInputError(f"--lm-model takes a built-in model ({', '.join(MODELS)}); got {args.lm_model!r}")
-    plan = claims_lm.LMPlan.read(runs_dir(args.runs_dir), seeds, steps, args.lm_model)
+    settings = model_settings(args.lm_model)
+    if args.lm_setting and args.lm_setting not in settings:
+        raise DivvizInputError(f"--lm-setting: {args.lm_model} has "
+                               + (f"the settings {', '.join(settings)}" if settings else "no settings")
+                               + f"; got {args.lm_setting!r}")
+    setting = args.lm_setting or next(iter(settings), "")
+    seeds = claims_lm.SEEDS_PARAM.check(args.lm_seeds or claims_lm.SEEDS_PARAM.default, "claims")
+    steps = claims_lm.STEPS_PARAM.check(args.lm_steps or claims_lm.default_steps(args.lm_model, setting), "claims")
+    plan = claims_lm.LMPlan.read(runs_dir(args.runs_dir), seeds, steps, args.lm_model, setting)
     found = len(plan.runs) - len(plan.missing)
     queued = plan.queue_missing()
-    print(f"divviz: {args.lm_model}: {found} of {len(plan.runs)} runs already in {plan.root}, {len(queued)} queued",
+    print(f"divviz: {plan.name}: {found} of {len(plan.runs)} runs already in {plan.root}, {len(queued)} queued",
           file=sys.stderr)
     return plan.refreshed()
 
@@ -276,9 +289,13 @@ def _wait_for_lm_cells(plan, quiet: bool):
 
     from divviz.engine.runner import stop_run
 
-    bar = tqdm(total=100, desc="claims: built-in LM", unit="%", file=sys.stderr, disable=quiet)
+    bar = tqdm(total=100, desc=f"claims: {plan.name}", unit="%", file=sys.stderr, disable=quiet,
+               bar_format="{l_bar}{bar}| {n_fmt}% [{elapsed}{postfix}]")
     try:
         while not plan.finished:
+            left = plan.time_left()
+            bar.set_postfix_str(f"{plan.done} of {len(plan.runs)} runs, "
+                                + ("time left unknown" if left is None else f"about {left / 60:.0f} min left"))
             bar.update(round(100 * plan.progress) - bar.n)
             time.sleep(1.0)
             plan = plan.refreshed()
@@ -286,12 +303,12 @@ def _wait_for_lm_cells(plan, quiet: bool):
         for run in plan.runs.values():
             if run is not None and run.state in ("queued", "running"):
                 stop_run(run.folder)
-        raise DivvizInputError("stopped: the built-in LM runs that finished are kept in the runs folder, and the "
-                               "next --lm reads them instead of training them again") from None
+        raise DivvizInputError(f"stopped: {plan.name}'s runs that finished are kept in the runs folder, and the next "
+                               "--lm reads them instead of training them again") from None
     bar.update(100 - bar.n)
     bar.close()
     for line in plan.failed:
-        print(f"divviz: built-in LM run failed and drops out of its pairs: {line}", file=sys.stderr)
+        print(f"divviz: {plan.name}: a run failed and drops out of its pairs: {line}", file=sys.stderr)
     return plan
 
 
@@ -330,11 +347,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lm", action="store_true",
                    help="add the built-in LM's cells: runs queued to the runs folder's pool (about 5 minutes on 2 "
                         "cores at the defaults), and read from there the next time")
-    p.add_argument("--lm-seeds", default=None, help="runs per measure on the built-in LM (2 to 64; default 8)")
-    p.add_argument("--lm-steps", default=None, help="GRPO steps per built-in LM run (2 to 1000; default 60)")
+    p.add_argument("--lm-seeds", default=None, help="runs per measure on the LM (2 to 64; default 8)")
+    p.add_argument("--lm-steps", default=None,
+                   help="GRPO steps per LM run (2 to 1000; default 60, or the SmolLM2 setting's 30)")
     p.add_argument("--lm-model", default="builtin",
-                   help="the model of the LM cells: builtin (default) or smollm2-135m (its own task and settings; "
-                        "about 3 minutes per run on 2 cores)")
+                   help="the model of the LM cells: builtin (default) or smollm2-135m (its own task, held-out set and "
+                        "settings; about 13 minutes per run on 2 cores, so a grid takes hours: it resumes)")
+    p.add_argument("--lm-setting", default=None,
+                   help="a setting of --lm-model: for smollm2-135m learn (default) or stress (lr 2e-4)")
+    p.add_argument("--no-wait", action="store_true",
+                   help="with --lm: report the cells of the runs finished so far, leave the rest training in the pool")
     p.add_argument("--runs-dir", help="runs folder for --lm (default: $DIVVIZ_RUNS_DIR, else ./runs)")
     p.add_argument("--real", action="store_true",
                    help="add SmolLM2-135M's cells: one update per rollout batch under each measure, from the same "

@@ -15,7 +15,9 @@ from divviz.evidence import claims, forest, claims_lm, intervals
 from divviz.bandit.grpo import run_bandit
 from divviz.bandit.setting import BanditConfig
 from divviz.cli import main
+from divviz.engine import runner, store
 from divviz.engine.store import read_status, write_status
+from divviz.catalogue.params import DivvizInputError
 
 SMALL_GRID = (claims.Condition("likely", 50, "sgd"), claims.Condition("random", 50, "adam"),
               claims.Condition("coin", 50, "sgd"))
@@ -135,7 +137,7 @@ def test_claims_page_renders(tmp_path, monkeypatch):
 LM_SEEDS, LM_STEPS = 3, 3
 
 
-def wait_until_finished(plan, timeout=300):
+def wait_until_finished(plan, timeout=900):
     deadline = time.time() + timeout
     while not plan.finished:
         assert time.time() < deadline, "the pool did not finish the built-in LM runs"
@@ -154,7 +156,8 @@ def lm_plan(tmp_path_factory):
 
 def test_lm_cells_equal_their_runs_metrics(lm_plan):
     rows = lm_plan.rows()
-    assert len(rows) == 2 * sum(len(c.lm_comparisons) for c in claims.CLAIMS)
+    assert len(rows) == sum(len(claims_lm.readings(c.metric, LM_STEPS)) for claim in claims.CLAIMS
+                            for c in claim.lm_comparisons)
     assert {r["setting"] for r in rows} == {claims.LM}
     row = next(r for r in rows if r["claim_key"] == "kl3_entropy" and r["candidate"] == claims.KL3_WIDE
                and "late" in r["condition"])
@@ -175,6 +178,72 @@ def test_lm_cells_equal_their_runs_metrics(lm_plan):
     assert row["verdict"] == intervals.verdict(d.low, d.high, +1)
     report = lm_plan.report(claims.evaluate(seeds=2, grid=SMALL_GRID[:1]))
     assert "built-in LM" in report.scope and any(s["setting"] == claims.LM for s in report.summary())
+    assert len(report.lm_details) == len(claims_lm.measures()) - 2 + 1  # a collapse line per measure, the pilot
+    assert all(line in claims.to_text(report) for line in report.lm_details)
+    assert "<h2>Over training</h2>" in claims.to_html(report) and "Pilot (" in claims.to_html(report)
+
+
+def test_over_training_cells_pair_runs_that_share_seed_and_prompts_and_read_held_out_and_stability(lm_plan):
+    """Every measure's run of a seed saw the same prompts at every step (from the runs' own records); the cell of
+    KL3 δ = 0.05 against PPO on held-out accuracy, recomputed here from eval.jsonl (at the end, and the trapezoid mean
+    over the run), and on the largest update KL of the run; each verdict read off its interval."""
+    def prompts(measure, seed):
+        lines = (lm_plan.runs[(measure, "task", seed)].folder / "samples.jsonl").read_text().splitlines()
+        return [[sample[0] for sample in json.loads(line)["samples"]] for line in lines]
+
+    for seed in range(LM_SEEDS):
+        runs = [run for (m, r, s), run in lm_plan.runs.items() if s == seed and r == "task"]
+        assert {run.config["seed"] for run in runs} == {seed} and len(runs) == len(claims_lm.measures()) - 2
+        assert all(prompts(m, seed) == prompts(claims.PPO, seed) for m, r, s in lm_plan.runs if r == "task" and s == seed)
+
+    def held_out(measure, seed):
+        evals = [json.loads(line) for line in
+                 (lm_plan.runs[(measure, "task", seed)].folder / "eval.jsonl").read_text().splitlines()]
+        steps, values = [e["step"] for e in evals], [e["eval/accuracy"] for e in evals]
+        assert steps == [0, 1, 2, 3]  # every T/4 = 0.75 → 1 step
+        area = sum((values[i] + values[i + 1]) / 2 * (steps[i + 1] - steps[i]) for i in range(3)) / LM_STEPS
+        return values[-1], area
+
+    def last(measure, seed, metric):
+        lines = (lm_plan.runs[(measure, "task", seed)].folder / "metrics.jsonl").read_text().splitlines()
+        return json.loads(lines[-1])[metric]
+
+    rows = [r for r in lm_plan.rows() if r["claim_key"] == "kl3_training" and r["candidate"] == claims.KL3_WIDE]
+    for reading, index in (("end", 0), ("over the run", 1)):
+        cell = next(r for r in rows if r["metric"] == "eval/accuracy" and f"· {reading} (" in r["condition"])
+        d = intervals.paired([held_out(claims.KL3_WIDE, s)[index] for s in range(LM_SEEDS)],
+                             [held_out(claims.PPO, s)[index] for s in range(LM_SEEDS)])
+        assert (cell["mean"], cell["n"], cell["verdict"]) == (pytest.approx(d.mean), LM_SEEDS,
+                                                               intervals.verdict(d.low, d.high, +1))
+    cell = next(r for r in rows if r["metric"] == "stability/max_kl")
+    d = intervals.paired([last(claims.KL3_WIDE, s, "stability/max_kl") for s in range(LM_SEEDS)],
+                         [last(claims.PPO, s, "stability/max_kl") for s in range(LM_SEEDS)])
+    assert (cell["mean"], cell["low"], cell["high"]) == pytest.approx((d.mean, d.low, d.high))
+    assert cell["predicted_sign"] == "−" and cell["verdict"] == intervals.verdict(d.low, d.high, -1)
+
+
+def test_collapses_and_learning_curves_over_seeds(lm_plan):
+    table = {row["measure"]: row for row in lm_plan.collapses()}
+    assert set(table) == {m for m, r in claims_lm.measures() if r == "task"}
+    for measure, row in table.items():
+        flags = [store.last_metrics(lm_plan.runs[(measure, "task", s)].folder)["stability/collapsed"]
+                 for s in range(LM_SEEDS)]
+        assert (row["n"], row["collapsed"]) == (LM_SEEDS, sum(flags)) and 0 <= row["low"] <= row["high"] <= 1
+    curves = lm_plan.curves("eval/accuracy")
+    ppo = curves[claims.PPO]
+    assert ppo["steps"] == [0, 1, 2, 3] and ppo["n"] == LM_SEEDS
+    firsts = [store.read_evals(lm_plan.runs[(claims.PPO, "task", s)].folder)[0]["eval/accuracy"] for s in range(LM_SEEDS)]
+    assert ppo["mean"][0] == pytest.approx(np.mean(firsts)) and ppo["low"][0] == pytest.approx(min(firsts))
+    assert len(lm_plan.curves("reward")[claims.PPO]["steps"]) == LM_STEPS
+
+    finals = {m: np.array([store.read_evals(lm_plan.runs[(m, "task", s)].folder)[-1]["eval/accuracy"]
+                           for s in range(LM_SEEDS)]) for m in claims_lm.PILOT}
+    pilot = lm_plan.pilot()
+    diff = finals[claims.KL3_WIDE] - finals[claims.PPO]
+    assert (pilot["n"], pilot["difference_sd"]) == (LM_SEEDS, pytest.approx(diff.std(ddof=1)))
+    d = intervals.paired(finals[claims.KL3_WIDE], finals[claims.PPO])  # the half-width S seeds resolve, at n = S,
+    assert lm_plan.pilot(sizes=(LM_SEEDS,))["resolvable"][LM_SEEDS] == pytest.approx((d.high - d.low) / 2)  # is
+    assert "resolve a mean difference of" in claims_lm.pilot_text(pilot)  # the interval's own half-width
 
 
 def test_finished_runs_are_read_not_trained_again(lm_plan, capsys):
@@ -206,12 +275,37 @@ def test_a_stopped_run_is_queued_again_and_a_failed_one_drops_out(lm_plan, tmp_p
     write_status(stopped, {**read_status(stopped), "state": "stopped"})
     plan = plan.refreshed()
     assert plan.missing == [(claims.DAPO, "task", 1)] and not plan.finished
+    assert plan.queue_missing() == [stopped]  # queued again in its own folder, not a new run
+    assert wait_until_finished(plan.refreshed()).runs[(claims.DAPO, "task", 1)].folder == stopped
+
+
+def test_no_wait_reports_the_finished_runs_and_leaves_the_rest_queued(lm_plan, tmp_path, monkeypatch, capsys):
+    root = tmp_path / "runs"
+    shutil.copytree(lm_plan.root, root, ignore=shutil.ignore_patterns(".divviz"))
+    monkeypatch.setenv("DIVVIZ_MEMORY_CAP_MB", "1")  # the pool this starts may start nothing: the run stays queued
+    stopped = claims_lm.LMPlan.read(root, LM_SEEDS, LM_STEPS).runs[(claims.KL3_WIDE, "task", 0)].folder
+    write_status(stopped, {**read_status(stopped), "state": "stopped", "step": 1})
+    plan = claims_lm.LMPlan.read(root, LM_SEEDS, LM_STEPS)
+    assert lm_plan.time_left() == 0.0 and 0.0 < plan.time_left() < np.inf  # 2 steps left, at the runs' pace
+    argv = ["claims", "--seeds", "2", "--lm", "--lm-seeds", str(LM_SEEDS), "--lm-steps", str(LM_STEPS),
+            "--runs-dir", str(root), "--no-wait", "--json"]
+    assert main(argv) == 0
+    out = capsys.readouterr()
+    total = len(lm_plan.runs)
+    assert f"{total - 1} of {total} runs finished" in out.err and read_status(stopped)["state"] == "queued"
+    kl3 = [r for r in json.loads(out.out) if r["setting"] == claims.LM and r["candidate"] == claims.KL3_WIDE]
+    assert kl3 and {r["n"] for r in kl3} == {LM_SEEDS - 1}  # seed 0's pairs wait for its run
+    assert runner.stop_run(stopped) == "stopped"  # so that the pool this started finds nothing queued and leaves
 
 
 def test_cli_refuses_lm_options_without_lm(capsys):
     assert main(["claims", "--lm-seeds", "4"]) == 2
     assert main(["claims", "--lm", "--lm-seeds", "1"]) == 2
     assert "add --lm" in capsys.readouterr().err
+    assert main(["claims", "--lm", "--lm-setting", "stress"]) == 2
+    assert "builtin has no settings" in capsys.readouterr().err
+    assert main(["claims", "--lm", "--lm-model", "smollm2-135m", "--lm-setting", "fast"]) == 2
+    assert "smollm2-135m has the settings learn, look only, stress; got 'fast'" in capsys.readouterr().err
 
 
 def test_claims_page_trains_and_then_includes_the_lm_cells(tmp_path, monkeypatch):
@@ -234,6 +328,10 @@ def test_claims_page_trains_and_then_includes_the_lm_cells(tmp_path, monkeypatch
     assert not at.exception and any("Included" in s.value for s in at.success)
     cells = pd.concat([d.value for d in at.dataframe if "condition" in d.value.columns])
     assert (cells.setting == claims.LM).sum() == len(plan.rows())
+    collapses = next(d.value for d in at.dataframe if "steps of collapse" in d.value.columns)
+    assert len(collapses) == len(claims_lm.measures()) - 2 and set(collapses.collapsed.str[-4:]) == {"of 2"}
+    curves = [c for c in at.get("plotly_chart") if "Learning curves" in c.proto.spec]
+    assert len(curves) == 1 and all(panel in curves[0].proto.spec for panel in ("held-out, sampled", "entropy"))
 
 
 def test_claims_page_says_when_the_runs_folder_is_unusable(tmp_path, monkeypatch):
@@ -252,12 +350,20 @@ def test_the_lm_cells_can_train_smollm2_with_its_own_settings(tmp_path, capsys):
     """A plan for SmolLM2 asks for runs of that model on its task, with its learning setting; nothing is trained here."""
     from divviz.engine.models import SMOLLM2_LEARN
 
-    plan = claims_lm.LMPlan.read(tmp_path, seeds=2, steps=4, model="smollm2-135m")
-    configs = [claims_lm.run_config(m, s, 4, "smollm2-135m", r) for m, r, s in plan.missing]
+    plan = claims_lm.LMPlan.read(tmp_path, seeds=2, model="smollm2-135m", setting="learn")
+    configs = [claims_lm.run_config(m, s, plan.steps, "smollm2-135m", r, "learn") for m, r, s in plan.missing]
     assert len(plan.missing) == 2 * len(claims_lm.measures()) and not plan.finished
     assert {c.model for c in configs} == {"smollm2-135m"} and {c.task for c in configs} == {"add"}
     assert {c.lr for c in configs} == {SMOLLM2_LEARN["lr"]} and {c.minibatches for c in configs} == {4}
-    assert "smollm2-135m (add, 4 steps" in plan.text
+    assert {c.steps for c in configs} == {SMOLLM2_LEARN["steps"]} and {c.eval_every for c in configs} == {15}
+    assert "smollm2-135m (learn): add, 30 steps" in plan.text
+    assert plan.missing[:4] == [(claims.PPO, "task", 0), (claims.KL3_WIDE, "task", 0), (claims.PPO, "task", 1),
+                                (claims.KL3_WIDE, "task", 1)]  # the pilot first, then seed by seed
+    assert [s for m, r, s in plan.missing[4:9]] == [0] * 5 and plan.missing[-1][1] == "random"
+    stress = claims_lm.LMPlan.read(tmp_path, seeds=2, model="smollm2-135m", setting="stress")
+    assert {claims_lm.run_config(m, s, 30, "smollm2-135m", r, "stress").lr for m, r, s in stress.missing} == {2e-4}
+    with pytest.raises(DivvizInputError, match="no setting 'fast'"):
+        claims_lm.run_config(claims.PPO, 0, 30, "smollm2-135m", setting="fast")
     first = claims_lm.measures()[0][0]
     assert {c.reward for c in configs} == {"task", "random"}
     assert claims_lm.run_config(first, 0, 4).model == "builtin" and claims_lm.run_config(first, 0, 4).task == "reverse"

@@ -283,4 +283,8 @@ def test_the_time_estimate_counts_runs_side_by_side_and_says_how_uncertain(runs_
     at = lab({"m": "ratio", "seeds": "2", "task": "reverse", "eval_every": "20"})
     caption = next(c.value for c in at.caption if c.value.startswith("Expected")).replace("\\", "")  # unescaped
     assert "while 2 train side by side" in caption and "factor of 2" in caption
-    assert "4 held-out evaluations each" in caption  # steps 0, 20, 40 and the last (60)
+    assert "4 held-out evaluations each (not yet timed here)" in caption  # steps 0, 20, 40 and the last (60)
+    train(RunConfig.make(task="reverse", steps=2, prompts=4, group_size=4, eval_every=2), runs_root)  # evaluated
+    at = lab({"m": "ratio", "seeds": "2", "task": "reverse", "eval_every": "20"})
+    caption = next(c.value for c in at.caption if c.value.startswith("Expected")).replace("\\", "")
+    assert "4 held-out evaluations each included (about" in caption

@@ -395,3 +395,19 @@ def test_the_lab_shows_a_real_models_learning_rate_and_offers_its_settings():
     assert not at.exception and at.sidebar.number_input(key="lab:lr").value == SMOLLM2_SETTINGS["stress"]["lr"]
     assert at.sidebar.slider(key="lab:minibatches").value == SMOLLM2_SETTINGS["stress"]["minibatches"]
     assert at.sidebar.selectbox(key="lab:dtype").value == "auto"
+
+
+def test_a_link_naming_smollm2_alone_opens_the_lab_with_smollm2s_setting():
+    """`?model=smollm2-135m&setting=stress` and nothing else: every run setting the link leaves out is the stress
+    setting's (not the built-in model's defaults, lr 1e-3 on a real model), and the link the page writes back leaves
+    them out too while naming what differs from them."""
+    from divviz.engine.models import SMOLLM2_SETTINGS
+
+    stress = SMOLLM2_SETTINGS["stress"]
+    at = open_page("app_pages/training_lab.py", {"model": "smollm2-135m", "setting": "stress"})
+    assert not at.exception and at.sidebar.number_input(key="lab:lr").value == stress["lr"]
+    assert at.sidebar.slider(key="lab:minibatches").value == stress["minibatches"]
+    assert at.sidebar.selectbox(key="lab:task").value == stress["task"]
+    assert "lr" not in at.query_params and "minibatches" not in at.query_params
+    at.sidebar.number_input(key="lab:lr").set_value(1e-4).run()
+    assert at.query_params["lr"] in (["0.0001"], "0.0001")

@@ -184,3 +184,56 @@ def test_the_inspector_shows_the_minibatch_each_completion_trained_in(tmp_path):
     assert {c["minibatch"] for c in completions} <= {1, 2, 3, 4}
     page = token_view.record_html(record, "ratio")
     assert page.count(" · mini-batch ") == len(completions) and " · mean w " in page
+
+
+
+RESUME_VARIES = ("step_time", "tokens_per_s", "eval/time")  # wall-clock figures: the rest must be the same bits
+
+
+def stop_after(step: int):
+    def on_step(result):
+        if result.metrics["step"] == step:
+            raise KeyboardInterrupt
+    return on_step
+
+
+def test_a_stopped_run_resumes_from_its_resume_state_as_if_never_stopped(tmp_path):
+    """Stopped after step 5 (its resume state saved after step 4) and trained again in the same folder, as the pool
+    does with a run `runner.resume_run` queued: every metric, evaluation and sample equals an unbroken run's, and
+    the state file is gone once the run is done."""
+    from divviz.engine import resume
+
+    cfg = RunConfig.make(task="reverse", prompts=4, group_size=4, seed=5, steps=8, checkpoint_every=4, eval_every=4,
+                         minibatches=2, lr=3e-3)
+    whole = train(cfg, tmp_path / "whole")
+    broken = train(cfg, tmp_path / "broken", on_step=stop_after(5))
+    assert store.read_run(broken).state == "stopped" and resume.saved_step(broken) == 4
+    assert len(store.read_metrics(broken)) == 5 and not (whole / resume.FILE).exists()
+    train(cfg, tmp_path / "broken", folder=broken)
+    assert store.read_run(broken).state == "done" and not (broken / resume.FILE).exists()
+
+    def same(rows):
+        return [{k: v for k, v in row.items() if k not in RESUME_VARIES} for row in rows]
+
+    assert [r["step"] for r in store.read_metrics(broken)] == list(range(1, 9))
+    assert same(store.read_metrics(broken)) == same(store.read_metrics(whole))
+    assert same(store.read_evals(broken)) == same(store.read_evals(whole))
+    assert (broken / "samples.jsonl").read_text() == (whole / "samples.jsonl").read_text()
+    assert sorted(p.name for p in (broken / "tokens").iterdir()) == sorted(p.name for p in (whole / "tokens").iterdir())
+
+
+def test_resume_run_queues_a_stopped_run_in_its_folder_and_refuses_others(tmp_path, monkeypatch):
+    from divviz.engine import runner
+
+    monkeypatch.setattr(runner, "ensure_pool", lambda root: None)  # the pool itself is tested in test_room
+    cfg = RunConfig.make(task="reverse", prompts=4, group_size=4, steps=4, checkpoint_every=2)
+    folder = train(cfg, tmp_path / "runs", on_step=stop_after(3))
+    (folder / ".stop").write_text("")
+    assert runner.resume_run(folder) == 2
+    status = store.read_status(folder)
+    assert status["state"] == "queued" and "resume after step 2" in status["message"] and not (folder / ".stop").exists()
+    with pytest.raises(DivvizInputError, match="only a stopped or interrupted run"):
+        runner.resume_run(folder)
+    lagging = train(RunConfig.make(task="reverse", prompts=4, group_size=4, steps=4, checkpoint_every=2,
+                                   rollout_lag=1), tmp_path / "runs", on_step=stop_after(3))
+    assert runner.resume_run(lagging) == 0 and "start again" in store.read_status(lagging)["message"]

@@ -28,15 +28,20 @@ def expected_step_time(root, configs: list, on_measure) -> None:
         return
     seconds, basis = estimate
     runs, side_by_side = len(configs), min(len(configs), runner.max_runs())
-    total = seconds * cfg.steps * runs  # runs side by side share this machine's cores: each step takes longer
     evaluations = len(eval_steps(cfg))
+    evaluation = runner.eval_time_estimate(root, cfg) if evaluations else None
+    total = (seconds * cfg.steps + evaluations * (evaluation or 0.0)) * runs  # runs side by side share the cores
+    held_out = ""
+    if evaluations:
+        held_out = (f", {evaluations} held-out evaluations each included (about {evaluation:.0f} s each here)"
+                    if evaluation is not None else f", plus {evaluations} held-out evaluations each (not yet timed "
+                                                   "here)")
     st.caption(literal(
         f"Expected: about {seconds:.1f} s per step for a run training alone on this machine"
         + (f", about {seconds * side_by_side:.0f} s while {side_by_side} train side by side" if side_by_side > 1 else "")
         + f"; about {run_views.duration(total)} of training for these {runs} run{'s' if runs != 1 else ''} of "
-        f"{cfg.steps} steps" + (f", plus {evaluations} held-out evaluations each" if evaluations else "")
-        + f" ({basis}). Take it as within a factor of 2: anything else this machine does, another browser's runs "
-        "included, slows every step."))
+        f"{cfg.steps} steps{held_out} ({basis}). Take it as within a factor of 2: anything else this machine does, "
+        "another browser's runs included, slows every step."))
 
 
 def show_training_charts(page: str, runs: list[tuple[str, list[dict]]], evals: list[list[dict]] | None = None,

@@ -39,7 +39,9 @@ def key(page: str, name: str) -> str:
 
 def bind_controls(page: str, controls: list[Control]) -> None:
     """Before the widgets are drawn: give each control's widget its value — from the link on the page's
-    first run in this session, else the value it last had here, else its default."""
+    first run in this session, else the value it last had here, else its default: the chosen model's setting's
+    (`suited_settings`) where the page has a model control, so that a link naming SmolLM2 and nothing else runs
+    SmolLM2's own settings."""
     saved = st.session_state.setdefault(f"_saved:{page}", {})
     first_visit = f"_linked:{page}" not in st.session_state
     if first_visit:
@@ -48,18 +50,33 @@ def bind_controls(page: str, controls: list[Control]) -> None:
         for problem in problems:
             st.warning(f"{literal(problem)}.")  # link text is shown, never rendered
         st.session_state[f"_linked:{page}"] = True
+    suited = suited_settings(controls, saved)
     for control in controls:
         if key(page, control.name) not in st.session_state:
-            st.session_state[key(page, control.name)] = saved.get(control.name, control.default)
+            st.session_state[key(page, control.name)] = saved.get(control.name, suited.get(control.name, control.default))
 
 
 def publish_controls(page: str, controls: list[Control]) -> None:
-    """After the widgets: remember their values and mirror them into the URL."""
+    """After the widgets: remember their values and mirror into the URL those away from their default (the model's
+    setting's, where it has one)."""
     saved = st.session_state[f"_saved:{page}"]
     for control in controls:
         if key(page, control.name) in st.session_state:
             saved[control.name] = st.session_state[key(page, control.name)]
-    st.query_params.from_dict(write_query(controls, saved))
+    st.query_params.from_dict(write_query(controls, saved, suited_settings(controls, saved)))
+
+
+def suited_settings(controls: list[Control], values: dict) -> dict:
+    """The run settings that suit the model in `values` (its named setting's, else its defaults: `engine/models.py`)
+    for the page's controls; {} on a page without a model control."""
+    names = {c.name for c in controls}
+    if "model" not in names:
+        return {}
+    model = values.get("model", "builtin")
+    named = model_settings(model)
+    setting = values.get("setting") if values.get("setting") in named else next(iter(named), None)
+    suited = named.get(setting, model_defaults(model))
+    return {name: value for name, value in suited.items() if name in names}
 
 
 def apply_preset(page: str, values: dict) -> None:
@@ -120,7 +137,7 @@ def apply_model_settings(page: str, controls: dict[str, Control]) -> None:
     named = model_settings(model)
     if named and st.session_state.get(key(page, "setting")) not in named:
         st.session_state[key(page, "setting")] = next(iter(named))
-    suited = named.get(st.session_state.get(key(page, "setting")), model_defaults(model))
+    suited = suited_settings(list(controls.values()), {"model": model, "setting": st.session_state.get(key(page, "setting"))})
     for name in ({p.name for p in RUN_PARAMS} | {"task"}) & set(controls):
         st.session_state[key(page, name)] = suited.get(name, controls[name].default)
 

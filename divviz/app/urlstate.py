@@ -119,10 +119,13 @@ def read_legacy_params(control: Control, spelled: list[str], query: Mapping[str,
     return out
 
 
-def write_query(controls: list[Control], values: Mapping[str, object]) -> dict[str, str]:
-    """The query string dict for `values`: only controls away from their default, so links stay short."""
+def write_query(controls: list[Control], values: Mapping[str, object],
+                defaults: Mapping[str, object] | None = None) -> dict[str, str]:
+    """The query string dict for `values`: only controls away from their default (`defaults`' where it names one,
+    e.g. the chosen model's settings), so links stay short."""
+    defaults = defaults or {}
     return {c.name: c.encode(values[c.name]) for c in controls
-            if c.name in values and c.encode(values[c.name]) != c.encode(c.default)}
+            if c.name in values and c.encode(values[c.name]) != c.encode(defaults.get(c.name, c.default))}
 
 
 def measure_param_controls(families=("clip",)) -> list[Control]:

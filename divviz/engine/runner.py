@@ -3,6 +3,7 @@
     folder = start_run(cfg, root, owner)   # queued at once; the pool starts it when a slot and memory are free
     queue_position(folder)                 # (runs ahead, estimated seconds until it starts or None)
     stop_run(folder)                       # returns at once: a queued run is stopped, a running one signalled
+    resume_run(folder)                     # a stopped run queued again: it goes on from its resume state
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from divviz.engine import store
+from divviz.engine import resume, store
 from divviz.engine.config import RunConfig
 from divviz.engine.pool import STOP_GRACE_S, QueueLock, control_dir, max_runs, queued_runs
 from divviz.engine.store import list_runs, new_run_folder, process_alive, read_metrics, read_status, write_status
@@ -104,6 +105,28 @@ def stop_run(folder: Path, viewer: Viewer | None = None, wait_s: float = STOP_GR
     return "stopping"
 
 
+RESUMABLE = ("stopped", "interrupted")
+
+
+def resume_run(folder: Path, viewer: Viewer | None = None) -> int:
+    """Queue a stopped or interrupted run again in its own folder; it goes on after the step its resume state was
+    saved (`resume.py`; returned), else from step 0. With a `viewer`, only a run it may manage."""
+    check_may_manage(folder, viewer)
+    with QueueLock(folder.parent):
+        status = read_status(folder)
+        if status["state"] not in RESUMABLE:
+            raise DivvizInputError(f"run {quoted(folder.name, 60)} is {status['state']}: only a stopped or "
+                                   "interrupted run can be resumed")
+        cfg = RunConfig.from_dict(json.loads((folder / "config.json").read_text()))
+        step = resume.saved_step(folder) if resume.can_resume(cfg) else 0
+        (folder / ".stop").unlink(missing_ok=True)
+        now = time.time()
+        write_status(folder, {**status, "state": "queued", "pid": None, "queued_at": now, "updated": now,
+                              "message": f"queued to resume after step {step}" if step else "queued to start again"})
+    ensure_pool(folder.parent)
+    return step
+
+
 def _kill_if_alive(folder: Path, pid: int, wait_s: float) -> None:
     deadline = time.time() + wait_s
     while time.time() < deadline:
@@ -166,6 +189,14 @@ def step_time_estimate(root: Path, cfg: RunConfig, newest: int = 20) -> tuple[fl
     if same:
         return seconds, f"the median of {n} step{'s' if n != 1 else ''} of run {run.name}, same settings"
     return seconds * work(want) / work(run.config), f"run {run.name}'s median step, scaled by the tokens per step"
+
+
+def eval_time_estimate(root: Path, cfg: RunConfig, newest: int = 20) -> float | None:
+    """Seconds a held-out evaluation of `cfg`'s model takes on this machine: the median `eval/time` of the newest
+    `newest` runs of that model in `root` that evaluated, or None when none did."""
+    times = [row["eval/time"] for run in [r for r in list_runs(root) if r.config.get("model") == cfg.model][:newest]
+             for row in store.read_evals(run.folder) if "eval/time" in row]
+    return statistics.median(times) if times else None
 
 
 def wait_for_slot(root: Path, say) -> None:

@@ -9,6 +9,9 @@
                            a plain TRL GRPOTrainer have none)
         samples.jsonl      a few (prompt, completion, reward) per step
         checkpoints/step_NNNNNN.safetensors   the weights every `checkpoint_every` steps (small models only)
+        eval.jsonl         one held-out evaluation per line (`evaluate.py`), appended
+        resume.pt          what the run needs to go on after its latest `checkpoint_every` step (`resume.py`),
+                           replaced atomically, removed when the run is done
 
 Every write is atomic or append-only, so a folder read while a run writes it, or after a hard kill, is
 readable: a torn last line of metrics.jsonl is skipped. A run whose status says "running" but whose process
@@ -38,6 +41,14 @@ from divviz.engine.tail import METRICS, last_row
 from divviz.engine.completions import MAX_BYTES, check_record
 from divviz.catalogue.params import DivvizInputError
 from divviz.safetext import quoted, shorten
+
+def _step_of(line: str) -> int | None:
+    """The step of one line of a run's JSONL files (None for a torn or foreign line)."""
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
 
 def runs_dir(given: str | os.PathLike | None = None) -> Path:
     return Path(given or os.environ.get("DIVVIZ_RUNS_DIR") or "runs").expanduser()
@@ -75,18 +86,35 @@ def process_alive(pid: int | None) -> bool:
 class RunWriter:
     """Writes one run folder; used by the training process only."""
 
-    def __init__(self, folder: Path, config: dict, steps: int):
+    def __init__(self, folder: Path, config: dict, steps: int, resume_step: int = 0):
+        """Start writing `folder`; with `resume_step` (`resume.py`), go on after the rows of steps ≤ it, the
+        files' later rows dropped; without, any rows of an earlier start are dropped (a stopped run queued again)."""
         self.folder = folder
         (folder / "tokens").mkdir(parents=True, exist_ok=True)
         queued = read_status(folder) if (folder / "status.json").exists() else {}
         self.config = config
         _write_atomic(folder / "config.json", json.dumps(config, indent=2))
-        self.status = {"state": "running", "message": "", "pid": os.getpid(), "step": 0, "steps": steps,
-                       "device": "", "started": time.time(), "updated": time.time(),
+        trained = queued.get("updated", 0.0) - queued.get("started", 0.0) if resume_step else 0.0
+        self.status = {"state": "running", "message": "", "pid": os.getpid(), "step": resume_step, "steps": steps,
+                       "device": "", "started": time.time() - max(0.0, trained), "updated": time.time(),
                        **{k: queued[k] for k in ("owner", "queued_at") if k in queued}}  # who queued it, when
+        self._keep_until(resume_step)
         self._write_status()
         self._metrics = open(folder / "metrics.jsonl", "a", buffering=1)
         self._samples = open(folder / "samples.jsonl", "a", buffering=1)
+
+    def _keep_until(self, step: int) -> None:
+        """Drop what the folder holds of steps after `step` (from a start that stopped later than it resumes)."""
+        for name in ("metrics.jsonl", "samples.jsonl", "eval.jsonl"):
+            path = self.folder / name
+            if path.exists():
+                rows = [line for line in path.read_text().splitlines()
+                        if line.strip() and _step_of(line) is not None and _step_of(line) <= step]
+                _write_atomic(path, "".join(f"{line}\n" for line in rows))
+        for pattern in ("tokens/step_*.npz", "completions/step_*.json", "checkpoints/step_*.safetensors"):
+            for path in self.folder.glob(pattern):
+                if int(path.name.split(".")[0][5:]) > step:
+                    path.unlink()
 
     def _write_status(self) -> None:
         self.status["updated"] = time.time()

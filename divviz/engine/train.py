@@ -1,5 +1,6 @@
 """The training loop around `grpo_step`: writes the run folder, and ends every run with a clear state —
-done, stopped (Ctrl-C or SIGTERM, at once), or failed with a message (NaN loss, a model that will not load)."""
+done, stopped (Ctrl-C or SIGTERM, at once), or failed with a message (NaN loss, a model that will not load).
+A run folder that holds a resume state (`resume.py`) goes on from it."""
 
 from __future__ import annotations
 
@@ -11,12 +12,13 @@ from typing import Callable
 
 import torch
 
+from divviz.engine import resume
 from divviz.engine.config import RunConfig
 from divviz.engine.evaluate import evaluate
 from divviz.engine.grpo import NonFiniteLoss, StepResult, Trainer, grpo_step, make_trainer
 from divviz.engine.prompts import prompting
 from divviz.engine.stability import Stability
-from divviz.engine.store import RunWriter, new_run_folder
+from divviz.engine.store import RunWriter, new_run_folder, read_metrics
 from divviz.catalogue.params import DivvizInputError
 
 
@@ -80,18 +82,23 @@ def train(cfg: RunConfig, root: Path, *, folder: Path | None = None, trainer: Tr
     """Run `cfg` to the end (or until stopped or failed) and return its run folder; evaluate on the held-out set at
     `eval_steps` and add the run's stability so far (`stability.Stability`) to every metrics row."""
     folder = folder or new_run_folder(root, f"{cfg.task}-{cfg.label}")
-    writer = RunWriter(folder, cfg.to_dict(), cfg.steps)
+    start = resume.saved_step(folder) if resume.can_resume(cfg) else 0
+    writer = RunWriter(folder, cfg.to_dict(), cfg.steps, resume_step=start)
     evaluated, stability = eval_steps(cfg), Stability()
     try:
         trainer = trainer or make_trainer(cfg)
         writer.add_to_config({"prompting": prompting(trainer.tokenizer, trainer.task, trainer.prompt_format),
                               "precision": str(trainer.dtype or torch.float32).removeprefix("torch.")})
         writer.set_device(str(trainer.device))
-        if 0 in evaluated:
+        if start:
+            resume.restore(folder, trainer)
+            for row in read_metrics(folder):  # the stability record of the steps already trained
+                stability.update(row["step"], row)
+        elif 0 in evaluated:
             scores = held_out_evaluation(trainer)
             with writing():
                 writer.add_eval(0, scores)
-        for step in range(cfg.steps):
+        for step in range(start, cfg.steps):
             result = grpo_step(trainer, step)
             bad = [k for k, v in result.metrics.items() if not math.isfinite(v)]
             if bad:
@@ -104,8 +111,11 @@ def train(cfg: RunConfig, root: Path, *, folder: Path | None = None, trainer: Tr
                 with writing():
                     writer.add_eval(step + 1, scores)
             with writing():
-                if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0 and small_enough(trainer.model):
-                    writer.save_checkpoint(step + 1, trainer.model)
+                if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
+                    if small_enough(trainer.model):
+                        writer.save_checkpoint(step + 1, trainer.model)
+                    if step + 1 < cfg.steps and resume.can_resume(cfg):
+                        resume.save(folder, step + 1, trainer)
             if on_step:
                 on_step(result)
     except (StopRequested, KeyboardInterrupt):
@@ -117,4 +127,5 @@ def train(cfg: RunConfig, root: Path, *, folder: Path | None = None, trainer: Tr
         raise
     else:
         writer.finish("done", f"{cfg.steps} steps")
+        resume.forget(folder)
     return folder

@@ -67,7 +67,12 @@ START, ZERO = "its own value at the start", "0"  # baselines that are not a meas
 OBJECTIVES = _objectives()
 PPO, DAPO, PROBL2, K3 = "PPO ε=0.2", "DAPO clip-higher (0.2, 0.28)", f"PPO + {BETA:g}·ProbL2", f"PPO + {BETA:g}·k3"
 KL3_AND_ABLATIONS = [name for name in OBJECTIVES if name.startswith(("KL3", "box"))]
-KL3_HIGH_EDGE, KL3_WIDE = KL3_AND_ABLATIONS[1], KL3_AND_ABLATIONS[2]
+KL3_HIGH_EDGE, KL3_WIDE, BOX_LOW_ONLY, BOX_HIGH_ONLY = KL3_AND_ABLATIONS[1:5]
+# Over a training run (`claims_lm`): held-out accuracy is read at the end and as its mean over the run, the stability
+# metrics once for the whole run (`engine/stability.py`); lower is more stable.
+HELD_OUT = ("eval/accuracy", "eval/accuracy_greedy")
+WHOLE_RUN = ("stability/collapsed", "stability/max_kl", "stability/max_clip")
+TRAINING = ((HELD_OUT[0], +1), (HELD_OUT[1], +1), *((metric, -1) for metric in WHOLE_RUN))
 
 
 @dataclass(frozen=True)
@@ -131,14 +136,26 @@ CLAIMS = (
           "initial_top_mass: the probability on the actions most likely under π_0 (top 10%), KL3 minus PPO",
           tuple(Comparison(name, PPO, "initial_top_mass", +1) for name in KL3_AND_ABLATIONS),
           lm_operational="mass_to_argmax: the share of the probability gained in an update that went to tokens that "
-                         "were already the argmax, KL3 minus PPO",
-          lm_comparisons=(Comparison(KL3_HIGH_EDGE, PPO, "mass_to_argmax", +1),
-                          Comparison(KL3_WIDE, PPO, "mass_to_argmax", +1)),
+                         "were already the argmax; top1_mass: the sampling policy's top-1 probability at the sampled "
+                         "positions (mass moved to the confident token over training); KL3 minus PPO",
+          lm_comparisons=tuple(Comparison(name, PPO, metric, +1) for name in (KL3_HIGH_EDGE, KL3_WIDE)
+                               for metric in ("mass_to_argmax", "top1_mass")),
           real_operational="one update: mass_to_argmax (the share of the mass gained that went to argmax tokens) and "
                            "top1_change (the top-1 mass's change over the full vocabulary at the sampled positions), "
                            "KL3 minus PPO",
           real_comparisons=tuple(Comparison(name, PPO, metric, +1) for name in (KL3_HIGH_EDGE, KL3_WIDE)
                                  for metric in ("mass_to_argmax", "top1_change"))),
+    Claim("kl3_training", "KL3 makes GRPO training more stable and better at the end",
+          "KL3 / ATR-GRPO paper (arXiv 2602.05494): KL3 in GRPO \"improves both training stability and final "
+          "performance\"", "[3P] claims only",
+          "over training only (the bandit has no held-out set): see the LM readings",
+          lm_operational="held-out accuracy (128 problems no training batch draws; sampled at the run's τ and greedy) "
+                         "at the end and its mean over the run, higher is better; the collapse flag, the largest "
+                         "update KL (k3) and the largest clip fraction of the run, lower is more stable; KL3 and the "
+                         "two one-edge boxes of δ = 0.05 (its shape against its width) minus PPO",
+          lm_comparisons=tuple(Comparison(name, PPO, metric, sign)
+                               for name in (KL3_HIGH_EDGE, KL3_WIDE, BOX_LOW_ONLY, BOX_HIGH_ONLY)
+                               for metric, sign in TRAINING)),
     Claim("kl3_entropy", "KL3 keeps entropy higher than PPO (entropy-driven exploration)",
           "KL3 / ATR-GRPO paper, theory.md §1.5", "[3P] claims only",
           "entropy of the whole policy (exact), KL3 minus PPO",
@@ -158,6 +175,12 @@ CLAIMS = (
           lm_comparisons=(Comparison(DAPO, PPO, "entropy", +1),),
           real_operational="one update: entropy/change, DAPO minus PPO",
           real_comparisons=(Comparison(DAPO, PPO, "entropy/change", +1),)),
+    Claim("probl2_training", "A ProbL2 penalty makes GRPO end more accurate",
+          "GBMPO (arXiv 2602.04380): ProbL2-GRPO +5.5 points over Dr. GRPO on GSM8K", "[PAPER] result",
+          "over training only (the bandit has no held-out set): see the LM readings",
+          lm_operational=f"held-out accuracy (sampled and greedy) at the end and its mean over the run, PPO + "
+                         f"{BETA:g}·ProbL2 toward π_0 minus PPO (GRPO's std-scaled advantages, not Dr. GRPO's)",
+          lm_comparisons=tuple(Comparison(PROBL2, PPO, metric, +1) for metric in HELD_OUT)),
     Claim("probl2_anchors", "ProbL2 anchors confident tokens and leaves rare ones free",
           "GBMPO (arXiv 2602.04380), theory.md §2.3", "[CODE] penalty; [INF] its slope 2p(p − p_ref) ∝ p²",
           "initial_top_moved (Σ|π − π_0| on the top 10% of π_0): ProbL2 minus no penalty, predicted < 0; "
@@ -249,6 +272,7 @@ class Report:
     seeds: int
     lm: str = ""  # what the built-in LM's cells are ("" when the report has none): `claims_lm.LMPlan.text`
     real: str = ""  # what the real model's cells are ("" when none): `claims_real.RealPlan.text`
+    lm_details: tuple[str, ...] = ()  # lines on the LM runs beyond the cells: collapses per measure, the pilot
     untested: tuple[str, ...] = UNTESTED
     claims: tuple[Claim, ...] = field(default=CLAIMS)
 
@@ -321,6 +345,7 @@ def bandit_readings(by_name: dict, name: str, c: Comparison, window: range) -> l
 
 
 BANDIT, LM, REAL = "bandit", "built-in LM", "SmolLM2-135M, one update"  # a row's setting
+LM_TRAINING = "SmolLM2-135M, over training"
 
 
 def comparison_row(claim: Claim, setting: str, condition: str, c: Comparison, d: intervals.Paired) -> dict:
@@ -355,6 +380,9 @@ def to_text(report: Report) -> str:
             lines.append(f"  [{s['setting']}] {s['candidate']} vs {s['baseline']} ({s['metric']}): {counts} of "
                          f"{s['cells']} cells")
         lines.append("")
+    if report.lm_details:
+        lines.append(f"Over training ({report.lm}):")
+        lines += [f"  {line}" for line in report.lm_details] + [""]
     lines.append("Not testable here:")
     lines += [f"  - {text}" for text in report.untested]
     return "\n".join(lines)
@@ -396,6 +424,10 @@ def to_html(report: Report) -> str:
             f"<td>{e(x)}</td>" for x in (r["claim"], r["setting"], r["condition"], r["metric"], r["candidate"],
                                          r["baseline"], r["predicted_sign"], num(r["mean"]), num(r["low"]), num(r["high"]), r["n"],
                                          r["seeds_reversed"], r["verdict"])) + "</tr>")
-    parts.append("</table><h2>Not testable here</h2><ul>" + "".join(f"<li>{e(t)}</li>" for t in report.untested)
+    parts.append("</table>")
+    if report.lm_details:
+        parts.append(f"<h2>Over training</h2><p>{e(report.lm)}</p><ul>"
+                     + "".join(f"<li>{e(line)}</li>" for line in report.lm_details) + "</ul>")
+    parts.append("<h2>Not testable here</h2><ul>" + "".join(f"<li>{e(t)}</li>" for t in report.untested)
                  + "</ul></body></html>")
     return "".join(parts)

@@ -1,15 +1,26 @@
-"""The claims on the built-in LM: the comparisons each claim declares in `lm_comparisons`, trained by divviz's engine
-on the `reverse` task with the lab's default settings, `seeds` runs per measure on the same seeds.
+"""The claims on a language model: the comparisons each claim declares in `lm_comparisons`, trained by divviz's engine,
+`seeds` runs per measure on the same seeds — on the built-in LM (the `reverse` task, the lab's defaults, a held-out
+evaluation every T/4 steps) or on SmolLM2-135M at one of its settings (`engine/models.py`: "learn", or "stress",
+where a measure may collapse), which bring their own task, held-out evaluations and length.
 
 Each run is an ordinary run of the runs folder, queued to its pool like the Training lab's: it shares the machine's
 limit with everyone's runs, shows on the Runs page, and survives a restart. A finished run is the cache: a run whose
 config.json equals a cell's config is read, not trained again (a run that failed, e.g. diverged, is a result too;
-a stopped or interrupted one is queued again).
+a stopped or interrupted one is queued again in its own folder, where it resumes from the resume state it keeps
+every `CHECKPOINT_EVERY` steps, `engine/resume.py`).
 
-Readings: the mean of a metric over an early window (steps T/6 + 1 … T/3) and over the last T/6 steps, paired seed by
-seed; a seed whose candidate or baseline run failed drops out of the pair, so n says how many remain.
+Readings, paired seed by seed (a seed whose candidate or baseline run failed drops out of the pair, so n says how many
+remain):
+    a per-step metric (entropy, mass_to_argmax, …)   its mean over an early window (steps T/6 + 1 … T/3) and over the
+                                                     last T/6 steps
+    held-out accuracy (`claims.HELD_OUT`)            at the end (the evaluation after step T) and over the run (the
+                                                     trapezoid mean of the evaluations from step 0 to T)
+    stability (`claims.WHOLE_RUN`)                   once for the whole run: the collapse flag (0 or 1), the largest
+                                                     update KL, the largest clip fraction (`engine/stability.py`)
+Runs are queued in `queue_order`: PPO and KL3 δ = 0.05 on every seed first (the pilot whose spread says how many
+seeds resolve what), then the others seed by seed, the random-reward control last.
 
-    plan = LMPlan.read(root, seeds=8, steps=60)   # which runs exist
+    plan = LMPlan.read(root, seeds=8, steps=60)   # which runs exist (model=, setting= for SmolLM2)
     plan.queue_missing(owner)                    # queue the others (returns at once)
     rows = plan.rows()                           # once plan.finished: the report's cells
 """
@@ -24,69 +35,109 @@ import numpy as np
 from divviz.evidence import claims, intervals
 from divviz.engine import runner, store
 from divviz.engine.config import RunConfig, objective_settings
-from divviz.engine.models import BUILTIN, model_defaults
+from divviz.engine.models import BUILTIN, model_defaults, model_settings
+from divviz.engine.pool import max_runs
+from divviz.metrics import proportion
 from divviz.catalogue.params import DivvizInputError, Param
 
 TASK = "reverse"
 SEEDS_PARAM = Param("lm_seeds", 8, 2, 64, high_open=False, kind="int", typical=(2, 16, 1),
-                    doc="runs per measure on the built-in LM (seeds 0, 1, …)")
+                    doc="runs per measure on the language model (seeds 0, 1, …)")
 STEPS_PARAM = Param("lm_steps", 60, 2, 1000, high_open=False, kind="int", typical=(6, 120, 1),
-                    doc="GRPO steps of each built-in LM run")
+                    doc="GRPO steps of each built-in LM run (SmolLM2's come with its setting)")
 FINAL = ("done", "failed")  # a run in one of these states is a result; any other ends in the queue again
+CHECKPOINT_EVERY = 5  # a cell's run keeps what it needs to resume every 5 steps (`engine/resume.py`)
 
 
 def measures() -> list[tuple[str, str]]:
-    """The (measure, reward) pairs some claim compares on the built-in LM, in the catalogue's order, the task's
+    """The (measure, reward) pairs some claim compares on a language model, in the catalogue's order, the task's
     rewards first: a claim of the random-reward control trains its measures with random rewards."""
     named = {(name, claim.reward) for claim in claims.CLAIMS for c in claim.lm_comparisons
              for name in (c.candidate, c.baseline)}
     return [(name, reward) for reward in ("task", "random") for name in claims.OBJECTIVES if (name, reward) in named]
 
 
-def run_config(measure: str, seed: int, steps: int, model: str = BUILTIN, reward: str = "task") -> RunConfig:
-    """A cell's run: the lab's defaults on TASK with the measure's objective (another built-in model: its own task and
-    settings, `engine/models.py`), rewarded by the task or by a coin (`reward`); no checkpoints."""
-    task = {} if model_defaults(model) else {"task": TASK}
-    return RunConfig.make(model=model, **task, reward=reward, steps=steps, seed=seed, checkpoint_every=0,
-                          **objective_settings(claims.OBJECTIVES[measure]))
+PILOT = (claims.PPO, claims.KL3_WIDE)  # trained first, every seed: the spread of the headline's paired difference
+
+
+def queue_order(seeds: int) -> list[tuple[str, str, int]]:
+    """The cells (measure, reward, seed) in the order they are queued: the pilot's (PPO and KL3 δ = 0.05, every
+    seed) first, then the other measures seed by seed, the random-reward control last, so that a grid stopped
+    half-way holds whole pairs, the headline's first."""
+    pilot = [(m, "task", s) for s in range(seeds) for m in PILOT]
+    rest = [(m, r, s) for r in ("task", "random") for s in range(seeds) for m, rr in measures() if rr == r]
+    return pilot + [key for key in rest if key not in pilot]
+
+
+def default_steps(model: str = BUILTIN, setting: str = "") -> int:
+    """The steps of a run: the model's setting's (SmolLM2: 30), else `STEPS_PARAM`'s default."""
+    return int({**model_defaults(model), **model_settings(model).get(setting, {})}.get("steps", STEPS_PARAM.default))
+
+
+def run_config(measure: str, seed: int, steps: int, model: str = BUILTIN, reward: str = "task",
+               setting: str = "") -> RunConfig:
+    """A cell's run: on the built-in model, the lab's defaults on TASK with a held-out evaluation every T/4 steps;
+    on a model with settings, its `setting` (its defaults when ""), which names its task and evaluations; with the
+    measure's objective, rewarded by the task or by a coin (`reward`), checkpointed for resuming."""
+    if setting and setting not in model_settings(model):
+        raise DivvizInputError(f"{model} has no setting {setting!r}"
+                               + (f" (it has {', '.join(model_settings(model))})" if model_settings(model) else ""))
+    own = ({"task": TASK, "eval_every": max(1, steps // 4)} if not model_defaults(model)
+           else dict(model_settings(model).get(setting, {})))
+    return RunConfig.make(**{**own, "model": model, "reward": reward, "steps": steps, "seed": seed,
+                             "checkpoint_every": CHECKPOINT_EVERY, **objective_settings(claims.OBJECTIVES[measure])})
 
 
 def windows(steps: int) -> dict[str, range]:
-    """The early and late readings, as step ranges (1-based, inclusive of both ends' steps)."""
+    """The early and late readings of a per-step metric, as step ranges (1-based, inclusive of both ends' steps)."""
     width = max(1, steps // 6)
     return {"early": range(width + 1, max(width + 1, steps // 3) + 1), "late": range(steps - width + 1, steps + 1)}
 
 
+def readings(metric: str, steps: int) -> dict[str, str]:
+    """The readings of `metric` (name → how the condition describes it)."""
+    if metric in claims.HELD_OUT:
+        return {"end": f"at the end (step {steps})", "over the run": f"mean over the run (steps 0–{steps})"}
+    if metric in claims.WHOLE_RUN:
+        return {"whole run": f"over the run (steps 1–{steps})"}
+    return {name: f"mean of step {w.start}" if len(w) == 1 else f"mean of steps {w.start}–{w.stop - 1}"
+            for name, w in windows(steps).items()}
+
+
 @dataclass(frozen=True)
 class LMPlan:
-    """The built-in LM's cells and the run (if any) that holds each: `runs[(measure, seed)]`."""
+    """A language model's cells and the run (if any) that holds each: `runs[(measure, reward, seed)]`."""
 
     root: Path
     seeds: int
     steps: int
-    runs: dict
+    runs: dict  # (measure, reward, seed) → RunInfo or None, in the order they are queued
     model: str = BUILTIN
+    setting: str = ""
 
     @staticmethod
-    def read(root, seeds: int = SEEDS_PARAM.default, steps: int = STEPS_PARAM.default, model: str = BUILTIN) -> "LMPlan":
-        wanted = {(m, r, s): _how_it_trains(run_config(m, s, steps, model, r)) for m, r in measures()
-                  for s in range(seeds)}
+    def read(root, seeds: int = SEEDS_PARAM.default, steps: int | None = None, model: str = BUILTIN,
+             setting: str = "") -> "LMPlan":
+        steps = steps or default_steps(model, setting)
+        wanted = {key: _how_it_trains(run_config(key[0], key[2], steps, model, key[1], setting))
+                  for key in queue_order(seeds)}
         found: dict = {}
         for run in store.list_runs(root):  # newest first: a final run wins over a later one still queued
-            if run.state not in (*FINAL, "queued", "running"):
+            if run.state not in (*FINAL, "queued", "running", *runner.RESUMABLE):
                 continue
             config = _training(run.config)
             if config is None:
                 continue
             for key, wanted_config in wanted.items():
                 if config == wanted_config:
-                    if key not in found or (run.state in FINAL and found[key].state not in FINAL):
+                    if key not in found or _rank(run) > _rank(found[key]):
                         found[key] = run
-        return LMPlan(root, seeds, steps, {key: found.get(key) for key in wanted}, model)
+        return LMPlan(root, seeds, steps, {key: found.get(key) for key in wanted}, model, setting)
 
     @property
     def missing(self) -> list[tuple[str, str, int]]:
-        return [key for key, run in self.runs.items() if run is None]
+        """The cells with no run, or only one that stopped half-way (queued again, it resumes)."""
+        return [key for key, run in self.runs.items() if run is None or run.state in runner.RESUMABLE]
 
     @property
     def finished(self) -> bool:
@@ -98,9 +149,13 @@ class LMPlan:
         return sum(run is not None and run.state in FINAL for run in self.runs.values())
 
     @property
+    def pending_count(self) -> int:
+        """How many cells' runs are queued or running (or stopped half-way, to be resumed)."""
+        return sum(run is not None and run.state not in FINAL for run in self.runs.values())
+
+    @property
     def pending(self) -> bool:
-        """Whether some cell's run is queued or running."""
-        return any(run is not None and run.state not in FINAL for run in self.runs.values())
+        return self.pending_count > 0
 
     @property
     def progress(self) -> float:
@@ -115,50 +170,169 @@ class LMPlan:
                 for (m, r, s), run in self.runs.items() if run is not None and run.state == "failed"]
 
     @property
+    def name(self) -> str:
+        """The model and setting, as a row's condition starts: "the built-in LM", "smollm2-135m (learn)"."""
+        return "the built-in LM" if self.model == BUILTIN else f"{self.model} ({self.setting or 'its defaults'})"
+
+    @property
     def text(self) -> str:
-        cfg = run_config(measures()[0][0], 0, self.steps, self.model)
-        return (f"{'the built-in LM' if self.model == BUILTIN else self.model} ({cfg.task}, {cfg.steps} steps of {cfg.prompts} prompts × {cfg.group_size}, "
-                f"μ = {cfg.mu}, lr {cfg.lr:g}) with {self.seeds} seeds per measure")
+        cfg = run_config(measures()[0][0], 0, self.steps, self.model, setting=self.setting)
+        return (f"{self.name}: {cfg.task}, {cfg.steps} steps of {cfg.prompts} prompts × {cfg.group_size}, μ = {cfg.mu}, "
+                f"{cfg.minibatches} mini-batch{'es' if cfg.minibatches > 1 else ''}, lr {cfg.lr:g}, held-out "
+                f"evaluation every {cfg.eval_every} steps, with {self.seeds} seeds per measure")
 
     def queue_missing(self, owner: str = "") -> list:
-        """Queue a run for every cell without one; returns their folders."""
-        return [runner.start_run(run_config(m, s, self.steps, self.model, r), self.root, owner)
-                for m, r, s in self.missing]
+        """Queue a run for every cell without one, seed by seed, and resume those that stopped half-way; returns
+        their folders."""
+        folders = []
+        for key in self.missing:
+            run = self.runs[key]
+            if run is None:
+                m, r, s = key
+                folders.append(runner.start_run(run_config(m, s, self.steps, self.model, r, self.setting), self.root,
+                                                owner))
+            else:
+                runner.resume_run(run.folder)
+                folders.append(run.folder)
+        return folders
 
     def refreshed(self) -> "LMPlan":
-        return LMPlan.read(self.root, self.seeds, self.steps, self.model)
+        return LMPlan.read(self.root, self.seeds, self.steps, self.model, self.setting)
 
     def rows(self) -> list[dict]:
         """The report's cells: per claim, comparison and reading, the paired difference over the seeds whose two
         runs both finished."""
-        readings = {key: _readings(run, self.steps) for key, run in self.runs.items()
-                    if run is not None and run.state == "done"}
+        read = {key: _readings(run, self.steps) for key, run in self.runs.items()
+                if run is not None and run.state == "done"}
         out = []
         for claim in claims.CLAIMS:
             for c in claim.lm_comparisons:
-                for reading, steps in windows(self.steps).items():
+                for reading, span in readings(c.metric, self.steps).items():
                     def value(name: str, seed: int) -> float | None:
                         """The seed's reading of the measure `name` (its candidate's step 1 for START, 0 for ZERO)."""
-                        own = readings.get((c.candidate if name in (claims.START, claims.ZERO) else name,
-                                            claim.reward, seed))
+                        own = read.get((c.candidate if name in (claims.START, claims.ZERO) else name, claim.reward,
+                                        seed))
                         if own is None:
                             return None
                         return 0.0 if name == claims.ZERO else own["start" if name == claims.START else reading][c.metric]
 
                     pairs = [(a, b) for a, b in ((value(c.candidate, s), value(c.baseline, s)) for s in range(self.seeds))
-                             if a is not None and b is not None]
+                             if a is not None and b is not None and np.isfinite(a) and np.isfinite(b)]
                     d = intervals.paired(*zip(*pairs)) if pairs else intervals.Paired(np.nan, np.nan, np.nan, 0, 0)
-                    span = f"step {steps.start}" if len(steps) == 1 else f"steps {steps.start}–{steps.stop - 1}"
-                    task = run_config(c.candidate, 0, self.steps, self.model).task
+                    task = run_config(c.candidate, 0, self.steps, self.model, setting=self.setting).task
                     rewarded = " · random rewards" if claim.reward == "random" else ""
-                    condition = (f"{'' if self.model == BUILTIN else self.model + ' · '}{task}{rewarded} · {reading} "
-                                 f"(mean of {span})")
-                    out.append(claims.comparison_row(claim, claims.LM, condition, c, d))
+                    where = "" if self.model == BUILTIN else f"{self.model} · {self.setting or 'defaults'} · "
+                    out.append(claims.comparison_row(claim, claims.LM if self.model == BUILTIN else claims.LM_TRAINING,
+                                                     f"{where}{task}{rewarded} · {reading} ({span})", c, d))
         return out
 
+    def collapses(self) -> list[dict]:
+        """Per measure (task rewards), over its finished seeds: how many collapsed (`engine/stability.py`'s flag at
+        the end, or a run that failed on a non-finite value), the share with its Wilson 95% interval, and the steps
+        of collapse."""
+        out = []
+        for measure in dict.fromkeys(m for m, r, _ in self.runs if r == "task"):
+            steps = []
+            n = 0
+            for seed in range(self.seeds):
+                run = self.runs[(measure, "task", seed)]
+                if run is None or run.state not in FINAL:
+                    continue
+                n += 1
+                step = _collapse_step(run)
+                if step is not None:
+                    steps.append(step)
+            share, low, high = proportion(len(steps), n)
+            out.append({"measure": measure, "n": n, "collapsed": len(steps), "share": share, "low": low, "high": high,
+                        "steps": sorted(steps)})
+        return out
+
+    def curves(self, metric: str) -> dict[str, dict]:
+        """Per measure (task rewards), `metric` over the run: the steps and, over the finished seeds, the mean with
+        its band (`intervals.summarize`, within [0, 1] for an accuracy or a reward). Held-out metrics are read at
+        their evaluations, the others at every step."""
+        out = {}
+        bounds = (0.0, 1.0) if metric in (*claims.HELD_OUT, "reward", "accuracy") else (0.0, np.inf)
+        for measure in dict.fromkeys(m for m, r, _ in self.runs if r == "task"):
+            series = []
+            for seed in range(self.seeds):
+                run = self.runs[(measure, "task", seed)]
+                if run is not None and run.state == "done":
+                    rows = store.read_evals(run.folder) if metric in claims.HELD_OUT else store.read_metrics(run.folder)
+                    series.append({row["step"]: row[metric] for row in rows if metric in row})
+            steps = sorted(set.intersection(*(set(s) for s in series))) if series else []
+            if steps:
+                summary = intervals.summarize([[s[t] for t in steps] for s in series], bounds=bounds)
+                out[measure] = {"steps": steps, "mean": summary.mean, "low": summary.low, "high": summary.high,
+                                "n": summary.n}
+        return out
+
+    def pilot(self, metric: str = "eval/accuracy", sizes: tuple[int, ...] = (4, 8, 16)) -> dict | None:
+        """The pilot's spread: over the seeds where both of `PILOT`'s runs are done, the final `metric` of each, the
+        standard deviation (ddof 1) of PPO's and of the paired difference KL3 − PPO, and the smallest paired difference
+        S seeds could resolve at that spread (`intervals.half_width`) for each S in `sizes`; None below 2 seeds."""
+        finals = {}
+        for measure in PILOT:
+            for seed in range(self.seeds):
+                run = self.runs.get((measure, "task", seed))
+                if run is not None and run.state == "done":
+                    finals[(measure, seed)] = _readings(run, self.steps)["end"][metric]
+        seeds = [s for s in range(self.seeds) if all((m, s) in finals for m in PILOT)]
+        if len(seeds) < 2:
+            return None
+        ppo = np.array([finals[(PILOT[0], s)] for s in seeds])
+        diff = np.array([finals[(PILOT[1], s)] for s in seeds]) - ppo
+        sd = float(diff.std(ddof=1))
+        return {"metric": metric, "n": len(seeds), "ppo_mean": float(ppo.mean()), "ppo_sd": float(ppo.std(ddof=1)),
+                "difference_mean": float(diff.mean()), "difference_sd": sd,
+                "resolvable": {size: intervals.half_width(sd, size) for size in sizes}}
+
+    def time_left(self) -> float | None:
+        """Seconds until every cell has a final run, at the pace of this plan's runs so far (wall time per step,
+        evaluations included, with the pool's runs side by side); None before a step is done."""
+        spent = steps = 0.0
+        for run in self.runs.values():
+            if run is not None and run.step and run.status.get("started"):
+                spent += max(0.0, run.status.get("updated", 0.0) - run.status["started"])
+                steps += run.step
+        if not steps:
+            return None
+        left = self.steps * len(self.runs) * (1 - self.progress)
+        return left * spent / steps / max(1, min(max_runs(), len(self.runs) - self.done))
+
     def report(self, bandit: claims.Report) -> claims.Report:
-        """The bandit report with these cells added (call once `finished`)."""
-        return replace(bandit, rows=bandit.rows + self.rows(), lm=self.text)
+        """The bandit report with these cells added: those of the finished runs' pairs (n says how many seeds)."""
+        finished = "" if self.finished else f" ({self.done} of {len(self.runs)} runs finished so far)"
+        collapses = [f"collapsed, {row['measure']}: {row['collapsed']}, share {row['share [95% Wilson]'] or '—'}, "
+                     f"at step {row['steps of collapse']}" for row in collapse_table(self.collapses())]
+        pilot = self.pilot()
+        return replace(bandit, rows=bandit.rows + self.rows(), lm=self.text + finished,
+                       lm_details=(*collapses, *([pilot_text(pilot)] if pilot else ())))
+
+
+CURVES = ("eval/accuracy", "eval/accuracy_greedy", "reward", "entropy")  # the learning curves the page draws
+
+
+def collapse_table(collapses: list[dict]) -> list[dict]:
+    """`LMPlan.collapses` as the page and the docs print it."""
+    return [{"measure": row["measure"], "collapsed": f"{row['collapsed']} of {row['n']}",
+             "share [95% Wilson]": "" if not row["n"] else f"{row['share']:.2f} [{row['low']:.2f}, {row['high']:.2f}]",
+             "steps of collapse": ", ".join(map(str, row["steps"])) or "—"} for row in collapses]
+
+
+def pilot_text(pilot: dict) -> str:
+    """`LMPlan.pilot` in a sentence."""
+    sizes = " / ".join(map(str, pilot["resolvable"]))
+    reach = " / ".join(f"±{v:.3f}" for v in pilot["resolvable"].values())
+    return (f"Pilot ({' and '.join(PILOT)}, {pilot['n']} seeds): {pilot['metric']} at the end, PPO "
+            f"{pilot['ppo_mean']:.3f} (sd {pilot['ppo_sd']:.3f} over seeds); the paired difference KL3 − PPO "
+            f"{pilot['difference_mean']:+.3f} (sd {pilot['difference_sd']:.3f}). At that spread, {sizes} seeds "
+            f"resolve a mean difference of {reach} (the paired 95% interval's half-width).")
+
+
+def _rank(run: store.RunInfo) -> int:
+    """Which of two runs of a cell holds it: a final one, else a queued or running one, else one to resume."""
+    return 2 if run.state in FINAL else 0 if run.state in runner.RESUMABLE else 1
 
 
 KEPT_ONLY = ("checkpoint_every", "inspect_prompts", "inspect_bytes")  # what a run keeps, not how it trains
@@ -178,10 +352,30 @@ def _training(config: dict) -> dict | None:
 
 
 def _readings(run: store.RunInfo, steps: int) -> dict[str, dict[str, float]]:
-    """Per reading, the mean of each compared metric over its window of steps; "start": step 1's (its entropy was
+    """Per reading, each compared metric's value in this run (`readings`); "start": step 1's (its entropy was
     measured on completions sampled before any update)."""
     rows = {row["step"]: row for row in store.read_metrics(run.folder)}
+    evals = {row["step"]: row for row in store.read_evals(run.folder)}
     metrics = {c.metric for claim in claims.CLAIMS for c in claim.lm_comparisons}
-    return {reading: {m: float(np.mean([rows[s][m] for s in window if m in rows.get(s, {})] or [np.nan]))
-                      for m in metrics}
-            for reading, window in {**windows(steps), "start": range(1, 2)}.items()}
+    out = {reading: {m: float(np.mean([rows[s][m] for s in window if m in rows.get(s, {})] or [np.nan]))
+                     for m in metrics}
+           for reading, window in {**windows(steps), "start": range(1, 2)}.items()}
+    last = rows.get(steps, {})
+    out["whole run"] = {m: float(last.get(m, np.nan)) for m in claims.WHOLE_RUN}
+    for m in claims.HELD_OUT:
+        points = sorted((t, row[m]) for t, row in evals.items() if m in row)
+        at = dict(points)
+        out.setdefault("end", {})[m] = float(at.get(steps, np.nan))
+        whole = len(points) > 1 and points[0][0] == 0 and points[-1][0] == steps
+        out.setdefault("over the run", {})[m] = (float(np.trapezoid([v for _, v in points], [t for t, _ in points])
+                                                       / steps) if whole else np.nan)
+    return out
+
+
+def _collapse_step(run: store.RunInfo) -> int | None:
+    """The step at which a finished run collapsed (`stability/collapse_step`), or where it stopped on a non-finite
+    value; None when it did neither."""
+    if run.state == "failed":
+        return run.step + 1 if "became" in run.message else None  # `train`: "metric 'loss' became nan at step s"
+    last = store.last_metrics(run.folder)
+    return int(last["stability/collapse_step"]) if last.get("stability/collapsed") else None

@@ -84,6 +84,12 @@ def paired(candidate, baseline, level: float = LEVEL) -> Paired:
     return Paired(float(s.mean), float(s.low), float(s.high), s.n, flipped)
 
 
+def half_width(sd: float, n: int, level: float = LEVEL) -> float:
+    """The half-width of the paired Student-t interval over n seeds when the differences' standard deviation is
+    `sd`: t_{(1+level)/2, n−1} · sd / √n — a mean difference smaller than this cannot be resolved from 0 at n."""
+    return float(stats.t.ppf((1 + level) / 2, n - 1) * sd / np.sqrt(n)) if n >= 2 else np.nan
+
+
 def verdict(low: float, high: float, predicted_sign: int) -> str:
     """What a paired difference's interval says of a claim that predicts its sign (+1 or −1)."""
     if np.isnan(low) or np.isnan(high) or low <= 0 <= high:

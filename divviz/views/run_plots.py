@@ -323,3 +323,30 @@ def minibatch_chart(series: list[tuple[str, dict[str, np.ndarray]]]) -> Chart:
                   title={"text": "By mini-batch: clip fraction and KL to π_old at each optimiser step of an update "
                                  "(mean over the run's steps)"})
     return Chart(figure(traces, layout), lambda: concat(tables))
+
+
+CURVE_TITLES = {"eval/accuracy": "held-out, sampled", "eval/accuracy_greedy": "held-out, greedy", "reward": "reward",
+                "entropy": "entropy"}
+
+
+def learning_curves_chart(curves: dict[str, dict[str, dict]], title: str) -> Chart:
+    """Learning curves over seeds, one panel per metric, one line per measure: its mean with the band of
+    `intervals.summarize` (the seeds' range below 4 seeds, else the t-interval within the metric's range), from
+    `claims_lm.LMPlan.curves` ({metric: {measure: {"steps", "mean", "low", "high", "n"}}}); a measure keeps its colour
+    in every panel."""
+    metrics = [m for m in curves if curves[m]]
+    layout, refs = panels(1, max(1, len(metrics)), [CURVE_TITLES.get(m, m) for m in metrics], gap=0.05)
+    measures = list(dict.fromkeys(name for m in metrics for name in curves[m]))
+    traces, tables = [], []
+    for j, metric in enumerate(metrics):
+        for name, curve in curves[metric].items():
+            steps, mean = np.asarray(curve["steps"], dtype=np.float64), np.asarray(curve["mean"], dtype=np.float64)
+            band = Summary(mean, np.asarray(curve["low"]), np.asarray(curve["high"]), curve["n"]) if curve["n"] > 1 else None
+            traces += _series_traces(f"{name} (n = {curve['n']})", metric, measures.index(name), j == 0, *refs[0][j],
+                                     steps, mean, band, [], thin=False)
+            tables.append(pd.DataFrame({"metric": metric, "measure": name, "step": steps, "mean": mean,
+                                        "low": curve["low"], "high": curve["high"], "n": curve["n"]}))
+    for xref, _ in refs[0]:
+        layout[f"xaxis{xref[1:]}"].update(title={"text": "step"}, tickformat="d")
+    layout.update(height=420, title={"text": title}, legend={"orientation": "h", "y": -0.25, "yanchor": "top"})
+    return Chart(figure(traces, layout), lambda: concat(tables))

@@ -1,0 +1,497 @@
+"""How long a control change takes end to end in a real browser: Debian's chromium, driven by Playwright, against
+`streamlit run app.py` on a free 127.0.0.1 port with a runs folder of its own (two short runs of the built-in model,
+trained here first, for the Runs page and the Step inspector).
+
+Measured, each N times (`--repeat`, default 5), alternating between two values so that every change is a real one:
+  - on each page, typical controls: Clipping regions (a clip test's ε, dual-clip), KL3 (δ), Mass reallocation (the
+    initial distribution, the paired differences' metric), Claims (the language-model select: no training starts),
+    Training lab (the model select, and SmolLM2's Setting select; never Start), Runs (the filter, "Group by
+    measure"), Step inspector (each of its selects: run, step, colouring, completion, token), Catalogue (a tab);
+    Home and Tour have no control of their own;
+  - page loads: the page's URL opened in the same tab (a new Streamlit session; the browser's cache of the
+    frontend warm), after one first load of each page that is reported on its own (a fresh server imports and
+    computes, e.g. the Claims grid).
+Since the values alternate, a page's own caches (st.cache_data, the bandit's runs) may hold both after the first two
+changes: the max is then the first, uncached change.
+
+End to end, timed by the page's own clock (performance.now()):
+  start — the timeStamp of the input event that makes the change (the pointerdown on a select's option, a tab or a
+    toggle; the keydown of an arrow key on a focused slider, of Enter in a text box), caught by a capture listener
+    armed just before; for a page load, the navigation's start (0);
+  end — the first animation frame at which (1) the server's `script_finished` message for a run that started after
+    the input has arrived (read off the websocket by a wrapper installed before the app's scripts: the top-level
+    field 6 of a ForwardMsg; a full run must finish as FINISHED_SUCCESSFULLY, a control inside a fragment as
+    FINISHED_FRAGMENT_RUN_SUCCESSFULLY — then a text that depends on the new value is awaited as well, since the
+    Runs page's table refreshes itself every 2 s), (2) the app's `data-test-script-state` is back to notRunning
+    after that message (or two frames have passed since it, should React have skipped drawing "running"), (3) every
+    Plotly chart on the page has drawn its SVG, and (4) where given, an element that depends on the new value is
+    there. A tab switch does not rerun the script: it ends at (3) and (4).
+So the time covers the browser sending the change, the server's rerun, the messages back and the frontend drawing
+them (to within a frame, 16 ms). Playwright's own calls are outside it.
+
+Target (issue 33, finding 18): a control change on any page ≤ 1 s end to end in chromium on this 2-core machine while
+nothing trains. Prints a table per control (median and max over N, within 1 s or not) and one of page loads.
+
+    python bench/interaction.py [--repeat 5] [--pages step_inspector runs …] [--json PATH] [--timeout 1800]
+"""
+
+import argparse
+import datetime
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+from playwright.sync_api import TimeoutError as PlaywrightTimeout, sync_playwright
+
+ROOT = Path(__file__).resolve().parents[1]
+BUDGET_S = 1.0
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-sync",
+                 "--disable-background-networking", "--disable-component-update"]
+PAGES = {"home": ("", "Home"), "tour": ("tour", "Tour"), "clipping_regions": ("clipping_regions", "Clipping regions"),
+         "kl3_equivalence": ("kl3_equivalence", "KL3 ⇔ asymmetric clipping"),
+         "mass_reallocation": ("mass_reallocation", "Mass reallocation"), "claims": ("claims", "Claims"),
+         "training_lab": ("training_lab", "Training lab"), "runs": ("runs", "Runs"),
+         "step_inspector": ("step_inspector", "Step inspector"), "catalogue": ("catalogue", "Catalogue")}
+# name → (URL path, title), in app.py's order
+FINISHED, FRAGMENT_FINISHED = 0, 3  # ForwardMsg.ScriptFinishedStatus
+TWO_FRAMES = "() => new Promise(done => requestAnimationFrame(() => requestAnimationFrame(done)))"
+
+# Installed in every document before the app's scripts: stamps the server's script_finished messages as they arrive,
+# the app's run state as it changes, and the first input event after `arm()`.
+INSTRUMENT = """(() => {
+  if (window.__bench) return;
+  const b = window.__bench = {finished: [], idleAt: -1, input: 0, armed: false, frames: 0,
+    arm() { this.armed = true; this.input = null; this.frames = 0; }};
+  function finishedStatus(buffer) {  // a ForwardMsg's top-level field 6 (script_finished, an enum), else -1
+    const a = new Uint8Array(buffer); let i = 0;
+    const varint = () => { let v = 0, s = 0, c; do { c = a[i++]; v += (c & 0x7f) * 2 ** s; s += 7; } while (c & 0x80);
+                           return v; };
+    while (i < a.length) {
+      const tag = varint(), field = Math.floor(tag / 8), wire = tag % 8;
+      if (wire === 0) { const v = varint(); if (field === 6) return v; }
+      else if (wire === 2) { const n = varint(); i += n; }  // not `i += varint()`: i is read first
+      else if (wire === 1) i += 8;
+      else if (wire === 5) i += 4;
+      else return -1;
+    }
+    return -1;
+  }
+  const Native = window.WebSocket;
+  window.WebSocket = class extends Native {
+    constructor(...args) {
+      super(...args);  // this listener comes before the app's own handler: the time the message arrived
+      this.addEventListener('message', event => {
+        if (event.data instanceof ArrayBuffer) {
+          const status = finishedStatus(event.data);
+          if (status >= 0) b.finished.push([performance.now(), status]);
+        }
+      });
+    }
+  };
+  for (const type of ['pointerdown', 'mousedown', 'keydown']) {
+    window.addEventListener(type, event => {
+      if (b.armed) { b.armed = false; b.input = event.timeStamp; }
+    }, true);
+  }
+  new MutationObserver(records => {
+    for (const r of records)
+      if (r.target.getAttribute('data-test-script-state') === 'notRunning') b.idleAt = performance.now();
+  }).observe(document, {attributes: true, subtree: true, attributeFilter: ['data-test-script-state']});
+})();"""
+
+# Polled at every animation frame until it returns the time the change was drawn.
+DONE = """({accept, text, selector, rerun}) => {
+  const b = window.__bench;
+  if (b.input === null) return false;
+  if (rerun) {
+    const done = b.finished.find(([t, status]) => t >= b.input && accept.includes(status));
+    if (!done) return false;
+    const app = document.querySelector('[data-testid="stApp"]');
+    if (!app || app.getAttribute('data-test-script-state') !== 'notRunning') return false;
+    if (b.idleAt < done[0] && ++b.frames < 2) return false;
+  }
+  for (const chart of document.querySelectorAll('[data-testid="stPlotlyChart"]'))
+    if (!chart.querySelector('.main-svg')) return false;
+  const main = document.querySelector('[data-testid="stMain"]');
+  if (!main) return false;
+  if (selector) {  // a visible element that matches, holding `text` if given
+    const shown = e => e.checkVisibility() && (!text || e.textContent.includes(text));
+    if (![...document.querySelectorAll(selector)].some(shown)) return false;
+  } else if (text && !main.textContent.includes(text)) return false;
+  return performance.now();
+}"""
+
+
+class OutOfTime(BaseException):
+    """The global --timeout: not caught by the per-control handlers, it ends the bench (the server with it)."""
+
+
+class Measured:
+    """One row: a control's changes, a page's loads or its first load, in seconds."""
+
+    def __init__(self, page: str, what: str, kind: str = "change"):
+        self.page, self.what, self.kind, self.seconds, self.error = page, what, kind, [], None
+
+    def row(self) -> dict:
+        s = self.seconds
+        return {"page": self.page, "what": self.what, "kind": self.kind, "seconds": [round(x, 3) for x in s],
+                "median_s": round(statistics.median(s), 3) if s else None, "max_s": round(max(s), 3) if s else None,
+                "within_budget": max(s) <= BUDGET_S if s and self.kind == "change" else None, "error": self.error}
+
+
+class Driver:
+    """A chromium tab on the app, with the measurements above."""
+
+    def __init__(self, page, url: str, step_timeout_s: float):
+        self.page, self.url, self.timeout_ms = page, url, step_timeout_s * 1000
+
+    def wait_done(self, accept=(FINISHED,), text=None, selector=None, rerun=True, timeout_ms=None) -> float:
+        handle = self.page.wait_for_function(DONE, arg={"accept": list(accept), "text": text, "selector": selector,
+                                                        "rerun": rerun}, timeout=timeout_ms or self.timeout_ms)
+        return (handle.json_value() - self.page.evaluate("window.__bench.input")) / 1000
+
+    def load(self, path: str, timeout_ms: float | None = None) -> float:
+        """Open the page's URL; seconds from the navigation's start to the page drawn and idle."""
+        self.page.goto(f"{self.url}/{path}", wait_until="commit", timeout=timeout_ms or self.timeout_ms)
+        return self.wait_done(selector='[data-testid="stMain"] h1', timeout_ms=timeout_ms)
+
+    def sidebar(self):
+        return self.page.locator('[data-testid="stSidebar"]')
+
+    # the kinds of control
+    def select(self, label: str, pair: tuple, where=None, **done):
+        """A selectbox labelled `label`: pick whichever of `pair` (option indices or option texts' beginnings) is not
+        the current value. With one option in `pair` that is already the value (a setup), nothing is timed: 0."""
+        page = self.page
+        box = (where or page).locator('[data-testid="stSelectbox"]').filter(
+            has=page.get_by_text(label, exact=True)).first
+        options = page.locator('[data-testid="stSelectboxVirtualDropdown"] [role="option"]')
+
+        def change():
+            box.scroll_into_view_if_needed()
+            for _ in range(3):  # a scroll still under way closes the popover as it opens: let it pass, retry
+                page.evaluate(TWO_FRAMES)
+                box.get_by_role("button", name="Open").click()
+                try:
+                    options.first.wait_for(timeout=3_000)
+                    break
+                except PlaywrightTimeout:
+                    continue
+            found = options.evaluate_all("all => all.map(o => [o.dataset.key, o.textContent.trim(), "
+                                         "o.getAttribute('aria-selected') === 'true'])")
+            keys = [p if isinstance(p, int) else next(int(k) for k, text, _ in found if text.startswith(p))
+                    for p in pair]
+            current = next((int(k) for k, _, chosen in found if chosen), None)
+            target = next((k for k in keys if k != current), None)
+            if target is None:
+                page.keyboard.press("Escape")  # the popover closes; nothing changed
+                return False
+            page.evaluate("window.__bench.arm()")
+            options.and_(page.locator(f'[data-key="{target}"]')).click()
+            return True
+
+        return self._change(change, **done)
+
+    def slider(self, label: str, keys: tuple[str, str], rep: int, where=None, **done):
+        """A slider (or select_slider) labelled `label`: one press of keys[rep % 2] on its focused thumb."""
+        page = self.page
+        thumb = (where or page).locator('[data-testid="stSlider"]').filter(
+            has=page.get_by_text(label, exact=True)).first.get_by_role("slider")
+
+        def change():
+            thumb.focus()
+            page.evaluate("window.__bench.arm()")
+            thumb.press(keys[rep % 2])
+
+        return self._change(change, **done)
+
+    def toggle(self, label: str, where=None, **done):
+        page = self.page
+        box = (where or page).locator('[data-testid="stCheckbox"]').filter(has=page.get_by_text(label, exact=True))
+
+        def change():
+            page.evaluate("window.__bench.arm()")
+            box.first.locator("label").first.click()
+
+        return self._change(change, **done)
+
+    def text(self, label: str, value: str, **done):
+        """Type `value` into the text box labelled `label` and press Enter (the change)."""
+        page = self.page
+        box = page.locator('[data-testid="stTextInput"]').filter(has=page.get_by_text(label, exact=True)).first
+
+        def change():
+            field = box.locator("input")
+            field.fill(value)
+            page.evaluate("window.__bench.arm()")
+            field.press("Enter")
+
+        return self._change(change, **done)
+
+    def tab(self, name: str, text: str):
+        """Click the tab `name`: done when its panel, holding `text`, shows (tabs switch in the browser alone)."""
+        page = self.page
+
+        def change():
+            page.evaluate("window.__bench.arm()")
+            page.get_by_role("tab", name=name).click()
+
+        return self._change(change, rerun=False, text=text, selector='[role="tabpanel"]')
+
+    def _change(self, change, **done) -> float:
+        if change() is False:  # it arms itself just before the input that makes the change
+            return 0.0
+        seconds = self.wait_done(**done)
+        if self.page.locator('[data-testid="stException"]').count():
+            raise RuntimeError("the page shows an exception")
+        return seconds
+
+
+def controls(d: Driver) -> dict[str, list]:
+    """Per page: (control, change(rep) → seconds, setup or None); the setup runs once, untimed, before the first
+    change. `rep` alternates the two values."""
+    sb = d.sidebar
+    right_left, left_right = ("ArrowRight", "ArrowLeft"), ("ArrowLeft", "ArrowRight")
+    tabs = (("Surrogates", "Sequence level (GSPO)"), ("Clip tests", "Dual-clip cap"))  # a tab, a text in its panel
+    return {
+        "clipping_regions": [
+            ("ratio's ε (slider, one step)", lambda r: d.slider("eps", right_left, r, where=sb()), None),
+            ("Dual-clip for A < 0 (toggle)", lambda r: d.toggle("Dual-clip for A < 0", where=sb()), None)],
+        "kl3_equivalence": [
+            ("KL3 level δ (slider, one step)", lambda r: d.slider("KL3 level δ", right_left, r, where=sb()), None)],
+        "mass_reallocation": [
+            ("Initial distribution π_0 (zipf ↔ uniform)",
+             lambda r: d.select("Initial distribution π_0", ("zipf", "uniform"), where=sb()), None),
+            ("paired differences' metric (select)", lambda r: d.select("Metric over the iterations", (0, 1)), None)],
+        "claims": [
+            ("language model (builtin ↔ SmolLM2)", lambda r: d.select("Model", (0, 1)), None)],
+        "training_lab": [
+            ("Model (builtin ↔ SmolLM2)", lambda r: d.select("Model", (0, 1), where=sb()), None),
+            ("SmolLM2's Setting (learn ↔ look only)",
+             lambda r: d.select("Setting", ("learn", "look only"), where=sb()),
+             lambda: d.select("Model", (1,), where=sb()))],  # the Setting select shows for SmolLM2
+        "runs": [
+            ("Filter runs (kl3 ↔ empty; a fragment)",
+             lambda r: d.text("Filter runs", ("kl3", "")[r % 2], accept=(FRAGMENT_FINISHED, FINISHED),
+                              text=("1 of 2 runs", "2 of 2 runs")[r % 2]), None),
+            ("Group by measure (toggle)", lambda r: d.toggle("Group by measure"), None)],
+        "step_inspector": [
+            ("Run (select)", lambda r: d.select("Run", (0, 1), where=sb()), None),
+            ("Step (select slider, one step)", lambda r: d.slider("Step", left_right, r, where=sb()), None),
+            ("Colour tokens by (ratio ↔ clip state)",
+             lambda r: d.select("Colour tokens by", ("ratio", "clip state"), where=sb()), None),
+            ("Completion (select)", lambda r: d.select("Completion", (0, 1)), None),
+            ("Token (select)", lambda r: d.select("Token", (0, 1)), None)],
+        "catalogue": [
+            ("a tab (Surrogates ↔ Clip tests; no rerun)", lambda r: d.tab(*tabs[r % 2]), None)],
+    }
+
+
+def said(err: Exception) -> str:
+    return f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"
+
+
+def make_runs(root: Path) -> list[str]:
+    """Two short runs of the built-in model (kl3, ratio), 3 steps each with their completions kept."""
+    from divviz.engine.config import RunConfig
+    from divviz.engine.train import train
+
+    folders = [train(RunConfig.make(steps=3, prompts=2, group_size=4, clip=clip, lr=0.05, max_new_tokens=6), root)
+               for clip in ("kl3", "ratio")]
+    return [f.name for f in folders]
+
+
+def descendants(pid: int) -> list[int]:
+    """`pid` and every process below it (the runs' pool leaves the server's session but stays its child)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        found.append(todo.pop())
+        todo.extend(children.get(found[-1], []))
+    return found
+
+
+def end_server(server: subprocess.Popen) -> None:
+    for pid in reversed(descendants(server.pid)):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    server.wait(timeout=30)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(runs: Path, log) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    env = {**os.environ, "DIVVIZ_RUNS_DIR": str(runs)}
+    server = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.port",
+                               str(port), "--server.address", "127.0.0.1", "--server.headless", "true",
+                               "--browser.gatherUsageStats", "false"],
+                              cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 90
+    while time.time() < deadline and server.poll() is None:
+        try:
+            if urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).read() == b"ok":
+                return server, url
+        except OSError:
+            time.sleep(0.3)
+    end_server(server)
+    raise RuntimeError(f"streamlit did not start within 90 s (exit status {server.returncode})")
+
+
+def measure(args, url: str) -> list[Measured]:
+    rows: list[Measured] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=shutil.which("chromium"), args=CHROMIUM_ARGS)
+        try:
+            context = browser.new_context(viewport={"width": 1400, "height": 1000})
+            context.add_init_script(INSTRUMENT)
+            d = Driver(context.new_page(), url, args.step_timeout)
+            table = controls(d)
+            for name in args.pages:
+                path, title = PAGES[name]
+                first, loads = Measured(title, "load", "first load"), Measured(title, "load", "load")
+                rows += [first, loads]
+                try:
+                    first.seconds.append(d.load(path, timeout_ms=args.first_load_timeout * 1000))
+                    for _ in range(args.repeat):
+                        loads.seconds.append(d.load(path))
+                except Exception as err:  # noqa: BLE001 — a bench reports what broke and goes on
+                    loads.error = said(err)
+                    print(f"  {title}, load: {loads.error}", flush=True)
+                    continue
+                print(f"  {title}: first load {first.seconds[0]:.2f} s, loads "
+                      f"{' '.join(f'{s:.2f}' for s in loads.seconds)}", flush=True)
+                for control, change, setup in table.get(name, []):
+                    row = Measured(title, control)
+                    rows.append(row)
+                    try:
+                        if setup:
+                            setup()
+                        for rep in range(args.repeat):
+                            row.seconds.append(change(rep))
+                    except Exception as err:  # noqa: BLE001
+                        row.error = said(err)
+                        try:
+                            d.load(path)  # a fresh session for the next control
+                        except Exception as again:  # noqa: BLE001
+                            row.error += f"; reloading the page: {said(again)}"
+                            break
+                    print(f"  {title} · {control}: {' '.join(f'{s:.2f}' for s in row.seconds)}"
+                          + (f"  ({row.error})" if row.error else ""), flush=True)
+        except OutOfTime as err:  # what was measured so far is still printed
+            print(f"  stopped: {err}", flush=True)
+            if rows and not rows[-1].error:
+                rows[-1].error = "stopped by --timeout"
+        finally:
+            browser.close()
+    return rows
+
+
+def print_tables(rows: list[Measured], repeat: int) -> None:
+    print(f"\nControl changes, end to end in chromium (median and max of {repeat}; budget ≤ {BUDGET_S:g} s):\n")
+    print("| page | control | median s | max s | within 1 s |")
+    print("|---|---|---|---|---|")
+    for m in rows:
+        if m.kind != "change":
+            continue
+        r = m.row()
+        if not r["seconds"]:
+            print(f"| {m.page} | {m.what} | — | — | failed: {m.error} |")
+            continue
+        verdict = "yes" if r["within_budget"] else "**no**"
+        note = f" ({len(r['seconds'])} of {repeat}: {m.error})" if m.error else ""
+        print(f"| {m.page} | {m.what} | {r['median_s']:.2f} | {r['max_s']:.2f} | {verdict}{note} |")
+    print(f"\nPage loads (the URL opened in the same tab: a new session; median and max of {repeat}), and the page's "
+          "first load since the server started:\n")
+    print("| page | median s | max s | first load s |")
+    print("|---|---|---|---|")
+    firsts = {m.page: m.seconds for m in rows if m.kind == "first load"}
+    for m in rows:
+        if m.kind == "load":
+            first = f"{firsts[m.page][0]:.2f}" if firsts.get(m.page) else "—"
+            shown = (f"{statistics.median(m.seconds):.2f} | {max(m.seconds):.2f}" if m.seconds and not m.error
+                     else f"failed: {m.error} | —")
+            print(f"| {m.page} | {shown} | {first} |")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=5, help="changes per control, loads per page")
+    parser.add_argument("--pages", nargs="+", default=list(PAGES), choices=list(PAGES), metavar="NAME",
+                        help=f"only these pages ({', '.join(PAGES)})")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds for the whole bench")
+    parser.add_argument("--step-timeout", type=float, default=120, help="seconds for one change or load")
+    parser.add_argument("--first-load-timeout", type=float, default=600,
+                        help="seconds for a page's first load (the Claims grid is computed then)")
+    args = parser.parse_args()
+    if shutil.which("chromium") is None:
+        sys.exit("Debian's chromium is not installed (/usr/bin/chromium)")
+
+    def out_of_time(*_):
+        raise OutOfTime(f"the bench ran past --timeout {args.timeout:g} s")
+
+    signal.signal(signal.SIGALRM, out_of_time)
+    signal.alarm(int(args.timeout))
+    server = None
+    hard_stop = threading.Timer(args.timeout + 90, lambda: (end_server(server) if server else None, os._exit(3)))
+    hard_stop.daemon = True
+    hard_stop.start()  # should the alarm's exception not get out of a stuck call
+    work = Path(tempfile.mkdtemp(prefix="divviz-interaction-"))
+    runs_dir, log_path = work / "runs", work / "streamlit.log"
+    runs_dir.mkdir()
+    started = time.time()
+    try:
+        runs = make_runs(runs_dir)
+        print(f"{os.cpu_count()} cores; {len(runs)} runs trained in {time.time() - started:.0f} s "
+              f"({', '.join(runs)}); {args.repeat} changes per control", flush=True)
+        with open(log_path, "w") as log:
+            server, url = start_server(runs_dir, log)
+            rows = measure(args, url)
+    except BaseException:
+        if log_path.exists():
+            print("the server's log, last lines:\n" + "\n".join(log_path.read_text().splitlines()[-20:]))
+        raise
+    finally:
+        signal.alarm(0)
+        if server is not None:
+            end_server(server)
+        shutil.rmtree(work, ignore_errors=True)
+    print_tables(rows, args.repeat)
+    changes = [m for m in rows if m.kind == "change"]
+    over = [f"{m.page} · {m.what}" for m in changes if m.seconds and max(m.seconds) > BUDGET_S]
+    print(f"\nOver {BUDGET_S:g} s (the max of {args.repeat}): {len(over)} of {len(changes)} controls"
+          + (f" ({'; '.join(over)})" if over else "") + f"; {time.time() - started:.0f} s in all")
+    if args.json:
+        args.json.write_text(json.dumps({"date": datetime.date.today().isoformat(), "cores": os.cpu_count(),
+                                         "repeat": args.repeat, "budget_s": BUDGET_S,
+                                         "rows": [m.row() for m in rows]}, indent=1, ensure_ascii=False))
+    hard_stop.cancel()
+
+
+if __name__ == "__main__":
+    main()
