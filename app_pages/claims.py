@@ -8,7 +8,7 @@ import streamlit as st
 from divviz.app import ui
 
 from divviz.evidence import claims, claims_lm, claims_real, forest
-from divviz.engine import store
+from divviz.engine import stability, store
 from divviz.engine.models import MODELS, SMOLLM2_SETTINGS, model_settings
 from divviz.catalogue.params import DivvizInputError
 from divviz.app.urlstate import Control
@@ -74,11 +74,16 @@ with ui.shown_errors():
     lm_setting = lm_setting if settings else ""
     lm_seeds = left.slider("Seeds per measure", *map(int, claims_lm.SEEDS_PARAM.slider_range()[:2]),
                            key="claims:lm_seeds", help=claims_lm.SEEDS_PARAM.doc)
-    lm_steps = right.number_input("Steps per run", int(claims_lm.STEPS_PARAM.low), int(claims_lm.STEPS_PARAM.high),
-                                  key="claims:lm_steps", disabled=bool(settings),
-                                  help="the setting's own (30) for SmolLM2; " + claims_lm.STEPS_PARAM.doc)
+    if settings:  # the setting brings its steps: shown, not chosen
+        right.number_input("Steps per run", value=claims_lm.default_steps(lm_model, lm_setting), disabled=True,
+                           key=f"claims:lm_steps_of:{lm_model}:{lm_setting}", help="the setting's own")
+        lm_steps = None
+    else:
+        lm_steps = right.number_input("Steps per run", int(claims_lm.STEPS_PARAM.low),
+                                      int(claims_lm.STEPS_PARAM.high), key="claims:lm_steps",
+                                      help=claims_lm.STEPS_PARAM.doc)
     ui.publish_controls(PAGE, CONTROLS)
-    lm_plan = claims_lm.LMPlan.read(store.runs_dir(), lm_seeds, None if settings else lm_steps, lm_model, lm_setting)
+    lm_plan = claims_lm.LMPlan.read(store.runs_dir(), lm_seeds, lm_steps, lm_model, lm_setting)
 if lm_plan is not None and lm_plan.done:
     result = lm_plan.report(result)
 if lm_plan is not None and lm_plan.finished:
@@ -114,11 +119,10 @@ if lm_plan is not None and lm_plan.done:
     with ui.shown_errors():
         ui.show_chart(run_plots.learning_curves_chart(
             {metric: lm_plan.curves(metric) for metric in claims_lm.CURVES},
-            f"Learning curves on {lm_plan.name}: mean over the finished seeds with the band (their range below 4 "
-            "seeds, else the 95% interval)"), f"learning curves {lm_plan.model} {lm_plan.setting}")
-        st.caption("Collapses per measure: a run collapsed when its reward fell below half its running peak while an "
-                   "update's KL was above 0.05, or its entropy fell below a tenth of its start (`engine/stability.py`), "
-                   "or it stopped on a non-finite value; the share with its Wilson 95% interval.")
+            f"Learning curves on {lm_plan.name}<br><sup>the mean over the finished seeds; the band: their range below "
+            "4 seeds, else the 95% interval</sup>"), f"learning curves {lm_plan.model} {lm_plan.setting}")
+        st.caption(f"Collapses per measure: a run collapsed at {stability.RULE} (`engine/stability.py`), or when it "
+                   "stopped on a non-finite value; the share with its Wilson 95% interval.")
         st.dataframe(claims_lm.collapse_table(lm_plan.collapses()), hide_index=True, width="stretch")
         pilot = lm_plan.pilot()
         if pilot is not None:

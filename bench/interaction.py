@@ -53,6 +53,9 @@ from pathlib import Path
 
 from playwright.sync_api import TimeoutError as PlaywrightTimeout, sync_playwright
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from workshop import end_server  # noqa: E402  (kills the server's process tree, its runs' pool included)
+
 ROOT = Path(__file__).resolve().parents[1]
 BUDGET_S = 1.0
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-sync",
@@ -309,32 +312,6 @@ def make_runs(root: Path) -> list[str]:
     folders = [train(RunConfig.make(steps=3, prompts=2, group_size=4, clip=clip, lr=0.05, max_new_tokens=6), root)
                for clip in ("kl3", "ratio")]
     return [f.name for f in folders]
-
-
-def descendants(pid: int) -> list[int]:
-    """`pid` and every process below it (the runs' pool leaves the server's session but stays its child)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(parent, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        found.append(todo.pop())
-        todo.extend(children.get(found[-1], []))
-    return found
-
-
-def end_server(server: subprocess.Popen) -> None:
-    for pid in reversed(descendants(server.pid)):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    server.wait(timeout=30)
 
 
 def free_port() -> int:

@@ -200,6 +200,16 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def end_server(server: subprocess.Popen) -> None:
+    """Kill the server and everything below it (its runs' pool and their runs), leaves first."""
+    for pid in reversed(descendants(server.pid)):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    server.wait(timeout=30)
+
+
 def cpu_seconds(pid: int) -> float:
     """CPU seconds the process has used so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -256,12 +266,7 @@ def room(students: int, watch: float) -> dict:
                 "lost": len(result.identities) * 2 - len(ended) + sum(r.state in ("queued", "running") for r in ended),
                 "failed": sum(r.state in ("failed", "interrupted", "corrupt") for r in ended)}
     finally:
-        for pid in reversed(descendants(server.pid)):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        server.wait(timeout=30)
+        end_server(server)
 
 
 def quantiles(values: list[float]) -> str:

@@ -8,7 +8,7 @@ from dataclasses import replace
 import streamlit as st
 
 from divviz.app.ui import key, show_chart
-from divviz.engine import runner
+from divviz.engine import runner, stability
 from divviz.engine.train import eval_steps
 from divviz.safetext import literal
 from divviz.views import run_views
@@ -60,8 +60,7 @@ def show_training_charts(page: str, runs: list[tuple[str, list[dict]]], evals: l
     for label, rows in runs:
         step = run_views.collapse_step(rows) if rows else None
         if step is not None:
-            st.warning(literal(f"{label} collapsed at step {step}: reward below half its peak while an update's KL "
-                               "was large, or the entropy at a tenth of its start (engine/stability.py)."),
+            st.warning(literal(f"{label} collapsed at step {step}: {stability.RULE} (engine/stability.py)."),
                        icon=":material/trending_down:")
     held_out = run_views.held_out_chart([(label, rows, e) for (label, rows), e in zip(runs, evals or [[]] * len(runs))])
     if held_out is not None:

@@ -53,7 +53,8 @@ def bind_controls(page: str, controls: list[Control]) -> None:
     suited = suited_settings(controls, saved)
     for control in controls:
         if key(page, control.name) not in st.session_state:
-            st.session_state[key(page, control.name)] = saved.get(control.name, suited.get(control.name, control.default))
+            default = suited.get(control.name, control.default)
+            st.session_state[key(page, control.name)] = saved.get(control.name, default)
 
 
 def publish_controls(page: str, controls: list[Control]) -> None:
@@ -137,7 +138,8 @@ def apply_model_settings(page: str, controls: dict[str, Control]) -> None:
     named = model_settings(model)
     if named and st.session_state.get(key(page, "setting")) not in named:
         st.session_state[key(page, "setting")] = next(iter(named))
-    suited = suited_settings(list(controls.values()), {"model": model, "setting": st.session_state.get(key(page, "setting"))})
+    setting = st.session_state.get(key(page, "setting"))
+    suited = suited_settings(list(controls.values()), {"model": model, "setting": setting})
     for name in ({p.name for p in RUN_PARAMS} | {"task"}) & set(controls):
         st.session_state[key(page, name)] = suited.get(name, controls[name].default)
 

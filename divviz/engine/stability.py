@@ -26,6 +26,8 @@ KL_COLLAPSE = 0.05  # an update's kl/k3 above this is a large step: SmolLM2's le
 # of their steps, the stress run reached 0.40 (docs/learning.md)
 PEAK_FLOOR = 0.1  # the trailing reward must once have reached this for its fall to count
 ENTROPY_FLOOR = 0.1  # the entropy fell to a tenth of its start
+RULE = (f"the mean reward of {WINDOW} steps below half its running peak while an update's KL (k3) was above "
+        f"{KL_COLLAPSE:g}, or the mean entropy of {WINDOW} steps below {ENTROPY_FLOOR:g} × its start")  # as pages say it
 
 
 class Stability:

@@ -235,7 +235,8 @@ UNTESTED = (
     "and the compute are not here.",
     "The KL3 paper's theorems on the logit difference and on entropy: their exact statements and assumptions were "
     "not found (theory.md §1.5), so their operational readings above are divviz's.",
-    "GBMPO's learned (ES-trained) mirror maps and its reported gains over Dr. GRPO.",
+    "GBMPO's learned (ES-trained) mirror maps, and its reported gain over Dr. GRPO on GSM8K as such: over training "
+    "divviz compares PPO + ProbL2 with PPO on a small model's arithmetic task.",
     "RPG's benchmark numbers and its claim that the REINFORCE-style forms train better: only the gradient identity "
     "is testable exactly; training quality would need their tasks.",
 )
@@ -270,7 +271,7 @@ RANDOM_GRID = tuple(Condition("coin", k, o) for k in (50, 1000) for o in ("sgd",
 class Report:
     rows: list[dict]
     seeds: int
-    lm: str = ""  # what the built-in LM's cells are ("" when the report has none): `claims_lm.LMPlan.text`
+    lm: str = ""  # what the language model's cells are ("" when the report has none): `claims_lm.LMPlan.text`
     real: str = ""  # what the real model's cells are ("" when none): `claims_real.RealPlan.text`
     lm_details: tuple[str, ...] = ()  # lines on the LM runs beyond the cells: collapses per measure, the pilot
     untested: tuple[str, ...] = UNTESTED
