@@ -117,10 +117,11 @@ for line in lm_plan.failed if lm_plan is not None else ():
     st.warning(literal(f"A run failed and drops out of its pairs: {line}"), icon=":material/warning:")
 if lm_plan is not None and lm_plan.done:
     with ui.shown_errors():
+        st.caption("Learning curves: per measure, the mean over its finished seeds, with the band of their range "
+                   "below 4 seeds, else the 95% interval.")
         ui.show_chart(run_plots.learning_curves_chart(
-            {metric: lm_plan.curves(metric) for metric in claims_lm.CURVES},
-            f"Learning curves on {lm_plan.name}<br><sup>the mean over the finished seeds; the band: their range below "
-            "4 seeds, else the 95% interval</sup>"), f"learning curves {lm_plan.model} {lm_plan.setting}")
+            {metric: lm_plan.curves(metric) for metric in claims_lm.CURVES}, f"Learning curves on {lm_plan.name}"),
+            f"learning curves {lm_plan.model} {lm_plan.setting}")
         st.caption(f"Collapses per measure: a run collapsed at {stability.RULE} (`engine/stability.py`), or when it "
                    "stopped on a non-finite value; the share with its Wilson 95% interval.")
         st.dataframe(claims_lm.collapse_table(lm_plan.collapses()), hide_index=True, width="stretch")

@@ -97,9 +97,9 @@ def windows(steps: int) -> dict[str, range]:
 def readings(metric: str, steps: int) -> dict[str, str]:
     """The readings of `metric` (name → how the condition describes it)."""
     if metric in claims.HELD_OUT:
-        return {"end": f"at the end (step {steps})", "over the run": f"mean over the run (steps 0–{steps})"}
+        return {"end": f"step {steps}", "over the run": f"trapezoid mean of steps 0–{steps}"}
     if metric in claims.WHOLE_RUN:
-        return {"whole run": f"over the run (steps 1–{steps})"}
+        return {"whole run": f"steps 1–{steps}"}
     return {name: f"mean of step {w.start}" if len(w) == 1 else f"mean of steps {w.start}–{w.stop - 1}"
             for name, w in windows(steps).items()}
 
