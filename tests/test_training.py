@@ -237,3 +237,9 @@ def test_resume_run_queues_a_stopped_run_in_its_folder_and_refuses_others(tmp_pa
     lagging = train(RunConfig.make(task="reverse", prompts=4, group_size=4, steps=4, checkpoint_every=2,
                                    rollout_lag=1), tmp_path / "runs", on_step=stop_after(3))
     assert runner.resume_run(lagging) == 0 and "start again" in store.read_status(lagging)["message"]
+    lagging_cfg = RunConfig.make(task="reverse", prompts=4, group_size=4, steps=4, checkpoint_every=2, rollout_lag=1,
+                                 eval_every=2)
+    again = train(lagging_cfg, tmp_path / "again", on_step=stop_after(3))
+    train(lagging_cfg, tmp_path / "again", folder=again)  # from step 0 again: no row of the first start is left
+    assert [r["step"] for r in store.read_metrics(again)] == [1, 2, 3, 4]
+    assert [r["step"] for r in store.read_evals(again)] == [0, 2, 4]
