@@ -109,7 +109,7 @@ class RunWriter:
             path = self.folder / name
             if path.exists():
                 rows = [line for line in path.read_text().splitlines()
-                        if line.strip() and _step_of(line) is not None and _step_of(line) <= step]
+                        if (at := _step_of(line)) is not None and at <= step]
                 _write_atomic(path, "".join(f"{line}\n" for line in rows))
         for pattern in ("tokens/step_*.npz", "completions/step_*.json", "checkpoints/step_*.safetensors"):
             for path in self.folder.glob(pattern):
