@@ -12,6 +12,7 @@ from divviz.catalogue.penalties import PENALTIES
 from divviz.app.urlstate import Control, measure_param_controls
 
 PAGE = "regions"
+TABS = ("Gradient weight", "Penalties", "Rollout corrections", "Probability space")  # below the surrogate; one drawn
 CONTROLS = [
     Control("m", ["ratio", "clip_higher", "kl3"], family="clip"),
     Control("s", ["cispo:hi=1.28", "sapo"], family="surrogate"),
@@ -23,6 +24,7 @@ CONTROLS = [
     Control("p", ["k3", "prob_l2"], options=tuple(PENALTIES), multi=True),
     *measure_param_controls(("penalty",)),
     *ui.correction_controls([]),
+    Control("tab", TABS[0], options=TABS),
 ]
 BY_NAME = {c.name: c for c in CONTROLS}
 
@@ -62,33 +64,37 @@ with ui.shown_errors():
     st.write("Top: the objective −ℓ(w) the optimiser climbs. Bottom: its slope; where it is zero (the coloured "
              "strip of each test), the token is clipped. With A > 0 the clip binds above u, with A < 0 below l.")
     ui.show_chart(charts["surrogate"], "surrogate and gradient")
-    st.subheader("Gradient weight: clip tests and soft surrogates side by side")
-    st.write("Every loss here has the gradient ∂ℓ/∂log π = −A·γ(w). Under PPO's surrogate γ is w inside the region and "
-             "0 where the test masks (a hard region); a soft surrogate has no region, and γ is its constraint: cispo "
-             "flattens it past its cap, sapo fades it smoothly, vespo weighs a whole completion by its ratio.")
-    ui.show_chart(charts["weight"], "gradient weight")
-    if penalties:
-        st.subheader("Penalties: what β adds to the gradient")
-        st.write("A penalty is not a region: it adds β·slope to every token's ∂ℓ/∂log π_θ, clipped or not. Against "
-                 "r = π_θ/π_ref at π_ref = the π_old set above: k3's slope 1 − 1/r is the same for every π_ref, "
-                 "while ProbL2's and a mirror map's are in probability space and vanish for rare tokens.")
-        ui.show_chart(charts["penalty"], "penalties")
-    if corrections:
-        st.subheader("Rollout corrections: when the sampler is not the policy")
-        st.write("verl's corrections act before the loss, on ρ = π_old/π_roll of each sampled token (the policy the "
-                 "loss divides by, over the sampler that drew the token): TIS caps the weight at u, IcePop drops the "
-                 "token outside [l, u], rejection takes it out of the loss where its k1/k2/k3 passes the bound. One "
-                 "token is drawn here, so the sequence level is the token level.")
-        if any(v.get("bypass_mode") for v in corrections):
-            st.caption("Bypass mode is not drawn: it has no multiplier, since its π_old is π_roll and the loss's own "
-                       "ratio w = π_θ/π_roll corrects (the charts above).")
-        ui.show_chart(charts["correction"], "rollout corrections")
-    left, right = st.columns(2)
-    with left:
-        st.write("A ratio box is a cone in probability space; a probability-space test is a band of constant "
-                 "width, so it leaves rare tokens far more room.")
-        ui.show_chart(charts["region"], "feasible region")
-    with right:
-        st.write("For a softmax head where only the sampled token's logit moves: how far it may move before the "
-                 "clip binds. Likely tokens can never reach u once π_old ≥ 1/u.")
-        ui.show_chart(charts["logit"], "logit room")
+    applies = {"Penalties": bool(penalties), "Rollout corrections": bool(corrections)}
+    shown, tab = ui.lazy_tabs(PAGE, BY_NAME["tab"], [name for name in TABS if applies.get(name, True)])
+    with tab:
+        if shown == "Gradient weight":
+            st.write("Every loss here has the gradient ∂ℓ/∂log π = −A·γ(w). Under PPO's surrogate γ is w inside the "
+                     "region and 0 where the test masks (a hard region); a soft surrogate has no region, and γ is its "
+                     "constraint: cispo flattens it past its cap, sapo fades it smoothly, vespo weighs a whole "
+                     "completion by its ratio.")
+            ui.show_chart(charts["weight"], "gradient weight")
+        elif shown == "Penalties":
+            st.write("A penalty is not a region: it adds β·slope to every token's ∂ℓ/∂log π_θ, clipped or not. "
+                     "Against r = π_θ/π_ref at π_ref = the π_old set above: k3's slope 1 − 1/r is the same for every "
+                     "π_ref, while ProbL2's and a mirror map's are in probability space and vanish for rare tokens.")
+            ui.show_chart(charts["penalty"], "penalties")
+        elif shown == "Rollout corrections":
+            st.write("When the sampler is not the policy, verl's corrections act before the loss, on "
+                     "ρ = π_old/π_roll of each sampled token (the policy the loss divides by, over the sampler that "
+                     "drew the token): TIS caps the weight at u, IcePop drops the token outside [l, u], rejection "
+                     "takes it out of the loss where its k1/k2/k3 passes the bound. One token is drawn here, so the "
+                     "sequence level is the token level.")
+            if any(v.get("bypass_mode") for v in corrections):
+                st.caption("Bypass mode is not drawn: it has no multiplier, since its π_old is π_roll and the loss's "
+                           "own ratio w = π_θ/π_roll corrects (the charts above).")
+            ui.show_chart(charts["correction"], "rollout corrections")
+        else:
+            left, right = st.columns(2)
+            with left:
+                st.write("A ratio box is a cone in probability space; a probability-space test is a band of constant "
+                         "width, so it leaves rare tokens far more room.")
+                ui.show_chart(charts["region"], "feasible region")
+            with right:
+                st.write("For a softmax head where only the sampled token's logit moves: how far it may move before "
+                         "the clip binds. Likely tokens can never reach u once π_old ≥ 1/u.")
+                ui.show_chart(charts["logit"], "logit room")

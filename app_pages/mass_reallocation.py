@@ -12,6 +12,7 @@ from divviz.safetext import literal
 from divviz.app.urlstate import Control
 
 PAGE = "bandit"
+OVER_ITERATIONS = ("Reward, entropy and mass", "Clip fractions and KL", "Why the entropy moves", "Sampler and corrections")
 SEEDS = Param("seeds", 8, 1, 64, high_open=False, kind="int", typical=(1, 64, 1),
               doc="runs per measure, seeds seed, seed + 1, …: curves show their mean with a 95% band")
 CONTROLS = [
@@ -27,6 +28,7 @@ CONTROLS = [
     Control("diff_metric", explorer.BANDIT_MEASURES[0], options=tuple(explorer.BANDIT_MEASURES)),
     *[Control(p.name, p.default, param=p) for p in BANDIT_PARAMS if p.name != "rollout_lag"],
     *ui.rollout_controls(next(p for p in BANDIT_PARAMS if p.name == "rollout_lag")),
+    Control("tab", OVER_ITERATIONS[0], options=OVER_ITERATIONS),
 ]
 BY_NAME = {c.name: c for c in CONTROLS}
 REWARD_LABELS = {"one_correct": "one correct action (at a rank)",
@@ -119,23 +121,29 @@ with ui.shown_errors():
                    icon=":material/warning:")
     ui.show_chart(charts["distribution"], "distribution before and after")
     ui.show_chart(charts["mass"], "mass reallocation by initial probability")
-    ui.show_chart(charts["history"], "reward entropy and mass over iterations")
-    ui.show_chart(charts["clipping"], "clip fractions and kl over iterations")
-    st.subheader("Why the entropy moves")
-    st.write("Each update changes the entropy by ΔH ≈ −Cov_π(log π, Δz) to first order (Cui et al. 2025, arXiv "
-             "2505.22617). A plain gradient step is a sum over the samples, so the change splits into what each "
-             "sample caused, summed here by clip state, and what the masked samples would have caused had the "
-             "constraint let them through (Park et al. 2025, arXiv 2509.26114: masking low raises entropy, masking "
-             "high lowers it). Exact with SGD; with Adam, the shares are those of the loss gradient's own step. "
-             "Choose the *coin* reward for their random-reward control.")
-    ui.show_chart(charts["entropy"], "entropy change observed and predicted")
-    if "attribution" in charts:
-        ui.show_chart(charts["attribution"], "entropy change by clip state")
-    else:
-        st.caption("Tick *Attribute the entropy's change to each clip state* in the sidebar for who moves it (about "
-                   "a third more time per change).")
-    if "rollout" in charts:
-        ui.show_chart(charts["rollout"], "sampler mismatch and corrections over iterations")
+    st.subheader("Over the iterations")
+    over = [tab for tab in OVER_ITERATIONS if tab != "Sampler and corrections" or "rollout" in charts]
+    shown, tab = ui.lazy_tabs(PAGE, BY_NAME["tab"], over)
+    with tab:
+        if shown == OVER_ITERATIONS[0]:
+            ui.show_chart(charts["history"], "reward entropy and mass over iterations")
+        elif shown == OVER_ITERATIONS[1]:
+            ui.show_chart(charts["clipping"], "clip fractions and kl over iterations")
+        elif shown == OVER_ITERATIONS[2]:
+            st.write("Each update changes the entropy by ΔH ≈ −Cov_π(log π, Δz) to first order (Cui et al. 2025, "
+                     "arXiv 2505.22617). A plain gradient step is a sum over the samples, so the change splits into "
+                     "what each sample caused, summed here by clip state, and what the masked samples would have "
+                     "caused had the constraint let them through (Park et al. 2025, arXiv 2509.26114: masking low "
+                     "raises entropy, masking high lowers it). Exact with SGD; with Adam, the shares are those of the "
+                     "loss gradient's own step. Choose the *coin* reward for their random-reward control.")
+            ui.show_chart(charts["entropy"], "entropy change observed and predicted")
+            if "attribution" in charts:
+                ui.show_chart(charts["attribution"], "entropy change by clip state")
+            else:
+                st.caption("Tick *Attribute the entropy's change to each clip state* in the sidebar for who moves it "
+                           "(about a third more time per change).")
+        else:
+            ui.show_chart(charts["rollout"], "sampler mismatch and corrections over iterations")
 
     st.subheader("Paired differences")
     labels = [runs[0].label for runs in groups]

@@ -6,7 +6,7 @@ import pytest
 
 pytestmark = pytest.mark.browser
 
-PAGES = {"": 1, "clipping_regions": 7, "kl3_equivalence": 2, "mass_reallocation": 5}
+PAGES = {"": 1, "clipping_regions": 4, "kl3_equivalence": 2, "mass_reallocation": 4}
 
 
 @pytest.fixture

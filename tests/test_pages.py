@@ -44,6 +44,18 @@ def specs(at) -> list[str]:
     return [chart.proto.spec for chart in at.get("plotly_chart")]
 
 
+def titles(at) -> list[str]:
+    """The charts' titles, in the page's order."""
+    return [json.loads(spec)["layout"]["title"]["text"] for spec in specs(at)]
+
+
+def open_tab(at, key: str, label: str) -> None:
+    """Open a lazy tab (`st.tabs(on_change="rerun")`) as a click on it does, and rerun."""
+    at.session_state[key] = label
+    at.run()
+    assert not at.exception, at.exception
+
+
 def slider(at, label):
     return next(s for s in at.slider if s.label == label)
 
@@ -81,15 +93,17 @@ def add_measure(at, name):
 
 def test_clipping_regions_page_reacts_and_shares():
     at = open_page("app_pages/clipping_regions.py")
-    before = specs(at)
-    assert len(before) == 7
-    slider(at, "delta").set_value(0.1).run()
+    before = specs(at)  # intervals, sweeps, surrogate and the open tab's gradient weight: four charts to redraw on a
+    assert len(before) == 4 and [t.label for t in at.tabs] == ["Gradient weight", "Penalties", "Probability space"]
+    slider(at, "delta").set_value(0.1).run()  # change, not seven (issue 33, finding 18)
     assert not at.exception
     after = specs(at)
-    penalties = 4  # the page's fifth chart
-    assert before[penalties] == after[penalties] and all(a != b for i, (a, b) in enumerate(zip(before, after))
-                                                        if i != penalties)  # the tests' figures followed δ
+    assert all(a != b for a, b in zip(before, after))  # the tests' figures followed δ
     assert at.query_params["m"] == "ratio,clip_higher,kl3:delta=0.1"
+    open_tab(at, "regions:tab", "Probability space")  # the open tab is in the link
+    assert titles(at)[3].startswith("Feasible region") and titles(at)[4].startswith("Logit room")
+    assert at.query_params["tab"] == "Probability space"
+    assert titles(open_page("app_pages/clipping_regions.py", {"tab": "Probability space"}))[3:] == titles(at)[3:]
     # choose other tests; the URL follows
     for _ in range(3):
         click(at, "Remove")
@@ -135,7 +149,7 @@ def test_bad_link_values_warn_and_fall_back():
     warnings = " ".join(shown(w) for w in at.warning)
     assert "'delta' must be a finite number" in warnings and "unknown clip test 'bogus'" in warnings
     assert slider(at, "delta").value == pytest.approx(0.05)
-    assert len(specs(at)) == 7
+    assert len(specs(at)) == 4
 
 
 def test_clipping_regions_preset_and_empty_selection():
@@ -160,11 +174,19 @@ def test_kl3_page_check_and_reaction():
 
 def test_mass_reallocation_page():
     at = open_page("app_pages/mass_reallocation.py", {"iterations": "20", "k": "20"})
-    assert len(specs(at)) == 6 and len(at.metric) == 3 and "n = 8" in at.metric[0].delta and "band [" in at.metric[0].delta
+    assert len(at.metric) == 3 and "n = 8" in at.metric[0].delta and "band [" in at.metric[0].delta
     assert not at.warning  # at the default lr no sample passes u in the first inner step
+    # distribution, mass, the open tab's curves (reward, entropy, mass) and the paired difference: a change redraws
+    # four charts, not six (issue 33, finding 18)
+    assert [t.label for t in at.tabs] == ["Reward, entropy and mass", "Clip fractions and KL", "Why the entropy moves"]
+    drawn = ["Distribution before and after", "Mass reallocation", "Expected reward, entropy", "expected_reward: each"]
+    assert len(titles(at)) == 4 and all(title.startswith(start) for title, start in zip(titles(at), drawn))
+    open_tab(at, "bandit:tab", "Clip fractions and KL")
+    assert len(titles(at)) == 4 and titles(at)[2].startswith("How often each clip binds")
+    open_tab(at, "bandit:tab", "Why the entropy moves")
     assert any("change_predicted" in spec for spec in specs(at))  # why the entropy moves: observed, predicted
     next(t for t in at.toggle if "Attribute the entropy" in t.label).set_value(True).run()
-    assert not at.exception and len(specs(at)) == 7  # … and who moves it
+    assert not at.exception and len(specs(at)) == 5  # … and who moves it
     assert any("masked high, had they been let through" in spec and "observed" in spec for spec in specs(at))
     before = specs(at)
     slider(at, "delta").set_value(0.2).run()
@@ -207,8 +229,8 @@ def test_mass_reallocation_compares_rollout_corrections_under_a_lagging_sampler(
     at = open_page("app_pages/mass_reallocation.py", query)
     assert [m.label for m in at.metric] == ["kl3 δ=0.05", "kl3 δ=0.05 · TIS token u=1.1",
                                             "kl3 δ=0.05 · RS token_k1 0.95_1.05"]
-    assert len(specs(at)) == 7  # distribution, mass, history, clipping, entropy change, the rollout chart, the
-    # paired difference
+    assert [t.label for t in at.tabs][-1] == "Sampler and corrections"
+    open_tab(at, "bandit:tab", "Sampler and corrections")
     rollout = next(f for f in map(json.loads, specs(at)) if "KL(π_roll" in f["layout"]["title"]["text"])
     assert [t["name"] for t in rollout["data"] if t.get("showlegend", True) and "name" in t] == [
         "kl3 δ=0.05", "kl3 δ=0.05 · TIS token u=1.1", "kl3 δ=0.05 · RS token_k1 0.95_1.05"]
@@ -254,7 +276,8 @@ def test_mass_reallocation_with_two_penalties_and_a_batch_baseline():
 def test_clipping_regions_draws_rollout_corrections():
     """A link's corrections draw their multipliers against ρ = π_old/π_roll: TIS capped at its u, IcePop zero
     outside [l, u], rejection 0 or 1; bypass is named, not drawn; without corrections there is no such chart."""
-    at = open_page("app_pages/clipping_regions.py", {"rc": "TIS token,IcePop token,rejection,bypass", "tis_u": "1.5"})
+    at = open_page("app_pages/clipping_regions.py", {"rc": "TIS token,IcePop token,rejection,bypass", "tis_u": "1.5",
+                                                     "tab": "Rollout corrections"})
     figure = next(f for f in map(json.loads, specs(at)) if f["layout"]["title"]["text"].startswith("Rollout"))
     curves = {t["name"]: (typed(t["x"]), typed(t["y"])) for t in figure["data"] if "name" in t}
     assert list(curves) == ["TIS token u=1.5", "IcePop token [0.5, 2]", "RS token_k1 0.5_2"]
@@ -292,7 +315,7 @@ def test_a_typed_formula_on_the_clipping_regions_page():
     assert not at.exception and at.query_params["m"] == "kl3,formula:f=abs(log(w)):delta=0.5"
     assert "[0.6065, 1.6487]" in specs(at)[0]
     box.set_value('__import__("os").system("touch /tmp/owned")').run()
-    assert not at.exception and len(specs(at)) == 7
+    assert not at.exception and len(specs(at)) == 4
     assert "is not allowed" in shown(at.error[0]) and "still shown: formula abs(log(w))" in shown(at.error[0])
     assert at.query_params["m"] == "kl3,formula:f=abs(log(w)):delta=0.5"  # the last good formula stays
 
@@ -318,7 +341,7 @@ def test_the_clipping_regions_page_draws_surrogates_gradient_weights_and_shares_
 def test_a_refused_formula_in_a_link_is_reported():
     at = open_page("app_pages/clipping_regions.py", {"m": "formula:f=(w-1)**2*(w-3)**2"})
     assert "is not one interval" in " ".join(shown(w) for w in at.warning)
-    assert len(specs(at)) == 7  # the default measures instead
+    assert len(specs(at)) == 4  # the default measures instead
 
 
 def test_a_formula_can_be_added_from_the_list():
@@ -332,7 +355,8 @@ def test_a_formula_can_be_added_from_the_list():
 def test_the_clipping_regions_page_draws_penalties_with_their_parameters():
     """Penalties are drawn as their value and slope against π_θ/π_ref; k3's slope is 1 − 1/r at any π_ref, ProbL2's
     2p(p − p_ref) vanishes for a rare token; a penalty's parameter and the choice travel in the link."""
-    at = open_page("app_pages/clipping_regions.py", {"p": "k3,prob_l2,abs", "pi_old": "0.01", "abs.straight_through": "1"})
+    at = open_page("app_pages/clipping_regions.py", {"p": "k3,prob_l2,abs", "pi_old": "0.01", "abs.straight_through": "1",
+                                                     "tab": "Penalties"})
     chart = next(c for c in map(json.loads, specs(at)) if "Penalties" in c["layout"]["title"]["text"])
     slopes = {t["name"]: t for t in chart["data"] if t["xaxis"] == "x2"}
     assert set(slopes) == {"k3", "prob_l2", "abs straight_through"}
