@@ -104,6 +104,10 @@ def test_clipping_regions_page_reacts_and_shares():
     assert titles(at)[3].startswith("Feasible region") and titles(at)[4].startswith("Logit room")
     assert at.query_params["tab"] == "Probability space"
     assert titles(open_page("app_pages/clipping_regions.py", {"tab": "Probability space"}))[3:] == titles(at)[3:]
+    unknown = open_page("app_pages/clipping_regions.py", {"tab": "Rollout corrections"})  # none chosen: the first tab
+    assert titles(unknown)[3].startswith("Gradient weight") and not unknown.exception
+    bogus = open_page("app_pages/clipping_regions.py", {"tab": "<b>Logs</b>"})
+    assert "'tab' has unknown value" in shown(bogus.warning[0]) and len(specs(bogus)) == 4
     # choose other tests; the URL follows
     for _ in range(3):
         click(at, "Remove")
