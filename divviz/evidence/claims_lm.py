@@ -28,6 +28,7 @@ seeds resolve what), then the others seed by seed, the random-reward control las
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -199,11 +200,18 @@ class LMPlan:
     def refreshed(self) -> "LMPlan":
         return LMPlan.read(self.root, self.seeds, self.steps, self.model, self.setting)
 
+    @cached_property
+    def finished_series(self) -> dict:
+        """Each finished run's (metrics by step, held-out evaluations by step), read from its folder once for the
+        cells, the learning curves and the pilot."""
+        return {key: ({row["step"]: row for row in store.read_metrics(run.folder)},
+                      {row["step"]: row for row in store.read_evals(run.folder)})
+                for key, run in self.runs.items() if run is not None and run.state == "done"}
+
     def rows(self) -> list[dict]:
         """The report's cells: per claim, comparison and reading, the paired difference over the seeds whose two
         runs both finished."""
-        read = {key: _readings(run, self.steps) for key, run in self.runs.items()
-                if run is not None and run.state == "done"}
+        read = {key: _readings(*series, self.steps) for key, series in self.finished_series.items()}
         out = []
         for claim in claims.CLAIMS:
             for c in claim.lm_comparisons:
@@ -256,10 +264,10 @@ class LMPlan:
         for measure in dict.fromkeys(m for m, r, _ in self.runs if r == "task"):
             series = []
             for seed in range(self.seeds):
-                run = self.runs[(measure, "task", seed)]
-                if run is not None and run.state == "done":
-                    rows = store.read_evals(run.folder) if metric in claims.HELD_OUT else store.read_metrics(run.folder)
-                    series.append({row["step"]: row[metric] for row in rows if metric in row})
+                if (measure, "task", seed) in self.finished_series:
+                    rows, evals = self.finished_series[(measure, "task", seed)]
+                    by_step = evals if metric in claims.HELD_OUT else rows
+                    series.append({step: row[metric] for step, row in by_step.items() if metric in row})
             steps = sorted(set.intersection(*(set(s) for s in series))) if series else []
             if steps:
                 summary = intervals.summarize([[s[t] for t in steps] for s in series], bounds=bounds)
@@ -271,12 +279,8 @@ class LMPlan:
         """The pilot's spread: over the seeds where both of `PILOT`'s runs are done, the final `metric` of each, the
         standard deviation (ddof 1) of PPO's and of the paired difference KL3 − PPO, and the smallest paired difference
         S seeds could resolve at that spread (`intervals.half_width`) for each S in `sizes`; None below 2 seeds."""
-        finals = {}
-        for measure in PILOT:
-            for seed in range(self.seeds):
-                run = self.runs.get((measure, "task", seed))
-                if run is not None and run.state == "done":
-                    finals[(measure, seed)] = _readings(run, self.steps)["end"][metric]
+        finals = {(measure, seed): _readings(*self.finished_series[(measure, "task", seed)], self.steps)["end"][metric]
+                  for measure in PILOT for seed in range(self.seeds) if (measure, "task", seed) in self.finished_series}
         seeds = [s for s in range(self.seeds) if all((m, s) in finals for m in PILOT)]
         if len(seeds) < 2:
             return None
@@ -351,11 +355,9 @@ def _training(config: dict) -> dict | None:
         return None
 
 
-def _readings(run: store.RunInfo, steps: int) -> dict[str, dict[str, float]]:
-    """Per reading, each compared metric's value in this run (`readings`); "start": step 1's (its entropy was
-    measured on completions sampled before any update)."""
-    rows = {row["step"]: row for row in store.read_metrics(run.folder)}
-    evals = {row["step"]: row for row in store.read_evals(run.folder)}
+def _readings(rows: dict[int, dict], evals: dict[int, dict], steps: int) -> dict[str, dict[str, float]]:
+    """Per reading, each compared metric's value in one run, from its metrics and its evaluations by step
+    (`readings`); "start": step 1's (its entropy was measured on completions sampled before any update)."""
     metrics = {c.metric for claim in claims.CLAIMS for c in claim.lm_comparisons}
     out = {reading: {m: float(np.mean([rows[s][m] for s in window if m in rows.get(s, {})] or [np.nan]))
                      for m in metrics}
