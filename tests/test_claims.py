@@ -118,7 +118,8 @@ def test_cli_refuses_bad_options(capsys, tmp_path):
 def test_claims_page_renders(tmp_path, monkeypatch):
     from streamlit.testing.v1 import AppTest
 
-    monkeypatch.setenv("DIVVIZ_CACHE", str(tmp_path))  # no SmolLM2 cells cached: the page shows the bandit's alone
+    monkeypatch.setenv("DIVVIZ_CACHE", str(tmp_path))  # no SmolLM2 cells cached and no LM runs (whatever the
+    monkeypatch.setenv("DIVVIZ_RUNS_DIR", str(tmp_path / "runs"))  # user's runs folder holds): the bandit's alone
     at = AppTest.from_file(str(Path(__file__).resolve().parents[1] / "app.py"), default_timeout=300)
     at.run()
     at.switch_page("app_pages/claims.py").run()
@@ -229,6 +230,12 @@ def test_collapses_and_learning_curves_over_seeds(lm_plan):
         flags = [store.last_metrics(lm_plan.runs[(measure, "task", s)].folder)["stability/collapsed"]
                  for s in range(LM_SEEDS)]
         assert (row["n"], row["collapsed"]) == (LM_SEEDS, sum(flags)) and 0 <= row["low"] <= row["high"] <= 1
+        mean_rewards = [np.mean([r["reward"] for r in store.read_metrics(lm_plan.runs[(measure, "task", s)].folder)])
+                        for s in range(LM_SEEDS)]  # the reward curve's spread over seeds, by hand
+        assert (row["reward_n"], row["reward_sd"]) == (LM_SEEDS, pytest.approx(np.std(mean_rewards, ddof=1)))
+    row = table[claims.PPO]
+    assert claims_lm.collapse_table([row])[0][claims_lm.SPREAD] == (
+        f"{row['reward_sd']:.3f} [{row['reward_sd_low']:.3f}, {row['reward_sd_high']:.3f}], n = {LM_SEEDS}")
     curves = lm_plan.curves("eval/accuracy")
     ppo = curves[claims.PPO]
     assert ppo["steps"] == [0, 1, 2, 3] and ppo["n"] == LM_SEEDS

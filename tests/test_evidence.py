@@ -83,3 +83,15 @@ def test_a_band_respects_the_quantitys_range():
     entropy = intervals.summarize([[0.01], [0.0], [0.0], [0.5]], bounds=metric_range("entropy"))
     assert entropy.low[0] == 0 and metric_range("clip_ratio/low_mean") == (0, 1)
     assert metric_range("kl/k1") == (-np.inf, np.inf) and metric_range("loss") == (-np.inf, np.inf)
+
+
+def test_a_spreads_interval_is_the_chi_square_one():
+    """The standard deviation over seeds with its 95% interval: the chi-square interval, which is also the interval
+    of scipy's `mvsdist` (the posterior of σ under the Jeffreys prior), and a textbook case (n = 4, s = 1:
+    √(3/9.348) = 0.5665 to √(3/0.2158) = 3.7285)."""
+    x = np.array([0.3, 0.5, 0.45, 0.62, 0.41])
+    s, low, high = intervals.sd_interval(x)
+    assert s == pytest.approx(x.std(ddof=1)) and (low, high) == pytest.approx(stats.mvsdist(x)[2].interval(0.95))
+    one = np.array([-1.0, 1.0, -1.0, 1.0]) * np.sqrt(3) / 2  # s = 1
+    assert intervals.sd_interval(one) == pytest.approx((1.0, 0.5665, 3.7285), abs=5e-4)
+    assert np.isnan(intervals.sd_interval([0.4])).all()

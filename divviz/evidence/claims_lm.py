@@ -237,7 +237,8 @@ class LMPlan:
     def collapses(self) -> list[dict]:
         """Per measure (task rewards), over its finished seeds: how many collapsed (`engine/stability.py`'s flag at
         the end, or a run that failed on a non-finite value), the share with its Wilson 95% interval, and the steps
-        of collapse."""
+        of collapse; and the spread of its reward curve over seeds — the standard deviation over the seeds that ran to
+        the end of each run's mean reward over steps 1–T, with its 95% interval (`intervals.sd_interval`)."""
         out = []
         for measure in dict.fromkeys(m for m, r, _ in self.runs if r == "task"):
             steps = []
@@ -251,8 +252,12 @@ class LMPlan:
                 if step is not None:
                     steps.append(step)
             share, low, high = proportion(len(steps), n)
+            mean_rewards = [np.mean([row["reward"] for row in series[0].values()])
+                            for key, series in self.finished_series.items() if key[:2] == (measure, "task")]
+            sd, sd_low, sd_high = intervals.sd_interval(mean_rewards)
             out.append({"measure": measure, "n": n, "collapsed": len(steps), "share": share, "low": low, "high": high,
-                        "steps": sorted(steps)})
+                        "steps": sorted(steps), "reward_sd": sd, "reward_sd_low": sd_low, "reward_sd_high": sd_high,
+                        "reward_n": len(mean_rewards)})
         return out
 
     def curves(self, metric: str) -> dict[str, dict]:
@@ -308,7 +313,9 @@ class LMPlan:
         """The bandit report with these cells added: those of the finished runs' pairs (n says how many seeds)."""
         finished = "" if self.finished else f" ({self.done} of {len(self.runs)} runs finished so far)"
         collapses = [f"collapsed, {row['measure']}: {row['collapsed']}, share {row['share [95% Wilson]'] or '—'}, "
-                     f"at step {row['steps of collapse']}" for row in collapse_table(self.collapses())]
+                     f"at step {row['steps of collapse']}; the reward's spread over seeds (sd of each run's mean "
+                     f"reward) {row[SPREAD] or '—'}"
+                     for row in collapse_table(self.collapses())]
         pilot = self.pilot()
         return replace(bandit, rows=bandit.rows + self.rows(), lm=self.text + finished,
                        lm_details=(*collapses, *([pilot_text(pilot)] if pilot else ())))
@@ -317,11 +324,17 @@ class LMPlan:
 CURVES = ("eval/accuracy", "eval/accuracy_greedy", "reward", "entropy")  # the learning curves the page draws
 
 
+SPREAD = "reward's spread over seeds: sd [95%]"  # the column of `collapse_table`
+
+
 def collapse_table(collapses: list[dict]) -> list[dict]:
     """`LMPlan.collapses` as the page and the docs print it."""
     return [{"measure": row["measure"], "collapsed": f"{row['collapsed']} of {row['n']}",
              "share [95% Wilson]": "" if not row["n"] else f"{row['share']:.2f} [{row['low']:.2f}, {row['high']:.2f}]",
-             "steps of collapse": ", ".join(map(str, row["steps"])) or "—"} for row in collapses]
+             "steps of collapse": ", ".join(map(str, row["steps"])) or "—",
+             SPREAD: "" if row["reward_n"] < 2 else
+             f"{row['reward_sd']:.3f} [{row['reward_sd_low']:.3f}, {row['reward_sd_high']:.3f}], n = {row['reward_n']}"}
+            for row in collapses]
 
 
 def pilot_text(pilot: dict) -> str:

@@ -90,6 +90,19 @@ def half_width(sd: float, n: int, level: float = LEVEL) -> float:
     return float(stats.t.ppf((1 + level) / 2, n - 1) * sd / np.sqrt(n)) if n >= 2 else np.nan
 
 
+def sd_interval(values, level: float = LEVEL) -> tuple[float, float, float]:
+    """The sample standard deviation s (ddof 1) of `values` and its interval under normality:
+    s·√((n−1)/χ²_{(1+level)/2, n−1}) to s·√((n−1)/χ²_{(1−level)/2, n−1}) — a spread over seeds with its
+    uncertainty (4 seeds put the upper end at 3.7 s). NaN below 2 values."""
+    values = np.asarray(values, dtype=np.float64)
+    n = values.size
+    if n < 2:
+        return np.nan, np.nan, np.nan
+    s = float(values.std(ddof=1))
+    return (s, s * float(np.sqrt((n - 1) / stats.chi2.ppf((1 + level) / 2, n - 1))),
+            s * float(np.sqrt((n - 1) / stats.chi2.ppf((1 - level) / 2, n - 1))))
+
+
 def verdict(low: float, high: float, predicted_sign: int) -> str:
     """What a paired difference's interval says of a claim that predicts its sign (+1 or −1)."""
     if np.isnan(low) or np.isnan(high) or low <= 0 <= high:
