@@ -145,8 +145,9 @@ def penalty_chart(ratio: np.ndarray, curves: list[tuple[str, np.ndarray, np.ndar
             data[f"{label} {what}"] = ys
     for xref, _ in refs[0]:
         layout[f"xaxis{xref[1:]}"]["title"] = {"text": f"r = π_θ / π_ref (or π_old), at π_ref = {anchor:g}"}
-    layout.update(height=420, title={"text": "Penalties against the ratio to their anchor",
-                                     "subtitle": {"text": "a positive slope pushes log π_θ down, toward the anchor"}})
+    layout.update(height=440, title={"text": "Penalties against the ratio to their anchor",
+                                     "subtitle": {"text": "a positive slope pushes log π_θ down, toward the anchor"}},
+                  margin={**layout.get("margin", {}), "t": 95})  # the subtitle above the panels' own titles
     return Chart(figure(traces, layout, [vline(1.0, *refs[0][0]), vline(1.0, *refs[0][1])]), pd.DataFrame(data))
 
 
