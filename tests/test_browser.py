@@ -183,10 +183,11 @@ ROLLOUT_TRACES = """() => {
 
 
 def test_the_bandit_compares_rollout_corrections_in_the_browser(page, app_url):
-    """A link with a lagging bf16 sampler and three corrections: chromium draws the rollout chart with one curve per
-    correction, the sidebar's Rollout block holds the link's corrections, and removing one redraws and relinks."""
+    """A link with a lagging bf16 sampler, three corrections and the sampler's tab open: chromium draws the rollout
+    chart with one curve per correction, the sidebar's Rollout block holds the link's corrections, and removing one
+    redraws and relinks."""
     page.goto(f"{app_url}/mass_reallocation?m=ratio&rollout_lag=2&rollout_dtype=bfloat16&rc=none,TIS+token,bypass"
-              "&iterations=20&k=20&seeds=4")
+              "&iterations=20&k=20&seeds=4&tab=Sampler+and+corrections")
     page.wait_for_function(f"({ROLLOUT_TRACES})().length === 3", timeout=90_000)
     assert page.evaluate(ROLLOUT_TRACES) == ["ratio ε=0.2", "ratio ε=0.2 · TIS token u=2", "ratio ε=0.2 · bypass"]
     page.get_by_text("Rollout: a sampler unlike the policy").click()
