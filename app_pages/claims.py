@@ -122,8 +122,9 @@ if lm_plan is not None and lm_plan.done:
         ui.show_chart(run_plots.learning_curves_chart(
             {metric: lm_plan.curves(metric) for metric in claims_lm.CURVES}, f"Learning curves on {lm_plan.name}"),
             f"learning curves {lm_plan.model} {lm_plan.setting}")
-        st.caption(f"Collapses per measure: a run collapsed at {stability.RULE} (`engine/stability.py`), or when it "
-                   "stopped on a non-finite value; the share with its Wilson 95% interval.")
+        st.caption(f"Stability per measure: a run collapsed at {stability.RULE} (`engine/stability.py`), or when it "
+                   "stopped on a non-finite value; the share with its Wilson 95% interval; and the reward curve's "
+                   "spread over seeds, the standard deviation of each run's mean reward with its 95% interval.")
         st.dataframe(claims_lm.collapse_table(lm_plan.collapses()), hide_index=True, width="stretch")
         pilot = lm_plan.pilot()
         if pilot is not None:
