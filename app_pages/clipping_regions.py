@@ -65,7 +65,7 @@ with ui.shown_errors():
              "strip of each test), the token is clipped. With A > 0 the clip binds above u, with A < 0 below l.")
     ui.show_chart(charts["surrogate"], "surrogate and gradient")
     applies = {"Penalties": bool(penalties), "Rollout corrections": bool(corrections)}
-    shown, tab = ui.lazy_tabs(PAGE, BY_NAME["tab"], [name for name in TABS if applies.get(name, True)])
+    shown, tab = ui.lazy_tabs(PAGE, BY_NAME["tab"], applies)
     with tab:
         if shown == "Gradient weight":
             st.write("Every loss here has the gradient ∂ℓ/∂log π = −A·γ(w). Under PPO's surrogate γ is w inside the "

@@ -12,7 +12,8 @@ from divviz.safetext import literal
 from divviz.app.urlstate import Control
 
 PAGE = "bandit"
-OVER_ITERATIONS = ("Reward, entropy and mass", "Clip fractions and KL", "Why the entropy moves", "Sampler and corrections")
+OVER_ITERATIONS = ("Reward, entropy and mass", "Clip fractions and KL", "Why the entropy moves",
+                   "Sampler and corrections")  # the tabs of the curves over iterations; one drawn
 SEEDS = Param("seeds", 8, 1, 64, high_open=False, kind="int", typical=(1, 64, 1),
               doc="runs per measure, seeds seed, seed + 1, …: curves show their mean with a 95% band")
 CONTROLS = [
@@ -122,8 +123,7 @@ with ui.shown_errors():
     ui.show_chart(charts["distribution"], "distribution before and after")
     ui.show_chart(charts["mass"], "mass reallocation by initial probability")
     st.subheader("Over the iterations")
-    over = [tab for tab in OVER_ITERATIONS if tab != "Sampler and corrections" or "rollout" in charts]
-    shown, tab = ui.lazy_tabs(PAGE, BY_NAME["tab"], over)
+    shown, tab = ui.lazy_tabs(PAGE, BY_NAME["tab"], {"Sampler and corrections": "rollout" in charts})
     with tab:
         if shown == OVER_ITERATIONS[0]:
             ui.show_chart(charts["history"], "reward entropy and mass over iterations")

@@ -130,12 +130,13 @@ def choice(page: str, control: Control, label: str, help: str | None = None, whe
     return where.selectbox(label, control.options, key=key(page, control.name), help=help, format_func=fmt, **callback)
 
 
-def lazy_tabs(page: str, control: Control, labels: list[str]):
+def lazy_tabs(page: str, control: Control, applies: dict[str, bool]):
     """Tabs of which only the open one is drawn (`st.tabs(on_change="rerun")`, the page drawing only into the tab it
     gets back), so that a control change redraws that tab's charts and not every chart of the page (issue 33, finding
-    18: each Plotly chart costs the browser 0.1–0.2 s). The open tab is one of the page's controls, so it travels in the
-    link. Returns the open tab's label and its container; `labels` are those that apply now (a subset of the
-    control's options)."""
+    18: each Plotly chart costs the browser 0.1–0.2 s). The tabs are the control's options but those `applies` says
+    do not apply now; the open tab is one of the page's controls, so it travels in the link. Returns the open tab's
+    label and its container."""
+    labels = [label for label in control.options if applies.get(label, True)]
     widget_key = key(page, control.name)
     if st.session_state.get(widget_key) not in labels:  # a tab that does not apply now (no penalty chosen): the first
         st.session_state[widget_key] = labels[0]

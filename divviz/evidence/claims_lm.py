@@ -241,19 +241,20 @@ class LMPlan:
         the end of each run's mean reward over steps 1–T, with its 95% interval (`intervals.sd_interval`)."""
         out = []
         for measure in dict.fromkeys(m for m, r, _ in self.runs if r == "task"):
-            steps = []
+            steps, mean_rewards = [], []
             n = 0
             for seed in range(self.seeds):
                 run = self.runs[(measure, "task", seed)]
                 if run is None or run.state not in FINAL:
                     continue
                 n += 1
-                step = _collapse_step(run)
+                rows = self.finished_series[(measure, "task", seed)][0] if run.state == "done" else {}
+                step = _collapse_step(run, rows)
                 if step is not None:
                     steps.append(step)
+                if rows:
+                    mean_rewards.append(np.mean([row["reward"] for row in rows.values()]))
             share, low, high = proportion(len(steps), n)
-            mean_rewards = [np.mean([row["reward"] for row in series[0].values()])
-                            for key, series in self.finished_series.items() if key[:2] == (measure, "task")]
             sd, sd_low, sd_high = intervals.sd_interval(mean_rewards)
             out.append({"measure": measure, "n": n, "collapsed": len(steps), "share": share, "low": low, "high": high,
                         "steps": sorted(steps), "reward_sd": sd, "reward_sd_low": sd_low, "reward_sd_high": sd_high,
@@ -387,10 +388,10 @@ def _readings(rows: dict[int, dict], evals: dict[int, dict], steps: int) -> dict
     return out
 
 
-def _collapse_step(run: store.RunInfo) -> int | None:
-    """The step at which a finished run collapsed (`stability/collapse_step`), or where it stopped on a non-finite
-    value; None when it did neither."""
+def _collapse_step(run: store.RunInfo, rows: dict[int, dict]) -> int | None:
+    """The step at which a finished run collapsed (`stability/collapse_step` of its last metrics row, `rows` by step),
+    or where it stopped on a non-finite value; None when it did neither."""
     if run.state == "failed":
         return run.step + 1 if "became" in run.message else None  # `train`: "metric 'loss' became nan at step s"
-    last = store.last_metrics(run.folder)
+    last = rows[max(rows)] if rows else {}
     return int(last["stability/collapse_step"]) if last.get("stability/collapsed") else None
