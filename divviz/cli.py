@@ -197,9 +197,9 @@ def cmd_claims(args) -> int:
     if args.seeds is not None:
         seeds = claims.SEEDS_PARAM.check(args.seeds, "claims")
     if not args.lm and (args.lm_seeds or args.lm_steps or args.runs_dir or args.lm_model != "builtin"
-                        or args.lm_setting or args.no_wait):
-        raise DivvizInputError("--lm-seeds, --lm-steps, --lm-model, --lm-setting, --no-wait and --runs-dir are for "
-                               "the LM's cells: add --lm")
+                        or args.lm_setting or args.no_wait or args.no_train):
+        raise DivvizInputError("--lm-seeds, --lm-steps, --lm-model, --lm-setting, --no-wait, --no-train and --runs-dir "
+                               "are for the LM's cells: add --lm")
     if args.batches is not None and not args.real:
         raise DivvizInputError("--batches is for the real model's cells: add --real")
     quiet = args.json and not sys.stderr.isatty()
@@ -207,7 +207,7 @@ def cmd_claims(args) -> int:
         out = open(args.out, "w", encoding="utf-8") if args.out else None
     except OSError as err:
         raise DivvizInputError(f"cannot write {args.out}: {err.strerror}") from None
-    plan = _queue_lm_cells(args) if args.lm else None  # the pool trains them while the bandit grid runs here
+    plan = _lm_cells(args) if args.lm else None  # the pool trains the missing ones while the bandit grid runs here
     bar = tqdm(total=100, desc="claims: bandit", unit="%", file=sys.stderr, disable=quiet)
 
     def progress(fraction: float, text: str) -> None:
@@ -217,11 +217,12 @@ def cmd_claims(args) -> int:
     report = claims.evaluate(seeds, progress=progress)
     bar.close()
     if plan is not None:
-        if args.no_wait:
+        if args.no_wait or args.no_train:
             plan = plan.refreshed()
-            print(f"divviz: {plan.name}: {plan.done} of {len(plan.runs)} runs finished; the report has their cells, "
-                  "and the pool goes on training the rest (run this again later)", file=sys.stderr)
-        report = (plan if args.no_wait else _wait_for_lm_cells(plan, quiet)).report(report)
+            print(f"divviz: {plan.name}: {plan.done} of {len(plan.runs)} runs finished; the report has their cells"
+                  + (", and nothing was queued (--no-train)" if args.no_train else
+                     ", and the pool goes on training the rest (run this again later)"), file=sys.stderr)
+        report = (plan if args.no_wait or args.no_train else _wait_for_lm_cells(plan, quiet)).report(report)
     if args.real:
         report = _real_cells(args, quiet).report(report)
     if out:
@@ -259,7 +260,8 @@ def _real_cells(args, quiet: bool):
     return plan
 
 
-def _queue_lm_cells(args):
+def _lm_cells(args):
+    """The LM cells' plan, read from the runs folder, its missing runs queued (none with --no-train)."""
     from divviz.engine.models import MODELS, model_settings
     from divviz.engine.store import runs_dir
     from divviz.evidence import claims_lm
@@ -276,7 +278,7 @@ def _queue_lm_cells(args):
     steps = claims_lm.STEPS_PARAM.check(args.lm_steps or claims_lm.default_steps(args.lm_model, setting), "claims")
     plan = claims_lm.LMPlan.read(runs_dir(args.runs_dir), seeds, steps, args.lm_model, setting)
     found = len(plan.runs) - len(plan.missing)
-    queued = plan.queue_missing()
+    queued = [] if args.no_train else plan.queue_missing()
     print(f"divviz: {plan.name}: {found} of {len(plan.runs)} runs already in {plan.root}, {len(queued)} queued",
           file=sys.stderr)
     return plan.refreshed()
@@ -357,6 +359,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a setting of --lm-model: for smollm2-135m learn (default) or stress (lr 2e-4)")
     p.add_argument("--no-wait", action="store_true",
                    help="with --lm: report the cells of the runs finished so far, leave the rest training in the pool")
+    p.add_argument("--no-train", action="store_true",
+                   help="with --lm: report the runs already in the runs folder and queue nothing (e.g. a grid trained "
+                        "on another machine and copied here)")
     p.add_argument("--runs-dir", help="runs folder for --lm (default: $DIVVIZ_RUNS_DIR, else ./runs)")
     p.add_argument("--real", action="store_true",
                    help="add SmolLM2-135M's cells: one update per rollout batch under each measure, from the same "

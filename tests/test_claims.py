@@ -305,6 +305,26 @@ def test_no_wait_reports_the_finished_runs_and_leaves_the_rest_queued(lm_plan, t
     assert runner.stop_run(stopped) == "stopped"  # so that the pool this started finds nothing queued and leaves
 
 
+def test_no_train_reports_a_grid_trained_elsewhere_and_queues_nothing(lm_plan, tmp_path, capsys):
+    root = tmp_path / "runs"
+    shutil.copytree(lm_plan.root, root, ignore=shutil.ignore_patterns(".divviz"))
+    stopped = claims_lm.LMPlan.read(root, LM_SEEDS, LM_STEPS).runs[(claims.KL3_WIDE, "task", 0)].folder
+    write_status(stopped, {**read_status(stopped), "state": "stopped", "step": 1})
+    folders = sorted(p.name for p in root.iterdir())
+    argv = ["claims", "--seeds", "2", "--lm", "--lm-seeds", str(LM_SEEDS), "--lm-steps", str(LM_STEPS),
+            "--runs-dir", str(root), "--no-train", "--json"]
+    assert main(argv) == 0
+    out = capsys.readouterr()
+    total = len(lm_plan.runs)
+    assert f"{total - 1} of {total} runs finished" in out.err and "nothing was queued (--no-train)" in out.err
+    assert read_status(stopped)["state"] == "stopped" and sorted(p.name for p in root.iterdir()) == folders
+    assert not (root / ".divviz" / "pool.log").exists()  # no pool was started
+    kl3 = [r for r in json.loads(out.out) if r["setting"] == claims.LM and r["candidate"] == claims.KL3_WIDE]
+    assert kl3 and {r["n"] for r in kl3} == {LM_SEEDS - 1}
+    plan = claims_lm.LMPlan.read(root, LM_SEEDS, LM_STEPS)
+    assert plan.text.endswith(f"; trained on cpu ({total - 1} runs)")  # each run's status.json names its device
+
+
 def test_cli_refuses_lm_options_without_lm(capsys):
     assert main(["claims", "--lm-seeds", "4"]) == 2
     assert main(["claims", "--lm", "--lm-seeds", "1"]) == 2

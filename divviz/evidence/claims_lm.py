@@ -27,6 +27,7 @@ seeds resolve what), then the others seed by seed, the random-reward control las
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
@@ -178,9 +179,12 @@ class LMPlan:
     @property
     def text(self) -> str:
         cfg = run_config(measures()[0][0], 0, self.steps, self.model, setting=self.setting)
+        devices = Counter(run.status.get("device") or "an unrecorded device" for run in self.runs.values()
+                          if run is not None and run.state in FINAL)
         return (f"{self.name}: {cfg.task}, {cfg.steps} steps of {cfg.prompts} prompts × {cfg.group_size}, μ = {cfg.mu}, "
                 f"{cfg.minibatches} mini-batch{'es' if cfg.minibatches > 1 else ''}, lr {cfg.lr:g}, held-out "
-                f"evaluation every {cfg.eval_every} steps, with {self.seeds} seeds per measure")
+                f"evaluation every {cfg.eval_every} steps, with {self.seeds} seeds per measure"
+                + (f"; trained on {', '.join(f'{d} ({n} runs)' for d, n in devices.most_common())}" if devices else ""))
 
     def queue_missing(self, owner: str = "") -> list:
         """Queue a run for every cell without one, seed by seed, and resume those that stopped half-way; returns
