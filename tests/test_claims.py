@@ -323,6 +323,11 @@ def test_no_train_reports_a_grid_trained_elsewhere_and_queues_nothing(lm_plan, t
     assert kl3 and {r["n"] for r in kl3} == {LM_SEEDS - 1}
     plan = claims_lm.LMPlan.read(root, LM_SEEDS, LM_STEPS)
     assert plan.text.endswith(f"; trained on cpu ({total - 1} runs)")  # each run's status.json names its device
+    assert 0.0 < plan.time_left() < np.inf
+    for run in plan.runs.values():  # as if trained on a GPU and copied here: their pace is not this CPU's
+        write_status(run.folder, {**read_status(run.folder), "device": "cuda"})
+    plan = plan.refreshed()
+    assert plan.text.endswith(f"; trained on cuda ({total - 1} runs)") and plan.time_left() is None
 
 
 def test_cli_refuses_lm_options_without_lm(capsys):

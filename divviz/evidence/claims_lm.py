@@ -37,6 +37,7 @@ import numpy as np
 from divviz.evidence import claims, intervals
 from divviz.engine import runner, store
 from divviz.engine.config import RunConfig, objective_settings
+from divviz.engine.model import pick_device
 from divviz.engine.models import BUILTIN, model_defaults, model_settings
 from divviz.engine.pool import max_runs
 from divviz.metrics import proportion
@@ -303,10 +304,14 @@ class LMPlan:
 
     def time_left(self) -> float | None:
         """Seconds until every cell has a final run, at the pace of this plan's runs so far (wall time per step,
-        evaluations included, with the pool's runs side by side); None before a step is done."""
+        evaluations included, with the pool's runs side by side) that trained on the kind of device the rest would
+        train on here — a grid trained on a GPU and copied to a CPU says nothing of the CPU's pace; None before such
+        a step is done."""
+        here = pick_device().type
         spent = steps = 0.0
         for run in self.runs.values():
-            if run is not None and run.step and run.status.get("started"):
+            if (run is not None and run.step and run.status.get("started")
+                    and run.status.get("device", "") in ("", here)):
                 spent += max(0.0, run.status.get("updated", 0.0) - run.status["started"])
                 steps += run.step
         if not steps:
