@@ -280,6 +280,7 @@ def test_the_runs_table_says_where_each_run_came_from_and_filters_by_it(tmp_path
     table = at.dataframe[0].value
     sources = dict(zip(table["run"], table["source"]))
     assert sources[folder.name].startswith("UNIPO (JSON, metrics only)") and "trained here" in sources.values()
+    assert sorted(table["device"]) == ["", "cpu"]  # the run divviz trained says where; the import cannot
     at.text_input(key="runs:filter").set_value("unipo").run()
     assert list(at.dataframe[0].value["run"]) == [folder.name]
     at.switch_page("app_pages/step_inspector.py").run()

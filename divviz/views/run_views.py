@@ -277,6 +277,7 @@ def overview_row(run, viewer) -> dict:
     collapsed = last.get("stability/collapse_step")
     return {"run": run.name, "state": run.state, "step": f"{run.step}/{run.steps}",
             "owner": owner_label(run.status, viewer), "model": run.config.get("model", ""),
+            "device": run.status.get("device") or "",  # where it trained (a runs folder may come from a GPU machine)
             "task": task_label(run.config), "objective": run_label(run), "seed": run.config.get("seed"),
             "reward": last.get("reward", float("nan")), "accuracy": last.get("accuracy", float("nan")),
             "held-out": (f"{evals[0]['eval/accuracy']:.2f} → {evals[-1]['eval/accuracy']:.2f}" if len(evals) > 1 else
