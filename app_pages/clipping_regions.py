@@ -12,7 +12,9 @@ from divviz.catalogue.penalties import PENALTIES
 from divviz.app.urlstate import Control, measure_param_controls
 
 PAGE = "regions"
-TABS = ("Gradient weight", "Penalties", "Rollout corrections", "Probability space")  # below the surrogate; one drawn
+TAB_CHARTS = {"Gradient weight": ("weight",), "Penalties": ("penalty",), "Rollout corrections": ("correction",),
+              "Probability space": ("region", "logit")}  # below the surrogate; only the open tab's are built
+TABS = tuple(TAB_CHARTS)
 CONTROLS = [
     Control("m", ["ratio", "clip_higher", "kl3"], family="clip"),
     Control("s", ["cispo:hi=1.28", "sapo"], family="surrogate"),
@@ -56,7 +58,8 @@ with ui.shown_errors():
     if not tests:
         st.info("Pick at least one clip test in the sidebar.")
         st.stop()
-    charts = explorer.clipping_regions(tests, pi_old, c, surrogates, penalties, corrections)
+    charts = explorer.clipping_regions(tests, pi_old, c, surrogates, penalties, corrections,
+                                       charts=("intervals", "sweeps", "surrogate"))
 
     ui.show_chart(charts["intervals"], "intervals")
     ui.show_chart(charts["sweeps"], "interval sweeps")
@@ -66,6 +69,7 @@ with ui.shown_errors():
     ui.show_chart(charts["surrogate"], "surrogate and gradient")
     applies = {"Penalties": bool(penalties), "Rollout corrections": bool(corrections)}
     shown, tab = ui.lazy_tabs(PAGE, BY_NAME["tab"], applies)
+    charts = explorer.clipping_regions(tests, pi_old, c, surrogates, penalties, corrections, charts=TAB_CHARTS[shown])
     with tab:
         if shown == "Gradient weight":
             st.write("Every loss here has the gradient ∂ℓ/∂log π = −A·γ(w). Under PPO's surrogate γ is w inside the "

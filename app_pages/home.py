@@ -41,8 +41,8 @@ for start in range(0, len(PAGE_GUIDE), 3):
                                                                                  start + 1)):
         column.page_link(path, label=f"{number}. {label}", icon=icon)
         column.caption(what)
-charts = explorer.clipping_regions(explorer.default_tests(), pi_old=0.3, dual_clip_c=None)
-st.plotly_chart(charts["surrogate"].figure, config=ui.PLOTLY_CONFIG, key="home:surrogate")
+surrogate = explorer.clipping_regions(explorer.default_tests(), pi_old=0.3, dual_clip_c=None, charts=("surrogate",))
+st.plotly_chart(surrogate["surrogate"].figure, config=ui.PLOTLY_CONFIG, key="home:surrogate")
 st.caption("PPO ε = 0.2, DAPO (0.2, 0.28) and KL3 δ = 0.05 on the same tokens; the coloured strips mark where "
            "each clip removes the gradient. Open *Clipping regions* to move them.")
 

@@ -117,6 +117,23 @@ def test_clipping_regions_page_reacts_and_shares():
     assert json.loads(specs(at)[0])["data"][0]["name"].startswith("kl2")
 
 
+def test_clipping_regions_builds_only_the_charts_it_shows(monkeypatch):
+    from divviz.views import plots
+
+    built = []
+    for name in ("interval_chart", "sweep_chart", "gradient_weight_chart", "penalty_chart", "correction_chart",
+                 "region_chart", "logit_chart"):
+        chart = getattr(plots, name)
+        monkeypatch.setattr(plots, name, lambda *a, _chart=chart, _name=name, **k: built.append(_name) or _chart(*a, **k))
+    at = AppTest.from_file(APP, default_timeout=120).run()
+    assert built == []  # the home page builds the one chart it shows, the surrogate
+    at.switch_page("app_pages/clipping_regions.py").run()
+    assert set(built) == {"interval_chart", "sweep_chart", "gradient_weight_chart"}  # not the hidden tabs' charts
+    built.clear()
+    open_tab(at, "regions:tab", "Probability space")
+    assert set(built) == {"interval_chart", "sweep_chart", "region_chart", "logit_chart"}
+
+
 def test_the_same_measure_twice_with_its_own_parameters():
     at = open_page("app_pages/clipping_regions.py", {"m": "kl3"})
     click(at, "Duplicate")

@@ -80,41 +80,52 @@ def weight_curves(objectives: list[Objective], pi_old: float) -> list[tuple[str,
     return curves
 
 
+CLIPPING_CHARTS = ("intervals", "sweeps", "surrogate", "weight", "penalty", "correction", "region", "logit")
+
+
 def clipping_regions(tests: list[ClipTest], pi_old: float, dual_clip_c: float | None,
                      surrogates: list[Surrogate] = (), penalties: list[Penalty] = (),
-                     corrections: list[dict] = ()) -> dict[str, Chart]:
-    """Intervals now, intervals as the parameter moves, the (π_old, π_new) region, surrogate/gradient, logit room,
-    the gradient weight of each test under PPO's surrogate and of each surrogate, each penalty's value and slope
-    against π_θ/π_ref at π_ref = π_old, and each rollout correction's multiplier against π_old/π_roll (`corrections`:
-    `rollout_variant`s; bypass mode has none: its ratio is the loss's). The same test may come several times (its
-    labels are made distinct)."""
+                     corrections: list[dict] = (), charts: tuple[str, ...] = CLIPPING_CHARTS) -> dict[str, Chart]:
+    """The `charts` named (the page asks for the ones it shows): intervals now, intervals as the parameter moves, the
+    surrogate/gradient, the gradient weight of each test under PPO's surrogate and of each surrogate, each penalty's
+    value and slope against π_θ/π_ref at π_ref = π_old, each rollout correction's multiplier against π_old/π_roll
+    (`corrections`: `rollout_variant`s; bypass mode has none: its ratio is the loss's), the (π_old, π_new) region and
+    the logit room. The same test may come several times (its labels are made distinct)."""
     labels = unique_labels([t.label for t in tests])
-    sweeps = []
-    for test, label in zip(tests, labels):
-        param = test.entry.params[-1]
-        low, high, _ = param.slider_range()
-        values = np.linspace(low, high, 120)
-        lower, upper = explore.interval_sweep(test, param.name, values, pi_old)
-        sweeps.append({"label": label, "param": param.name, "values": values, "lower": lower,
-                       "upper": upper, "current": test.params[param.name]})
     labelled = list(zip(labels, tests))
-    weighed = compared_objectives(tests, surrogates, dual_clip_c=dual_clip_c)[0] if tests or surrogates else []
-    intervals = [(label, *(float(b) for b in t.bounds(np.asarray(pi_old)))) for label, t in labelled]
-    return {
-        "intervals": plots.interval_chart(intervals),
-        "sweeps": plots.sweep_chart(sweeps),
-        "region": plots.region_chart(PI_OLD_GRID, [(label, *explore.feasible_region(t, PI_OLD_GRID))
+
+    def sweeps() -> list[dict]:
+        found = []
+        for label, test in labelled:
+            param = test.entry.params[-1]
+            low, high, _ = param.slider_range()
+            values = np.linspace(low, high, 120)
+            lower, upper = explore.interval_sweep(test, param.name, values, pi_old)
+            found.append({"label": label, "param": param.name, "values": values, "lower": lower,
+                          "upper": upper, "current": test.params[param.name]})
+        return found
+
+    def weighed() -> list:
+        return compared_objectives(tests, surrogates, dual_clip_c=dual_clip_c)[0] if tests or surrogates else []
+
+    build = {
+        "intervals": lambda: plots.interval_chart([(label, *(float(b) for b in t.bounds(np.asarray(pi_old))))
                                                    for label, t in labelled]),
-        "surrogate": plots.surrogate_chart(
+        "sweeps": lambda: plots.sweep_chart(sweeps()),
+        "surrogate": lambda: plots.surrogate_chart(
             [(label, explore.ratio_curves(t, RATIO_GRID, pi_old, dual_clip_c)) for label, t in labelled]),
-        "logit": plots.logit_chart(PI_OLD_GRID, [(label, *explore.logit_room(t, PI_OLD_GRID)) for label, t in labelled]),
-        "weight": plots.gradient_weight_chart(RATIO_GRID, weight_curves(weighed, pi_old)),
-        "penalty": plots.penalty_chart(PENALTY_GRID, [(p.label, *explore.penalty_curves(p, PENALTY_GRID, pi_old))
-                                                      for p in penalties], pi_old),
-        "correction": plots.correction_chart(RHO_GRID, [
+        "weight": lambda: plots.gradient_weight_chart(RATIO_GRID, weight_curves(weighed(), pi_old)),
+        "penalty": lambda: plots.penalty_chart(PENALTY_GRID, [(p.label, *explore.penalty_curves(p, PENALTY_GRID, pi_old))
+                                                              for p in penalties], pi_old),
+        "correction": lambda: plots.correction_chart(RHO_GRID, [
             (rollout_label(v) or "none", explore.correction_curve(correction_from(v), RHO_GRID))
             for v in corrections if not v.get("bypass_mode")]),
+        "region": lambda: plots.region_chart(PI_OLD_GRID, [(label, *explore.feasible_region(t, PI_OLD_GRID))
+                                                           for label, t in labelled]),
+        "logit": lambda: plots.logit_chart(PI_OLD_GRID, [(label, *explore.logit_room(t, PI_OLD_GRID))
+                                                         for label, t in labelled]),
     }
+    return {name: build[name]() for name in charts}
 
 
 @dataclass
