@@ -36,6 +36,7 @@ CONTROLS = [Control("seeds", claims.QUICK_SEEDS, param=claims.SEEDS_PARAM),
             Control("lm_model", "builtin", options=tuple(MODELS)),
             Control("lm_setting", "learn", options=(*SMOLLM2_SETTINGS, "the lab's defaults")),
             Control("lm_seeds", claims_lm.SEEDS_PARAM.default, param=claims_lm.SEEDS_PARAM),
+            Control("lm_pilot_seeds", claims_lm.PILOT_SEEDS_PARAM.default, param=claims_lm.PILOT_SEEDS_PARAM),
             Control("lm_steps", claims_lm.STEPS_PARAM.default, param=claims_lm.STEPS_PARAM)]
 
 st.title("Claims")
@@ -62,7 +63,7 @@ st.write("Several of the claims are also tested by training a language model —
          "done; n says how many seeds each has.")
 lm_plan = None
 with ui.shown_errors():
-    model_column, setting_column, left, right = st.columns(4)
+    model_column, setting_column, left, pilot_column, right = st.columns(5)
     lm_model = model_column.selectbox("Model", list(MODELS), key="claims:lm_model",
                                       help="the built-in LM (reverse, 60 steps: about 5 minutes for every cell on 2 "
                                            "cores) or SmolLM2-135M-Instruct (its own task, held-out set and settings: "
@@ -74,6 +75,9 @@ with ui.shown_errors():
     lm_setting = lm_setting if settings else ""
     lm_seeds = left.slider("Seeds per measure", *map(int, claims_lm.SEEDS_PARAM.slider_range()[:2]),
                            key="claims:lm_seeds", help=claims_lm.SEEDS_PARAM.doc)
+    lm_pilot_seeds = pilot_column.number_input("Pilot pair's seeds", int(claims_lm.PILOT_SEEDS_PARAM.low),
+                                               int(claims_lm.PILOT_SEEDS_PARAM.high), key="claims:lm_pilot_seeds",
+                                               help=claims_lm.PILOT_SEEDS_PARAM.doc)
     if settings:  # the setting brings its steps: shown, not chosen
         right.number_input("Steps per run", value=claims_lm.default_steps(lm_model, lm_setting), disabled=True,
                            key=f"claims:lm_steps_of:{lm_model}:{lm_setting}", help="the setting's own")
@@ -83,7 +87,7 @@ with ui.shown_errors():
                                       int(claims_lm.STEPS_PARAM.high), key="claims:lm_steps",
                                       help=claims_lm.STEPS_PARAM.doc)
     ui.publish_controls(PAGE, CONTROLS)
-    lm_plan = claims_lm.LMPlan.read(store.runs_dir(), lm_seeds, lm_steps, lm_model, lm_setting)
+    lm_plan = claims_lm.LMPlan.read(store.runs_dir(), lm_seeds, lm_steps, lm_model, lm_setting, lm_pilot_seeds)
 if lm_plan is not None and lm_plan.done:
     result = lm_plan.report(result)
 if lm_plan is not None and lm_plan.finished:

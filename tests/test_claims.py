@@ -253,6 +253,41 @@ def test_collapses_and_learning_curves_over_seeds(lm_plan):
     assert "resolve a mean difference of" in claims_lm.pilot_text(pilot)  # the interval's own half-width
 
 
+def test_the_pilot_pair_can_have_more_seeds_than_the_other_measures(lm_plan, capsys):
+    """The pilot's declared extension: PPO and KL3 δ = 0.05 on more seeds than the other measures. Read here as 2 seeds
+    per measure and 3 for the pair, from the fixture's runs of seeds 0–2: a cell of the pair alone (and of one of
+    them against its own start) has the pair's 3 seeds and equals the 3-seed plan's cell; every other cell has 2
+    and equals the 2-seed plan's; so do the collapse table's rows and the pilot."""
+    plan = claims_lm.LMPlan.read(lm_plan.root, 2, LM_STEPS, pilot_seeds=3)
+    two = claims_lm.LMPlan.read(lm_plan.root, 2, LM_STEPS)
+    assert plan.finished and len(plan.runs) == 2 * len(claims_lm.measures()) + 2
+    assert "with 2 seeds per measure (3 for the pilot pair, " in plan.text
+    pair = {claims.START, claims.ZERO, *claims_lm.PILOT}
+    by_cell = {seeds: {(r["claim_key"], r["candidate"], r["baseline"], r["condition"], r["metric"]): r for r in rows}
+               for seeds, rows in ((2, two.rows()), (3, lm_plan.rows()))}
+    rows = plan.rows()
+    assert len(rows) == len(by_cell[2]) and any(r["n"] == 3 for r in rows) and any(r["n"] == 2 for r in rows)
+    for row in rows:
+        seeds = 3 if {row["candidate"], row["baseline"]} <= pair and "random rewards" not in row["condition"] else 2
+        same = by_cell[seeds][(row["claim_key"], row["candidate"], row["baseline"], row["condition"], row["metric"])]
+        assert row["n"] == seeds and (row["mean"], row["low"], row["high"]) == pytest.approx(
+            (same["mean"], same["low"], same["high"]), nan_ok=True)
+    table = {row["measure"]: row["n"] for row in plan.collapses()}
+    assert table[claims.PPO] == table[claims.KL3_WIDE] == 3 and table[claims.DAPO] == 2
+    assert plan.pilot()["n"] == 3 and plan.curves("eval/accuracy")[claims.PPO]["n"] == 3
+    more = claims_lm.LMPlan.read(lm_plan.root, 3, LM_STEPS, pilot_seeds=4)  # the pair's next seed is queued first
+    assert more.missing == [(claims.PPO, "task", 3), (claims.KL3_WIDE, "task", 3)]
+    assert claims_lm.LMPlan.read(lm_plan.root, 3, LM_STEPS, pilot_seeds=2).pilot_seeds == 3  # never below the rest
+
+    argv = ["claims", "--seeds", "2", "--lm", "--lm-seeds", "2", "--lm-pilot-seeds", "3", "--lm-steps", str(LM_STEPS),
+            "--runs-dir", str(lm_plan.root), "--no-train", "--json"]
+    assert main(argv) == 0
+    out = capsys.readouterr()
+    assert f"{len(plan.runs)} of {len(plan.runs)} runs already" in out.err
+    assert sorted(r["n"] for r in json.loads(out.out) if r["setting"] == claims.LM) == sorted(r["n"] for r in rows)
+    assert main([*argv[:7], "65", *argv[8:]]) == 2 and "lm_pilot_seeds" in capsys.readouterr().err
+
+
 def test_finished_runs_are_read_not_trained_again(lm_plan, capsys):
     folders = sorted(p.name for p in lm_plan.root.iterdir())
     assert claims_lm.LMPlan.read(lm_plan.root, LM_SEEDS, LM_STEPS).finished
@@ -364,6 +399,8 @@ def test_claims_page_trains_and_then_includes_the_lm_cells(tmp_path, monkeypatch
     assert len(collapses) == len(claims_lm.measures()) - 2 and set(collapses.collapsed.str[-4:]) == {"of 2"}
     curves = [c for c in at.get("plotly_chart") if "Learning curves" in c.proto.spec]
     assert len(curves) == 1 and all(panel in curves[0].proto.spec for panel in ("held-out, sampled", "entropy"))
+    at.number_input(key="claims:lm_pilot_seeds").set_value(3).run()  # the pilot pair on one more seed
+    assert not at.exception and at.button(key="claims:lm_start").label == "Train the 2 missing runs"
 
 
 def test_claims_page_says_when_the_runs_folder_is_unusable(tmp_path, monkeypatch):

@@ -20,7 +20,8 @@ remain):
 Runs are queued in `queue_order`: PPO and KL3 δ = 0.05 on every seed first (the pilot whose spread says how many
 seeds resolve what), then the others seed by seed, the random-reward control last.
 
-    plan = LMPlan.read(root, seeds=8, steps=60)   # which runs exist (model=, setting= for SmolLM2)
+    plan = LMPlan.read(root, seeds=8, steps=60)   # which runs exist (model=, setting= for SmolLM2; pilot_seeds=
+                                                 # for the pilot pair on more seeds than the rest)
     plan.queue_missing(owner)                    # queue the others (returns at once)
     rows = plan.rows()                           # once plan.finished: the report's cells
 """
@@ -46,6 +47,9 @@ from divviz.catalogue.params import DivvizInputError, Param
 TASK = "reverse"
 SEEDS_PARAM = Param("lm_seeds", 8, 2, 64, high_open=False, kind="int", typical=(2, 16, 1),
                     doc="runs per measure on the language model (seeds 0, 1, …)")
+PILOT_SEEDS_PARAM = Param("lm_pilot_seeds", 2, 2, 64, high_open=False, kind="int", typical=(2, 16, 1),
+                          doc="seeds of the pilot pair (PPO ε = 0.2 and KL3 δ = 0.05), at least the seeds per "
+                              "measure: the headline's paired difference at more seeds than the other measures'")
 STEPS_PARAM = Param("lm_steps", 60, 2, 1000, high_open=False, kind="int", typical=(6, 120, 1),
                     doc="GRPO steps of each built-in LM run (SmolLM2's come with its setting)")
 FINAL = ("done", "failed")  # a run in one of these states is a result; any other ends in the queue again
@@ -63,11 +67,11 @@ def measures() -> list[tuple[str, str]]:
 PILOT = (claims.PPO, claims.KL3_WIDE)  # trained first, every seed: the spread of the headline's paired difference
 
 
-def queue_order(seeds: int) -> list[tuple[str, str, int]]:
-    """The cells (measure, reward, seed) in the order they are queued: the pilot's (PPO and KL3 δ = 0.05, every
-    seed) first, then the other measures seed by seed, the random-reward control last, so that a grid stopped
-    half-way holds whole pairs, the headline's first."""
-    pilot = [(m, "task", s) for s in range(seeds) for m in PILOT]
+def queue_order(seeds: int, pilot_seeds: int = 0) -> list[tuple[str, str, int]]:
+    """The cells (measure, reward, seed) in the order they are queued: the pilot's (PPO and KL3 δ = 0.05, on
+    seeds 0 … max(seeds, pilot_seeds) − 1) first, then the other measures seed by seed, the random-reward control
+    last, so that a grid stopped half-way holds whole pairs, the headline's first."""
+    pilot = [(m, "task", s) for s in range(max(seeds, pilot_seeds)) for m in PILOT]
     rest = [(m, r, s) for r in ("task", "random") for s in range(seeds) for m, rr in measures() if rr == r]
     return pilot + [key for key in rest if key not in pilot]
 
@@ -109,7 +113,8 @@ def readings(metric: str, steps: int) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class LMPlan:
-    """A language model's cells and the run (if any) that holds each: `runs[(measure, reward, seed)]`."""
+    """A language model's cells and the run (if any) that holds each: `runs[(measure, reward, seed)]`; `seeds` per
+    measure, `pilot_seeds` (≥ seeds) for the pilot pair with the task's rewards."""
 
     root: Path
     seeds: int
@@ -117,13 +122,15 @@ class LMPlan:
     runs: dict  # (measure, reward, seed) → RunInfo or None, in the order they are queued
     model: str = BUILTIN
     setting: str = ""
+    pilot_seeds: int = 0
 
     @staticmethod
     def read(root, seeds: int = SEEDS_PARAM.default, steps: int | None = None, model: str = BUILTIN,
-             setting: str = "") -> "LMPlan":
+             setting: str = "", pilot_seeds: int = 0) -> "LMPlan":
         steps = steps or default_steps(model, setting)
+        pilot_seeds = max(seeds, pilot_seeds)
         wanted = {key: _how_it_trains(run_config(key[0], key[2], steps, model, key[1], setting))
-                  for key in queue_order(seeds)}
+                  for key in queue_order(seeds, pilot_seeds)}
         found: dict = {}
         for run in store.list_runs(root):  # newest first: a final run wins over a later one still queued
             if run.state not in (*FINAL, "queued", "running", *runner.RESUMABLE):
@@ -135,7 +142,12 @@ class LMPlan:
                 if config == wanted_config:
                     if key not in found or _rank(run) > _rank(found[key]):
                         found[key] = run
-        return LMPlan(root, seeds, steps, {key: found.get(key) for key in wanted}, model, setting)
+        return LMPlan(root, seeds, steps, {key: found.get(key) for key in wanted}, model, setting, pilot_seeds)
+
+    def seeds_of(self, *measures: str, reward: str = "task") -> range:
+        """The seeds on which all of `measures` (with `reward`) train: the pilot pair's own, else the plan's."""
+        pilot = reward == "task" and all(m in PILOT for m in measures)
+        return range(self.pilot_seeds if pilot else self.seeds)
 
     @property
     def missing(self) -> list[tuple[str, str, int]]:
@@ -185,6 +197,8 @@ class LMPlan:
         return (f"{self.name}: {cfg.task}, {cfg.steps} steps of {cfg.prompts} prompts × {cfg.group_size}, μ = {cfg.mu}, "
                 f"{cfg.minibatches} mini-batch{'es' if cfg.minibatches > 1 else ''}, lr {cfg.lr:g}, held-out "
                 f"evaluation every {cfg.eval_every} steps, with {self.seeds} seeds per measure"
+                + (f" ({self.pilot_seeds} for the pilot pair, {' and '.join(PILOT)})"
+                   if self.pilot_seeds > self.seeds else "")
                 + (f"; trained on {', '.join(f'{d} ({n} runs)' for d, n in devices.most_common())}" if devices else ""))
 
     def queue_missing(self, owner: str = "") -> list:
@@ -203,7 +217,7 @@ class LMPlan:
         return folders
 
     def refreshed(self) -> "LMPlan":
-        return LMPlan.read(self.root, self.seeds, self.steps, self.model, self.setting)
+        return LMPlan.read(self.root, self.seeds, self.steps, self.model, self.setting, self.pilot_seeds)
 
     @cached_property
     def finished_series(self) -> dict:
@@ -229,7 +243,9 @@ class LMPlan:
                             return None
                         return 0.0 if name == claims.ZERO else own["start" if name == claims.START else reading][c.metric]
 
-                    pairs = [(a, b) for a, b in ((value(c.candidate, s), value(c.baseline, s)) for s in range(self.seeds))
+                    compared = [m for m in (c.candidate, c.baseline) if m not in (claims.START, claims.ZERO)]
+                    pairs = [(a, b) for a, b in ((value(c.candidate, s), value(c.baseline, s))
+                                                 for s in self.seeds_of(*compared, reward=claim.reward))
                              if a is not None and b is not None and np.isfinite(a) and np.isfinite(b)]
                     d = intervals.paired(*zip(*pairs)) if pairs else intervals.Paired(np.nan, np.nan, np.nan, 0, 0)
                     task = run_config(c.candidate, 0, self.steps, self.model, setting=self.setting).task
@@ -248,7 +264,7 @@ class LMPlan:
         for measure in dict.fromkeys(m for m, r, _ in self.runs if r == "task"):
             steps, mean_rewards = [], []
             n = 0
-            for seed in range(self.seeds):
+            for seed in self.seeds_of(measure):
                 run = self.runs[(measure, "task", seed)]
                 if run is None or run.state not in FINAL:
                     continue
@@ -274,7 +290,7 @@ class LMPlan:
         bounds = (0.0, 1.0) if metric in (*claims.HELD_OUT, "reward", "accuracy") else (0.0, np.inf)
         for measure in dict.fromkeys(m for m, r, _ in self.runs if r == "task"):
             series = []
-            for seed in range(self.seeds):
+            for seed in self.seeds_of(measure):
                 if (measure, "task", seed) in self.finished_series:
                     rows, evals = self.finished_series[(measure, "task", seed)]
                     by_step = evals if metric in claims.HELD_OUT else rows
@@ -290,9 +306,9 @@ class LMPlan:
         """The pilot's spread: over the seeds where both of `PILOT`'s runs are done, the final `metric` of each, the
         standard deviation (ddof 1) of PPO's and of the paired difference KL3 − PPO, and the smallest paired difference
         S seeds could resolve at that spread (`intervals.half_width`) for each S in `sizes`; None below 2 seeds."""
-        finals = {(measure, seed): _readings(*self.finished_series[(measure, "task", seed)], self.steps)["end"][metric]
-                  for measure in PILOT for seed in range(self.seeds) if (measure, "task", seed) in self.finished_series}
-        seeds = [s for s in range(self.seeds) if all((m, s) in finals for m in PILOT)]
+        series = self.finished_series
+        seeds = [s for s in self.seeds_of(*PILOT) if all((m, "task", s) in series for m in PILOT)]
+        finals = {(m, s): _readings(*series[(m, "task", s)], self.steps)["end"][metric] for m in PILOT for s in seeds}
         if len(seeds) < 2:
             return None
         ppo = np.array([finals[(PILOT[0], s)] for s in seeds])
