@@ -221,6 +221,11 @@ def test_over_training_cells_pair_runs_that_share_seed_and_prompts_and_read_held
                          [last(claims.PPO, s, "stability/max_kl") for s in range(LM_SEEDS)])
     assert (cell["mean"], cell["low"], cell["high"]) == pytest.approx((d.mean, d.low, d.high))
     assert cell["predicted_sign"] == "−" and cell["verdict"] == intervals.verdict(d.low, d.high, -1)
+    cell = next(r for r in rows if r["metric"] == "stability/collapsed")  # 0/1 per run: Newcombe's paired interval
+    d = intervals.paired_binary([last(claims.KL3_WIDE, s, "stability/collapsed") for s in range(LM_SEEDS)],
+                                [last(claims.PPO, s, "stability/collapsed") for s in range(LM_SEEDS)])
+    assert (cell["mean"], cell["low"], cell["high"]) == pytest.approx((d.mean, d.low, d.high))
+    assert -1 <= cell["low"] < cell["high"] <= 1  # not [0, 0] when no run collapsed
 
 
 def test_collapses_and_learning_curves_over_seeds(lm_plan):

@@ -95,3 +95,32 @@ def test_a_spreads_interval_is_the_chi_square_one():
     one = np.array([-1.0, 1.0, -1.0, 1.0]) * np.sqrt(3) / 2  # s = 1
     assert intervals.sd_interval(one) == pytest.approx((1.0, 0.5665, 3.7285), abs=5e-4)
     assert np.isnan(intervals.sd_interval([0.4])).all()
+
+
+def flags(n11: int, n10: int, n01: int, n00: int) -> tuple[list[int], list[int]]:
+    """Two 0/1 readings per seed from the paired 2 × 2 table (candidate, baseline): n11 both 1, n10 only the first …"""
+    return [1] * (n11 + n10) + [0] * (n01 + n00), [1] * n11 + [0] * n10 + [1] * n01 + [0] * n00
+
+
+def test_a_paired_flags_interval_is_newcombes_and_stays_in_minus_1_1():
+    """Newcombe's square-and-add interval for paired proportions against the R package contingencytables' test of
+    Chapter 8 (complete response before and after consolidation therapy, Cavo et al. 2012: 59, 6, 16, 80 →
+    −0.0621 [−0.1186, −0.0046]); and at 4 seeds, where the t-interval of the differences says [0, 0] when no seed
+    differs and [−1.84, +1.84] when two seeds collapse under each measure, on other seeds."""
+    d = intervals.paired_binary(*flags(59, 6, 16, 80))
+    assert (round(d.mean, 4), round(d.low, 4), round(d.high, 4), d.n, d.reversed) == (-0.0621, -0.1186, -0.0046, 161, 6)
+    none = intervals.paired_binary(*flags(0, 0, 0, 4))
+    assert none.mean == 0 and none.low == pytest.approx(-proportion(0, 4)[2]) and none.high == -none.low
+    assert intervals.paired(*flags(0, 0, 0, 4)).low == 0  # the t-interval: degenerate
+    swapped = intervals.paired_binary(*flags(0, 2, 2, 0))
+    assert -1 < swapped.low < -0.5 and swapped.high == pytest.approx(-swapped.low)
+    assert intervals.paired(*flags(0, 2, 2, 0)).high > 1.8  # the t-interval: past what a difference of shares can be
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        a, b = rng.integers(0, 2, size=(2, int(rng.integers(1, 12))))
+        d = intervals.paired_binary(a, b)
+        assert -1 <= d.low <= d.mean <= d.high <= 1 and d.mean == pytest.approx(a.mean() - b.mean())
+        back = intervals.paired_binary(b, a)  # the other way round: the same interval, mirrored
+        assert (back.low, back.high) == (pytest.approx(-d.high), pytest.approx(-d.low))
+    with pytest.raises(ValueError):
+        intervals.paired_binary([0.5], [1])

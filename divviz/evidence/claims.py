@@ -72,6 +72,7 @@ KL3_HIGH_EDGE, KL3_WIDE, BOX_LOW_ONLY, BOX_HIGH_ONLY = KL3_AND_ABLATIONS[1:5]
 # metrics once for the whole run (`engine/stability.py`); lower is more stable.
 HELD_OUT = ("eval/accuracy", "eval/accuracy_greedy")
 WHOLE_RUN = ("stability/collapsed", "stability/max_kl", "stability/max_clip")
+BINARY = ("stability/collapsed",)  # 0/1 per run: paired by `intervals.paired_binary`, whose interval stays in [−1, 1]
 TRAINING = ((HELD_OUT[0], +1), (HELD_OUT[1], +1), *((metric, -1) for metric in WHOLE_RUN))
 
 

@@ -15,8 +15,10 @@ remain):
                                                      last T/6 steps
     held-out accuracy (`claims.HELD_OUT`)            at the end (the evaluation after step T) and over the run (the
                                                      trapezoid mean of the evaluations from step 0 to T)
-    stability (`claims.WHOLE_RUN`)                   once for the whole run: the collapse flag (0 or 1), the largest
-                                                     update KL, the largest clip fraction (`engine/stability.py`)
+    stability (`claims.WHOLE_RUN`)                   once for the whole run: the collapse flag (0 or 1; its paired
+                                                     difference has Newcombe's interval, `intervals.paired_binary`),
+                                                     the largest update KL, the largest clip fraction
+                                                     (`engine/stability.py`)
 Runs are queued in `queue_order`: PPO and KL3 δ = 0.05 on every seed first (the pilot whose spread says how many
 seeds resolve what), then the others seed by seed, the random-reward control last.
 
@@ -247,7 +249,8 @@ class LMPlan:
                     pairs = [(a, b) for a, b in ((value(c.candidate, s), value(c.baseline, s))
                                                  for s in self.seeds_of(*compared, reward=claim.reward))
                              if a is not None and b is not None and np.isfinite(a) and np.isfinite(b)]
-                    d = intervals.paired(*zip(*pairs)) if pairs else intervals.Paired(np.nan, np.nan, np.nan, 0, 0)
+                    difference = intervals.paired_binary if c.metric in claims.BINARY else intervals.paired
+                    d = difference(*zip(*pairs)) if pairs else intervals.Paired(np.nan, np.nan, np.nan, 0, 0)
                     task = run_config(c.candidate, 0, self.steps, self.model, setting=self.setting).task
                     rewarded = " · random rewards" if claim.reward == "random" else ""
                     where = "" if self.model == BUILTIN else f"{self.model} · {self.setting or 'defaults'} · "

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
+from divviz.metrics import proportion
+
 LEVEL = 0.95
 HOLDS, REVERSED, NOT_RESOLVED, EXACT, NOT_EXACT = "holds", "reversed", "not resolved", "exact", "not exact"
 
@@ -82,6 +84,39 @@ def paired(candidate, baseline, level: float = LEVEL) -> Paired:
     sign = np.sign(s.mean)
     flipped = int((np.sign(diff) == -sign).sum()) if sign != 0 else 0
     return Paired(float(s.mean), float(s.low), float(s.high), s.n, flipped)
+
+
+def paired_binary(candidate, baseline, level: float = LEVEL) -> Paired:
+    """The paired difference of two 0/1 readings over the same seeds (a collapse flag): the difference of the two
+    shares with Newcombe's square-and-add interval for paired proportions (Newcombe 1998, Stat. Med. 17:2635, his
+    method 10), which stays inside [−1, 1] and is not degenerate when no seed differs — where the t-interval of the
+    0/±1 differences is [0, 0] then, and runs past ±1 at a few seeds.
+
+    With the (candidate, baseline) flags counted over N seeds as n11, n10, n01, n00, the shares p1 = (n11 + n10)/N
+    and p2 = (n11 + n01)/N, their Wilson intervals [l1, u1] and [l2, u2] (`metrics.proportion`), and ψ the pairs'
+    correlation — A = n11·n00 − n10·n01 taken as A − N/2 above N/2, 0 on [0, N/2], A below 0, over the square root
+    of the product of the four margins (ψ = 0 when a margin is empty):
+        low  = (p1 − p2) − √((p1 − l1)² + (u2 − p2)² − 2ψ (p1 − l1)(u2 − p2))
+        high = (p1 − p2) + √((p2 − l2)² + (u1 − p1)² − 2ψ (p2 − l2)(u1 − p1))
+    (tests/test_evidence.py checks it against the R package contingencytables, Fagerland, Lydersen & Laake)."""
+    a = np.asarray(candidate, dtype=np.float64)
+    b = np.asarray(baseline, dtype=np.float64)
+    if not np.isin(np.concatenate([a, b]), (0.0, 1.0)).all():
+        raise ValueError("paired_binary takes 0/1 readings")
+    n = a.size
+    if n == 0:
+        return Paired(np.nan, np.nan, np.nan, 0, 0)
+    n11, n10 = int((a * b).sum()), int((a * (1 - b)).sum())
+    n01, n00 = int(((1 - a) * b).sum()), int(((1 - a) * (1 - b)).sum())
+    p1, l1, u1 = proportion(n11 + n10, n, level)
+    p2, l2, u2 = proportion(n11 + n01, n, level)
+    margins = (n11 + n10) * (n01 + n00) * (n11 + n01) * (n10 + n00)
+    cross = n11 * n00 - n10 * n01
+    psi = 0.0 if margins == 0 else (cross - n / 2 if cross > n / 2 else min(cross, 0)) / np.sqrt(margins)
+    low = (p1 - p2) - np.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2 - 2 * psi * (p1 - l1) * (u2 - p2))
+    high = (p1 - p2) + np.sqrt((p2 - l2) ** 2 + (u1 - p1) ** 2 - 2 * psi * (p2 - l2) * (u1 - p1))
+    sign = np.sign(p1 - p2)
+    return Paired(float(p1 - p2), float(low), float(high), n, int((np.sign(a - b) == -sign).sum()) if sign else 0)
 
 
 def half_width(sd: float, n: int, level: float = LEVEL) -> float:
