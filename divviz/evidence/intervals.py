@@ -5,7 +5,8 @@ Student-t intervals of the mean, mean ± t_{(1+level)/2, n−1} · s / √n with
 (ddof = 1; a chart's band also respects the quantity's range, `summarize`'s `bounds`), the interval `scipy.stats.ttest_1samp(x).confidence_interval()` gives (tests/test_evidence.py
 checks both against each other and against a textbook case). A comparison of two measures is *paired*: both
 ran with the same seeds, so the difference is taken seed by seed before averaging, and the share of seeds whose
-difference has the other sign says how often one seed alone would have told the opposite story.
+difference has the other sign says how often one seed alone would have told the opposite story. A reading that is
+0 or 1 per run (a collapse flag) is paired as two shares instead (`paired_binary`, Newcombe's interval).
 
 A verdict is never typed: `verdict` reads it off the interval of the paired difference and the sign a claim
 predicts — "holds" (the interval lies on the predicted side of 0), "reversed" (on the other side), "not resolved"
