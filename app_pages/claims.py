@@ -36,7 +36,7 @@ CONTROLS = [Control("seeds", claims.QUICK_SEEDS, param=claims.SEEDS_PARAM),
             Control("lm_model", "builtin", options=tuple(MODELS)),
             Control("lm_setting", "learn", options=(*SMOLLM2_SETTINGS, "the lab's defaults")),
             Control("lm_seeds", claims_lm.SEEDS_PARAM.default, param=claims_lm.SEEDS_PARAM),
-            Control("lm_pilot_seeds", claims_lm.PILOT_SEEDS_PARAM.default, param=claims_lm.PILOT_SEEDS_PARAM),
+            Control("lm_pilot_extra", claims_lm.PILOT_EXTRA_PARAM.default, param=claims_lm.PILOT_EXTRA_PARAM),
             Control("lm_steps", claims_lm.STEPS_PARAM.default, param=claims_lm.STEPS_PARAM)]
 
 st.title("Claims")
@@ -75,9 +75,9 @@ with ui.shown_errors():
     lm_setting = lm_setting if settings else ""
     lm_seeds = left.slider("Seeds per measure", *map(int, claims_lm.SEEDS_PARAM.slider_range()[:2]),
                            key="claims:lm_seeds", help=claims_lm.SEEDS_PARAM.doc)
-    lm_pilot_seeds = pilot_column.number_input("Pilot pair's seeds", int(claims_lm.PILOT_SEEDS_PARAM.low),
-                                               int(claims_lm.PILOT_SEEDS_PARAM.high), key="claims:lm_pilot_seeds",
-                                               help=claims_lm.PILOT_SEEDS_PARAM.doc)
+    lm_pilot_extra = pilot_column.number_input("Pilot pair's extra seeds", int(claims_lm.PILOT_EXTRA_PARAM.low),
+                                               int(claims_lm.PILOT_EXTRA_PARAM.high), key="claims:lm_pilot_extra",
+                                               help=claims_lm.PILOT_EXTRA_PARAM.doc)
     if settings:  # the setting brings its steps: shown, not chosen
         right.number_input("Steps per run", value=claims_lm.default_steps(lm_model, lm_setting), disabled=True,
                            key=f"claims:lm_steps_of:{lm_model}:{lm_setting}", help="the setting's own")
@@ -87,7 +87,8 @@ with ui.shown_errors():
                                       int(claims_lm.STEPS_PARAM.high), key="claims:lm_steps",
                                       help=claims_lm.STEPS_PARAM.doc)
     ui.publish_controls(PAGE, CONTROLS)
-    lm_plan = claims_lm.LMPlan.read(store.runs_dir(), lm_seeds, lm_steps, lm_model, lm_setting, lm_pilot_seeds)
+    lm_plan = claims_lm.LMPlan.read(store.runs_dir(), lm_seeds, lm_steps, lm_model, lm_setting,
+                                    lm_seeds + lm_pilot_extra)
 if lm_plan is not None and lm_plan.done:
     result = lm_plan.report(result)
 if lm_plan is not None and lm_plan.finished:

@@ -11,7 +11,7 @@
     divviz rescore RUN --step N [--measure NAME[:k=v...]]... [--json]
     divviz import FILE|FOLDER [--format unipo|trl|verl|jsonl] [--runs-dir DIR]
     divviz claims [--quick] [--seeds N] [--lm [--lm-model M] [--lm-setting S] [--lm-seeds N] [--lm-steps N]
-                  [--lm-pilot-seeds N] [--no-wait | --no-train]] [--real [--batches N]] [--json]
+                  [--lm-pilot-extra N] [--no-wait | --no-train]] [--real [--batches N]] [--json]
                   [--out report.html]
 
 Bad input exits with code 2 and one line on stderr, never a traceback.
@@ -196,9 +196,9 @@ def cmd_claims(args) -> int:
     seeds = claims.QUICK_SEEDS if args.quick else claims.SEEDS
     if args.seeds is not None:
         seeds = claims.SEEDS_PARAM.check(args.seeds, "claims")
-    if not args.lm and (args.lm_seeds or args.lm_steps or args.lm_pilot_seeds or args.runs_dir
+    if not args.lm and (args.lm_seeds or args.lm_steps or args.lm_pilot_extra or args.runs_dir
                         or args.lm_model != "builtin" or args.lm_setting or args.no_wait or args.no_train):
-        raise DivvizInputError("--lm-seeds, --lm-steps, --lm-pilot-seeds, --lm-model, --lm-setting, --no-wait, "
+        raise DivvizInputError("--lm-seeds, --lm-steps, --lm-pilot-extra, --lm-model, --lm-setting, --no-wait, "
                                "--no-train and --runs-dir are for the LM's cells: add --lm")
     if args.batches is not None and not args.real:
         raise DivvizInputError("--batches is for the real model's cells: add --real")
@@ -276,8 +276,8 @@ def _lm_cells(args):
     setting = args.lm_setting or next(iter(settings), "")
     seeds = claims_lm.SEEDS_PARAM.check(args.lm_seeds or claims_lm.SEEDS_PARAM.default, "claims")
     steps = claims_lm.STEPS_PARAM.check(args.lm_steps or claims_lm.default_steps(args.lm_model, setting), "claims")
-    pilot_seeds = claims_lm.PILOT_SEEDS_PARAM.check(args.lm_pilot_seeds or seeds, "claims")
-    plan = claims_lm.LMPlan.read(runs_dir(args.runs_dir), seeds, steps, args.lm_model, setting, pilot_seeds)
+    extra = claims_lm.PILOT_EXTRA_PARAM.check(args.lm_pilot_extra or 0, "claims")
+    plan = claims_lm.LMPlan.read(runs_dir(args.runs_dir), seeds, steps, args.lm_model, setting, seeds + extra)
     found = len(plan.runs) - len(plan.missing)
     queued = [] if args.no_train else plan.queue_missing()
     print(f"divviz: {plan.name}: {found} of {len(plan.runs)} runs already in {plan.root}, {len(queued)} queued",
@@ -353,9 +353,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lm-seeds", default=None, help="runs per measure on the LM (2 to 64; default 8)")
     p.add_argument("--lm-steps", default=None,
                    help="GRPO steps per LM run (2 to 1000; default 60, or the SmolLM2 setting's 30)")
-    p.add_argument("--lm-pilot-seeds", default=None,
-                   help="seeds of the pilot pair, PPO ε = 0.2 and KL3 δ = 0.05 (2 to 64; default and at least "
-                        "--lm-seeds): the headline's comparison at more seeds than the other measures'")
+    p.add_argument("--lm-pilot-extra", default=None,
+                   help="seeds the pilot pair, PPO ε = 0.2 and KL3 δ = 0.05, trains beyond --lm-seeds (0 to 56; "
+                        "default 0): the headline's comparison at more seeds than the other measures'")
     p.add_argument("--lm-model", default="builtin",
                    help="the model of the LM cells: builtin (default) or smollm2-135m (its own task, held-out set and "
                         "settings; about 13 minutes per run on 2 cores, so a grid takes hours: it resumes)")

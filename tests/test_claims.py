@@ -105,8 +105,25 @@ def test_forest_plots_put_each_cell_on_its_side_of_zero_in_its_verdicts_colour(r
             assert colour == forest.VERDICT_COLOURS[cell["verdict"]]
             assert np.sign(float(cx) - zero) == np.sign(round(cell["mean"], 12)) or abs(float(cx) - zero) < 0.1
         assert "<script" not in drawn and "&lt;" not in claim.text
+        assert "viewBox='0 0 " in drawn and "width='100%'" in drawn  # scales down to the page's column
+        assert all(len(forest.label(cell, False)) <= forest.LABEL_CHARS for cell in cells)
     page = claims.to_html(report)
     assert page.count("<svg") == len(panels)
+    cell = {"candidate": "KL3 δ=0.05 (wide)", "setting": claims.LM_TRAINING,
+            "condition": "stress · add · over the run (trapezoid mean of steps 0–30)"}
+    assert forest.label(cell, False) == "KL3 δ=0.05 · SmolLM2-135M, over training · stress · add · over the run"
+
+
+def test_a_comparison_without_data_says_so_and_is_not_drawn(report, tmp_path):
+    """Before any run of a pair is done its cells are "no data" (n = 0), not "not resolved" — nothing was tested —
+    and they are in the tables but not in the forest plots."""
+    plan = claims_lm.LMPlan.read(tmp_path, 2, LM_STEPS)  # nothing trained yet
+    assert plan.rows() and {(r["n"], r["verdict"]) for r in plan.rows()} == {(0, intervals.NO_DATA)}
+    both = plan.report(report)
+    assert not any(cell["setting"] == claims.LM for _, _, cells in forest.panels(both) for cell in cells)
+    lm_lines = [line for line in claims.to_text(both).splitlines() if line.startswith(f"  [{claims.LM}]")]
+    assert lm_lines and all(line.endswith("no data of " + line.split(" no data of ")[-1]) for line in lm_lines)
+    assert "not resolved" not in " ".join(lm_lines)
 
 
 def test_cli_refuses_bad_options(capsys, tmp_path):
@@ -181,6 +198,9 @@ def test_lm_cells_equal_their_runs_metrics(lm_plan):
     assert "built-in LM" in report.scope and any(s["setting"] == claims.LM for s in report.summary())
     assert len(report.lm_details) == len(claims_lm.measures()) - 2 + 1  # a collapse line per measure, the pilot
     assert all(line in claims.to_text(report) for line in report.lm_details)
+    assert f"  {claims.cell_text(row)}" in claims.to_text(report).splitlines()  # each cell's numbers in the text
+    assert claims.cell_text(row).endswith(f"n = {LM_SEEDS}, {row['seeds_reversed']} of {LM_SEEDS} seeds reversed: "
+                                          f"{row['verdict']}")
     assert "<h2>Over training</h2>" in claims.to_html(report) and "Pilot (" in claims.to_html(report)
 
 
@@ -280,17 +300,19 @@ def test_the_pilot_pair_can_have_more_seeds_than_the_other_measures(lm_plan, cap
     table = {row["measure"]: row["n"] for row in plan.collapses()}
     assert table[claims.PPO] == table[claims.KL3_WIDE] == 3 and table[claims.DAPO] == 2
     assert plan.pilot()["n"] == 3 and plan.curves("eval/accuracy")[claims.PPO]["n"] == 3
+    assert "Pilot (PPO ε=0.2 and KL3 δ=0.05 (wide), 3 seeds):" in claims_lm.pilot_text(plan.pilot())
     more = claims_lm.LMPlan.read(lm_plan.root, 3, LM_STEPS, pilot_seeds=4)  # the pair's next seed is queued first
     assert more.missing == [(claims.PPO, "task", 3), (claims.KL3_WIDE, "task", 3)]
+    assert ", 3 seeds of its 4 done):" in claims_lm.pilot_text(more.pilot())
     assert claims_lm.LMPlan.read(lm_plan.root, 3, LM_STEPS, pilot_seeds=2).pilot_seeds == 3  # never below the rest
 
-    argv = ["claims", "--seeds", "2", "--lm", "--lm-seeds", "2", "--lm-pilot-seeds", "3", "--lm-steps", str(LM_STEPS),
+    argv = ["claims", "--seeds", "2", "--lm", "--lm-seeds", "2", "--lm-pilot-extra", "1", "--lm-steps", str(LM_STEPS),
             "--runs-dir", str(lm_plan.root), "--no-train", "--json"]
     assert main(argv) == 0
     out = capsys.readouterr()
     assert f"{len(plan.runs)} of {len(plan.runs)} runs already" in out.err
     assert sorted(r["n"] for r in json.loads(out.out) if r["setting"] == claims.LM) == sorted(r["n"] for r in rows)
-    assert main([*argv[:7], "65", *argv[8:]]) == 2 and "lm_pilot_seeds" in capsys.readouterr().err
+    assert main([*argv[:7], "57", *argv[8:]]) == 2 and "lm_pilot_extra" in capsys.readouterr().err
 
 
 def test_finished_runs_are_read_not_trained_again(lm_plan, capsys):
@@ -404,7 +426,7 @@ def test_claims_page_trains_and_then_includes_the_lm_cells(tmp_path, monkeypatch
     assert len(collapses) == len(claims_lm.measures()) - 2 and set(collapses.collapsed.str[-4:]) == {"of 2"}
     curves = [c for c in at.get("plotly_chart") if "Learning curves" in c.proto.spec]
     assert len(curves) == 1 and all(panel in curves[0].proto.spec for panel in ("held-out, sampled", "entropy"))
-    at.number_input(key="claims:lm_pilot_seeds").set_value(3).run()  # the pilot pair on one more seed
+    at.number_input(key="claims:lm_pilot_extra").set_value(1).run()  # the pilot pair on one more seed
     assert not at.exception and at.button(key="claims:lm_start").label == "Train the 2 missing runs"
 
 
@@ -418,6 +440,23 @@ def test_claims_page_says_when_the_runs_folder_is_unusable(tmp_path, monkeypatch
     at.switch_page("app_pages/claims.py").run()
     assert not at.exception and any("is a file" in e.value for e in at.error)
     assert len(at.subheader) == len(claims.CLAIMS) + 3  # the bandit report is still there
+
+
+def test_a_runs_setting_is_named_from_its_config_on_the_runs_page(tmp_path):
+    """A run folder records its settings, not the setting's name: the Runs page names it back (learn / stress), so
+    that the two grids' runs — the same measure, seed and task — can be told apart and filtered."""
+    from divviz.engine.config import setting_of
+    from divviz.views import run_views
+
+    learn = claims_lm.run_config(claims.PPO, 0, 30, "smollm2-135m", setting="learn").to_dict()
+    stress = claims_lm.run_config(claims.PPO, 0, 30, "smollm2-135m", setting="stress").to_dict()
+    assert (setting_of(learn), setting_of(stress)) == ("learn", "stress")  # kept every 5 steps: still "learn"
+    assert setting_of({**learn, "lr": 1e-4}) == "" and setting_of(claims_lm.run_config(claims.PPO, 0, 4).to_dict()) == ""
+    runs = [store.RunInfo(tmp_path / name, "done", "", 30, 30, config, {"device": "cpu"})
+            for name, config in (("a", learn), ("b", stress))]
+    assert [run_views.overview_row(run, None)["setting"] for run in runs] == ["learn", "stress"]
+    assert "· smollm2-135m · stress · add · seed 0 ·" in run_views.run_choice(runs[1])
+    assert run_views.matching(runs, "stress") == [runs[1]]
 
 
 def test_the_lm_cells_can_train_smollm2_with_its_own_settings(tmp_path, capsys):

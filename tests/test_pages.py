@@ -235,11 +235,11 @@ def test_the_paired_iteration_and_the_claims_settings_are_in_the_link():
     slider(at, "At iteration").set_value(15).run()
     assert at.query_params["diff_at"] == ["15"] or at.query_params["diff_at"] == "15"
     at = open_page("app_pages/claims.py", {"seeds": "4", "lm_model": "smollm2-135m", "lm_steps": "30",
-                                           "lm_pilot_seeds": "8"})
+                                           "lm_pilot_extra": "4"})
     assert not at.exception and at.slider[0].value == 4
     assert at.selectbox(key="claims:lm_model").value == "smollm2-135m"
     assert at.number_input(key="claims:lm_steps_of:smollm2-135m:learn").value == 30
-    assert at.number_input(key="claims:lm_pilot_seeds").value == 8
+    assert at.number_input(key="claims:lm_pilot_extra").value == 4
 
 
 def test_the_lab_shows_a_real_models_learning_rate_and_offers_its_settings():

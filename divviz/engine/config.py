@@ -9,7 +9,7 @@ from typing import Mapping
 from divviz.catalogue.aggregation import AGGREGATIONS, BASELINES, check_scale_rewards
 from divviz.catalogue.divergences import clip_test
 from divviz.engine.completions import BYTE_CAP, MAX_BYTES
-from divviz.engine.models import model_defaults
+from divviz.engine.models import model_defaults, model_settings
 from divviz.engine.model import DTYPES
 from divviz.engine.prompts import PROMPT_FORMATS
 from divviz.engine.tasks import TASKS
@@ -128,6 +128,17 @@ def objective_settings(objective: Objective) -> dict:
 
 
 RECORDED = ("prompting", "precision")  # what the run writes into its config.json once started: facts, not settings
+KEPT_ONLY = ("checkpoint_every", "inspect_prompts", "inspect_bytes")  # what a run keeps, not how it trains
+
+
+def setting_of(config: Mapping) -> str:
+    """The name of the setting of the config's model that it trains at ("learn", "stress"; `models.model_settings`),
+    "" for none: the one whose every field but its length (`steps`) and what a run keeps (`KEPT_ONLY`) the config has
+    — the most specific when several do. A run folder records its settings, not the name they came from."""
+    fields = lambda setting: {k: v for k, v in setting.items() if k not in (*KEPT_ONLY, "steps")}  # noqa: E731
+    matches = [(len(fields(setting)), name) for name, setting in model_settings(config.get("model", "")).items()
+               if all(config.get(k) == v for k, v in fields(setting).items())]
+    return max(matches)[1] if matches else ""
 REWARD_SOURCES = ("task", "random")  # the task's checker, or a seeded coin per completion (Park et al. 2025)
 
 

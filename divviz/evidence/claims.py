@@ -298,7 +298,8 @@ class Report:
                 + (f"; {self.real}" if self.real else ""))
 
 
-VERDICTS = (intervals.HOLDS, intervals.REVERSED, intervals.NOT_RESOLVED, intervals.EXACT, intervals.NOT_EXACT)
+VERDICTS = (intervals.HOLDS, intervals.REVERSED, intervals.NOT_RESOLVED, intervals.EXACT, intervals.NOT_EXACT,
+            intervals.NO_DATA)
 
 
 def evaluate(seeds: int = 20, grid=GRID + RANDOM_GRID, progress: Callable[[float, str], None] | None = None) -> Report:
@@ -352,8 +353,9 @@ LM_TRAINING = "SmolLM2-135M, over training"
 
 def comparison_row(claim: Claim, setting: str, condition: str, c: Comparison, d: intervals.Paired) -> dict:
     """One cell of a compared claim: the paired difference candidate − baseline and the verdict its interval gives."""
+    verdict = intervals.NO_DATA if d.n == 0 else intervals.verdict(d.low, d.high, c.sign)
     return _row(claim, setting, condition, c.metric, c.candidate, c.baseline, "+" if c.sign > 0 else "−", d.mean,
-                d.low, d.high, d.n, d.reversed, intervals.verdict(d.low, d.high, c.sign))
+                d.low, d.high, d.n, d.reversed, verdict)
 
 
 def _row(claim: Claim, setting: str, condition: str, metric: str, candidate: str, baseline: str, predicted: str,
@@ -366,15 +368,16 @@ def _row(claim: Claim, setting: str, condition: str, metric: str, candidate: str
 
 
 def to_text(report: Report) -> str:
-    """The summary per claim and compared measure, then what could not be tested."""
+    """The summary per claim and compared measure; over training, each cell with data (its difference, interval, n,
+    seeds reversed and verdict), the collapses and the pilot; then what could not be tested."""
     lines = [f"divviz claims: {report.scope}", "(verdict from the paired 95% interval: holds / reversed / not "
-             "resolved; identities: exact)", ""]
+             "resolved; identities: exact; no data: no seed has both runs yet)", ""]
     summary = report.summary()
     for claim in report.claims:
         lines.append(f"{claim.text}  [{claim.source}; {claim.provenance}]")
         lines.append(f"  measured as: {claim.operational}")
         if claim.lm_operational and report.lm:
-            lines.append(f"  on the built-in LM: {claim.lm_operational}")
+            lines.append(f"  on a language model: {claim.lm_operational}")
         if claim.real_operational and report.real:
             lines.append(f"  on SmolLM2-135M: {claim.real_operational}")
         for s in (s for s in summary if s["claim"] == claim.text):
@@ -384,14 +387,23 @@ def to_text(report: Report) -> str:
         lines.append("")
     if report.lm_details:
         lines.append(f"Over training ({report.lm}):")
+        lines += [f"  {cell_text(r)}" for r in report.rows if r["setting"] in (LM, LM_TRAINING) and r["n"]]
         lines += [f"  {line}" for line in report.lm_details] + [""]
     lines.append("Not testable here:")
     lines += [f"  - {text}" for text in report.untested]
     return "\n".join(lines)
 
 
+def cell_text(row: dict) -> str:
+    """A compared cell in a line: "KL3 … − PPO … · condition · metric: −0.023 [−0.063, 0.016], n = 4, 0 of 4 seeds
+    reversed: not resolved"."""
+    value = lambda key: math.nan if row[key] is None else row[key]  # noqa: E731
+    d = intervals.Paired(value("mean"), value("low"), value("high"), row["n"], row["seeds_reversed"])
+    return f"{row['candidate']} − {row['baseline']} · {row['condition']} · {row['metric']}: {d.text(3)}: {row['verdict']}"
+
+
 VERDICT_COLOURS = {intervals.HOLDS: "#d9f2d9", intervals.REVERSED: "#f8d7d7", intervals.NOT_RESOLVED: "#eeeeee",
-                   intervals.EXACT: "#d9f2d9", intervals.NOT_EXACT: "#f8d7d7"}
+                   intervals.EXACT: "#d9f2d9", intervals.NOT_EXACT: "#f8d7d7", intervals.NO_DATA: "#ffffff"}
 
 
 def to_html(report: Report) -> str:
@@ -414,7 +426,7 @@ def to_html(report: Report) -> str:
     parts += [f"<div>{forest.svg(cells, f'{claim.text}: {metric}')}</div>" for claim, metric, cells in forest.panels(report)]
     parts.append("<h2>Claims</h2><ul>")
     for claim in report.claims:
-        lm = f" On the built-in LM: {e(claim.lm_operational)}." if claim.lm_operational and report.lm else ""
+        lm = f" On a language model: {e(claim.lm_operational)}." if claim.lm_operational and report.lm else ""
         lm += f" On SmolLM2-135M: {e(claim.real_operational)}." if claim.real_operational and report.real else ""
         parts.append(f"<li><b>{e(claim.text)}</b>: {e(claim.source)}; {e(claim.provenance)}. "
                      f"Measured as {e(claim.operational)}.{lm}</li>")

@@ -39,7 +39,7 @@ import numpy as np
 
 from divviz.evidence import claims, intervals
 from divviz.engine import runner, store
-from divviz.engine.config import RunConfig, objective_settings
+from divviz.engine.config import KEPT_ONLY, RunConfig, objective_settings
 from divviz.engine.model import pick_device
 from divviz.engine.models import BUILTIN, model_defaults, model_settings
 from divviz.engine.pool import max_runs
@@ -49,9 +49,9 @@ from divviz.catalogue.params import DivvizInputError, Param
 TASK = "reverse"
 SEEDS_PARAM = Param("lm_seeds", 8, 2, 64, high_open=False, kind="int", typical=(2, 16, 1),
                     doc="runs per measure on the language model (seeds 0, 1, …)")
-PILOT_SEEDS_PARAM = Param("lm_pilot_seeds", 2, 2, 64, high_open=False, kind="int", typical=(2, 16, 1),
-                          doc="seeds of the pilot pair (PPO ε = 0.2 and KL3 δ = 0.05), at least the seeds per "
-                              "measure: the headline's paired difference at more seeds than the other measures'")
+PILOT_EXTRA_PARAM = Param("lm_pilot_extra", 0, 0, 56, high_open=False, kind="int", typical=(0, 16, 1),
+                          doc="seeds the pilot pair (PPO ε = 0.2 and KL3 δ = 0.05) trains beyond the seeds per "
+                              "measure S (seeds S, S + 1, …): the headline's paired difference at more seeds")
 STEPS_PARAM = Param("lm_steps", 60, 2, 1000, high_open=False, kind="int", typical=(6, 120, 1),
                     doc="GRPO steps of each built-in LM run (SmolLM2's come with its setting)")
 FINAL = ("done", "failed")  # a run in one of these states is a result; any other ends in the queue again
@@ -253,7 +253,8 @@ class LMPlan:
                     d = difference(*zip(*pairs)) if pairs else intervals.Paired(np.nan, np.nan, np.nan, 0, 0)
                     task = run_config(c.candidate, 0, self.steps, self.model, setting=self.setting).task
                     rewarded = " · random rewards" if claim.reward == "random" else ""
-                    where = "" if self.model == BUILTIN else f"{self.model} · {self.setting or 'defaults'} · "
+                    # the row's setting (claims.LM_TRAINING) names the model; the condition, its setting
+                    where = "" if self.model == BUILTIN else f"{self.setting or 'defaults'} · "
                     out.append(claims.comparison_row(claim, claims.LM if self.model == BUILTIN else claims.LM_TRAINING,
                                                      f"{where}{task}{rewarded} · {reading} ({span})", c, d))
         return out
@@ -317,7 +318,8 @@ class LMPlan:
         ppo = np.array([finals[(PILOT[0], s)] for s in seeds])
         diff = np.array([finals[(PILOT[1], s)] for s in seeds]) - ppo
         sd = float(diff.std(ddof=1))
-        return {"metric": metric, "n": len(seeds), "ppo_mean": float(ppo.mean()), "ppo_sd": float(ppo.std(ddof=1)),
+        return {"metric": metric, "n": len(seeds), "planned": self.pilot_seeds, "ppo_mean": float(ppo.mean()),
+                "ppo_sd": float(ppo.std(ddof=1)),
                 "difference_mean": float(diff.mean()), "difference_sd": sd,
                 "resolvable": {size: intervals.half_width(sd, size) for size in sizes}}
 
@@ -370,7 +372,8 @@ def pilot_text(pilot: dict) -> str:
     """`LMPlan.pilot` in a sentence."""
     sizes = " / ".join(map(str, pilot["resolvable"]))
     reach = " / ".join(f"±{v:.3f}" for v in pilot["resolvable"].values())
-    return (f"Pilot ({' and '.join(PILOT)}, {pilot['n']} seeds): {pilot['metric']} at the end, PPO "
+    done = f"{pilot['n']} seeds" + (f" of its {pilot['planned']} done" if pilot["n"] < pilot["planned"] else "")
+    return (f"Pilot ({' and '.join(PILOT)}, {done}): {pilot['metric']} at the end, PPO "
             f"{pilot['ppo_mean']:.3f} (sd {pilot['ppo_sd']:.3f} over seeds); the paired difference KL3 − PPO "
             f"{pilot['difference_mean']:+.3f} (sd {pilot['difference_sd']:.3f}). At that spread, {sizes} seeds "
             f"resolve a mean difference of {reach} (the paired 95% interval's half-width).")
@@ -379,9 +382,6 @@ def pilot_text(pilot: dict) -> str:
 def _rank(run: store.RunInfo) -> int:
     """Which of two runs of a cell holds it: a final one, else a queued or running one, else one to resume."""
     return 2 if run.state in FINAL else 0 if run.state in runner.RESUMABLE else 1
-
-
-KEPT_ONLY = ("checkpoint_every", "inspect_prompts", "inspect_bytes")  # what a run keeps, not how it trains
 
 
 def _how_it_trains(cfg: RunConfig) -> dict:

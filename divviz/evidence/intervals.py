@@ -10,7 +10,8 @@ difference has the other sign says how often one seed alone would have told the 
 
 A verdict is never typed: `verdict` reads it off the interval of the paired difference and the sign a claim
 predicts — "holds" (the interval lies on the predicted side of 0), "reversed" (on the other side), "not resolved"
-(it contains 0) — and `identity_verdict` says "exact" when two computations agree to a tolerance.
+(it contains 0, or one seed gives none) — and `identity_verdict` says "exact" when two computations agree to a
+tolerance. A comparison with no seed at all is "no data" (`claims.comparison_row`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from divviz.metrics import proportion
 
 LEVEL = 0.95
 HOLDS, REVERSED, NOT_RESOLVED, EXACT, NOT_EXACT = "holds", "reversed", "not resolved", "exact", "not exact"
+NO_DATA = "no data"  # a comparison no seed has both runs of yet: not tested, so not "not resolved"
 
 
 @dataclass(frozen=True)

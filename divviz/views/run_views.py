@@ -14,7 +14,7 @@ from divviz import explore
 from divviz.views import plots, run_plots
 from divviz.catalogue.divergences import ClipTest, clip_test
 from divviz.engine import store
-from divviz.engine.config import RunConfig, config_label, correction_from, objective_from
+from divviz.engine.config import RunConfig, config_label, correction_from, objective_from, setting_of
 from divviz.evidence.intervals import summarize
 from divviz.importers.source import source_of
 from divviz.views.figures import Chart
@@ -277,6 +277,7 @@ def overview_row(run, viewer) -> dict:
     collapsed = last.get("stability/collapse_step")
     return {"run": run.name, "state": run.state, "step": f"{run.step}/{run.steps}",
             "owner": owner_label(run.status, viewer), "model": run.config.get("model", ""),
+            "setting": setting_of(run.config),  # the model's named setting it trains at (learn, stress), if any
             "device": run.status.get("device") or "",  # where it trained (a runs folder may come from a GPU machine)
             "task": task_label(run.config), "objective": run_label(run), "seed": run.config.get("seed"),
             "reward": last.get("reward", float("nan")), "accuracy": last.get("accuracy", float("nan")),
@@ -309,11 +310,13 @@ def task_label(config: dict) -> str:
 
 
 def run_choice(run) -> str:
-    """A run as a list shows it: its measure, model and task, seed, state and steps ("kl3 δ=0.05 · add · seed 1 ·
-    done, 20 steps · 20261125-143529"), so runs are picked by what they are, not by their folder's name. An imported
-    run has no seed (its file gives none): its label says "imported (format)" instead."""
+    """A run as a list shows it: its measure, model (and the model's setting) and task, seed, state and steps
+    ("kl3 δ=0.05 · add · seed 1 · done, 20 steps · 20261125-143529", "ratio ε=0.2 · smollm2-135m · stress · add · …"),
+    so runs are picked by what they are, not by their folder's name. An imported run has no seed (its file gives
+    none): its label says "imported (format)" instead."""
     config = run.config
-    model = "" if config.get("model", "builtin") == "builtin" else f"{config.get('model')} · "
+    setting = f"{setting_of(config)} · " if setting_of(config) else ""
+    model = "" if config.get("model", "builtin") == "builtin" else f"{config.get('model')} · {setting}"
     seed = "" if config.get("backend") == "import" else f"seed {config.get('seed', '?')} · "
     return (f"{run_label(run)} · {model}{task_label(config)} · {seed}{run.state}, "
             f"{run.step} step{'s' if run.step != 1 else ''} · {run.name[:15]}")
