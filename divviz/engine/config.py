@@ -129,6 +129,7 @@ def objective_settings(objective: Objective) -> dict:
 
 RECORDED = ("prompting", "precision")  # what the run writes into its config.json once started: facts, not settings
 KEPT_ONLY = ("checkpoint_every", "inspect_prompts", "inspect_bytes")  # what a run keeps, not how it trains
+REWARD_SOURCES = ("task", "random")  # the task's checker, or a seeded coin per completion (Park et al. 2025)
 
 
 def setting_of(config: Mapping) -> str:
@@ -139,7 +140,6 @@ def setting_of(config: Mapping) -> str:
     matches = [(len(fields(setting)), name) for name, setting in model_settings(config.get("model", "")).items()
                if all(config.get(k) == v for k, v in fields(setting).items())]
     return max(matches)[1] if matches else ""
-REWARD_SOURCES = ("task", "random")  # the task's checker, or a seeded coin per completion (Park et al. 2025)
 
 
 @dataclass(frozen=True)

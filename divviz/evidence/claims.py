@@ -414,8 +414,9 @@ def to_html(report: Report) -> str:
              "body{font-family:sans-serif;margin:2em;max-width:1400px}table{border-collapse:collapse;font-size:13px}"
              "td,th{border:1px solid #ccc;padding:3px 6px;text-align:left}th{background:#f4f4f4}",
              "</style></head><body><h1>divviz claims report</h1>",
-             f"<p>{e(report.scope)}. Each cell: candidate − baseline seed by seed, its mean and 95% Student-t "
-             "interval, n, how many seeds had the other sign, and the verdict read off the interval.</p>"
+             f"<p>{e(report.scope)}. Each cell: candidate − baseline seed by seed, its mean and 95% interval "
+             "(Student-t; Newcombe's for a 0/1 reading such as the collapse flag), n, how many seeds had the other "
+             "sign, and the verdict read off the interval.</p>"
              "<h2>Summary</h2><table><tr><th>claim</th><th>setting</th><th>candidate</th><th>baseline</th>"
              "<th>metric</th><th>cells</th>" + "".join(f"<th>{e(v)}</th>" for v in VERDICTS) + "</tr>"]
     for s in report.summary():
