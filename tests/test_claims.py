@@ -16,6 +16,7 @@ from divviz.bandit.grpo import run_bandit
 from divviz.bandit.setting import BanditConfig
 from divviz.cli import main
 from divviz.engine import runner, store
+from divviz.engine.pool import max_runs
 from divviz.engine.store import read_status, write_status
 from divviz.catalogue.params import DivvizInputError
 
@@ -386,6 +387,21 @@ def test_no_train_reports_a_grid_trained_elsewhere_and_queues_nothing(lm_plan, t
     plan = claims_lm.LMPlan.read(root, LM_SEEDS, LM_STEPS)
     assert plan.text.endswith(f"; trained on cpu ({total - 1} runs)")  # each run's status.json names its device
     assert 0.0 < plan.time_left() < np.inf
+
+    # the pool trains the folder's queue in order: another plan's runs queued before this plan's last one count
+    write_status(stopped, {**read_status(stopped), "state": "queued", "queued_at": 100.0})  # its 2 steps left
+    for name, queued_at in (("before", 50.0), ("after", 200.0)):  # a run of no cell of this plan, 3 steps left
+        shutil.copytree(plan.runs[(claims.PPO, "task", 0)].folder, root / name)
+        config = json.loads((root / name / "config.json").read_text())
+        (root / name / "config.json").write_text(json.dumps({**config, "seed": 99}))
+        write_status(root / name, {**read_status(root / name), "state": "queued", "step": 0, "queued_at": queued_at})
+    plan = plan.refreshed()
+    assert [run.name for run in plan.ahead()] == ["before"] and not plan.missing
+    pace = plan.time_left() / (2 + LM_STEPS) * min(max_runs(), 2)  # seconds per step, both runs side by side
+    write_status(root / "before", {**read_status(root / "before"), "state": "done", "step": LM_STEPS})
+    assert plan.refreshed().time_left() == pytest.approx(2 * pace / min(max_runs(), 1))  # only the plan's own left
+    write_status(stopped, {**read_status(stopped), "state": "stopped"})  # to be queued again: behind every run
+    assert [run.name for run in plan.refreshed().ahead()] == ["after"]
     for run in plan.runs.values():  # as if trained on a GPU and copied here: their pace is not this CPU's
         write_status(run.folder, {**read_status(run.folder), "device": "cuda"})
     plan = plan.refreshed()

@@ -327,7 +327,7 @@ class LMPlan:
         """Seconds until every cell has a final run, at the pace of this plan's runs so far (wall time per step,
         evaluations included, with the pool's runs side by side) that trained on the kind of device the rest would
         train on here — a grid trained on a GPU and copied to a CPU says nothing of the CPU's pace; None before such
-        a step is done."""
+        a step is done. The other runs the pool trains before this plan's last one (`ahead`) are in it too."""
         here = pick_device().type
         spent = steps = 0.0
         for run in self.runs.values():
@@ -337,8 +337,21 @@ class LMPlan:
                 steps += run.step
         if not steps:
             return None
-        left = self.steps * len(self.runs) * (1 - self.progress)
-        return left * spent / steps / max(1, min(max_runs(), len(self.runs) - self.done))
+        ahead = self.ahead()
+        left = self.steps * len(self.runs) * (1 - self.progress) + sum(max(0, run.steps - run.step) for run in ahead)
+        remaining = len(self.runs) - self.done + len(ahead)
+        return left * spent / steps / max(1, min(max_runs(), remaining))
+
+    def ahead(self) -> list:
+        """The runs folder's other runs that train before this plan is done: the pool takes its queue in order, so
+        those running or queued before this plan's last queued run — all of them while a cell still waits to be
+        queued (or queued again), since it will queue behind them."""
+        mine = {run.folder for run in self.runs.values() if run is not None}
+        waiting = [run for run in self.runs.values() if run is not None and run.state in ("queued", "running")]
+        last = (max(run.status.get("queued_at", 0.0) for run in waiting) if waiting and not self.missing
+                else float("inf"))
+        return [run for run in store.list_runs(self.root) if run.folder not in mine
+                and run.state in ("queued", "running") and run.status.get("queued_at", 0.0) <= last]
 
     def report(self, bandit: claims.Report) -> claims.Report:
         """The bandit report with these cells added: those of the finished runs' pairs (n says how many seeds)."""
