@@ -108,7 +108,7 @@ elif lm_plan is not None:
         with ui.shown_errors():
             plan = lm_plan.refreshed()
             left_s = plan.time_left()
-            ahead = len(plan.ahead())
+            ahead = len(plan.ahead)
             eta = ("" if left_s is None else f", about {run_views.duration(left_s)} left at the pace so far"
                    + (f", {ahead} other queued run{'s' if ahead != 1 else ''} included" if ahead else ""))
             st.progress(plan.progress, text=literal(f"{plan.done} of {len(plan.runs)} runs finished{eta} "

@@ -296,7 +296,7 @@ def _wait_for_lm_cells(plan, quiet: bool):
                bar_format="{l_bar}{bar}| {n_fmt}% [{elapsed}{postfix}]")
     try:
         while not plan.finished:
-            left, ahead = plan.time_left(), len(plan.ahead())
+            left, ahead = plan.time_left(), len(plan.ahead)
             bar.set_postfix_str(f"{plan.done} of {len(plan.runs)} runs, "
                                 + ("time left unknown" if left is None else f"about {left / 60:.0f} min left")
                                 + (f" ({ahead} other queued runs included)" if ahead else ""))

@@ -262,12 +262,12 @@ def test_no_train_reports_a_grid_trained_elsewhere_and_queues_nothing(lm_plan, t
         (root / name / "config.json").write_text(json.dumps({**config, "seed": 99}))
         write_status(root / name, {**read_status(root / name), "state": "queued", "step": 0, "queued_at": queued_at})
     plan = plan.refreshed()
-    assert [run.name for run in plan.ahead()] == ["before"] and not plan.missing
+    assert [run.name for run in plan.ahead] == ["before"] and not plan.missing
     pace = plan.time_left() / (2 + LM_STEPS) * min(max_runs(), 2)  # seconds per step, both runs side by side
     write_status(root / "before", {**read_status(root / "before"), "state": "done", "step": LM_STEPS})
     assert plan.refreshed().time_left() == pytest.approx(2 * pace / min(max_runs(), 1))  # only the plan's own left
     write_status(stopped, {**read_status(stopped), "state": "stopped"})  # to be queued again: behind every run
-    assert [run.name for run in plan.refreshed().ahead()] == ["after"]
+    assert [run.name for run in plan.refreshed().ahead] == ["after"]
     for run in plan.runs.values():  # as if trained on a GPU and copied here: their pace is not this CPU's
         write_status(run.folder, {**read_status(run.folder), "device": "cuda"})
     plan = plan.refreshed()

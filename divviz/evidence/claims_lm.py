@@ -337,15 +337,16 @@ class LMPlan:
                 steps += run.step
         if not steps:
             return None
-        ahead = self.ahead()
-        left = self.steps * len(self.runs) * (1 - self.progress) + sum(max(0, run.steps - run.step) for run in ahead)
-        remaining = len(self.runs) - self.done + len(ahead)
+        left = (self.steps * len(self.runs) * (1 - self.progress)
+                + sum(max(0, run.steps - run.step) for run in self.ahead))
+        remaining = len(self.runs) - self.done + len(self.ahead)
         return left * spent / steps / max(1, min(max_runs(), remaining))
 
+    @cached_property
     def ahead(self) -> list:
         """The runs folder's other runs that train before this plan is done: the pool takes its queue in order, so
         those running or queued before this plan's last queued run — all of them while a cell still waits to be
-        queued (or queued again), since it will queue behind them."""
+        queued (or queued again), since it will queue behind them. Read once per plan (`refreshed` reads again)."""
         mine = {run.folder for run in self.runs.values() if run is not None}
         waiting = [run for run in self.runs.values() if run is not None and run.state in ("queued", "running")]
         last = (max(run.status.get("queued_at", 0.0) for run in waiting) if waiting and not self.missing

@@ -80,13 +80,17 @@ class Paired:
                 f"{self.reversed} of {self.n} seed{'s' if self.n != 1 else ''} reversed")
 
 
+def _reversed(differences, mean: float) -> int:
+    """How many seeds' differences have the sign opposite to the mean's (none when the mean is 0)."""
+    sign = np.sign(mean)
+    return int((np.sign(differences) == -sign).sum()) if sign != 0 else 0
+
+
 def paired(candidate, baseline, level: float = LEVEL) -> Paired:
     """The paired difference of two measures' values over the same seeds (1-D arrays, seed i in both)."""
     diff = np.asarray(candidate, dtype=np.float64) - np.asarray(baseline, dtype=np.float64)
     s = summarize(diff, level)
-    sign = np.sign(s.mean)
-    flipped = int((np.sign(diff) == -sign).sum()) if sign != 0 else 0
-    return Paired(float(s.mean), float(s.low), float(s.high), s.n, flipped)
+    return Paired(float(s.mean), float(s.low), float(s.high), s.n, _reversed(diff, s.mean))
 
 
 def paired_binary(candidate, baseline, level: float = LEVEL) -> Paired:
@@ -118,8 +122,7 @@ def paired_binary(candidate, baseline, level: float = LEVEL) -> Paired:
     psi = 0.0 if margins == 0 else (cross - n / 2 if cross > n / 2 else min(cross, 0)) / np.sqrt(margins)
     low = (p1 - p2) - np.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2 - 2 * psi * (p1 - l1) * (u2 - p2))
     high = (p1 - p2) + np.sqrt((p2 - l2) ** 2 + (u1 - p1) ** 2 - 2 * psi * (p2 - l2) * (u1 - p1))
-    sign = np.sign(p1 - p2)
-    return Paired(float(p1 - p2), float(low), float(high), n, int((np.sign(a - b) == -sign).sum()) if sign else 0)
+    return Paired(float(p1 - p2), float(low), float(high), n, _reversed(a - b, p1 - p2))
 
 
 def half_width(sd: float, n: int, level: float = LEVEL) -> float:

@@ -315,8 +315,9 @@ def run_choice(run) -> str:
     so runs are picked by what they are, not by their folder's name. An imported run has no seed (its file gives
     none): its label says "imported (format)" instead."""
     config = run.config
-    setting = f"{setting_of(config)} · " if setting_of(config) else ""
-    model = "" if config.get("model", "builtin") == "builtin" else f"{config.get('model')} · {setting}"
+    setting = setting_of(config)
+    model = ("" if config.get("model", "builtin") == "builtin"
+             else f"{config.get('model')} · {f'{setting} · ' if setting else ''}")
     seed = "" if config.get("backend") == "import" else f"seed {config.get('seed', '?')} · "
     return (f"{run_label(run)} · {model}{task_label(config)} · {seed}{run.state}, "
             f"{run.step} step{'s' if run.step != 1 else ''} · {run.name[:15]}")
