@@ -61,14 +61,14 @@ def test_lm_cells_equal_their_runs_metrics(lm_plan):
                         [entropy(claims.PPO, s) for s in range(LM_SEEDS)])
     assert (row["mean"], row["low"], row["high"], row["n"]) == pytest.approx((d.mean, d.low, d.high, LM_SEEDS))
     assert row["verdict"] == intervals.verdict(d.low, d.high, +1)
-    report = lm_plan.report(claims.evaluate(seeds=2, grid=SMALL_GRID[:1]))
-    assert "built-in LM" in report.scope and any(s["setting"] == claims.LM for s in report.summary())
-    assert len(report.lm_details) == len(claims_lm.measures()) - 2 + 1  # a collapse line per measure, the pilot
-    assert all(line in claims.to_text(report) for line in report.lm_details)
-    assert f"  {claims.cell_text(row)}" in claims.to_text(report).splitlines()  # each cell's numbers in the text
+    lm_report = lm_plan.report(claims.evaluate(seeds=2, grid=SMALL_GRID[:1]))
+    assert "built-in LM" in lm_report.scope and any(s["setting"] == claims.LM for s in lm_report.summary())
+    assert len(lm_report.lm_details) == len(claims_lm.measures()) - 2 + 1  # a collapse line per measure, the pilot
+    assert all(line in claims.to_text(lm_report) for line in lm_report.lm_details)
+    assert f"  {claims.cell_text(row)}" in claims.to_text(lm_report).splitlines()  # each cell's numbers in the text
     assert claims.cell_text(row).endswith(f"n = {LM_SEEDS}, {row['seeds_reversed']} of {LM_SEEDS} seeds reversed: "
                                           f"{row['verdict']}")
-    assert "<h2>Over training</h2>" in claims.to_html(report) and "Pilot (" in claims.to_html(report)
+    assert "<h2>Over training</h2>" in claims.to_html(lm_report) and "Pilot (" in claims.to_html(lm_report)
 
 
 def test_over_training_cells_pair_runs_that_share_seed_and_prompts_and_read_held_out_and_stability(lm_plan):
