@@ -37,7 +37,8 @@ CONTROLS = [Control("seeds", claims.QUICK_SEEDS, param=claims.SEEDS_PARAM),
             Control("lm_setting", "learn", options=(*SMOLLM2_SETTINGS, "the lab's defaults")),
             Control("lm_seeds", claims_lm.SEEDS_PARAM.default, param=claims_lm.SEEDS_PARAM),
             Control("lm_pilot_extra", claims_lm.PILOT_EXTRA_PARAM.default, param=claims_lm.PILOT_EXTRA_PARAM),
-            Control("lm_steps", claims_lm.STEPS_PARAM.default, param=claims_lm.STEPS_PARAM)]
+            Control("lm_steps", claims_lm.STEPS_PARAM.default, param=claims_lm.STEPS_PARAM),
+            Control("claim", claims.CLAIMS[0].key, options=tuple(c.key for c in claims.CLAIMS))]
 
 st.title("Claims")
 st.write("What the three seed papers claim and divviz can test, tested on a grid of conditions declared before "
@@ -128,7 +129,7 @@ if lm_plan is not None and lm_plan.done:
                    "below 4 seeds, else the 95% interval.")
         ui.show_chart(run_plots.learning_curves_chart(
             {metric: lm_plan.curves(metric) for metric in claims_lm.CURVES}, f"Learning curves on {lm_plan.name}"),
-            f"learning curves {lm_plan.model} {lm_plan.setting}")
+            f"learning curves {lm_plan.model} {lm_plan.setting}", key="claims:learning_curves")
         st.caption(f"Stability per measure: a run collapsed at {stability.RULE} (`engine/stability.py`), or when it "
                    "stopped on a non-finite value; the share with its Wilson 95% interval; and the reward curve's "
                    "spread over seeds, the standard deviation of each run's mean reward with its 95% interval.")
@@ -163,23 +164,34 @@ with ui.shown_errors():
             real_plan.compute(lambda k, total, text: bar.progress(k / max(total, 1), text=literal(text)))
             st.rerun()
 
-summary = pd.DataFrame(result.summary())
-forests: dict[str, list] = {}
-for panel in forest.panels(result):  # each claim's cells against 0, one forest plot per metric
-    forests.setdefault(panel[0].key, []).append(panel)
-cells = pd.DataFrame(result.rows).drop(columns=["claim_key"])
-
-for claim in result.claims:
-    st.subheader(literal(claim.text))
-    on_lm = f" · on a language model: {claim.lm_operational}" if result.lm and claim.lm_operational else ""
-    st.caption(literal(f"{claim.source} · {claim.provenance} · measured as: {claim.operational}{on_lm}"))
-    mine = summary[summary.claim == claim.text].drop(columns=["claim"])
+st.subheader("Every claim at a glance")
+st.caption("Per claim: the settings it is tested in, its cells, and how many of them each verdict has. Pick a claim "
+           "for its cells by setting and compared measure, its forest plots and every cell — one claim at a time, so "
+           "that a control change redraws one claim's plots, not every claim's.")
+overview = pd.DataFrame(result.overview())
+overview = overview.loc[:, (overview != 0).any(axis=0)]
+st.dataframe(overview[[c for c in overview if c != "settings"] + ["settings"]], hide_index=True, width="stretch",
+             height=35 * (len(overview) + 1) + 3)  # every claim, no scrolling; the verdicts before the settings
+texts = {c.key: c.text for c in result.claims}
+chosen = st.selectbox("Claim", list(texts), format_func=texts.get, key="claims:claim",
+                      help="the claim whose tables and forest plots show below; it travels in the link")
+claim = next(c for c in result.claims if c.key == chosen)
+st.subheader(literal(claim.text))
+on_lm = f" · on a language model: {claim.lm_operational}" if result.lm and claim.lm_operational else ""
+st.caption(literal(f"{claim.source} · {claim.provenance} · measured as: {claim.operational}{on_lm}"))
+its_rows = [row for row in result.rows if row["claim_key"] == claim.key]
+if not its_rows:
+    st.info("No cell of this claim yet" + (": it is tested over training on a language model, and its cells show "
+                                           "once that model's runs are done (above)." if claim.lm_comparisons else "."),
+            icon=":material/hourglass_top:")
+else:
+    mine = pd.DataFrame([row for row in result.summary() if row["claim"] == claim.text]).drop(columns=["claim"])
     st.dataframe(mine.loc[:, (mine != 0).any(axis=0)], hide_index=True, width="stretch")
-    for _, metric, compared in forests.get(claim.key, []):
+    for _, metric, compared in (panel for panel in forest.panels(result) if panel[0].key == claim.key):
         with st.container(height=min(440, forest.TOP + forest.BOTTOM + forest.ROW * len(compared) + 24)):
             st.markdown(forest.svg(compared, f"{claim.text}: {metric}"), unsafe_allow_html=True)  # escaped inside
     with st.expander("Every cell of this claim"):
-        st.dataframe(cells[cells.claim == claim.text].drop(columns=["claim", "source", "provenance"]),
+        st.dataframe(pd.DataFrame(its_rows).drop(columns=["claim_key", "claim", "source", "provenance"]),
                      hide_index=True, width="stretch")
 
 st.subheader("Not testable here")

@@ -1,10 +1,12 @@
 """How long a control change takes end to end in a real browser: Debian's chromium, driven by Playwright, against
 `streamlit run app.py` on a free 127.0.0.1 port with a runs folder of its own (two short runs of the built-in model,
-trained here first, for the Runs page and the Step inspector).
+trained here first, for the Runs page and the Step inspector), or one given with --runs (a claims grid's: the Claims
+page then draws its cells over training, its learning curves and forest plots).
 
 Measured, each N times (`--repeat`, default 5), alternating between two values so that every change is a real one:
   - on each page, typical controls: Clipping regions (a clip test's ε, dual-clip), KL3 (δ), Mass reallocation (the
-    initial distribution, the paired differences' metric), Claims (the language-model select: no training starts),
+    initial distribution, the paired differences' metric), Claims (the language-model select, SmolLM2's Setting, the
+    claim shown, and the Setting again with the claim over training shown: no training starts),
     Training lab (the model select, and SmolLM2's Setting select; never Start), Runs (the filter, "Group by
     measure"), Step inspector (each of its selects: run, step, colouring, completion, token), Catalogue (a tab);
     Home and Tour have no control of their own;
@@ -32,7 +34,8 @@ them (to within a frame, 16 ms). Playwright's own calls are outside it.
 Target (issue 33, finding 18): a control change on any page ≤ 1 s end to end in chromium on this 2-core machine while
 nothing trains. Prints a table per control (median and max over N, within 1 s or not) and one of page loads.
 
-    python bench/interaction.py [--repeat 5] [--pages step_inspector runs …] [--json PATH] [--timeout 1800]
+    python bench/interaction.py [--repeat 5] [--pages step_inspector runs …] [--runs DIR] [--json PATH]
+                                [--timeout 1800]
 """
 
 import argparse
@@ -59,6 +62,7 @@ from workshop import end_server  # noqa: E402  (kills the server's process tree,
 
 ROOT = Path(__file__).resolve().parents[1]
 BUDGET_S = 1.0
+CLAIM_PAIR = ("The KL3 test equals", "KL3 makes GRPO training")  # the Claims page's first claim; the one over training
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-sync",
                  "--disable-background-networking", "--disable-component-update"]
 PAGES = {"home": ("", "Home"), "tour": ("tour", "Tour"), "clipping_regions": ("clipping_regions", "Clipping regions"),
@@ -97,7 +101,12 @@ def controls(d: Driver) -> dict[str, list]:
              lambda r: d.select("Initial distribution π_0", ("zipf", "uniform"), where=sb()), None),
             ("paired differences' metric (select)", lambda r: d.select("Metric over the iterations", (0, 1)), None)],
         "claims": [
-            ("language model (builtin ↔ SmolLM2)", lambda r: d.select("Model", (0, 1)), None)],
+            ("language model (builtin ↔ SmolLM2)", lambda r: d.select("Model", (0, 1)), None),
+            ("SmolLM2's Setting (learn ↔ stress)", lambda r: d.select("Setting", ("learn", "stress")),
+             lambda: d.select("Model", (1,))),  # with --runs a claims grid: its cells, curves and forest plots
+            ("Claim (KL3 = clipping ↔ KL3 over training)", lambda r: d.select("Claim", CLAIM_PAIR), None),
+            ("SmolLM2's Setting, KL3 over training shown", lambda r: d.select("Setting", ("learn", "stress")),
+             lambda: d.select("Claim", CLAIM_PAIR[1:]))],
         "training_lab": [
             ("Model (builtin ↔ SmolLM2)", lambda r: d.select("Model", (0, 1), where=sb()), None),
             ("SmolLM2's Setting (learn ↔ look only)",
@@ -240,6 +249,9 @@ def main():
     parser.add_argument("--repeat", type=int, default=5, help="changes per control, loads per page")
     parser.add_argument("--pages", nargs="+", default=list(PAGES), choices=list(PAGES), metavar="NAME",
                         help=f"only these pages ({', '.join(PAGES)})")
+    parser.add_argument("--runs", type=Path, help="a runs folder to read (e.g. a claims grid's, so that the Claims "
+                        "page draws its cells over training) instead of two short runs trained first; the bench "
+                        "starts no run in it")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds for the whole bench")
     parser.add_argument("--step-timeout", type=float, default=120, help="seconds for one change or load")
@@ -259,13 +271,17 @@ def main():
     hard_stop.daemon = True
     hard_stop.start()  # should the alarm's exception not get out of a stuck call
     work = Path(tempfile.mkdtemp(prefix="divviz-interaction-"))
-    runs_dir, log_path = work / "runs", work / "streamlit.log"
-    runs_dir.mkdir()
+    runs_dir, log_path = args.runs or work / "runs", work / "streamlit.log"
     started = time.time()
     try:
-        runs = make_runs(runs_dir)
-        print(f"{os.cpu_count()} cores; {len(runs)} runs trained in {time.time() - started:.0f} s "
-              f"({', '.join(runs)}); {args.repeat} changes per control", flush=True)
+        if args.runs:
+            print(f"{os.cpu_count()} cores; the runs folder {args.runs} ({len(list(args.runs.iterdir()))} entries); "
+                  f"{args.repeat} changes per control", flush=True)
+        else:
+            runs_dir.mkdir()
+            runs = make_runs(runs_dir)
+            print(f"{os.cpu_count()} cores; {len(runs)} runs trained in {time.time() - started:.0f} s "
+                  f"({', '.join(runs)}); {args.repeat} changes per control", flush=True)
         with open(log_path, "w") as log:
             server, url = start_server(runs_dir, log)
             rows = measure(args, url)

@@ -13,6 +13,7 @@ from divviz.evidence import claims, forest, intervals
 from divviz.bandit.grpo import run_bandit
 from divviz.bandit.setting import BanditConfig
 from divviz.cli import main
+from divviz.safetext import literal
 
 SMALL_GRID = (claims.Condition("likely", 50, "sgd"), claims.Condition("random", 50, "adam"),
               claims.Condition("coin", 50, "sgd"))
@@ -125,9 +126,19 @@ def test_claims_page_renders(tmp_path, monkeypatch):
     at.switch_page("app_pages/claims.py").run()
     assert not at.exception
     headers = [h.value for h in at.subheader]
-    assert len(headers) == len(claims.CLAIMS) + 3 and "Not testable here" in headers[-1]
+    assert headers[-3:] == ["Every claim at a glance", literal(claims.CLAIMS[0].text), "Not testable here"]
     at.slider[0].set_value(3).run()
-    assert not at.exception and len(at.dataframe) == 2 * len(claims.CLAIMS)
-    drawn = [m.value for m in at.markdown if "<svg" in m.value]  # a forest plot per claim and metric
-    assert len(drawn) == sum(len({c.metric for c in claim.comparisons}) for claim in claims.CLAIMS)
+    report = claims.evaluate(3)
+    overview = at.dataframe[0].value  # every claim, its cells and each verdict's count
+    assert list(overview.claim) == [c.text for c in claims.CLAIMS] and overview.cells.sum() == len(report.rows)
+    assert (overview[[v for v in claims.VERDICTS if v in overview]].sum(axis=1) == overview.cells).all()
+    for claim in (claims.CLAIMS[0], next(c for c in claims.CLAIMS if c.comparisons)):  # an identity; a measured one
+        at.selectbox(key="claims:claim").set_value(claim.key).run()  # one claim drawn at a time
+        assert not at.exception and at.subheader[-2].value == literal(claim.text)
+        summary, cells = at.dataframe[1].value, at.dataframe[2].value
+        assert len(at.dataframe) == 3 and summary.cells.sum() == len(cells) == sum(
+            row["claim_key"] == claim.key for row in report.rows)
+        assert at.query_params.get("claim") == (None if claim == claims.CLAIMS[0] else claim.key)  # in the link
+    drawn = [m.value for m in at.markdown if "<svg" in m.value]  # a forest plot per metric of the claim shown
+    assert len(drawn) == len({c.metric for c in claim.comparisons}) > 0
     assert all("<circle" in body for body in drawn)

@@ -221,7 +221,7 @@ def test_seeds_per_measure_and_the_same_measure_twice(runs_root):
     at.run()
     traces = [t.get("name") for t in json.loads(at.get("plotly_chart")[0].proto.spec)["data"]]
     assert "kl3 δ=0.0177 (n = 2)" in traces and "kl3 δ=0.05 (n = 2)" in traces
-    fills = [t for t in json.loads(at.get("plotly_chart")[0].proto.spec)["data"] if t.get("fill") == "tonexty"]
+    fills = [t for t in json.loads(at.get("plotly_chart")[0].proto.spec)["data"] if t.get("fill") == "toself"]
     assert len(fills) == 2 * 2  # a band per measure in each of the panel's two metrics
 
     at.switch_page("app_pages/runs.py").run()

@@ -235,8 +235,8 @@ def test_the_paired_iteration_and_the_claims_settings_are_in_the_link():
     slider(at, "At iteration").set_value(15).run()
     assert at.query_params["diff_at"] == ["15"] or at.query_params["diff_at"] == "15"
     at = open_page("app_pages/claims.py", {"seeds": "4", "lm_model": "smollm2-135m", "lm_steps": "30",
-                                           "lm_pilot_extra": "4"})
-    assert not at.exception and at.slider[0].value == 4
+                                           "lm_pilot_extra": "4", "claim": "kl3_training"})
+    assert not at.exception and at.slider[0].value == 4 and at.selectbox(key="claims:claim").value == "kl3_training"
     assert at.selectbox(key="claims:lm_model").value == "smollm2-135m"
     assert at.number_input(key="claims:lm_steps_of:smollm2-135m:learn").value == 30
     assert at.number_input(key="claims:lm_pilot_extra").value == 4

@@ -157,8 +157,10 @@ def test_a_long_series_is_thinned_to_its_extremes_and_exported_whole():
         return len(base64.b64decode(x["bdata"])) // 8 if isinstance(x, dict) else len(x)
 
     assert all(t["type"] == "scattergl" for t in export) and len(shown) == len(export)
-    assert all(points(t) == 50_000 for t in export)
-    assert all(GL_POINTS_MIN < points(t) <= 3 * 2 * BUCKETS + 2 for t in shown)
+    edges = lambda t: 2 if t.get("fill") == "toself" else 1  # noqa: E731  (the band: its upper edge, then its lower)
+    assert sum(t.get("fill") == "toself" for t in export) == 1
+    assert all(points(t) == edges(t) * 50_000 for t in export)
+    assert all(GL_POINTS_MIN < points(t) / edges(t) <= 3 * 2 * BUCKETS + 2 for t in shown)
     assert len(chart.data) == 50_000
     short = run_plots.history_chart([("a", {"entropy": walk[:100]})], ("entropy",), "step", "short")
     assert short.export is None

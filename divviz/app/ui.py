@@ -375,11 +375,12 @@ def objective_widgets(page: str, controls: dict[str, Control], bandit: bool = Fa
     return explorer.compared_objectives(tests, surrogates, bandit, **shared)
 
 
-def show_chart(chart: Chart, name: str) -> None:
-    """The figure (its toolbar saves a PNG), plus its HTML and the CSV of the numbers drawn."""
+def show_chart(chart: Chart, name: str, key: str | None = None) -> None:
+    """The figure (its toolbar saves a PNG), plus its HTML and the CSV of the numbers drawn. `key`, where the chart's
+    name changes with a control: with the same key, the browser updates the chart in place instead of drawing anew."""
     slug = re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
     config = {**PLOTLY_CONFIG, "toImageButtonOptions": {**PLOTLY_CONFIG["toImageButtonOptions"], "filename": slug}}
-    st.plotly_chart(chart.figure, config=config, key=f"chart:{slug}")
+    st.plotly_chart(chart.figure, config=config, key=key or f"chart:{slug}")
     row = st.container(horizontal=True)
     figure = chart.export or chart.figure  # every point, where the chart on screen thins a long series
     row.download_button("HTML", lambda: figure.to_html(include_plotlyjs=True), file_name=f"{slug}.html",

@@ -32,7 +32,8 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, replace
-from functools import cached_property
+import json
+from functools import cached_property, lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -131,7 +132,7 @@ class LMPlan:
              setting: str = "", pilot_seeds: int = 0) -> "LMPlan":
         steps = steps or default_steps(model, setting)
         pilot_seeds = max(seeds, pilot_seeds)
-        wanted = {key: _how_it_trains(run_config(key[0], key[2], steps, model, key[1], setting))
+        wanted = {key: _cell_training(key[0], key[2], steps, model, key[1], setting)
                   for key in queue_order(seeds, pilot_seeds)}
         found: dict = {}
         for run in store.list_runs(root):  # newest first: a final run wins over a later one still queued
@@ -233,6 +234,7 @@ class LMPlan:
         """The report's cells: per claim, comparison and reading, the paired difference over the seeds whose two
         runs both finished."""
         read = {key: _readings(*series, self.steps) for key, series in self.finished_series.items()}
+        task = run_config(measures()[0][0], 0, self.steps, self.model, setting=self.setting).task  # every cell's
         out = []
         for claim in claims.CLAIMS:
             for c in claim.lm_comparisons:
@@ -251,7 +253,6 @@ class LMPlan:
                              if a is not None and b is not None and np.isfinite(a) and np.isfinite(b)]
                     difference = intervals.paired_binary if c.metric in claims.BINARY else intervals.paired
                     d = difference(*zip(*pairs)) if pairs else intervals.Paired(np.nan, np.nan, np.nan, 0, 0)
-                    task = run_config(c.candidate, 0, self.steps, self.model, setting=self.setting).task
                     rewarded = " · random rewards" if claim.reward == "random" else ""
                     # the row's setting (claims.LM_TRAINING) names the model; the condition, its setting
                     where = "" if self.model == BUILTIN else f"{self.setting or 'defaults'} · "
@@ -402,11 +403,23 @@ def _how_it_trains(cfg: RunConfig) -> dict:
     return {k: v for k, v in cfg.to_dict().items() if k not in KEPT_ONLY}
 
 
+@lru_cache(maxsize=4096)
+def _cell_training(measure: str, seed: int, steps: int, model: str, reward: str, setting: str) -> dict:
+    """How a cell's run trains (`run_config` less what is kept only), made once per cell: a page rerun reads the
+    plan again, and checking a run config costs about a millisecond. Read, never changed."""
+    return _how_it_trains(run_config(measure, seed, steps, model, reward, setting))
+
+
 def _training(config: dict) -> dict | None:
     """A run folder's config.json as the settings that decide how it trains, with the defaults of settings added
-    since it was written (None for a config that is not a valid run config)."""
+    since it was written (None for a config that is not a valid run config); made once per distinct config."""
+    return _training_of_json(json.dumps(config, sort_keys=True))
+
+
+@lru_cache(maxsize=4096)
+def _training_of_json(config: str) -> dict | None:
     try:
-        return _how_it_trains(RunConfig.from_dict(config))
+        return _how_it_trains(RunConfig.from_dict(json.loads(config)))
     except (DivvizInputError, TypeError, ValueError):
         return None
 

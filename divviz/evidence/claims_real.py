@@ -25,6 +25,7 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -62,12 +63,18 @@ def cache_folder() -> Path:
 def cache_file(batch: int, reward: str) -> Path:
     """Where batch `batch`'s results under `reward` are kept: named by everything that decides them (the run config,
     the measures' objectives, the model's checkpoint, DESIGN)."""
+    return cache_folder() / f"batch{batch:03d}-{reward}-{_cache_key(batch, reward)}.json"
+
+
+@lru_cache(maxsize=1024)
+def _cache_key(batch: int, reward: str) -> str:
+    """The hash of what decides a batch's results: made once per batch (a page rerun asks for every batch's file)."""
     from divviz.engine import smollm2
 
     key = json.dumps({"config": config(batch, reward).to_dict(), "design": DESIGN, "checkpoint": smollm2.SHA256,
                       "measures": {m: objective_settings(claims.OBJECTIVES[m]) for m in measures()[reward]}},
                      sort_keys=True, default=str)
-    return cache_folder() / f"batch{batch:03d}-{reward}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 @dataclass

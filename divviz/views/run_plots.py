@@ -138,10 +138,12 @@ def _series_traces(label, metric, colour, first, xref, yref, steps, mean, band, 
         traces.append(line(steps[pick], member[pick], showlegend=False, hoverinfo="skip",
                            line={"color": rgba(colour, 0.35), "width": 1}))
     pick = thinned(mean, *((band.low, band.high) if band is not None else ())) if thin else slice(None)
-    if band is not None:
-        edge = {"line": {"width": 0}, "showlegend": False, "hoverinfo": "skip"}
-        traces += [line(steps[pick], np.asarray(band.high)[pick], **edge),
-                   line(steps[pick], np.asarray(band.low)[pick], fill="tonexty", fillcolor=rgba(colour, 0.18), **edge)]
+    if band is not None:  # one closed polygon, along the upper edge and back along the lower (one trace, not two)
+        x = steps[pick]
+        traces.append(line(np.concatenate([x, x[::-1]]),
+                           np.concatenate([np.asarray(band.high)[pick], np.asarray(band.low)[pick][::-1]]),
+                           fill="toself", fillcolor=rgba(colour, 0.18), line={"width": 0}, showlegend=False,
+                           hoverinfo="skip"))
     traces.append(line(steps[pick], mean[pick], name=label, showlegend=first, line={"color": color(colour), "width": 2.5},
                        hovertemplate=f"{metric}: %{{y:.4f}}<br>{GLOSSARY.get(metric, '')}<extra>{label}</extra>"))
     return traces
