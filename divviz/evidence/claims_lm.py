@@ -30,9 +30,9 @@ seeds resolve what), then the others seed by seed, the random-reward control las
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import dataclass, replace
-import json
 from functools import cached_property, lru_cache
 from pathlib import Path
 
