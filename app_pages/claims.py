@@ -7,7 +7,7 @@ import streamlit as st
 
 from divviz.app import ui
 
-from divviz.evidence import claims, claims_lm, claims_real, forest
+from divviz.evidence import claims, claims_export, claims_lm, claims_real, forest
 from divviz.engine import stability, store
 from divviz.engine.models import MODELS, SMOLLM2_SETTINGS, model_settings
 from divviz.catalogue.params import DivvizInputError
@@ -198,7 +198,7 @@ st.subheader("Not testable here")
 for text in result.untested:
     st.markdown(f"- {literal(text)}")
 row = st.container(horizontal=True)
-row.download_button("Report (HTML)", lambda: claims.to_html(result), file_name="divviz_claims.html", mime="text/html",
-                    icon=":material/download:", on_click="ignore", key="claims:html")
+row.download_button("Report (HTML)", lambda: claims_export.to_html(result), file_name="divviz_claims.html",
+                    mime="text/html", icon=":material/download:", on_click="ignore", key="claims:html")
 row.download_button("Every cell (JSON)", lambda: json.dumps(result.rows, indent=1), file_name="divviz_claims.json",
                     mime="application/json", icon=":material/table:", on_click="ignore", key="claims:json")

@@ -191,7 +191,7 @@ def cmd_import(args) -> int:
 def cmd_claims(args) -> int:
     from tqdm import tqdm
 
-    from divviz.evidence import claims
+    from divviz.evidence import claims, claims_export
 
     seeds = claims.QUICK_SEEDS if args.quick else claims.SEEDS
     if args.seeds is not None:
@@ -227,10 +227,10 @@ def cmd_claims(args) -> int:
         report = _real_cells(args, quiet).report(report)
     if out:
         with out:
-            out.write(claims.to_html(report))
+            out.write(claims_export.to_html(report))
     if args.json:
         return print_json([{k: v for k, v in row.items() if k != "claim_key"} for row in report.rows], indent=1)
-    print(claims.to_text(report))
+    print(claims_export.to_text(report))
     return 0
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from divviz.evidence import claims, forest, intervals
+from divviz.evidence import claims, claims_export, forest, intervals
 from divviz.bandit.grpo import run_bandit
 from divviz.bandit.setting import BanditConfig
 from divviz.cli import main
@@ -73,7 +73,7 @@ def test_the_random_reward_cells_read_the_runs_own_start_zero_and_a_window_of_up
 
 def test_summary_counts_every_cell(report):
     assert sum(s["cells"] for s in report.summary()) == len(report.rows)
-    text = claims.to_text(report)
+    text = claims_export.to_text(report)
     assert "Not testable here:" in text and "math benchmarks" in text
 
 
@@ -103,7 +103,7 @@ def test_forest_plots_put_each_cell_on_its_side_of_zero_in_its_verdicts_colour(r
         assert "<script" not in drawn and "&lt;" not in claim.text
         assert "viewBox='0 0 " in drawn and "width='100%'" in drawn  # scales down to the page's column
         assert all(len(forest.label(cell, False)) <= forest.LABEL_CHARS for cell in cells)
-    page = claims.to_html(report)
+    page = claims_export.to_html(report)
     assert page.count("<svg") == len(panels)
     cell = {"candidate": "KL3 δ=0.05 (wide)", "setting": claims.LM_TRAINING,
             "condition": "stress · add · over the run (trapezoid mean of steps 0–30)"}

@@ -8,10 +8,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
 
-from divviz.evidence import claims, forest, claims_lm, intervals
+from divviz.evidence import claims, claims_export, claims_lm, forest, intervals
 from divviz.cli import main
 from divviz.engine import runner, store
 from divviz.engine.pool import max_runs
@@ -64,11 +63,11 @@ def test_lm_cells_equal_their_runs_metrics(lm_plan):
     lm_report = lm_plan.report(claims.evaluate(seeds=2, grid=SMALL_GRID[:1]))
     assert "built-in LM" in lm_report.scope and any(s["setting"] == claims.LM for s in lm_report.summary())
     assert len(lm_report.lm_details) == len(claims_lm.measures()) - 2 + 1  # a collapse line per measure, the pilot
-    assert all(line in claims.to_text(lm_report) for line in lm_report.lm_details)
-    assert f"  {claims.cell_text(row)}" in claims.to_text(lm_report).splitlines()  # each cell's numbers in the text
-    assert claims.cell_text(row).endswith(f"n = {LM_SEEDS}, {row['seeds_reversed']} of {LM_SEEDS} seeds reversed: "
+    assert all(line in claims_export.to_text(lm_report) for line in lm_report.lm_details)
+    assert f"  {claims_export.cell_text(row)}" in claims_export.to_text(lm_report).splitlines()  # each cell's numbers in the text
+    assert claims_export.cell_text(row).endswith(f"n = {LM_SEEDS}, {row['seeds_reversed']} of {LM_SEEDS} seeds reversed: "
                                           f"{row['verdict']}")
-    assert "<h2>Over training</h2>" in claims.to_html(lm_report) and "Pilot (" in claims.to_html(lm_report)
+    assert "<h2>Over training</h2>" in claims_export.to_html(lm_report) and "Pilot (" in claims_export.to_html(lm_report)
 
 
 def test_over_training_cells_pair_runs_that_share_seed_and_prompts_and_read_held_out_and_stability(lm_plan):
@@ -375,6 +374,6 @@ def test_a_comparison_without_data_says_so_and_is_not_drawn(report, tmp_path):
     assert plan.rows() and {(r["n"], r["verdict"]) for r in plan.rows()} == {(0, intervals.NO_DATA)}
     both = plan.report(report)
     assert not any(cell["setting"] == claims.LM for _, _, cells in forest.panels(both) for cell in cells)
-    lm_lines = [line for line in claims.to_text(both).splitlines() if line.startswith(f"  [{claims.LM}]")]
+    lm_lines = [line for line in claims_export.to_text(both).splitlines() if line.startswith(f"  [{claims.LM}]")]
     assert lm_lines and all(line.endswith("no data of " + line.split(" no data of ")[-1]) for line in lm_lines)
     assert "not resolved" not in " ".join(lm_lines)

@@ -138,7 +138,7 @@ class LMPlan:
         for run in store.list_runs(root):  # newest first: a final run wins over a later one still queued
             if run.state not in (*FINAL, "queued", "running", *runner.RESUMABLE):
                 continue
-            config = _training(run.config)
+            config = _training(json.dumps(run.config, sort_keys=True))
             if config is None:
                 continue
             for key, wanted_config in wanted.items():
@@ -410,14 +410,11 @@ def _cell_training(measure: str, seed: int, steps: int, model: str, reward: str,
     return _how_it_trains(run_config(measure, seed, steps, model, reward, setting))
 
 
-def _training(config: dict) -> dict | None:
-    """A run folder's config.json as the settings that decide how it trains, with the defaults of settings added
-    since it was written (None for a config that is not a valid run config); made once per distinct config."""
-    return _training_of_json(json.dumps(config, sort_keys=True))
-
-
 @lru_cache(maxsize=4096)
-def _training_of_json(config: str) -> dict | None:
+def _training(config: str) -> dict | None:
+    """A run folder's config.json (its JSON text, keys sorted) as the settings that decide how it trains, with the
+    defaults of settings added since it was written (None for a config that is not a valid run config); made once
+    per distinct config."""
     try:
         return _how_it_trains(RunConfig.from_dict(json.loads(config)))
     except (DivvizInputError, TypeError, ValueError):
