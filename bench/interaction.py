@@ -260,6 +260,8 @@ def main():
     args = parser.parse_args()
     if shutil.which("chromium") is None:
         sys.exit("Debian's chromium is not installed (/usr/bin/chromium)")
+    if args.runs is not None and not args.runs.is_dir():
+        sys.exit(f"--runs {args.runs}: not a folder")
 
     def out_of_time(*_):
         raise OutOfTime(f"the bench ran past --timeout {args.timeout:g} s")
