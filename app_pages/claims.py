@@ -45,11 +45,13 @@ st.write("What the three seed papers claim and divviz can test, tested on a grid
          "running: where the correct actions sit (likely, rare, random), small and large K, SGD and Adam, an early and "
          "a late reading. Each cell compares two measures seed by seed on the same seeds: the mean difference, its "
          "95% interval, n, and a verdict computed from the interval — *holds*, *reversed*, or *not resolved* (the "
-         "interval contains 0); identities are *exact* when the largest difference is below 1e-12. Nothing here is "
-         "typed by hand: `divviz claims` prints the same report.")
+         "interval contains 0); identities are *exact* when the largest difference is below 1e-12; *no data* when no "
+         "seed has both runs of a pair yet (runs still queued or training). Nothing here is typed by hand: "
+         "`divviz claims` prints the same report.")
 ui.bind_controls(PAGE, CONTROLS)
 low, high, _ = claims.SEEDS_PARAM.slider_range()
-seeds = st.slider("Seeds per measure", int(low), int(high), key="claims:seeds", help=claims.SEEDS_PARAM.doc)
+seeds = st.slider("Seeds per measure (bandit grid)", int(low), int(high), key="claims:seeds",
+                  help=claims.SEEDS_PARAM.doc)
 result = report(seeds)
 
 st.subheader("On a language model, over training")
@@ -74,7 +76,7 @@ with ui.shown_errors():
                                           disabled=not settings, help="SmolLM2's settings (`divviz models`); the "
                                           "built-in LM trains at the lab's defaults")
     lm_setting = lm_setting if settings else ""
-    lm_seeds = left.slider("Seeds per measure", *map(int, claims_lm.SEEDS_PARAM.slider_range()[:2]),
+    lm_seeds = left.slider("Seeds per LM measure", *map(int, claims_lm.SEEDS_PARAM.slider_range()[:2]),
                            key="claims:lm_seeds", help=claims_lm.SEEDS_PARAM.doc)
     lm_pilot_extra = pilot_column.number_input("Pilot pair's extra seeds", int(claims_lm.PILOT_EXTRA_PARAM.low),
                                                int(claims_lm.PILOT_EXTRA_PARAM.high), key="claims:lm_pilot_extra",
@@ -165,13 +167,16 @@ with ui.shown_errors():
             st.rerun()
 
 st.subheader("Every claim at a glance")
-st.caption("Per claim: the settings it is tested in, its cells, and how many of them each verdict has. Pick a claim "
-           "for its cells by setting and compared measure, its forest plots and every cell — one claim at a time, so "
-           "that a control change redraws one claim's plots, not every claim's.")
+st.caption("Per claim: its cells, how many of them each verdict has, and the settings it is tested in (over "
+           "training: the model and Setting chosen above). Pick a claim in the select under the table for its cells "
+           "by setting and compared measure, its forest plots and every cell — one claim at a time, so that a control "
+           "change redraws one claim's plots, not every claim's.")
 overview = pd.DataFrame(result.overview())
 overview = overview.loc[:, (overview != 0).any(axis=0)]
+counts = {c: st.column_config.NumberColumn(width=7 * len(c) + 24) for c in overview if c not in ("claim", "settings")}
 st.dataframe(overview[[c for c in overview if c != "settings"] + ["settings"]], hide_index=True, width="stretch",
-             height=35 * (len(overview) + 1) + 3)  # every claim, no scrolling; the verdicts before the settings
+             height=35 * (len(overview) + 1) + 3,  # every claim, no scrolling; the verdicts before the settings
+             column_config={"claim": st.column_config.TextColumn(width=330), **counts})
 texts = {c.key: c.text for c in result.claims}
 chosen = st.selectbox("Claim", list(texts), format_func=texts.get, key="claims:claim",
                       help="the claim whose tables and forest plots show below; it travels in the link")
