@@ -173,7 +173,8 @@ st.caption("Per claim: its cells, how many of them each verdict has, and the set
            "change redraws one claim's plots, not every claim's.")
 overview = pd.DataFrame(result.overview())
 overview = overview.loc[:, (overview != 0).any(axis=0)]
-counts = {c: st.column_config.NumberColumn(width=7 * len(c) + 24) for c in overview if c not in ("claim", "settings")}
+counts = {c: st.column_config.NumberColumn(width=7 * len(c) + 24)  # as wide as its header, so that all show
+          for c in overview if c not in ("claim", "settings")}
 st.dataframe(overview[[c for c in overview if c != "settings"] + ["settings"]], hide_index=True, width="stretch",
              height=35 * (len(overview) + 1) + 3,  # every claim, no scrolling; the verdicts before the settings
              column_config={"claim": st.column_config.TextColumn(width=330), **counts})

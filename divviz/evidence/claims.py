@@ -293,14 +293,14 @@ class Report:
     def overview(self) -> list[dict]:
         """Per claim, in the catalogue's order: the settings it is tested in, how many cells, and how many of them
         hold, reverse, are not resolved, exact or not, or have no data yet (`summary` added up over its rows)."""
-        out = {claim.key: {"claim": claim.text, "settings": [], "cells": 0, **{v: 0 for v in VERDICTS}}
+        out = {claim.text: {"claim": claim.text, "settings": [], "cells": 0, **dict.fromkeys(VERDICTS, 0)}
                for claim in self.claims}
-        for row in self.rows:
-            entry = out[row["claim_key"]]
-            entry["cells"] += 1
-            entry[row["verdict"]] += 1
-            if row["setting"] not in entry["settings"]:
-                entry["settings"].append(row["setting"])
+        for s in self.summary():
+            entry = out[s["claim"]]
+            for count in ("cells", *VERDICTS):
+                entry[count] += s[count]
+            if s["setting"] not in entry["settings"]:
+                entry["settings"].append(s["setting"])
         return [{**entry, "settings": ", ".join(entry["settings"])} for entry in out.values()]
 
     @property
