@@ -195,7 +195,7 @@ def test_the_bandit_compares_rollout_corrections_in_the_browser(page, app_url):
     for name in ("none", "TIS token"):  # the link's corrections, as the multiselect's tags
         block.get_by_role("button", name=f"Remove {name}").wait_for(timeout=30_000)
     block.get_by_role("button", name="Remove bypass").click()
-    page.wait_for_function(f"({ROLLOUT_TRACES})().length === 2", timeout=60_000)
+    page.wait_for_function(f"({ROLLOUT_TRACES})().length === 2", timeout=90_000)
     page.wait_for_url(lambda url: "rc=none,TIS+token" in url.replace("%2C", ",").replace("%20", "+"), timeout=30_000)
     assert not page.locator('[data-testid="stException"]').count()
 
