@@ -170,7 +170,9 @@ st.subheader("Every claim at a glance")
 st.caption("Per claim: its cells, how many of them each verdict has, and the settings it is tested in (over "
            "training: the model and Setting chosen above). Pick a claim in the select under the table for its cells "
            "by setting and compared measure, its forest plots and every cell — one claim at a time, so that a control "
-           "change redraws one claim's plots, not every claim's.")
+           "change redraws one claim's plots, not every claim's. The counts are of cells, not of independent "
+           "tests: a claim's cells share their runs (an early and a late reading, the greedy and the sampled "
+           "accuracy, two δ of KL3 against one PPO), so several cells holding is not as many confirmations.")
 overview = pd.DataFrame(result.overview())
 overview = overview.loc[:, (overview != 0).any(axis=0)]
 counts = {c: st.column_config.NumberColumn(width=7 * len(c) + 24)  # as wide as its header, so that all show
@@ -191,14 +193,20 @@ if not its_rows:
                                            "once that model's runs are done (above)." if claim.lm_comparisons else "."),
             icon=":material/hourglass_top:")
 else:
-    mine = pd.DataFrame([row for row in result.summary() if row["claim"] == claim.text]).drop(columns=["claim"])
-    st.dataframe(mine.loc[:, (mine != 0).any(axis=0)], hide_index=True, width="stretch")
+    shared = claims.in_common(its_rows, ("setting", "candidate", "baseline", "metric", "predicted_sign"))
+    if shared:
+        st.caption(literal("In every cell of this claim: " + " · ".join(f"{claims.HEADERS[k]} {v}"
+                                                                        for k, v in shared.items())))
+    mine = pd.DataFrame([row for row in result.summary() if row["claim"] == claim.text])
+    mine = mine[[c for c in mine if c not in ("claim", *shared) and mine[c].notna().any()
+                 and (c not in claims.VERDICTS or mine[c].any())]]  # the verdicts that some cell has
+    st.dataframe(mine.rename(columns=claims.HEADERS), hide_index=True, width="stretch")
     for _, metric, compared in (panel for panel in forest.panels(result) if panel[0].key == claim.key):
         with st.container(height=min(440, forest.TOP + forest.BOTTOM + forest.ROW * len(compared) + 24)):
             st.markdown(forest.svg(compared, f"{claim.text}: {metric}"), unsafe_allow_html=True)  # escaped inside
     with st.expander("Every cell of this claim"):
-        st.dataframe(pd.DataFrame(its_rows).drop(columns=["claim_key", "claim", "source", "provenance"]),
-                     hide_index=True, width="stretch")
+        st.dataframe(pd.DataFrame(its_rows)[[k for k in claims.CELL_KEYS[1:] if k not in shared]].rename(
+            columns=claims.HEADERS), hide_index=True, width="stretch")
 
 st.subheader("Not testable here")
 for text in result.untested:

@@ -15,6 +15,8 @@ from divviz.bandit.setting import BanditConfig
 from divviz.cli import main
 from divviz.safetext import literal
 
+from tests.page_helpers import open_page, shown
+
 SMALL_GRID = (claims.Condition("likely", 50, "sgd"), claims.Condition("random", 50, "adam"),
               claims.Condition("coin", 50, "sgd"))
 
@@ -73,6 +75,11 @@ def test_the_random_reward_cells_read_the_runs_own_start_zero_and_a_window_of_up
 
 def test_summary_counts_every_cell(report):
     assert sum(s["cells"] for s in report.summary()) == len(report.rows)
+    for s in report.summary():  # an identity says how close it came; a measured claim has no such number
+        cells = [r for r in report.rows if r["claim"] == s["claim"] and r["setting"] == s["setting"]
+                 and r["candidate"] == s["candidate"] and r["metric"] == s["metric"]]
+        identity = all(r["verdict"] in (intervals.EXACT, intervals.NOT_EXACT) for r in cells)
+        assert s["largest"] == (max(abs(r["mean"]) for r in cells) if identity else None)
     text = claims_export.to_text(report)
     assert "Not testable here:" in text and "math benchmarks" in text
 
@@ -102,12 +109,24 @@ def test_forest_plots_put_each_cell_on_its_side_of_zero_in_its_verdicts_colour(r
             assert np.sign(float(cx) - zero) == np.sign(round(cell["mean"], 12)) or abs(float(cx) - zero) < 0.1
         assert "<script" not in drawn and "&lt;" not in claim.text
         assert "viewBox='0 0 " in drawn and "width='100%'" in drawn  # scales down to the page's column
-        assert all(len(forest.label(cell, False)) <= forest.LABEL_CHARS for cell in cells)
+        ticks = [float(t) for t in re.findall(r"text-anchor='middle' fill='#555'>([^<]+)<", drawn)]
+        half_width = max(ticks)  # round numbers, above the rows and below them
+        assert sorted(ticks) == sorted(2 * [-half_width, -half_width / 2, 0.0, half_width / 2, half_width])
+        assert float(f"{half_width:.0e}") == half_width or half_width / 10 ** np.floor(np.log10(half_width)) == 2.5
+        common, rows = forest.row_labels([forest.label(cell, False) for cell in cells])
+        assert all(0 < len(row) <= forest.LABEL_CHARS for row in rows)
+        assert ("every row: " in drawn) == bool(common)
     page = claims_export.to_html(report)
     assert page.count("<svg") == len(panels)
     cell = {"candidate": "KL3 δ=0.05 (wide)", "setting": claims.LM_TRAINING,
             "condition": "stress · add · over the run (trapezoid mean of steps 0–30)"}
     assert forest.label(cell, False) == "KL3 δ=0.05 · SmolLM2-135M, over training · stress · add · over the run"
+    labels = [forest.label({**cell, "candidate": who, "condition": f"stress · add · {when}"}, False)
+              for who in ("KL3 δ=0.05", "DAPO") for when in ("early", "late")]  # what every row shares, said once
+    assert forest.row_labels(labels) == (["SmolLM2-135M, over training", "stress", "add"],
+                                         ["KL3 δ=0.05 · early", "KL3 δ=0.05 · late", "DAPO · early", "DAPO · late"])
+    assert forest.row_labels(labels[:1]) == ([], labels[:1])  # a row keeps its label whole rather than nothing
+    assert forest.row_labels(["x" * 100])[1] == ["x" * (forest.LABEL_CHARS - 1) + "…"]
 
 
 def test_cli_refuses_bad_options(capsys, tmp_path):
@@ -139,6 +158,14 @@ def test_claims_page_renders(tmp_path, monkeypatch):
         assert len(at.dataframe) == 3 and summary.cells.sum() == len(cells) == sum(
             row["claim_key"] == claim.key for row in report.rows)
         assert at.query_params.get("claim") == (None if claim == claims.CLAIMS[0] else claim.key)  # in the link
+        assert not {"seeds_reversed", "predicted_sign", "claim"} & (set(summary) | set(cells))  # read as headers
+        assert ("largest |difference|" in summary) == (claim == claims.CLAIMS[0])  # an identity's closeness
+        shared = claims.in_common([r for r in report.rows if r["claim_key"] == claim.key], ("baseline", "setting"))
+        assert shared and not set(shared) & set(cells)  # said once above the table, not in every row
+        assert any(literal(f"baseline {shared['baseline']}") in c.value for c in at.caption)
     drawn = [m.value for m in at.markdown if "<svg" in m.value]  # a forest plot per metric of the claim shown
     assert len(drawn) == len({c.metric for c in claim.comparisons}) > 0
     assert all("<circle" in body for body in drawn)
+    linked = open_page("app_pages/claims.py", {"claim": "<b>no_such_claim"})  # a link's unknown claim is said
+    assert not linked.exception and "'claim' has unknown value" in shown(linked.warning[0])
+    assert "<b>" not in linked.warning[0].value and linked.selectbox(key="claims:claim").value == claims.CLAIMS[0].key

@@ -279,15 +279,18 @@ class Report:
     claims: tuple[Claim, ...] = field(default=CLAIMS)
 
     def summary(self) -> list[dict]:
-        """Per claim, setting and compared measure: how many cells hold, reverse, are not resolved or exact."""
+        """Per claim, setting and compared measure: how many cells hold, reverse, are not resolved or exact; for an
+        identity, also the largest |difference| over its cells (None for the other claims)."""
         out: dict[tuple, dict] = {}
         for row in self.rows:
             entry = out.setdefault((row["claim_key"], row["setting"], row["candidate"], row["metric"]),
                                    {"claim": row["claim"], "setting": row["setting"], "candidate": row["candidate"],
                                     "baseline": row["baseline"], "metric": row["metric"], "cells": 0,
-                                    **{v: 0 for v in VERDICTS}})
+                                    **{v: 0 for v in VERDICTS}, "largest": None})
             entry["cells"] += 1
             entry[row["verdict"]] += 1
+            if row["verdict"] in (intervals.EXACT, intervals.NOT_EXACT):
+                entry["largest"] = max(entry["largest"] or 0.0, abs(row["mean"]))
         return list(out.values())
 
     def overview(self) -> list[dict]:
@@ -310,6 +313,18 @@ class Report:
                 f"same seeds" + (f"; {self.lm}" if self.lm else "; the built-in LM not included")
                 + (f"; {self.real}" if self.real else ""))
 
+
+CELL_KEYS = ("claim", "setting", "condition", "metric", "candidate", "baseline", "predicted_sign", "mean", "low",
+             "high", "n", "seeds_reversed", "verdict")  # a cell's columns, in the order tables show them
+HEADERS = {**{k: k for k in CELL_KEYS}, "predicted_sign": "predicted", "low": "95% low", "high": "95% high",
+           "seeds_reversed": "seeds reversed", "cells": "cells", "largest": "largest |difference|"}  # their headers
+
+
+def in_common(rows: list[dict], keys) -> dict:
+    """The `keys` whose value is the same in every one of `rows` (and not empty), with that value: what a table of
+    these rows can say once above it instead of in every row."""
+    return {k: rows[0][k] for k in keys
+            if rows and rows[0][k] not in ("", None) and all(r[k] == rows[0][k] for r in rows)}
 
 VERDICTS = (intervals.HOLDS, intervals.REVERSED, intervals.NOT_RESOLVED, intervals.EXACT, intervals.NOT_EXACT,
             intervals.NO_DATA)

@@ -7,7 +7,7 @@ import html
 import math
 
 from divviz.evidence import forest, intervals
-from divviz.evidence.claims import LM, LM_TRAINING, VERDICTS, Report
+from divviz.evidence.claims import CELL_KEYS, HEADERS, LM, LM_TRAINING, VERDICTS, Report
 
 
 def to_text(report: Report) -> str:
@@ -25,8 +25,9 @@ def to_text(report: Report) -> str:
             lines.append(f"  on SmolLM2-135M: {claim.real_operational}")
         for s in (s for s in summary if s["claim"] == claim.text):
             counts = ", ".join(f"{s[v]} {v}" for v in VERDICTS if s[v])
+            largest = "" if s["largest"] is None else f" (largest |difference| {s['largest']:.3g})"
             lines.append(f"  [{s['setting']}] {s['candidate']} vs {s['baseline']} ({s['metric']}): {counts} of "
-                         f"{s['cells']} cells")
+                         f"{s['cells']} cells{largest}")
         lines.append("")
     if report.lm_details:
         lines.append(f"Over training ({report.lm}):")
@@ -45,6 +46,7 @@ def cell_text(row: dict) -> str:
     return f"{row['candidate']} − {row['baseline']} · {row['condition']} · {row['metric']}: {d.text(3)}: {row['verdict']}"
 
 
+SUMMARY_KEYS = ("claim", "setting", "candidate", "baseline", "metric", "cells", *VERDICTS, "largest")
 VERDICT_COLOURS = {intervals.HOLDS: "#d9f2d9", intervals.REVERSED: "#f8d7d7", intervals.NOT_RESOLVED: "#eeeeee",
                    intervals.EXACT: "#d9f2d9", intervals.NOT_EXACT: "#f8d7d7", intervals.NO_DATA: "#ffffff"}
 
@@ -60,11 +62,11 @@ def to_html(report: Report) -> str:
              f"<p>{e(report.scope)}. Each cell: candidate − baseline seed by seed, its mean and 95% interval "
              "(Student-t; Newcombe's for a 0/1 reading such as the collapse flag), n, how many seeds had the other "
              "sign, and the verdict read off the interval.</p>"
-             "<h2>Summary</h2><table><tr><th>claim</th><th>setting</th><th>candidate</th><th>baseline</th>"
-             "<th>metric</th><th>cells</th>" + "".join(f"<th>{e(v)}</th>" for v in VERDICTS) + "</tr>"]
+             "<h2>Summary</h2><table><tr>" + "".join(f"<th>{e(HEADERS.get(k, k))}</th>" for k in SUMMARY_KEYS)
+             + "</tr>"]
     for s in report.summary():
-        parts.append("<tr>" + "".join(f"<td>{e(s[k])}</td>" for k in ("claim", "setting", "candidate", "baseline",
-                                                                      "metric", "cells", *VERDICTS)) + "</tr>")
+        parts.append("<tr>" + "".join(f"<td>{e(num(s[k]) if k == 'largest' else s[k])}</td>" for k in SUMMARY_KEYS)
+                     + "</tr>")
     parts.append("</table><h2>Forest plots</h2><p>Each cell's paired difference with its 95% interval against 0, "
                  "coloured by its verdict; the side each claim predicts is shaded. Hover a point for its numbers.</p>")
     parts += [f"<div>{forest.svg(cells, f'{claim.text}: {metric}')}</div>" for claim, metric, cells in forest.panels(report)]
@@ -74,14 +76,11 @@ def to_html(report: Report) -> str:
         lm += f" On SmolLM2-135M: {e(claim.real_operational)}." if claim.real_operational and report.real else ""
         parts.append(f"<li><b>{e(claim.text)}</b>: {e(claim.source)}; {e(claim.provenance)}. "
                      f"Measured as {e(claim.operational)}.{lm}</li>")
-    parts.append("</ul><h2>Every cell</h2><table><tr>" + "".join(
-        f"<th>{h}</th>" for h in ("claim", "setting", "condition", "metric", "candidate", "baseline", "predicted",
-                                  "mean", "95% low", "95% high", "n", "seeds reversed", "verdict")) + "</tr>")
+    parts.append("</ul><h2>Every cell</h2><table><tr>" + "".join(f"<th>{e(HEADERS[k])}</th>" for k in CELL_KEYS)
+                 + "</tr>")
     for r in report.rows:
         parts.append(f"<tr style='background:{VERDICT_COLOURS[r['verdict']]}'>" + "".join(
-            f"<td>{e(x)}</td>" for x in (r["claim"], r["setting"], r["condition"], r["metric"], r["candidate"],
-                                         r["baseline"], r["predicted_sign"], num(r["mean"]), num(r["low"]), num(r["high"]), r["n"],
-                                         r["seeds_reversed"], r["verdict"])) + "</tr>")
+            f"<td>{e(num(r[k]) if k in ('mean', 'low', 'high') else r[k])}</td>" for k in CELL_KEYS) + "</tr>")
     parts.append("</table>")
     if report.lm_details:
         parts.append(f"<h2>Over training</h2><p>{e(report.lm)}</p><ul>"
