@@ -109,7 +109,8 @@ elif lm_plan is not None:
     @st.fragment(run_every=2.0 if lm_plan.pending else None)
     def lm_progress() -> None:
         with ui.shown_errors():
-            plan = lm_plan.refreshed()
+            fresh = st.session_state.pop("claims:plan_fresh", False)  # this run read the folder a moment ago
+            plan = lm_plan if fresh else lm_plan.refreshed()
             left_s = plan.time_left()
             ahead = len(plan.ahead)
             eta = ("" if left_s is None else f", about {run_views.duration(left_s)} left at the pace so far"
@@ -119,6 +120,7 @@ elif lm_plan is not None:
             if plan.done != lm_plan.done:
                 st.rerun(scope="app")
 
+    st.session_state["claims:plan_fresh"] = True  # a fragment rerun (every 2 s) reads the runs folder again
     lm_progress()
     if lm_plan.done:
         st.info(literal(f"Included so far: the cells of the {lm_plan.done} finished runs (each cell's n says how many "
