@@ -7,7 +7,7 @@ import streamlit as st
 
 from divviz.app import ui
 
-from divviz.evidence import claims, claims_export, claims_lm, claims_real, forest
+from divviz.evidence import claims, claims_export, claims_lm, claims_real, forest, intervals
 from divviz.engine import stability, store
 from divviz.engine.models import MODELS, SMOLLM2_SETTINGS, model_settings
 from divviz.catalogue.params import DivvizInputError
@@ -45,9 +45,12 @@ st.write("What the three seed papers claim and divviz can test, tested on a grid
          "running: where the correct actions sit (likely, rare, random), small and large K, SGD and Adam, an early and "
          "a late reading. Each cell compares two measures seed by seed on the same seeds: the mean difference, its "
          "95% interval, n, and a verdict computed from the interval — *holds*, *reversed*, or *not resolved* (the "
-         "interval contains 0); identities are *exact* when the largest difference is below 1e-12; *no data* when no "
-         "seed has both runs of a pair yet (runs still queued or training). Nothing here is typed by hand: "
-         "`divviz claims` prints the same report.")
+         "interval contains 0), or *identical* (every seed's difference is exactly 0: the two measures did the same "
+         "thing there, e.g. the edge where they differ never bound); identities are *exact* when the largest "
+         "difference is below 1e-12; *no data* when no seed has both runs of a pair yet (runs still queued or "
+         "training). Nothing here is typed by hand: `divviz claims` prints the same report. The language-model "
+         "sections come first (their controls add cells); the verdicts are under "
+         "[every claim at a glance](#every-claim-at-a-glance).")
 ui.bind_controls(PAGE, CONTROLS)
 low, high, _ = claims.SEEDS_PARAM.slider_range()
 seeds = st.slider("Seeds per measure (bandit grid)", int(low), int(high), key="claims:seeds",
@@ -130,11 +133,12 @@ for line in lm_plan.failed if lm_plan is not None else ():
 if lm_plan is not None and lm_plan.done:
     with ui.shown_errors():
         st.caption("Learning curves: per measure, the mean over its finished seeds, with the band of their range "
-                   "below 4 seeds, else the 95% interval.")
+                   "below 4 seeds, else the 95% interval. The task-reward runs only: the random-reward control's "
+                   "runs are read in their claims' cells.")
         ui.show_chart(run_plots.learning_curves_chart(
             {metric: lm_plan.curves(metric) for metric in claims_lm.CURVES}, f"Learning curves on {lm_plan.name}"),
             f"learning curves {lm_plan.model} {lm_plan.setting}", key="claims:learning_curves")
-        st.caption(f"Stability per measure: a run collapsed at {stability.RULE} (`engine/stability.py`), or when it "
+        st.caption(f"Stability per measure (the task-reward runs): a run collapsed at {stability.RULE} (`engine/stability.py`), or when it "
                    "stopped on a non-finite value; the share with its Wilson 95% interval; and the reward curve's "
                    "spread over seeds, the standard deviation of each run's mean reward with its 95% interval.")
         st.dataframe(claims_lm.collapse_table(lm_plan.collapses()), hide_index=True, width="stretch")
@@ -197,18 +201,21 @@ if not its_rows:
 else:
     shared = claims.in_common(its_rows, ("setting", "candidate", "baseline", "metric", "predicted_sign"))
     if shared:
-        st.caption(literal("In every cell of this claim: " + " · ".join(f"{claims.HEADERS[k]} {v}"
-                                                                        for k, v in shared.items())))
+        st.caption(literal(f"In every cell of this claim: {claims.shared_text(shared)}"))
     mine = pd.DataFrame([row for row in result.summary() if row["claim"] == claim.text])
     mine = mine[[c for c in mine if c not in ("claim", *shared) and mine[c].notna().any()
                  and (c not in claims.VERDICTS or mine[c].any())]]  # the verdicts that some cell has
     st.dataframe(mine.rename(columns=claims.HEADERS), hide_index=True, width="stretch")
     for _, metric, compared in (panel for panel in forest.panels(result) if panel[0].key == claim.key):
-        with st.container(height=min(440, forest.TOP + forest.BOTTOM + forest.ROW * len(compared) + 24)):
-            st.markdown(forest.svg(compared, f"{claim.text}: {metric}"), unsafe_allow_html=True)  # escaped inside
+        drawn, tall = forest.panel(claim, metric, compared)
+        with st.container(height=min(440, tall + 24)):
+            st.markdown(drawn, unsafe_allow_html=True)  # its text is escaped inside
     with st.expander("Every cell of this claim"):
-        st.dataframe(pd.DataFrame(its_rows)[[k for k in claims.CELL_KEYS[1:] if k not in shared]].rename(
-            columns=claims.HEADERS), hide_index=True, width="stretch")
+        identity = all(row["verdict"] in (intervals.EXACT, intervals.NOT_EXACT) for row in its_rows)
+        same = ("predicted_sign", "low", "high", "n", "seeds_reversed") if identity else ()  # = mean, or n = 1
+        st.dataframe(pd.DataFrame(its_rows)[[k for k in claims.CELL_KEYS[1:] if k not in (*shared, *same)]].rename(
+            columns={**claims.HEADERS, **({"mean": claims.HEADERS["largest"]} if identity else {})}),
+            hide_index=True, width="stretch")
 
 st.subheader("Not testable here")
 for text in result.untested:

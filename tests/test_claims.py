@@ -56,6 +56,19 @@ def test_a_cell_equals_the_runs_computed_alone(report):
     assert (row["mean"], row["low"], row["high"]) == pytest.approx((d.mean, d.low, d.high), abs=1e-12)
 
 
+def test_an_identical_cell_is_two_equal_runs_on_every_seed():
+    """One rare correct action, K = 50, SGD, early: where KL3's box and PPO's never bind differently, the two runs
+    are the same run — "identical", not "not resolved"."""
+    rare = claims.Condition("rare", 50, "sgd")
+    same = next(r for r in claims.evaluate(seeds=4, grid=(rare,)).rows
+                if r["verdict"] == intervals.IDENTICAL and r["claim_key"] == "kl3_entropy" and "early" in r["condition"])
+    cfg = rare.config(claims.EARLY).to_dict()
+    entropy = lambda name, seed: run_bandit(BanditConfig.make(**{**cfg, "seed": seed}),  # noqa: E731
+                                            claims.OBJECTIVES[name]).history["entropy"][-1]
+    assert all(entropy(same["candidate"], s) == entropy(claims.PPO, s) for s in range(4))
+    assert (same["mean"], same["low"], same["high"], same["seeds_reversed"]) == (0, 0, 0, 0)
+
+
 def test_the_random_reward_cells_read_the_runs_own_start_zero_and_a_window_of_updates(report):
     """Coin rewards, K = 50, SGD: PPO's late entropy against its own entropy before any update, and the late mean of
     what its masked-low samples would have done against 0, from runs trained alone."""
@@ -89,7 +102,7 @@ def test_cli_json_and_self_contained_html(capsys, tmp_path):
     assert main(["claims", "--seeds", "3", "--json", "--out", str(out)]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert {"claim", "condition", "metric", "mean", "low", "high", "n", "verdict"} <= set(rows[0])
-    assert {r["verdict"] for r in rows} <= {"holds", "reversed", "not resolved", "exact"}
+    assert {r["verdict"] for r in rows} <= {"holds", "reversed", "not resolved", "identical", "exact"}
     page = out.read_text()
     assert page.startswith("<!doctype html>") and "exact" in page
     assert not re.search(r"<script|<link|src=|href=|@import|url\(", page)  # nothing fetched from anywhere
@@ -100,7 +113,8 @@ def test_forest_plots_put_each_cell_on_its_side_of_zero_in_its_verdicts_colour(r
     assert {(claim.key, metric) for claim, metric, _ in panels} == {
         (r["claim_key"], r["metric"]) for r in report.rows if r["predicted_sign"]}
     for claim, metric, cells in panels:
-        drawn = forest.svg(cells, f"{claim.text}: {metric}")
+        drawn, tall = forest.panel(claim, metric, cells)
+        assert f"viewBox='0 0 {forest.LABEL_WIDTH + forest.PLOT_WIDTH + 20} {tall}'" in drawn  # every panel as wide
         zero = float(re.search(r"<line x1='([\d.]+)' x2='\1'", drawn).group(1))
         points = re.findall(r"<circle cx='([\d.]+)' cy='[\d.]+' r='4' fill='(#\w+)'><title>", drawn)
         assert len(points) == len(cells)

@@ -46,6 +46,8 @@ def test_paired_difference_counts_reversed_seeds():
     (np.full(20, -0.5) + np.linspace(-0.1, 0.1, 20), -1, intervals.HOLDS),  # a claim that predicts a decrease
     (np.linspace(-1, 1.2, 20), +1, intervals.NOT_RESOLVED),  # straddles 0
     (np.array([0.3]), +1, intervals.NOT_RESOLVED),  # one seed: no interval
+    (np.zeros(8), +1, intervals.IDENTICAL),  # the same on every seed: not noise, no difference at all
+    (np.array([0.0]), +1, intervals.NOT_RESOLVED),  # ... which one seed cannot tell
 ])
 def test_verdicts_on_synthetic_differences(diff, sign, want):
     p = intervals.paired(diff, np.zeros_like(diff))

@@ -3,7 +3,7 @@ computed from a paired 95% interval (or, for an identity, from the largest diffe
 
 A claim names its source and provenance (theory.md's tags), the metric that stands for its words, the measures it
 compares and the sign it predicts. Nothing here is tuned to a result: the grid below is fixed before running, every
-cell is reported, and `intervals.verdict` says holds / reversed / not resolved from the numbers alone.
+cell is reported, and `intervals.verdict` says holds / reversed / not resolved / identical from the numbers alone.
 
 Bandit grid (`divviz.bandit.grpo`, exact distributions, the same seeds for every measure):
     correct actions likely (the top 3 of π_0) / rare (one, at rank K/5) / random (10%, drawn per seed)
@@ -314,10 +314,17 @@ class Report:
                 + (f"; {self.real}" if self.real else ""))
 
 
-CELL_KEYS = ("claim", "setting", "condition", "metric", "candidate", "baseline", "predicted_sign", "mean", "low",
-             "high", "n", "seeds_reversed", "verdict")  # a cell's columns, in the order tables show them
+CELL_KEYS = ("claim", "setting", "condition", "metric", "candidate", "baseline", "predicted_sign", "verdict", "mean",
+             "low", "high", "n", "seeds_reversed")  # a cell's columns, in the order tables show them
 HEADERS = {**{k: k for k in CELL_KEYS}, "predicted_sign": "predicted", "low": "95% low", "high": "95% high",
            "seeds_reversed": "seeds reversed", "cells": "cells", "largest": "largest |difference|"}  # their headers
+
+
+def shared_text(shared: dict) -> str:
+    """`in_common`'s values in words: "setting bandit · baseline PPO ε=0.2 · predicted: candidate − baseline > 0"."""
+    words = {"predicted_sign": lambda v: f"predicted: candidate − baseline {'>' if v == '+' else '<'} 0",
+             "baseline": lambda v: "compared against 0" if v == "0" else f"baseline {v}"}
+    return " · ".join(words.get(k, lambda v: f"{HEADERS[k]} {v}")(v) for k, v in shared.items())
 
 
 def in_common(rows: list[dict], keys) -> dict:
@@ -326,8 +333,8 @@ def in_common(rows: list[dict], keys) -> dict:
     return {k: rows[0][k] for k in keys
             if rows and rows[0][k] not in ("", None) and all(r[k] == rows[0][k] for r in rows)}
 
-VERDICTS = (intervals.HOLDS, intervals.REVERSED, intervals.NOT_RESOLVED, intervals.EXACT, intervals.NOT_EXACT,
-            intervals.NO_DATA)
+VERDICTS = (intervals.HOLDS, intervals.REVERSED, intervals.NOT_RESOLVED, intervals.IDENTICAL, intervals.EXACT,
+            intervals.NOT_EXACT, intervals.NO_DATA)
 
 
 def evaluate(seeds: int = 20, grid=GRID + RANDOM_GRID, progress: Callable[[float, str], None] | None = None) -> Report:

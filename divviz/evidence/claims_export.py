@@ -14,7 +14,7 @@ def to_text(report: Report) -> str:
     """The summary per claim and compared measure; over training, each cell with data (its difference, interval, n,
     seeds reversed and verdict), the collapses and the pilot; then what could not be tested."""
     lines = [f"divviz claims: {report.scope}", "(verdict from the paired 95% interval: holds / reversed / not "
-             "resolved; identities: exact; no data: no seed has both runs yet)", ""]
+             "resolved / identical, every seed's difference exactly 0; identities: exact; no data: no seed has both runs yet)", ""]
     summary = report.summary()
     for claim in report.claims:
         lines.append(f"{claim.text}  [{claim.source}; {claim.provenance}]")
@@ -48,6 +48,7 @@ def cell_text(row: dict) -> str:
 
 SUMMARY_KEYS = ("claim", "setting", "candidate", "baseline", "metric", "cells", *VERDICTS, "largest")
 VERDICT_COLOURS = {intervals.HOLDS: "#d9f2d9", intervals.REVERSED: "#f8d7d7", intervals.NOT_RESOLVED: "#eeeeee",
+                   intervals.IDENTICAL: "#dde8f6",
                    intervals.EXACT: "#d9f2d9", intervals.NOT_EXACT: "#f8d7d7", intervals.NO_DATA: "#ffffff"}
 
 
@@ -69,7 +70,7 @@ def to_html(report: Report) -> str:
                      + "</tr>")
     parts.append("</table><h2>Forest plots</h2><p>Each cell's paired difference with its 95% interval against 0, "
                  "coloured by its verdict; the side each claim predicts is shaded. Hover a point for its numbers.</p>")
-    parts += [f"<div>{forest.svg(cells, f'{claim.text}: {metric}')}</div>" for claim, metric, cells in forest.panels(report)]
+    parts += [f"<div>{forest.panel(claim, metric, cells)[0]}</div>" for claim, metric, cells in forest.panels(report)]
     parts.append("<h2>Claims</h2><ul>")
     for claim in report.claims:
         lm = f" On a language model: {e(claim.lm_operational)}." if claim.lm_operational and report.lm else ""

@@ -1,8 +1,8 @@
 """Forest plots of the claims report: for a claim and one of its metrics, each cell's paired difference (candidate −
 baseline) as a point with its 95% interval, against 0, coloured by the verdict the interval gives, the side the claim
-predicts shaded, the axis read off above and below the rows. Written as SVG text, scriptless, so that the Claims page and the report's self-contained HTML export
-show the same picture (each point's title, shown on hover, gives its numbers). The picture scales down to the width
-it is given (a viewBox), never wider than its own size.
+predicts shaded, the axis read off above and below the rows. Written as SVG text, scriptless, so that the Claims page
+and the report's self-contained HTML export show the same picture (each point's title, shown on hover, gives its
+numbers). The picture scales down to the width it is given (a viewBox), never wider than its own size.
 """
 
 from __future__ import annotations
@@ -10,11 +10,14 @@ from __future__ import annotations
 import html
 import math
 import re
+import textwrap
 
 from divviz.evidence import intervals
+from divviz.metrics import GLOSSARY
 
-VERDICT_COLOURS = {intervals.HOLDS: "#2ca02c", intervals.REVERSED: "#d62728", intervals.NOT_RESOLVED: "#8c8c8c"}
-ROW, LABEL_WIDTH, PLOT_WIDTH, TOP, BOTTOM = 17, 430, 360, 74, 44  # LABEL_WIDTH: the most the labels take
+VERDICT_COLOURS = {intervals.HOLDS: "#2ca02c", intervals.REVERSED: "#d62728", intervals.NOT_RESOLVED: "#8c8c8c",
+                   intervals.IDENTICAL: "#1f77b4"}
+ROW, LABEL_WIDTH, PLOT_WIDTH, BOTTOM = 17, 430, 360, 44
 CHAR_WIDTH = 6  # about a character's width at 11 px (the title's 13 px bold: 1.3 times that)
 LABEL_CHARS = 72  # a longer label is cut, with "…" (its hover title has everything)
 
@@ -28,6 +31,13 @@ def panels(report) -> list[tuple[object, str, list[dict]]]:
         for metric in dict.fromkeys(r["metric"] for r in cells):
             out.append((claim, metric, [r for r in cells if r["metric"] == metric]))
     return out
+
+
+def panel(claim, metric: str, cells: list[dict]) -> tuple[str, int]:
+    """A panel of `panels` drawn: its SVG, titled with the claim and the metric, the metric's meaning (`GLOSSARY`)
+    under the title; and its height in pixels at full width."""
+    title, meaning = f"{claim.text}: {metric}", GLOSSARY.get(metric, "")
+    return svg(cells, title, meaning), height(cells, title, meaning)
 
 
 def label(cell: dict, shared_candidate: bool) -> str:
@@ -50,59 +60,77 @@ def row_labels(labels: list[str]) -> tuple[list[str], list[str]]:
     return common, [text if len(text) <= LABEL_CHARS else text[:LABEL_CHARS - 1] + "…" for text in rows]
 
 
-def svg(cells: list[dict], title: str) -> str:
+def svg(cells: list[dict], title: str, meaning: str = "") -> str:
     """The forest plot of `cells` (rows of one claim and metric): a point at each mean, a line from its 95% low to
-    high, 0 marked, the predicted side shaded; a cell without an interval (n < 2) is drawn as its mean alone."""
+    high, 0 marked, the predicted side shaded, `meaning` (what the metric is) under the title; a cell without an
+    interval (n < 2) is drawn as a hollow point at its mean alone. Every plot is as wide, so that a claim's plots line
+    up; a long title wraps."""
     e = lambda x: html.escape(str(x), quote=True)  # noqa: E731
-    shared = len({c["candidate"] for c in cells}) == 1
-    common, texts = row_labels([label(cell, shared) for cell in cells])
-    lines = (f"{cells[0]['candidate'] if shared and cells else 'each candidate'} − "
-             f"{cells[0]['baseline'] if cells else ''}, paired over seeds; the predicted side is shaded",
-             f"every row: {' · '.join(common)}" if common else "")
-    width = max(min(LABEL_WIDTH, 16 + CHAR_WIDTH * max(map(len, texts), default=0)) + PLOT_WIDTH + 20,
-                8 + 1.3 * CHAR_WIDTH * len(title), *(8 + CHAR_WIDTH * len(line) for line in lines))
-    left = width - PLOT_WIDTH - 20  # the labels' room: as much as they, the title or the lines above need
-    finite = [abs(v) for c in cells for v in (c["mean"], c["low"], c["high"]) if v is not None and math.isfinite(v)]
-    reach = _round_up(max(finite, default=1.0))
-    x = lambda v: left + PLOT_WIDTH / 2 * (1 + v / reach)  # noqa: E731
-    height = TOP + ROW * len(cells) + BOTTOM
+    heads, texts = _header(cells, title, meaning)
+    width = LABEL_WIDTH + PLOT_WIDTH + 20
+    top = 16 * len(heads) + 24  # the wrapped lines, then the upper axis' numbers
+    reach = _round_up(max((abs(v) for c in cells for v in (c["mean"], c["low"], c["high"])
+                           if v is not None and math.isfinite(v)), default=1.0))
+    x = lambda v: LABEL_WIDTH + PLOT_WIDTH / 2 * (1 + v / reach)  # noqa: E731
+    bottom = top + ROW * len(cells)
     zero = x(0.0)
     sign = +1 if cells and cells[0]["predicted_sign"] == "+" else -1
-    shaded = (zero, left + PLOT_WIDTH) if sign > 0 else (left, zero)
+    shaded = (zero, LABEL_WIDTH + PLOT_WIDTH) if sign > 0 else (LABEL_WIDTH, zero)
     ticks = (-reach, -reach / 2, 0.0, reach / 2, reach)
-    parts = [f"<svg xmlns='http://www.w3.org/2000/svg' viewBox='0 0 {width:.0f} {height}' width='100%' "
-             f"style='max-width:{width:.0f}px' font-family='sans-serif' font-size='11' role='img' "
-             f"aria-label='{e(title)}'>",
-             f"<text x='4' y='16' font-size='13' font-weight='bold'>{e(title)}</text>",
-             *(f"<text x='4' y='{32 + 16 * k}' fill='#555'>{e(line)}</text>" for k, line in enumerate(lines) if line),
-             f"<rect x='{shaded[0]:.1f}' y='{TOP - 4}' width='{shaded[1] - shaded[0]:.1f}' "
+    parts = [f"<svg xmlns='http://www.w3.org/2000/svg' viewBox='0 0 {width} {bottom + BOTTOM}' width='100%' "
+             f"style='max-width:{width}px' font-family='sans-serif' font-size='11' role='img' aria-label='{e(title)}'>",
+             *(f"<text x='4' y='{16 + 16 * k}'" + (" font-size='13' font-weight='bold'>" if bold else " fill='#555'>")
+               + f"{e(line)}</text>" for k, (line, bold) in enumerate(heads)),
+             f"<rect x='{shaded[0]:.1f}' y='{top - 4}' width='{shaded[1] - shaded[0]:.1f}' "
              f"height='{ROW * len(cells) + 4}' fill='#eaf5ea'/>",
-             f"<line x1='{zero:.1f}' x2='{zero:.1f}' y1='{TOP - 4}' y2='{TOP + ROW * len(cells)}' stroke='#333'/>",
-             *(f"<line x1='{x(v):.1f}' x2='{x(v):.1f}' y1='{TOP - 4}' y2='{TOP + ROW * len(cells)}' "
-               f"stroke='#ddd'/>" for v in ticks if v)]
+             f"<line x1='{zero:.1f}' x2='{zero:.1f}' y1='{top - 4}' y2='{bottom}' stroke='#333'/>",
+             *(f"<line x1='{x(v):.1f}' x2='{x(v):.1f}' y1='{top - 4}' y2='{bottom}' stroke='#ddd'/>"
+               for v in ticks if v)]
     for i, (cell, text) in enumerate(zip(cells, texts)):
-        y = TOP + ROW * i + ROW / 2
+        y = top + ROW * i + ROW / 2
         colour = VERDICT_COLOURS.get(cell["verdict"], "#8c8c8c")
-        parts.append(f"<text x='{left - 6:.0f}' y='{y + 4:.1f}' text-anchor='end'>{e(text)}</text>")
+        parts.append(f"<text x='{LABEL_WIDTH - 6}' y='{y + 4:.1f}' text-anchor='end'>{e(text)}</text>")
         whole = f"{cell['candidate']} − {cell['baseline']} · {cell['setting']} · {cell['condition']}"
-        numbers = (f"{whole}: mean {cell['mean']:.4g}, 95% [{_num(cell['low'])}, {_num(cell['high'])}], "
-                   f"n = {cell['n']}, {cell['seeds_reversed']} reversed: {cell['verdict']}"
+        interval = (f"95% [{_num(cell['low'])}, {_num(cell['high'])}]" if cell["low"] is not None
+                    else "no interval from one seed")
+        numbers = (f"{whole}: mean {cell['mean']:.4g}, {interval}, n = {cell['n']}, {cell['seeds_reversed']} of "
+                   f"{cell['n']} seeds reversed: {cell['verdict']}"
+                   + (" (every seed's difference exactly 0)" if cell["verdict"] == intervals.IDENTICAL else "")
                    if cell["mean"] is not None else f"{whole}: no value")
         if cell["low"] is not None and cell["high"] is not None:
             parts.append(f"<line x1='{x(cell['low']):.1f}' x2='{x(cell['high']):.1f}' y1='{y:.1f}' y2='{y:.1f}' "
                          f"stroke='{colour}' stroke-width='2'/>")
         if cell["mean"] is not None:
-            parts.append(f"<circle cx='{x(cell['mean']):.1f}' cy='{y:.1f}' r='4' fill='{colour}'>"
+            paint = (f"fill='{colour}'" if cell["low"] is not None  # hollow: one seed, no interval
+                     else f"fill='white' stroke='{colour}' stroke-width='1.5'")
+            parts.append(f"<circle cx='{x(cell['mean']):.1f}' cy='{y:.1f}' r='4' {paint}>"
                          f"<title>{e(numbers)}</title></circle>")
-    axis = TOP + ROW * len(cells) + 14
     for v in ticks:  # above the rows and below them: a long panel is read in a scrolling box
         parts += [f"<text x='{x(v):.1f}' y='{y}' text-anchor='middle' fill='#555'>{_num(v)}</text>"
-                  for y in (TOP - 8, axis)]
-    legend = "".join(f"<circle cx='{left + 8 + 120 * k:.0f}' cy='{axis + 18}' r='4' fill='{c}'/><text "
-                     f"x='{left + 16 + 120 * k:.0f}' y='{axis + 22}'>{e(v)}</text>"
+                  for y in (top - 8, bottom + 14)]
+    legend = "".join(f"<circle cx='{LABEL_WIDTH + 8 + 90 * k}' cy='{bottom + 32}' r='4' fill='{c}'/><text "
+                     f"x='{LABEL_WIDTH + 16 + 90 * k}' y='{bottom + 36}'>{e(v)}</text>"
                      for k, (v, c) in enumerate(VERDICT_COLOURS.items()))
     parts.append(legend + "</svg>")
     return "".join(parts)
+
+
+def height(cells: list[dict], title: str, meaning: str = "") -> int:
+    """The plot's height at its full width, in pixels (its header's lines, the rows, the axis and the legend)."""
+    return 16 * len(_header(cells, title, meaning)[0]) + 24 + ROW * len(cells) + BOTTOM
+
+
+def _header(cells: list[dict], title: str, meaning: str) -> tuple[list[tuple[str, bool]], list[str]]:
+    """The lines above the rows, wrapped to the plot's width, each with whether it is the (bold) title; and the rows'
+    labels (`row_labels`: what every row shares is one of the lines above)."""
+    shared = len({c["candidate"] for c in cells}) == 1
+    common, texts = row_labels([label(cell, shared) for cell in cells])
+    pair = (f"{cells[0]['candidate'] if shared and cells else 'each candidate'} − "
+            f"{cells[0]['baseline'] if cells else ''}, paired over seeds; the predicted side is shaded")
+    width = LABEL_WIDTH + PLOT_WIDTH + 20
+    return ([(line, True) for line in textwrap.wrap(title, int(width / (1.3 * CHAR_WIDTH)))]
+            + [(line, False) for text in (meaning, pair, f"every row: {' · '.join(common)}" if common else "")
+               for line in textwrap.wrap(text, int(width / (0.9 * CHAR_WIDTH)))], texts)  # grey text runs narrower
 
 
 def _round_up(value: float) -> float:

@@ -10,8 +10,9 @@ difference has the other sign says how often one seed alone would have told the 
 
 A verdict is never typed: `verdict` reads it off the interval of the paired difference and the sign a claim
 predicts — "holds" (the interval lies on the predicted side of 0), "reversed" (on the other side), "not resolved"
-(it contains 0, or one seed gives none) — and `identity_verdict` says "exact" when two computations agree to a
-tolerance. A comparison with no seed at all is "no data" (`claims.comparison_row`).
+(it contains 0, or one seed gives none), "identical" (every seed's difference is exactly 0: the two measures did the
+same thing, e.g. the edge where they differ never bound — a finding of its own, not noise) — and `identity_verdict`
+says "exact" when two computations agree to a tolerance. A comparison with no seed at all is "no data" (`claims.comparison_row`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from divviz.metrics import proportion
 
 LEVEL = 0.95
 HOLDS, REVERSED, NOT_RESOLVED, EXACT, NOT_EXACT = "holds", "reversed", "not resolved", "exact", "not exact"
+IDENTICAL = "identical"  # a paired difference of exactly 0 on every seed (n ≥ 2): its interval is [0, 0]
 NO_DATA = "no data"  # a comparison no seed has both runs of yet: not tested, so not "not resolved"
 
 
@@ -146,6 +148,8 @@ def sd_interval(values, level: float = LEVEL) -> tuple[float, float, float]:
 
 def verdict(low: float, high: float, predicted_sign: int) -> str:
     """What a paired difference's interval says of a claim that predicts its sign (+1 or −1)."""
+    if low == 0 == high:
+        return IDENTICAL
     if np.isnan(low) or np.isnan(high) or low <= 0 <= high:
         return NOT_RESOLVED
     return HOLDS if (low > 0) == (predicted_sign > 0) else REVERSED

@@ -124,6 +124,9 @@ def coinciding(drawn: list[dict]) -> str:
     return f"{'; '.join(notes)} (identical values)" if notes else ""
 
 
+MARKED_BELOW = 12  # a mean with at most this many points has a marker at each
+
+
 def _series_traces(label, metric, colour, first, xref, yref, steps, mean, band, members, thin: bool) -> list[dict]:
     """One series' traces in one panel: its members thin, its band, its mean; thinned for display if `thin`."""
     axes = {"xaxis": xref, "yaxis": yref, "legendgroup": label}
@@ -144,7 +147,9 @@ def _series_traces(label, metric, colour, first, xref, yref, steps, mean, band, 
                            np.concatenate([np.asarray(band.high)[pick], np.asarray(band.low)[pick][::-1]]),
                            fill="toself", fillcolor=rgba(colour, 0.18), line={"width": 0}, showlegend=False,
                            hoverinfo="skip"))
+    sparse = len(steps[pick]) <= MARKED_BELOW  # a few readings (held-out evaluations) show as points on the line
     traces.append(line(steps[pick], mean[pick], name=label, showlegend=first, line={"color": color(colour), "width": 2.5},
+                       mode="lines+markers" if sparse else "lines",
                        hovertemplate=f"{metric}: %{{y:.4f}}<br>{GLOSSARY.get(metric, '')}<extra>{label}</extra>"))
     return traces
 
