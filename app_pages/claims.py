@@ -178,14 +178,13 @@ st.caption("Per claim: its cells, how many of them each verdict has, and the set
            "by setting and compared measure, its forest plots and every cell — one claim at a time, so that a control "
            "change redraws one claim's plots, not every claim's. The counts are of cells, not of independent "
            "tests: a claim's cells share their runs (an early and a late reading, the greedy and the sampled "
-           "accuracy, two δ of KL3 against one PPO), so several cells holding is not as many confirmations.")
+           "accuracy, two δ of KL3 against one PPO), so several cells holding is not as many confirmations. "
+           "A claim's source carries theory.md's tag: [PAPER] read in the paper's own text, [3P] read only in a "
+           "third-party summary, [INF] divviz's own derivation or reading.")
 overview = pd.DataFrame(result.overview())
-overview = overview.loc[:, (overview != 0).any(axis=0)]
-counts = {c: st.column_config.NumberColumn(width=7 * len(c) + 24)  # as wide as its header, so that all show
-          for c in overview if c not in ("claim", "settings")}
-st.dataframe(overview[[c for c in overview if c != "settings"] + ["settings"]], hide_index=True, width="stretch",
-             height=35 * (len(overview) + 1) + 3,  # every claim, no scrolling; the verdicts before the settings
-             column_config={"claim": st.column_config.TextColumn(width=330), **counts})
+overview = overview.loc[:, (overview != 0).any(axis=0)]  # the verdicts that some cell has
+st.table(overview.assign(claim=overview.claim.map(literal), settings=overview.settings.map(literal)),
+         hide_index=True)  # static: every claim and setting in full (its Markdown escaped)
 texts = {c.key: c.text for c in result.claims}
 chosen = st.selectbox("Claim", list(texts), format_func=texts.get, key="claims:claim",
                       help="the claim whose tables and forest plots show below; it travels in the link")
@@ -205,7 +204,8 @@ else:
     mine = pd.DataFrame([row for row in result.summary() if row["claim"] == claim.text])
     mine = mine[[c for c in mine if c not in ("claim", *shared) and mine[c].notna().any()
                  and (c not in claims.VERDICTS or mine[c].any())]]  # the verdicts that some cell has
-    st.dataframe(mine.rename(columns=claims.HEADERS), hide_index=True, width="stretch")
+    st.table(mine.rename(columns=claims.HEADERS).map(lambda v: literal(v) if isinstance(v, str) else v),
+             hide_index=True)
     for _, metric, compared in (panel for panel in forest.panels(result) if panel[0].key == claim.key):
         drawn, tall = forest.panel(claim, metric, compared)
         with st.container(height=min(440, tall + 24)):
