@@ -138,9 +138,10 @@ if lm_plan is not None and lm_plan.done:
         ui.show_chart(run_plots.learning_curves_chart(
             {metric: lm_plan.curves(metric) for metric in claims_lm.CURVES}, f"Learning curves on {lm_plan.name}"),
             f"learning curves {lm_plan.model} {lm_plan.setting}", key="claims:learning_curves")
-        st.caption(f"Stability per measure (the task-reward runs): a run collapsed at {stability.RULE} (`engine/stability.py`), or when it "
-                   "stopped on a non-finite value; the share with its Wilson 95% interval; and the reward curve's "
-                   "spread over seeds, the standard deviation of each run's mean reward with its 95% interval.")
+        st.caption(f"Stability per measure (the task-reward runs): a run collapsed at {stability.RULE} "
+                   "(`engine/stability.py`), or when it stopped on a non-finite value; the share with its Wilson 95% "
+                   "interval; and the reward curve's spread over seeds, the standard deviation of each run's mean "
+                   "reward with its 95% interval.")
         st.dataframe(claims_lm.collapse_table(lm_plan.collapses()), hide_index=True, width="stretch")
         pilot = lm_plan.pilot()
         if pilot is not None:
@@ -204,8 +205,8 @@ else:
     mine = pd.DataFrame([row for row in result.summary() if row["claim"] == claim.text])
     mine = mine[[c for c in mine if c not in ("claim", *shared) and mine[c].notna().any()
                  and (c not in claims.VERDICTS or mine[c].any())]]  # the verdicts that some cell has
-    st.table(mine.rename(columns=claims.HEADERS).map(lambda v: literal(v) if isinstance(v, str) else v),
-             hide_index=True)
+    st.dataframe(mine.rename(columns=claims.HEADERS), hide_index=True, width="stretch")  # a table of up to 20
+    # rows: st.table renders each cell as Markdown, 0.1–0.2 s more per change in chromium (docs/benchmarks.md run 12)
     for _, metric, compared in (panel for panel in forest.panels(result) if panel[0].key == claim.key):
         drawn, tall = forest.panel(claim, metric, compared)
         with st.container(height=min(440, tall + 24)):

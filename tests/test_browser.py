@@ -57,8 +57,8 @@ ENTROPY_POINTS = """() => {
 def test_claims_page_shows_computed_verdicts(page, app_url):
     page.goto(f"{app_url}/claims?claim=kl3_entropy")  # the claim shown, from the link
     page.get_by_text("Not testable here").wait_for(timeout=120_000)
-    page.locator('[data-testid="stTable"]').nth(1).wait_for(timeout=60_000)  # every claim at a glance; the claim's
-    page.locator('[data-testid="stDataFrame"]').first.wait_for(state="attached", timeout=60_000)  # summary; its cells
+    page.locator('[data-testid="stTable"]').wait_for(timeout=60_000)  # every claim at a glance
+    page.locator('[data-testid="stDataFrame"]').nth(1).wait_for(state="attached", timeout=60_000)  # a claim's, its cells
     assert not page.locator('[data-testid="stException"]').count()
     page.get_by_role("button", name="Report (HTML)").wait_for()
     forests = page.locator("svg[aria-label*='keeps entropy higher than PPO']")  # the forest plots, drawn

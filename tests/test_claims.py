@@ -61,7 +61,8 @@ def test_an_identical_cell_is_two_equal_runs_on_every_seed():
     are the same run — "identical", not "not resolved"."""
     rare = claims.Condition("rare", 50, "sgd")
     same = next(r for r in claims.evaluate(seeds=4, grid=(rare,)).rows
-                if r["verdict"] == intervals.IDENTICAL and r["claim_key"] == "kl3_entropy" and "early" in r["condition"])
+                if r["verdict"] == intervals.IDENTICAL and r["claim_key"] == "kl3_entropy"
+                and "early" in r["condition"])
     cfg = rare.config(claims.EARLY).to_dict()
     entropy = lambda name, seed: run_bandit(BanditConfig.make(**{**cfg, "seed": seed}),  # noqa: E731
                                             claims.OBJECTIVES[name]).history["entropy"][-1]
@@ -168,8 +169,8 @@ def test_claims_page_renders(tmp_path, monkeypatch):
     for claim in (claims.CLAIMS[0], next(c for c in claims.CLAIMS if c.comparisons)):  # an identity; a measured one
         at.selectbox(key="claims:claim").set_value(claim.key).run()  # one claim drawn at a time
         assert not at.exception and at.subheader[-2].value == literal(claim.text)
-        summary, cells = at.table[1].value, at.dataframe[0].value
-        assert len(at.table) == 2 and len(at.dataframe) == 1 and summary.cells.sum() == len(cells) == sum(
+        summary, cells = at.dataframe[0].value, at.dataframe[1].value
+        assert len(at.table) == 1 and len(at.dataframe) == 2 and summary.cells.sum() == len(cells) == sum(
             row["claim_key"] == claim.key for row in report.rows)
         assert at.query_params.get("claim") == (None if claim == claims.CLAIMS[0] else claim.key)  # in the link
         assert not {"seeds_reversed", "predicted_sign", "claim"} & (set(summary) | set(cells))  # read as headers

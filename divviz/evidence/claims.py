@@ -279,7 +279,7 @@ class Report:
     claims: tuple[Claim, ...] = field(default=CLAIMS)
 
     def summary(self) -> list[dict]:
-        """Per claim, setting and compared measure: how many cells hold, reverse, are not resolved or exact; for an
+        """Per claim, setting and compared measure: how many cells have each verdict (`VERDICTS`); for an
         identity, also the largest |difference| over its cells (None for the other claims)."""
         out: dict[tuple, dict] = {}
         for row in self.rows:
@@ -321,7 +321,8 @@ HEADERS = {**{k: k for k in CELL_KEYS}, "predicted_sign": "predicted", "low": "9
 
 
 def shared_text(shared: dict) -> str:
-    """`in_common`'s values in words: "setting bandit · baseline PPO ε=0.2 · predicted: candidate − baseline > 0"."""
+    """`in_common`'s values in words, e.g. "setting bandit · baseline PPO ε=0.2 · predicted: candidate − baseline
+    > 0"."""
     words = {"predicted_sign": lambda v: f"predicted: candidate − baseline {'>' if v == '+' else '<'} 0",
              "baseline": lambda v: "compared against 0" if v == "0" else f"baseline {v}"}
     return " · ".join(words.get(k, lambda v: f"{HEADERS[k]} {v}")(v) for k, v in shared.items())
@@ -332,6 +333,7 @@ def in_common(rows: list[dict], keys) -> dict:
     these rows can say once above it instead of in every row."""
     return {k: rows[0][k] for k in keys
             if rows and rows[0][k] not in ("", None) and all(r[k] == rows[0][k] for r in rows)}
+
 
 VERDICTS = (intervals.HOLDS, intervals.REVERSED, intervals.NOT_RESOLVED, intervals.IDENTICAL, intervals.EXACT,
             intervals.NOT_EXACT, intervals.NO_DATA)

@@ -14,7 +14,8 @@ def to_text(report: Report) -> str:
     """The summary per claim and compared measure; over training, each cell with data (its difference, interval, n,
     seeds reversed and verdict), the collapses and the pilot; then what could not be tested."""
     lines = [f"divviz claims: {report.scope}", "(verdict from the paired 95% interval: holds / reversed / not "
-             "resolved / identical, every seed's difference exactly 0; identities: exact; no data: no seed has both runs yet)", ""]
+             "resolved / identical, every seed's difference exactly 0; identities: exact; no data: no seed has both "
+             "runs yet)", ""]
     summary = report.summary()
     for claim in report.claims:
         lines.append(f"{claim.text}  [{claim.source}; {claim.provenance}]")

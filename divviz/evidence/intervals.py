@@ -12,7 +12,8 @@ A verdict is never typed: `verdict` reads it off the interval of the paired diff
 predicts — "holds" (the interval lies on the predicted side of 0), "reversed" (on the other side), "not resolved"
 (it contains 0, or one seed gives none), "identical" (every seed's difference is exactly 0: the two measures did the
 same thing, e.g. the edge where they differ never bound — a finding of its own, not noise) — and `identity_verdict`
-says "exact" when two computations agree to a tolerance. A comparison with no seed at all is "no data" (`claims.comparison_row`).
+says "exact" when two computations agree to a tolerance. A comparison with no seed at all is "no data"
+(`claims.comparison_row`).
 """
 
 from __future__ import annotations

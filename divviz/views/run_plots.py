@@ -148,8 +148,8 @@ def _series_traces(label, metric, colour, first, xref, yref, steps, mean, band, 
                            fill="toself", fillcolor=rgba(colour, 0.18), line={"width": 0}, showlegend=False,
                            hoverinfo="skip"))
     sparse = len(steps[pick]) <= MARKED_BELOW  # a few readings (held-out evaluations) show as points on the line
-    traces.append(line(steps[pick], mean[pick], name=label, showlegend=first, line={"color": color(colour), "width": 2.5},
-                       mode="lines+markers" if sparse else "lines",
+    traces.append(line(steps[pick], mean[pick], name=label, showlegend=first, mode="lines+markers" if sparse else "lines",
+                       line={"color": color(colour), "width": 2.5},
                        hovertemplate=f"{metric}: %{{y:.4f}}<br>{GLOSSARY.get(metric, '')}<extra>{label}</extra>"))
     return traces
 
