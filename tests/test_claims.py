@@ -144,6 +144,21 @@ def test_forest_plots_put_each_cell_on_its_side_of_zero_in_its_verdicts_colour(r
     assert forest.row_labels(["x" * 100])[1] == ["x" * (forest.LABEL_CHARS - 1) + "…"]
 
 
+def test_a_few_wide_intervals_do_not_squeeze_the_forest_plot():
+    """Nineteen narrow cells and one seed far out: the axis is set by the many (its ends run past with an arrowhead),
+    every mean stays on it, and a one-seed cell is drawn hollow."""
+    cell = {"candidate": "KL3", "baseline": "PPO", "setting": "bandit", "predicted_sign": "+", "n": 4,
+            "seeds_reversed": 0, "verdict": intervals.HOLDS}
+    cells = [{**cell, "condition": f"c{i}", "mean": 0.03, "low": 0.01, "high": 0.05} for i in range(19)]
+    wide = {**cell, "condition": "far", "mean": 0.2, "low": -3.0, "high": 3.4, "verdict": intervals.NOT_RESOLVED}
+    one = {**cell, "condition": "one seed", "mean": 0.02, "low": None, "high": None, "n": 1}
+    assert forest.axis_reach(cells + [wide]) == 0.2 == forest.axis_reach(cells + [wide, one])  # its mean, not its ends
+    drawn = forest.svg(cells + [wide, one], "t")
+    assert drawn.count("<path d=") == 2 and "runs past the axis" in drawn  # both ends of the wide one
+    assert "fill='white' stroke='#2ca02c'" in drawn and "no interval from one seed" in drawn
+    assert "runs past the axis" not in forest.svg(cells, "t") and forest.axis_reach(cells) == 0.05
+
+
 def test_cli_refuses_bad_options(capsys, tmp_path):
     assert main(["claims", "--seeds", "1"]) == 2
     assert main(["claims", "--quick", "--out", str(tmp_path / "missing" / "r.html")]) == 2

@@ -12,6 +12,8 @@ import math
 import re
 import textwrap
 
+import numpy as np
+
 from divviz.evidence import intervals
 from divviz.metrics import GLOSSARY
 
@@ -63,14 +65,13 @@ def row_labels(labels: list[str]) -> tuple[list[str], list[str]]:
 def svg(cells: list[dict], title: str, meaning: str = "") -> str:
     """The forest plot of `cells` (rows of one claim and metric): a point at each mean, a line from its 95% low to
     high, 0 marked, the predicted side shaded, `meaning` (what the metric is) under the title; a cell without an
-    interval (n < 2) is drawn as a hollow point at its mean alone. Every plot is as wide, so that a claim's plots line
-    up; a long title wraps."""
+    interval (n < 2) is drawn as a hollow point at its mean alone, an interval past the axis (`axis_reach`) to its edge
+    with an arrowhead. Every plot is as wide, so that a claim's plots line up; a long title wraps."""
     e = lambda x: html.escape(str(x), quote=True)  # noqa: E731
     heads, texts = _header(cells, title, meaning)
     width = LABEL_WIDTH + PLOT_WIDTH + 20
     top = 16 * len(heads) + 24  # the wrapped lines, then the upper axis' numbers
-    reach = _round_up(max((abs(v) for c in cells for v in (c["mean"], c["low"], c["high"])
-                           if v is not None and math.isfinite(v)), default=1.0))
+    reach = axis_reach(cells)
     x = lambda v: LABEL_WIDTH + PLOT_WIDTH / 2 * (1 + v / reach)  # noqa: E731
     bottom = top + ROW * len(cells)
     zero = x(0.0)
@@ -86,6 +87,7 @@ def svg(cells: list[dict], title: str, meaning: str = "") -> str:
              f"<line x1='{zero:.1f}' x2='{zero:.1f}' y1='{top - 4}' y2='{bottom}' stroke='#333'/>",
              *(f"<line x1='{x(v):.1f}' x2='{x(v):.1f}' y1='{top - 4}' y2='{bottom}' stroke='#ddd'/>"
                for v in ticks if v)]
+    past_axis = False
     for i, (cell, text) in enumerate(zip(cells, texts)):
         y = top + ROW * i + ROW / 2
         colour = VERDICT_COLOURS.get(cell["verdict"], "#8c8c8c")
@@ -98,8 +100,14 @@ def svg(cells: list[dict], title: str, meaning: str = "") -> str:
                    + (" (every seed's difference exactly 0)" if cell["verdict"] == intervals.IDENTICAL else "")
                    if cell["mean"] is not None else f"{whole}: no value")
         if cell["low"] is not None and cell["high"] is not None:
-            parts.append(f"<line x1='{x(cell['low']):.1f}' x2='{x(cell['high']):.1f}' y1='{y:.1f}' y2='{y:.1f}' "
+            low, high = max(cell["low"], -reach), min(cell["high"], reach)
+            parts.append(f"<line x1='{x(low):.1f}' x2='{x(high):.1f}' y1='{y:.1f}' y2='{y:.1f}' "
                          f"stroke='{colour}' stroke-width='2'/>")
+            arrows = [f"<path d='M{x(end):.1f},{y:.1f} l{-7 * side},-4 v8 z' fill='{colour}'/>"
+                      for end, side, past in ((low, -1, cell["low"] < -reach), (high, +1, cell["high"] > reach))
+                      if past]  # an arrowhead: the interval runs on past the axis
+            parts += arrows
+            past_axis = past_axis or bool(arrows)
         if cell["mean"] is not None:
             paint = (f"fill='{colour}'" if cell["low"] is not None  # hollow: one seed, no interval
                      else f"fill='white' stroke='{colour}' stroke-width='1.5'")
@@ -108,6 +116,9 @@ def svg(cells: list[dict], title: str, meaning: str = "") -> str:
     for v in ticks:  # above the rows and below them: a long panel is read in a scrolling box
         parts += [f"<text x='{x(v):.1f}' y='{y}' text-anchor='middle' fill='#555'>{_num(v)}</text>"
                   for y in (top - 8, bottom + 14)]
+    if past_axis:
+        parts.append(f"<text x='4' y='{bottom + 36}' fill='#555'>▸ the interval runs past the axis (hover: its "
+                     "numbers)</text>")
     legend = "".join(f"<circle cx='{LABEL_WIDTH + 8 + 90 * k}' cy='{bottom + 32}' r='4' fill='{c}'/><text "
                      f"x='{LABEL_WIDTH + 16 + 90 * k}' y='{bottom + 36}'>{e(v)}</text>"
                      for k, (v, c) in enumerate(VERDICT_COLOURS.items()))
@@ -131,6 +142,15 @@ def _header(cells: list[dict], title: str, meaning: str) -> tuple[list[tuple[str
     return ([(line, True) for line in textwrap.wrap(title, int(width / (1.3 * CHAR_WIDTH)))]
             + [(line, False) for text in (meaning, pair, f"every row: {' · '.join(common)}" if common else "")
                for line in textwrap.wrap(text, int(width / (0.9 * CHAR_WIDTH)))], texts)  # grey text runs narrower
+
+
+def axis_reach(cells: list[dict]) -> float:
+    """The axis' half-width: rounded up (`_round_up`) from the largest |mean| or, where larger, the 90th percentile
+    of the intervals' |ends|, so that a few very wide intervals (one or two seeds far out) do not squeeze every other
+    row to a dot; an interval past it is drawn to the edge with an arrowhead."""
+    finite = lambda values: [abs(v) for v in values if v is not None and math.isfinite(v)]  # noqa: E731
+    means, ends = finite(c["mean"] for c in cells), finite(v for c in cells for v in (c["low"], c["high"]))
+    return _round_up(max(max(means, default=0.0), float(np.quantile(ends, 0.9)) if ends else 0.0))
 
 
 def _round_up(value: float) -> float:
