@@ -186,3 +186,17 @@ def test_the_kl_panel_says_why_k1_can_be_negative():
     rows = [{"step": s, "kl/k1": -0.001, "kl/k2": 0.001, "kl/k3": 0.001, "reward": 0.5} for s in range(1, 4)]
     title = run_views.training_charts([("ratio", rows)])["kl"].figure.to_dict()["layout"]["title"]["text"]
     assert "k1 is unbiased and can dip below 0" in title
+
+
+def test_learning_curves_mark_sparse_readings_and_dot_a_lone_seed():
+    """Held-out accuracy read at 3 steps: points on the line; a measure with one finished seed: dotted, no band; one
+    with three: solid, its band a closed polygon."""
+    from divviz.views.run_plots import learning_curves_chart
+
+    curve = lambda n: {"steps": [0, 15, 30], "mean": [0.2, 0.3, 0.4], "low": [0.1, 0.2, 0.3],  # noqa: E731
+                       "high": [0.3, 0.4, 0.5], "n": n}
+    fig = validated(learning_curves_chart({"eval/accuracy": {"PPO": curve(3), "KL3": curve(1)}}, "t"))
+    means = {t.name: t for t in fig.data if t.name}
+    assert set(means) == {"PPO (n = 3)", "KL3 (n = 1)"} and all(t.mode == "lines+markers" for t in means.values())
+    assert means["KL3 (n = 1)"].line.dash == "dot" and means["PPO (n = 3)"].line.dash is None
+    assert [t.fill for t in fig.data if not t.name] == ["toself"]  # PPO's band only

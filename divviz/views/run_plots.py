@@ -127,8 +127,10 @@ def coinciding(drawn: list[dict]) -> str:
 MARKED_BELOW = 12  # a mean with at most this many points has a marker at each
 
 
-def _series_traces(label, metric, colour, first, xref, yref, steps, mean, band, members, thin: bool) -> list[dict]:
-    """One series' traces in one panel: its members thin, its band, its mean; thinned for display if `thin`."""
+def _series_traces(label, metric, colour, first, xref, yref, steps, mean, band, members, thin: bool,
+                   dashed: bool = False) -> list[dict]:
+    """One series' traces in one panel: its members thin, its band, its mean (dotted if `dashed`: one seed, no
+    band); thinned for display if `thin`."""
     axes = {"xaxis": xref, "yaxis": yref, "legendgroup": label}
 
     def line(x, y, **rest):
@@ -149,7 +151,7 @@ def _series_traces(label, metric, colour, first, xref, yref, steps, mean, band, 
                            hoverinfo="skip"))
     sparse = len(steps[pick]) <= MARKED_BELOW  # a few readings (held-out evaluations) show as points on the line
     traces.append(line(steps[pick], mean[pick], name=label, showlegend=first, mode="lines+markers" if sparse else "lines",
-                       line={"color": color(colour), "width": 2.5},
+                       line={"color": color(colour), "width": 2.5, **({"dash": "dot"} if dashed else {})},
                        hovertemplate=f"{metric}: %{{y:.4f}}<br>{GLOSSARY.get(metric, '')}<extra>{label}</extra>"))
     return traces
 
@@ -340,7 +342,7 @@ def learning_curves_chart(curves: dict[str, dict[str, dict]], title: str) -> Cha
     """Learning curves over seeds, one panel per metric, one line per measure: its mean with the band of
     `intervals.summarize` (the seeds' range below 4 seeds, else the t-interval within the metric's range), from
     `claims_lm.LMPlan.curves` ({metric: {measure: {"steps", "mean", "low", "high", "n"}}}); a measure keeps its colour
-    in every panel."""
+    in every panel, and one seed alone (no band) is dotted."""
     metrics = [m for m in curves if curves[m]]
     layout, refs = panels(1, max(1, len(metrics)), [CURVE_TITLES.get(m, m) for m in metrics], gap=0.05)
     measures = list(dict.fromkeys(name for m in metrics for name in curves[m]))
@@ -350,7 +352,7 @@ def learning_curves_chart(curves: dict[str, dict[str, dict]], title: str) -> Cha
             steps, mean = np.asarray(curve["steps"], dtype=np.float64), np.asarray(curve["mean"], dtype=np.float64)
             band = Summary(mean, np.asarray(curve["low"]), np.asarray(curve["high"]), curve["n"]) if curve["n"] > 1 else None
             traces += _series_traces(f"{name} (n = {curve['n']})", metric, measures.index(name), j == 0, *refs[0][j],
-                                     steps, mean, band, [], thin=False)
+                                     steps, mean, band, [], thin=False, dashed=curve["n"] < 2)
             tables.append(pd.DataFrame({"metric": metric, "measure": name, "step": steps, "mean": mean,
                                         "low": curve["low"], "high": curve["high"], "n": curve["n"]}))
     for xref, _ in refs[0]:
