@@ -13,6 +13,7 @@ from divviz.engine.models import MODELS, SMOLLM2_SETTINGS, model_settings
 from divviz.catalogue.params import DivvizInputError
 from divviz.app.urlstate import Control
 from divviz.views import run_plots, run_views
+from divviz.metrics import GLOSSARY
 from divviz.safetext import literal
 
 
@@ -202,6 +203,9 @@ else:
     shared = claims.in_common(its_rows, ("setting", "candidate", "baseline", "metric", "predicted_sign"))
     if shared:
         st.caption(literal(f"In every cell of this claim: {claims.shared_text(shared)}"))
+    meanings = {m: GLOSSARY[m] for m in dict.fromkeys(row["metric"] for row in its_rows) if m in GLOSSARY}
+    if meanings:  # the metrics keep TRL's names in the tables; here is what each one is
+        st.caption(literal(" · ".join(f"{m}: {text}" for m, text in meanings.items())))
     mine = pd.DataFrame([row for row in result.summary() if row["claim"] == claim.text])
     mine = mine[[c for c in mine if c not in ("claim", *shared) and mine[c].notna().any()
                  and (c not in claims.VERDICTS or mine[c].any())]]  # the verdicts that some cell has

@@ -13,6 +13,7 @@ from divviz.evidence import claims, claims_export, forest, intervals
 from divviz.bandit.grpo import run_bandit
 from divviz.bandit.setting import BanditConfig
 from divviz.cli import main
+from divviz.metrics import GLOSSARY
 from divviz.safetext import literal
 
 from tests.page_helpers import open_page, shown
@@ -193,6 +194,8 @@ def test_claims_page_renders(tmp_path, monkeypatch):
         shared = claims.in_common([r for r in report.rows if r["claim_key"] == claim.key], ("baseline", "setting"))
         assert shared and not set(shared) & set(cells)  # said once above the table, not in every row
         assert any(literal(f"baseline {shared['baseline']}") in c.value for c in at.caption)
+        for metric in {c.metric for c in claim.comparisons}:  # each metric's meaning, in words
+            assert any(literal(f"{metric}: {GLOSSARY[metric]}") in c.value for c in at.caption)
     drawn = [m.value for m in at.markdown if "<svg" in m.value]  # a forest plot per metric of the claim shown
     assert len(drawn) == len({c.metric for c in claim.comparisons}) > 0
     assert all("<circle" in body for body in drawn)
