@@ -38,8 +38,8 @@ def panels(report) -> list[tuple[object, str, list[dict]]]:
 def panel(claim, metric: str, cells: list[dict]) -> tuple[str, int]:
     """A panel of `panels` drawn: its SVG, titled with the claim and the metric, the metric's meaning (`GLOSSARY`)
     under the title; and its height in pixels at full width."""
-    title, meaning = f"{claim.text}: {metric}", GLOSSARY.get(metric, "")
-    return svg(cells, title, meaning), height(cells, title, meaning)
+    drawn = svg(cells, f"{claim.text}: {metric}", GLOSSARY.get(metric, ""))
+    return drawn, int(re.search(r"viewBox='0 0 \d+ (\d+)'", drawn).group(1))  # its height, as drawn
 
 
 def label(cell: dict, shared_candidate: bool) -> str:
@@ -124,11 +124,6 @@ def svg(cells: list[dict], title: str, meaning: str = "") -> str:
                      for k, (v, c) in enumerate(VERDICT_COLOURS.items()))
     parts.append(legend + "</svg>")
     return "".join(parts)
-
-
-def height(cells: list[dict], title: str, meaning: str = "") -> int:
-    """The plot's height at its full width, in pixels (its header's lines, the rows, the axis and the legend)."""
-    return 16 * len(_header(cells, title, meaning)[0]) + 24 + ROW * len(cells) + BOTTOM
 
 
 def _header(cells: list[dict], title: str, meaning: str) -> tuple[list[tuple[str, bool]], list[str]]:
