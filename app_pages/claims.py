@@ -49,14 +49,15 @@ st.write("What the three seed papers claim and divviz can test, tested on a grid
          "interval contains 0), or *identical* (every seed's difference is exactly 0: the two measures did the same "
          "thing there, e.g. the edge where they differ never bound); identities are *exact* when the largest "
          "difference is below 1e-12; *no data* when no seed has both runs of a pair yet (runs still queued or "
-         "training). Nothing here is typed by hand: `divviz claims` prints the same report. The language-model "
-         "sections come first (their controls add cells); the verdicts are under "
-         "[every claim at a glance](#every-claim-at-a-glance).")
+         "training). Nothing here is typed by hand: `divviz claims` prints the same report. The verdicts come first; "
+         "the [language-model sections](#on-a-language-model-over-training) under them add their cells (the model, "
+         "its setting and seeds are chosen there).")
 ui.bind_controls(PAGE, CONTROLS)
 low, high, _ = claims.SEEDS_PARAM.slider_range()
 seeds = st.slider("Seeds per measure (bandit grid)", int(low), int(high), key="claims:seeds",
                   help=claims.SEEDS_PARAM.doc)
 result = report(seeds)
+verdicts = st.container()  # shown first; the model sections below add their cells before it is filled
 
 st.subheader("On a language model, over training")
 st.write("Several of the claims are also tested by training a language model — the built-in one, or SmolLM2-135M at "
@@ -134,16 +135,19 @@ for line in lm_plan.failed if lm_plan is not None else ():
 if lm_plan is not None and lm_plan.done:
     with ui.shown_errors():
         st.caption("Learning curves: per measure, the mean over its finished seeds, with the band of their range "
-                   "below 4 seeds, else the 95% interval. The task-reward runs only: the random-reward control's "
-                   "runs are read in their claims' cells.")
+                   "below 4 seeds, else the 95% interval; a ✕ on a measure's line marks a step where one of its seeds "
+                   "collapsed (the table below). The task-reward runs only: the random-reward control's runs are "
+                   "read in their claims' cells.")
+        collapses = lm_plan.collapses()
         ui.show_chart(run_plots.learning_curves_chart(
-            {metric: lm_plan.curves(metric) for metric in claims_lm.CURVES}, f"Learning curves on {lm_plan.name}"),
+            {metric: lm_plan.curves(metric) for metric in claims_lm.CURVES}, f"Learning curves on {lm_plan.name}",
+            {row["measure"]: row["steps"] for row in collapses}),
             f"learning curves {lm_plan.model} {lm_plan.setting}", key="claims:learning_curves")
         st.caption(f"Stability per measure (the task-reward runs): a run collapsed at {stability.RULE} "
                    "(`engine/stability.py`), or when it stopped on a non-finite value; the share with its Wilson 95% "
                    "interval; and the reward curve's spread over seeds, the standard deviation of each run's mean "
                    "reward with its 95% interval.")
-        st.dataframe(claims_lm.collapse_table(lm_plan.collapses()), hide_index=True, width="stretch")
+        st.dataframe(claims_lm.collapse_table(collapses), hide_index=True, width="stretch")
         pilot = lm_plan.pilot()
         if pilot is not None:
             st.caption(literal(claims_lm.pilot_text(pilot)))
@@ -174,59 +178,62 @@ with ui.shown_errors():
             real_plan.compute(lambda k, total, text: bar.progress(k / max(total, 1), text=literal(text)))
             st.rerun()
 
-st.subheader("Every claim at a glance")
-st.caption("Per claim: its cells, how many of them each verdict has, and the settings it is tested in (over "
-           "training: the model and Setting chosen above). Pick a claim in the select under the table for its cells "
-           "by setting and compared measure, its forest plots and every cell — one claim at a time, so that a control "
-           "change redraws one claim's plots, not every claim's. The counts are of cells, not of independent "
-           "tests: a claim's cells share their runs (an early and a late reading, the greedy and the sampled "
-           "accuracy, two δ of KL3 against one PPO), so several cells holding is not as many confirmations. "
-           "A claim's source carries theory.md's tag: [PAPER] read in the paper's own text, [3P] read only in a "
-           "third-party summary, [INF] divviz's own derivation or reading.")
-overview = pd.DataFrame(result.overview())
-overview = overview.loc[:, (overview != 0).any(axis=0)]  # the verdicts that some cell has
-st.table(overview.assign(claim=overview.claim.map(literal), settings=overview.settings.map(literal)),
-         hide_index=True)  # static: every claim and setting in full (its Markdown escaped)
-texts = {c.key: c.text for c in result.claims}
-chosen = st.selectbox("Claim", list(texts), format_func=texts.get, key="claims:claim",
-                      help="the claim whose tables and forest plots show below; it travels in the link")
-claim = next(c for c in result.claims if c.key == chosen)
-st.subheader(literal(claim.text))
-on_lm = f" · on a language model: {claim.lm_operational}" if result.lm and claim.lm_operational else ""
-st.caption(literal(f"{claim.source} · {claim.provenance} · measured as: {claim.operational}{on_lm}"))
-its_rows = [row for row in result.rows if row["claim_key"] == claim.key]
-if not its_rows:
-    st.info("No cell of this claim yet" + (": it is tested over training on a language model, and its cells show "
-                                           "once that model's runs are done (above)." if claim.lm_comparisons else "."),
-            icon=":material/hourglass_top:")
-else:
-    shared = claims.in_common(its_rows, ("setting", "candidate", "baseline", "metric", "predicted_sign"))
-    if shared:
-        st.caption(literal(f"In every cell of this claim: {claims.shared_text(shared)}"))
-    meanings = {m: GLOSSARY[m] for m in dict.fromkeys(row["metric"] for row in its_rows) if m in GLOSSARY}
-    if meanings:  # the metrics keep TRL's names in the tables; here is what each one is
-        st.caption(literal(" · ".join(f"{m}: {text}" for m, text in meanings.items())))
-    mine = pd.DataFrame([row for row in result.summary() if row["claim"] == claim.text])
-    mine = mine[[c for c in mine if c not in ("claim", *shared) and mine[c].notna().any()
-                 and (c not in claims.VERDICTS or mine[c].any())]]  # the verdicts that some cell has
-    st.dataframe(mine.rename(columns=claims.HEADERS), hide_index=True, width="stretch")  # a table of up to 20
-    # rows: st.table renders each cell as Markdown, 0.1–0.2 s more per change in chromium (docs/benchmarks.md run 12)
-    for _, metric, compared in (panel for panel in forest.panels(result) if panel[0].key == claim.key):
-        drawn, tall = forest.panel(claim, metric, compared)
-        with st.container(height=min(440, tall + 24)):
-            st.markdown(drawn, unsafe_allow_html=True)  # its text is escaped inside
-    with st.expander("Every cell of this claim"):
-        identity = all(row["verdict"] in (intervals.EXACT, intervals.NOT_EXACT) for row in its_rows)
-        same = ("predicted_sign", "low", "high", "n", "seeds_reversed") if identity else ()  # = mean, or n = 1
-        st.dataframe(pd.DataFrame(its_rows)[[k for k in claims.CELL_KEYS[1:] if k not in (*shared, *same)]].rename(
-            columns={**claims.HEADERS, **({"mean": claims.HEADERS["largest"]} if identity else {})}),
-            hide_index=True, width="stretch")
+with verdicts:
+    st.subheader("Every claim at a glance")
+    st.caption("Per claim: its cells, how many of them each verdict has, and the settings it is tested in (over "
+               "training: the model and Setting chosen below, under the verdicts). Pick a claim in the select under "
+               "the table for its cells by setting and compared measure, its forest plots and every cell — one claim "
+               "at a time, so that a control change redraws one claim's plots, not every claim's. The counts are of "
+               "cells, not of independent tests: a claim's cells share their runs (an early and a late reading, the "
+               "greedy and the sampled accuracy, two δ of KL3 against one PPO), so several cells holding is not as "
+               "many confirmations. A claim's source carries theory.md's tag: [PAPER] read in the paper's own text, "
+               "[3P] read only in a third-party summary, [INF] divviz's own derivation or reading.")
+    overview = pd.DataFrame(result.overview())
+    overview = overview.loc[:, (overview != 0).any(axis=0)]  # the verdicts that some cell has
+    st.table(overview.assign(claim=overview.claim.map(literal), settings=overview.settings.map(literal)),
+             hide_index=True)  # static: every claim and setting in full (its Markdown escaped)
+    texts = {c.key: c.text for c in result.claims}
+    chosen = st.selectbox("Claim", list(texts), format_func=texts.get, key="claims:claim",
+                          help="the claim whose tables and forest plots show below; it travels in the link")
+    claim = next(c for c in result.claims if c.key == chosen)
+    st.subheader(literal(claim.text))
+    on_lm = f" · on a language model: {claim.lm_operational}" if result.lm and claim.lm_operational else ""
+    st.caption(literal(f"{claim.source} · {claim.provenance} · measured as: {claim.operational}{on_lm}"))
+    its_rows = [row for row in result.rows if row["claim_key"] == claim.key]
+    if not its_rows:
+        st.info("No cell of this claim yet" + (": it is tested over training on a language model, and its cells "
+                                               "show once that model's runs are done (below)."
+                                               if claim.lm_comparisons else "."), icon=":material/hourglass_top:")
+    else:
+        shared = claims.in_common(its_rows, ("setting", "candidate", "baseline", "metric", "predicted_sign"))
+        if shared:
+            st.caption(literal(f"In every cell of this claim: {claims.shared_text(shared)}"))
+        meanings = {m: GLOSSARY[m] for m in dict.fromkeys(row["metric"] for row in its_rows) if m in GLOSSARY}
+        if meanings:  # the metrics keep TRL's names in the tables; here is what each one is
+            st.caption(literal(" · ".join(f"{m}: {text}" for m, text in meanings.items())))
+        mine = pd.DataFrame([row for row in result.summary() if row["claim"] == claim.text])
+        mine = mine[[c for c in mine if c not in ("claim", *shared) and mine[c].notna().any()
+                     and (c not in claims.VERDICTS or mine[c].any())]]  # the verdicts that some cell has
+        st.dataframe(mine.rename(columns=claims.HEADERS), hide_index=True, width="stretch")  # up to 20 rows:
+        # st.table renders each cell as Markdown, 0.1–0.2 s more per change in chromium (docs/benchmarks.md run 12)
+        for _, metric, compared in forest.panels(result, [claim]):
+            drawn, tall = forest.panel(claim, metric, compared)
+            with st.container(height=min(440, tall + 24)):
+                st.markdown(drawn, unsafe_allow_html=True)  # its text is escaped inside
+        with st.expander("Every cell of this claim"):
+            identity = all(intervals.is_identity(row["verdict"]) for row in its_rows)
+            same = ("predicted_sign", "low", "high", "n", "seeds_reversed") if identity else ()  # = mean, or n = 1
+            shown = pd.DataFrame(its_rows)[[k for k in claims.CELL_KEYS[1:] if k not in (*shared, *same)]]
+            st.dataframe(shown.rename(columns={**claims.HEADERS, **({"mean": claims.HEADERS["largest"]}
+                                                                     if identity else {})}),
+                         hide_index=True, width="stretch")
+    row = st.container(horizontal=True)
+    row.download_button("Report (HTML)", lambda: claims_export.to_html(result), file_name="divviz_claims.html",
+                        mime="text/html", icon=":material/download:", on_click="ignore", key="claims:html")
+    row.download_button("Every cell (JSON)", lambda: json.dumps(result.rows, indent=1),
+                        file_name="divviz_claims.json", mime="application/json", icon=":material/table:",
+                        on_click="ignore", key="claims:json")
 
 st.subheader("Not testable here")
 for text in result.untested:
     st.markdown(f"- {literal(text)}")
-row = st.container(horizontal=True)
-row.download_button("Report (HTML)", lambda: claims_export.to_html(result), file_name="divviz_claims.html",
-                    mime="text/html", icon=":material/download:", on_click="ignore", key="claims:html")
-row.download_button("Every cell (JSON)", lambda: json.dumps(result.rows, indent=1), file_name="divviz_claims.json",
-                    mime="application/json", icon=":material/table:", on_click="ignore", key="claims:json")

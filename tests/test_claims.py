@@ -114,6 +114,8 @@ def test_forest_plots_put_each_cell_on_its_side_of_zero_in_its_verdicts_colour(r
     panels = forest.panels(report)
     assert {(claim.key, metric) for claim, metric, _ in panels} == {
         (r["claim_key"], r["metric"]) for r in report.rows if r["predicted_sign"]}
+    for claim in report.claims:  # one claim's panels, as the page draws them
+        assert forest.panels(report, [claim]) == [panel for panel in panels if panel[0] == claim]
     for claim, metric, cells in panels:
         drawn, tall = forest.panel(claim, metric, cells)
         assert f"viewBox='0 0 {forest.LABEL_WIDTH + forest.PLOT_WIDTH + 20} {tall}'" in drawn  # every panel as wide
@@ -175,8 +177,9 @@ def test_claims_page_renders(tmp_path, monkeypatch):
     at.run()
     at.switch_page("app_pages/claims.py").run()
     assert not at.exception
-    headers = [h.value for h in at.subheader]
-    assert headers[-3:] == ["Every claim at a glance", literal(claims.CLAIMS[0].text), "Not testable here"]
+    headers = [h.value for h in at.subheader]  # the verdicts first, then the model sections that add cells to them
+    assert headers == ["Every claim at a glance", literal(claims.CLAIMS[0].text), "On a language model, over training",
+                       "On a real model, one update at a time", "Not testable here"]
     at.slider[0].set_value(3).run()
     report = claims.evaluate(3)
     overview = at.table[0].value  # every claim, its cells and each verdict's count, static: nothing cut
@@ -184,7 +187,7 @@ def test_claims_page_renders(tmp_path, monkeypatch):
     assert (overview[[v for v in claims.VERDICTS if v in overview]].sum(axis=1) == overview.cells).all()
     for claim in (claims.CLAIMS[0], next(c for c in claims.CLAIMS if c.comparisons)):  # an identity; a measured one
         at.selectbox(key="claims:claim").set_value(claim.key).run()  # one claim drawn at a time
-        assert not at.exception and at.subheader[-2].value == literal(claim.text)
+        assert not at.exception and at.subheader[1].value == literal(claim.text)
         summary, cells = at.dataframe[0].value, at.dataframe[1].value
         assert len(at.table) == 1 and len(at.dataframe) == 2 and summary.cells.sum() == len(cells) == sum(
             row["claim_key"] == claim.key for row in report.rows)

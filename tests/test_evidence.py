@@ -57,6 +57,8 @@ def test_verdicts_on_synthetic_differences(diff, sign, want):
 def test_identity_verdict():
     assert intervals.identity_verdict(3e-16, 1e-12) == intervals.EXACT
     assert intervals.identity_verdict(1e-6, 1e-12) == intervals.NOT_EXACT
+    assert all(map(intervals.is_identity, (intervals.EXACT, intervals.NOT_EXACT)))
+    assert not any(map(intervals.is_identity, (intervals.HOLDS, intervals.IDENTICAL, intervals.NOT_RESOLVED)))
 
 
 @pytest.mark.parametrize("k,n", [(0, 10), (5, 10), (10, 10), (77, 256), (1, 3)])

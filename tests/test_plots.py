@@ -188,9 +188,9 @@ def test_the_kl_panel_says_why_k1_can_be_negative():
     assert "k1 is unbiased and can dip below 0" in title
 
 
-def test_learning_curves_mark_sparse_readings_and_dot_a_lone_seed():
+def test_learning_curves_mark_sparse_readings_dot_a_lone_seed_and_cross_collapses():
     """Held-out accuracy read at 3 steps: points on the line; a measure with one finished seed: dotted, no band; one
-    with three: solid, its band a closed polygon."""
+    with three: solid, its band a closed polygon; a seed's collapse: a ✕ on its measure's mean line, in its colour."""
     from divviz.views.run_plots import learning_curves_chart
 
     curve = lambda n: {"steps": [0, 15, 30], "mean": [0.2, 0.3, 0.4], "low": [0.1, 0.2, 0.3],  # noqa: E731
@@ -200,3 +200,8 @@ def test_learning_curves_mark_sparse_readings_and_dot_a_lone_seed():
     assert set(means) == {"PPO (n = 3)", "KL3 (n = 1)"} and all(t.mode == "lines+markers" for t in means.values())
     assert means["KL3 (n = 1)"].line.dash == "dot" and means["PPO (n = 3)"].line.dash is None
     assert [t.fill for t in fig.data if not t.name] == ["toself"]  # PPO's band only
+    fig = validated(learning_curves_chart({"eval/accuracy": {"PPO": curve(3), "KL3": curve(1)}}, "t",
+                                          {"PPO": [20, 30], "KL3": []}))
+    marks = [t for t in fig.data if t.marker.symbol == "x"]  # PPO's two collapses, on its mean line
+    assert len(marks) == 1 and list(marks[0].x) == [20, 30] and np.allclose(marks[0].y, [0.3 + 0.1 * 5 / 15, 0.4])
+    assert marks[0].marker.color == means["PPO (n = 3)"].line.color and marks[0].legendgroup == "PPO (n = 3)"

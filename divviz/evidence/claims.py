@@ -289,7 +289,7 @@ class Report:
                                     **{v: 0 for v in VERDICTS}, "largest": None})
             entry["cells"] += 1
             entry[row["verdict"]] += 1
-            if row["verdict"] in (intervals.EXACT, intervals.NOT_EXACT):
+            if intervals.is_identity(row["verdict"]):
                 entry["largest"] = max(entry["largest"] or 0.0, abs(row["mean"]))
         return list(out.values())
 

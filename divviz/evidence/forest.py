@@ -24,11 +24,11 @@ CHAR_WIDTH = 6  # about a character's width at 11 px (the title's 13 px bold: 1.
 LABEL_CHARS = 72  # a longer label is cut, with "…" (its hover title has everything)
 
 
-def panels(report) -> list[tuple[object, str, list[dict]]]:
-    """(claim, metric, its compared cells in report order) for every claim and metric with compared cells that have
-    data (a cell with no seed yet is in the report's tables only)."""
+def panels(report, claims=None) -> list[tuple[object, str, list[dict]]]:
+    """(claim, metric, its compared cells in report order) for every claim (or only `claims`) and metric with compared
+    cells that have data (a cell with no seed yet is in the report's tables only)."""
     out = []
-    for claim in report.claims:
+    for claim in report.claims if claims is None else claims:
         cells = [r for r in report.rows if r["claim_key"] == claim.key and r["predicted_sign"] and r["n"]]
         for metric in dict.fromkeys(r["metric"] for r in cells):
             out.append((claim, metric, [r for r in cells if r["metric"] == metric]))

@@ -159,3 +159,9 @@ def verdict(low: float, high: float, predicted_sign: int) -> str:
 def identity_verdict(max_abs_difference: float, tolerance: float) -> str:
     """For a claimed identity: "exact" when the largest difference found is within `tolerance`."""
     return EXACT if max_abs_difference <= tolerance else NOT_EXACT
+
+
+def is_identity(verdict_: str) -> bool:
+    """Whether a cell's verdict is an identity's (`identity_verdict`): its mean is then the largest |difference|
+    found, and it has no interval or predicted sign."""
+    return verdict_ in (EXACT, NOT_EXACT)

@@ -338,11 +338,13 @@ CURVE_TITLES = {"eval/accuracy": "held-out, sampled", "eval/accuracy_greedy": "h
                 "entropy": "entropy"}
 
 
-def learning_curves_chart(curves: dict[str, dict[str, dict]], title: str) -> Chart:
+def learning_curves_chart(curves: dict[str, dict[str, dict]], title: str,
+                          collapsed: dict[str, list[int]] | None = None) -> Chart:
     """Learning curves over seeds, one panel per metric, one line per measure: its mean with the band of
     `intervals.summarize` (the seeds' range below 4 seeds, else the t-interval within the metric's range), from
     `claims_lm.LMPlan.curves` ({metric: {measure: {"steps", "mean", "low", "high", "n"}}}); a measure keeps its colour
-    in every panel, and one seed alone (no band) is dotted."""
+    in every panel, and one seed alone (no band) is dotted. `collapsed` ({measure: steps}, `LMPlan.collapses`' steps):
+    a ✕ on the measure's mean line at each step where one of its seeds collapsed."""
     metrics = [m for m in curves if curves[m]]
     layout, refs = panels(1, max(1, len(metrics)), [CURVE_TITLES.get(m, m) for m in metrics], gap=0.05)
     measures = list(dict.fromkeys(name for m in metrics for name in curves[m]))
@@ -351,10 +353,18 @@ def learning_curves_chart(curves: dict[str, dict[str, dict]], title: str) -> Cha
         for name, curve in curves[metric].items():
             steps, mean = np.asarray(curve["steps"], dtype=np.float64), np.asarray(curve["mean"], dtype=np.float64)
             band = Summary(mean, np.asarray(curve["low"]), np.asarray(curve["high"]), curve["n"]) if curve["n"] > 1 else None
-            traces += _series_traces(f"{name} (n = {curve['n']})", metric, measures.index(name), j == 0, *refs[0][j],
+            label = f"{name} (n = {curve['n']})"
+            traces += _series_traces(label, metric, measures.index(name), j == 0, *refs[0][j],
                                      steps, mean, band, [], thin=False, dashed=curve["n"] < 2)
             tables.append(pd.DataFrame({"metric": metric, "measure": name, "step": steps, "mean": mean,
                                         "low": curve["low"], "high": curve["high"], "n": curve["n"]}))
+            if (collapsed or {}).get(name):
+                at = list(collapsed[name])
+                traces.append({"type": "scatter", "x": at, "y": np.interp(at, steps, mean).tolist(), "mode": "markers",
+                               "xaxis": refs[0][j][0], "yaxis": refs[0][j][1], "legendgroup": label,
+                               "showlegend": False, "marker": {"symbol": "x", "size": 11,
+                                                               "color": color(measures.index(name))},
+                               "hovertemplate": f"a seed collapsed at step %{{x}}<extra>{html.escape(name)}</extra>"})
     for xref, _ in refs[0]:
         layout[f"xaxis{xref[1:]}"].update(title={"text": "step"}, tickformat="d")
     layout.update(height=420, title={"text": title}, legend={"orientation": "h", "y": -0.25, "yanchor": "top"})
