@@ -134,4 +134,6 @@ def test_a_link_message_says_what_the_page_then_does():
     _, problems = read_query(controls, {"m": "kl3,kl3", "task": "<b>multiply</b>"})
     repeated, refused = sorted(problems, key=lambda p: "task" in p)
     assert repeated.endswith("each is shown once") and "default" not in repeated
-    assert refused.endswith("Using the default instead")
+    assert refused.endswith("Using the default instead: add")  # the default, named
+    _, (refused,) = read_query(controls, {"task": "multiply"}, lambda values: {"task": "sort"})
+    assert refused.endswith("Using the default instead: sort")  # the page's default (e.g. a model setting's)

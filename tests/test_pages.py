@@ -271,3 +271,7 @@ def test_a_link_naming_smollm2_alone_opens_the_lab_with_smollm2s_setting():
     assert "lr" not in at.query_params and "minibatches" not in at.query_params
     at.sidebar.number_input(key="lab:lr").set_value(1e-4).run()
     assert at.query_params["lr"] in (["0.0001"], "0.0001")
+    bad = open_page("app_pages/training_lab.py", {"model": "smollm2-135m", "setting": "stress", "lr": "nan"})
+    warned = " ".join(shown(w) for w in bad.warning)  # the default the page falls back to is the setting's, named
+    assert f"Using the default instead: {stress['lr']:.10g}" in warned
+    assert bad.sidebar.number_input(key="lab:lr").value == stress["lr"]

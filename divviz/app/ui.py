@@ -45,7 +45,8 @@ def bind_controls(page: str, controls: list[Control]) -> None:
     saved = st.session_state.setdefault(f"_saved:{page}", {})
     first_visit = f"_linked:{page}" not in st.session_state
     if first_visit:
-        from_link, problems = read_query(controls, st.query_params.to_dict())
+        from_link, problems = read_query(controls, st.query_params.to_dict(),
+                                         lambda values: suited_settings(controls, {**saved, **values}))
         saved.update(from_link)
         for problem in problems:
             st.warning(f"{literal(problem)}.")  # link text is shown, never rendered

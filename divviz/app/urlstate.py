@@ -12,7 +12,7 @@ in the list, so old links open as they did.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Callable, Mapping
 
 from divviz.catalogue import instances
 from divviz.catalogue.divergences import FAMILIES
@@ -80,16 +80,18 @@ def in_range(control: Control, value, text) -> None:
                                f"[{low:g}, {high:g}]")
 
 
-def read_query(controls: list[Control], query: Mapping[str, str]) -> tuple[dict, list[str]]:
+def read_query(controls: list[Control], query: Mapping[str, str],
+               defaults: Callable[[dict], Mapping[str, object]] = lambda values: {}) -> tuple[dict, list[str]]:
     """Values for the controls found in `query`, and one message per value that could not be used as it is,
-    each saying what the page does instead (the default, or a repeat shown once)."""
-    values, problems = {}, []
+    each saying what the page does instead: the default, named (`defaults` of the values read where it has the
+    control, e.g. a model page's setting's: `ui.suited_settings`; else the control's own), or a repeat shown once."""
+    values, problems, refused = {}, [], []
     for control in controls:
         if control.name in query:
             try:
                 values[control.name] = control.decode(query[control.name])
             except DivvizInputError as err:
-                problems.append(f"{err}. Using the default instead")
+                refused.append((control, err))
             else:
                 if (control.multi or control.family) and len(values[control.name]) < len(
                         [t for t in query[control.name].split(",") if t]):
@@ -98,6 +100,9 @@ def read_query(controls: list[Control], query: Mapping[str, str]) -> tuple[dict,
             legacy = read_legacy_params(control, values.get(control.name, control.default), query, problems)
             if legacy != values.get(control.name, control.default):
                 values[control.name] = legacy
+    used = defaults(values)
+    problems += [f"{err}. Using the default instead: {control.encode(used.get(control.name, control.default))}"
+                 for control, err in refused]
     return values, problems
 
 
@@ -114,7 +119,7 @@ def read_legacy_params(control: Control, spelled: list[str], query: Mapping[str,
                 try:
                     given[legacy.param.name] = legacy.decode(query[legacy.name])
                 except DivvizInputError as err:
-                    problems.append(f"{err}. Using its default instead")
+                    problems.append(f"{err}. Using its default instead: {legacy.encode(legacy.default)}")
         out.append(instances.spell(instances.configure(spec, given, control.family)))
     return out
 
