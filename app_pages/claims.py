@@ -9,7 +9,7 @@ from divviz.app import ui
 
 from divviz.evidence import claims, claims_export, claims_lm, claims_real, forest, intervals
 from divviz.engine import stability, store
-from divviz.engine.models import MODELS, SMOLLM2_SETTINGS, model_settings
+from divviz.engine.models import MODELS, evaluated_settings
 from divviz.catalogue.params import DivvizInputError
 from divviz.app.urlstate import Control
 from divviz.views import run_plots, run_views
@@ -35,11 +35,15 @@ def queue_lm_runs(plan: claims_lm.LMPlan, owner: str) -> None:
 PAGE = "claims"
 CONTROLS = [Control("seeds", claims.QUICK_SEEDS, param=claims.SEEDS_PARAM),
             Control("lm_model", "builtin", options=tuple(MODELS)),
-            Control("lm_setting", "learn", options=(*SMOLLM2_SETTINGS, "the lab's defaults")),
+            Control("lm_setting", "learn", options=(*dict.fromkeys(s for m in MODELS for s in evaluated_settings(m)),
+                                                    "the lab's defaults")),
             Control("lm_seeds", claims_lm.SEEDS_PARAM.default, param=claims_lm.SEEDS_PARAM),
             Control("lm_pilot_extra", claims_lm.PILOT_EXTRA_PARAM.default, param=claims_lm.PILOT_EXTRA_PARAM),
             Control("lm_steps", claims_lm.STEPS_PARAM.default, param=claims_lm.STEPS_PARAM),
             Control("claim", claims.CLAIMS[0].key, options=tuple(c.key for c in claims.CLAIMS))]
+
+CELL_COLUMNS = {"verdict": st.column_config.TextColumn(width="medium"),  # "not resolved" in full
+                claims.HEADERS["largest"]: st.column_config.NumberColumn(format="%.1e")}  # 1.0e-18, not 0.000…01
 
 st.title("Claims")
 st.write("What the three seed papers claim and divviz can test, tested on a grid of conditions declared before "
@@ -76,7 +80,7 @@ with ui.shown_errors():
                                       help="the built-in LM (reverse, 60 steps: about 5 minutes for every cell on 2 "
                                            "cores) or SmolLM2-135M-Instruct (its own task, held-out set and settings: "
                                            "about 13 minutes per run on 2 cores, so a grid takes hours)")
-    settings = list(model_settings(lm_model))
+    settings = list(evaluated_settings(lm_model))  # the settings the claims can be tested at
     lm_setting = setting_column.selectbox("Setting", settings or ["the lab's defaults"], key="claims:lm_setting",
                                           disabled=not settings, help="SmolLM2's settings (`divviz models`); the "
                                           "built-in LM trains at the lab's defaults")
@@ -135,9 +139,9 @@ for line in lm_plan.failed if lm_plan is not None else ():
 if lm_plan is not None and lm_plan.done:
     with ui.shown_errors():
         st.caption("Learning curves: per measure, the mean over its finished seeds, with the band of their range "
-                   "below 4 seeds, else the 95% interval; a ✕ on a measure's line marks a step where one of its seeds "
-                   "collapsed (the table below). The task-reward runs only: the random-reward control's runs are "
-                   "read in their claims' cells.")
+                   "below 4 seeds, else the 95% interval; on the reward and the entropy (read at every step), a ✕ "
+                   "on a measure's line marks a step where one of its seeds collapsed (the table below). The "
+                   "task-reward runs only: the random-reward control's runs are read in their claims' cells.")
         collapses = lm_plan.collapses()
         ui.show_chart(run_plots.learning_curves_chart(
             {metric: lm_plan.curves(metric) for metric in claims_lm.CURVES}, f"Learning curves on {lm_plan.name}",
@@ -190,6 +194,8 @@ with verdicts:
                "[3P] read only in a third-party summary, [INF] divviz's own derivation or reading.")
     overview = pd.DataFrame(result.overview())
     overview = overview.loc[:, (overview != 0).any(axis=0)]  # the verdicts that some cell has
+    overview["settings"] = overview.settings.mask(overview.cells == 0, "no cell yet: tested over training on a "
+                                                  "language model, whose runs are chosen below")
     st.table(overview.assign(claim=overview.claim.map(literal), settings=overview.settings.map(literal)),
              hide_index=True)  # static: every claim and setting in full (its Markdown escaped)
     texts = {c.key: c.text for c in result.claims}
@@ -214,7 +220,8 @@ with verdicts:
         mine = pd.DataFrame([row for row in result.summary() if row["claim"] == claim.text])
         mine = mine[[c for c in mine if c not in ("claim", *shared) and mine[c].notna().any()
                      and (c not in claims.VERDICTS or mine[c].any())]]  # the verdicts that some cell has
-        st.dataframe(mine.rename(columns=claims.HEADERS), hide_index=True, width="stretch")  # up to 20 rows:
+        st.dataframe(mine.rename(columns=claims.HEADERS), hide_index=True, width="stretch",
+                     column_config=CELL_COLUMNS)  # up to 20 rows:
         # st.table renders each cell as Markdown, 0.1–0.2 s more per change in chromium (docs/benchmarks.md run 12)
         for _, metric, compared in forest.panels(result, [claim]):
             drawn, tall = forest.panel(claim, metric, compared)
@@ -226,7 +233,7 @@ with verdicts:
             shown = pd.DataFrame(its_rows)[[k for k in claims.CELL_KEYS[1:] if k not in (*shared, *same)]]
             st.dataframe(shown.rename(columns={**claims.HEADERS, **({"mean": claims.HEADERS["largest"]}
                                                                      if identity else {})}),
-                         hide_index=True, width="stretch")
+                         hide_index=True, width="stretch", column_config=CELL_COLUMNS)
     row = st.container(horizontal=True)
     row.download_button("Report (HTML)", lambda: claims_export.to_html(result), file_name="divviz_claims.html",
                         mime="text/html", icon=":material/download:", on_click="ignore", key="claims:html")

@@ -262,16 +262,17 @@ def _real_cells(args, quiet: bool):
 
 def _lm_cells(args):
     """The LM cells' plan, read from the runs folder, its missing runs queued (none with --no-train)."""
-    from divviz.engine.models import MODELS, model_settings
+    from divviz.engine.models import MODELS, evaluated_settings
     from divviz.engine.store import runs_dir
     from divviz.evidence import claims_lm
 
     if args.lm_model not in MODELS:
         raise DivvizInputError(f"--lm-model takes a built-in model ({', '.join(MODELS)}); got {args.lm_model!r}")
-    settings = model_settings(args.lm_model)
+    settings = evaluated_settings(args.lm_model)  # a setting without held-out evaluations tests nothing here
     if args.lm_setting and args.lm_setting not in settings:
         raise DivvizInputError(f"--lm-setting: {args.lm_model} has "
-                               + (f"the settings {', '.join(settings)}" if settings else "no settings")
+                               + (f"the settings with held-out evaluations {', '.join(settings)}" if settings
+                                  else "no settings")
                                + f"; got {args.lm_setting!r}")
     setting = args.lm_setting or next(iter(settings), "")
     seeds = claims_lm.SEEDS_PARAM.check(args.lm_seeds or claims_lm.SEEDS_PARAM.default, "claims")

@@ -185,6 +185,9 @@ def test_claims_page_renders(tmp_path, monkeypatch):
     overview = at.table[0].value  # every claim, its cells and each verdict's count, static: nothing cut
     assert list(overview.claim) == [literal(c.text) for c in claims.CLAIMS] and overview.cells.sum() == len(report.rows)
     assert (overview[[v for v in claims.VERDICTS if v in overview]].sum(axis=1) == overview.cells).all()
+    untested = [literal(c.text) for c in claims.CLAIMS  # tested on a language model only (none trained here)
+                if not (c.comparisons or c.real_comparisons or c.identity)]
+    assert untested and (overview.set_index("claim").loc[untested].settings.str.startswith("no cell yet")).all()
     for claim in (claims.CLAIMS[0], next(c for c in claims.CLAIMS if c.comparisons)):  # an identity; a measured one
         at.selectbox(key="claims:claim").set_value(claim.key).run()  # one claim drawn at a time
         assert not at.exception and at.subheader[1].value == literal(claim.text)

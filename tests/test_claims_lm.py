@@ -281,7 +281,11 @@ def test_cli_refuses_lm_options_without_lm(capsys):
     assert main(["claims", "--lm", "--lm-setting", "stress"]) == 2
     assert "builtin has no settings" in capsys.readouterr().err
     assert main(["claims", "--lm", "--lm-model", "smollm2-135m", "--lm-setting", "fast"]) == 2
-    assert "smollm2-135m has the settings learn, look only, stress; got 'fast'" in capsys.readouterr().err
+    assert "smollm2-135m has the settings with held-out evaluations learn, stress; got 'fast'" in capsys.readouterr().err
+    assert main(["claims", "--lm", "--lm-model", "smollm2-135m", "--lm-setting", "look only"]) == 2  # no evaluation
+    assert "got 'look only'" in capsys.readouterr().err
+    with pytest.raises(DivvizInputError, match="no setting 'look only' with held-out evaluations"):
+        claims_lm.run_config(claims.PPO, 0, 20, "smollm2-135m", setting="look only")
 
 
 def test_claims_page_trains_and_then_includes_the_lm_cells(tmp_path, monkeypatch):

@@ -240,6 +240,7 @@ def test_the_paired_iteration_and_the_claims_settings_are_in_the_link():
     assert at.selectbox(key="claims:lm_model").value == "smollm2-135m"
     assert at.number_input(key="claims:lm_steps_of:smollm2-135m:learn").value == 30
     assert at.number_input(key="claims:lm_pilot_extra").value == 4
+    assert at.selectbox(key="claims:lm_setting").options == ["learn", "stress"]  # not "look only": no evaluations
 
 
 def test_the_lab_shows_a_real_models_learning_rate_and_offers_its_settings():

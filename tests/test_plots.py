@@ -200,8 +200,13 @@ def test_learning_curves_mark_sparse_readings_dot_a_lone_seed_and_cross_collapse
     assert set(means) == {"PPO (n = 3)", "KL3 (n = 1)"} and all(t.mode == "lines+markers" for t in means.values())
     assert means["KL3 (n = 1)"].line.dash == "dot" and means["PPO (n = 3)"].line.dash is None
     assert [t.fill for t in fig.data if not t.name] == ["toself"]  # PPO's band only
-    fig = validated(learning_curves_chart({"eval/accuracy": {"PPO": curve(3), "KL3": curve(1)}}, "t",
-                                          {"PPO": [20, 30], "KL3": []}))
-    marks = [t for t in fig.data if t.marker.symbol == "x"]  # PPO's two collapses, on its mean line
-    assert len(marks) == 1 and list(marks[0].x) == [20, 30] and np.allclose(marks[0].y, [0.3 + 0.1 * 5 / 15, 0.4])
-    assert marks[0].marker.color == means["PPO (n = 3)"].line.color and marks[0].legendgroup == "PPO (n = 3)"
+    steps = list(range(31))  # the reward, read at every step
+    per_step = {"steps": steps, "mean": [s / 100 for s in steps], "low": [0.0] * 31, "high": [0.5] * 31, "n": 3}
+    fig = validated(learning_curves_chart({"eval/accuracy": {"PPO": curve(3)}, "reward": {"PPO": per_step}}, "t",
+                                          {"PPO": [20, 20, 30]}))
+    marks = [t for t in fig.data if t.marker.symbol == "x"]  # on the reward's mean line only: none interpolated
+    assert len(marks) == 1 and list(marks[0].x) == [20, 20, 30] and np.allclose(marks[0].y, [0.2, 0.2, 0.3])
+    line = next(t for t in fig.data if t.name == "PPO (n = 3)" and t.xaxis == marks[0].xaxis)
+    assert marks[0].marker.color == line.line.color and marks[0].legendgroup == line.name and marks[0].hoverinfo == "skip"
+    assert (line.customdata[20], line.customdata[30], line.customdata[21]) == (  # the line's hover says it
+        " · 2 seeds collapsed at this step", " · 1 seed collapsed at this step", "")

@@ -48,3 +48,9 @@ def model_defaults(model: str) -> dict:
 def model_settings(model: str) -> dict[str, dict]:
     """The named settings `model` offers besides its defaults (the first one): {} for a model with none."""
     return MODELS.get(model, {}).get("settings", {})
+
+
+def evaluated_settings(model: str) -> dict[str, dict]:
+    """`model_settings` that evaluate on held-out problems during the run (`eval_every` > 0): the ones the claims
+    over training can be tested at ("look only" cannot: it has no evaluation and nothing clips)."""
+    return {name: s for name, s in model_settings(model).items() if s.get("eval_every", 0) > 0}

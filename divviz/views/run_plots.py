@@ -128,9 +128,9 @@ MARKED_BELOW = 12  # a mean with at most this many points has a marker at each
 
 
 def _series_traces(label, metric, colour, first, xref, yref, steps, mean, band, members, thin: bool,
-                   dashed: bool = False) -> list[dict]:
+                   dashed: bool = False, notes: list[str] | None = None) -> list[dict]:
     """One series' traces in one panel: its members thin, its band, its mean (dotted if `dashed`: one seed, no
-    band); thinned for display if `thin`."""
+    band; `notes`, one per step, added to its hover); thinned for display if `thin`."""
     axes = {"xaxis": xref, "yaxis": yref, "legendgroup": label}
 
     def line(x, y, **rest):
@@ -152,7 +152,9 @@ def _series_traces(label, metric, colour, first, xref, yref, steps, mean, band, 
     sparse = len(steps[pick]) <= MARKED_BELOW  # a few readings (held-out evaluations) show as points on the line
     traces.append(line(steps[pick], mean[pick], name=label, showlegend=first, mode="lines+markers" if sparse else "lines",
                        line={"color": color(colour), "width": 2.5, **({"dash": "dot"} if dashed else {})},
-                       hovertemplate=f"{metric}: %{{y:.4f}}<br>{GLOSSARY.get(metric, '')}<extra>{label}</extra>"))
+                       hovertemplate=f"{metric}: %{{y:.4f}}{'%{customdata}' if notes else ''}<br>"
+                                     f"{GLOSSARY.get(metric, '')}<extra>{label}</extra>",
+                       **({"customdata": [notes[i] for i in np.arange(len(steps))[pick]]} if notes else {})))
     return traces
 
 
@@ -344,7 +346,8 @@ def learning_curves_chart(curves: dict[str, dict[str, dict]], title: str,
     `intervals.summarize` (the seeds' range below 4 seeds, else the t-interval within the metric's range), from
     `claims_lm.LMPlan.curves` ({metric: {measure: {"steps", "mean", "low", "high", "n"}}}); a measure keeps its colour
     in every panel, and one seed alone (no band) is dotted. `collapsed` ({measure: steps}, `LMPlan.collapses`' steps):
-    a ✕ on the measure's mean line at each step where one of its seeds collapsed."""
+    on the panels read at every step (not the held-out evaluations between which nothing was read), a ✕ on the
+    measure's mean line at each step where one of its seeds collapsed, said in the line's hover."""
     metrics = [m for m in curves if curves[m]]
     layout, refs = panels(1, max(1, len(metrics)), [CURVE_TITLES.get(m, m) for m in metrics], gap=0.05)
     measures = list(dict.fromkeys(name for m in metrics for name in curves[m]))
@@ -354,17 +357,19 @@ def learning_curves_chart(curves: dict[str, dict[str, dict]], title: str,
             steps, mean = np.asarray(curve["steps"], dtype=np.float64), np.asarray(curve["mean"], dtype=np.float64)
             band = Summary(mean, np.asarray(curve["low"]), np.asarray(curve["high"]), curve["n"]) if curve["n"] > 1 else None
             label = f"{name} (n = {curve['n']})"
+            every_step = len(steps) > 1 and bool(np.all(np.diff(steps) == 1))
+            at = [int(t) for t in (collapsed or {}).get(name, ()) if every_step and t in steps]
+            notes = [f" · {at.count(t)} seed{'s' if at.count(t) > 1 else ''} collapsed at this step" if t in at
+                     else "" for t in steps] if at else None
             traces += _series_traces(label, metric, measures.index(name), j == 0, *refs[0][j],
-                                     steps, mean, band, [], thin=False, dashed=curve["n"] < 2)
+                                     steps, mean, band, [], thin=False, dashed=curve["n"] < 2, notes=notes)
             tables.append(pd.DataFrame({"metric": metric, "measure": name, "step": steps, "mean": mean,
                                         "low": curve["low"], "high": curve["high"], "n": curve["n"]}))
-            if (collapsed or {}).get(name):
-                at = list(collapsed[name])
+            if at:  # on the mean line; its hover (the line's) says so
                 traces.append({"type": "scatter", "x": at, "y": np.interp(at, steps, mean).tolist(), "mode": "markers",
                                "xaxis": refs[0][j][0], "yaxis": refs[0][j][1], "legendgroup": label,
-                               "showlegend": False, "marker": {"symbol": "x", "size": 11,
-                                                               "color": color(measures.index(name))},
-                               "hovertemplate": f"a seed collapsed at step %{{x}}<extra>{html.escape(name)}</extra>"})
+                               "showlegend": False, "hoverinfo": "skip",
+                               "marker": {"symbol": "x", "size": 11, "color": color(measures.index(name))}})
     for xref, _ in refs[0]:
         layout[f"xaxis{xref[1:]}"].update(title={"text": "step"}, tickformat="d")
     layout.update(height=420, title={"text": title}, legend={"orientation": "h", "y": -0.25, "yanchor": "top"})
