@@ -42,7 +42,7 @@ CONTROLS = [Control("seeds", claims.QUICK_SEEDS, param=claims.SEEDS_PARAM),
             Control("lm_steps", claims_lm.STEPS_PARAM.default, param=claims_lm.STEPS_PARAM),
             Control("claim", claims.CLAIMS[0].key, options=tuple(c.key for c in claims.CLAIMS))]
 
-CELL_COLUMNS = {"verdict": st.column_config.TextColumn(width="medium"),  # "not resolved" in full
+CELL_COLUMNS = {"verdict": st.column_config.TextColumn(width=100),  # "not resolved" in full, no wider
                 claims.HEADERS["largest"]: st.column_config.NumberColumn(format="%.1e")}  # 1.0e-18, not 0.000…01
 
 st.title("Claims")
@@ -230,7 +230,9 @@ with verdicts:
         with st.expander("Every cell of this claim"):
             identity = all(intervals.is_identity(row["verdict"]) for row in its_rows)
             same = ("predicted_sign", "low", "high", "n", "seeds_reversed") if identity else ()  # = mean, or n = 1
-            shown = pd.DataFrame(its_rows)[[k for k in claims.CELL_KEYS[1:] if k not in (*shared, *same)]]
+            in_view = ("candidate", "metric", "verdict", "mean", "low", "high", "n", "seeds_reversed")  # the long
+            keys = dict.fromkeys((*in_view, *claims.CELL_KEYS[1:]))  # condition after them, past the scroll
+            shown = pd.DataFrame(its_rows)[[k for k in keys if k not in (*shared, *same)]]
             st.dataframe(shown.rename(columns={**claims.HEADERS, **({"mean": claims.HEADERS["largest"]}
                                                                      if identity else {})}),
                          hide_index=True, width="stretch", column_config=CELL_COLUMNS)

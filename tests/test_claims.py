@@ -196,6 +196,8 @@ def test_claims_page_renders(tmp_path, monkeypatch):
             row["claim_key"] == claim.key for row in report.rows)
         assert at.query_params.get("claim") == (None if claim == claims.CLAIMS[0] else claim.key)  # in the link
         assert not {"seeds_reversed", "predicted_sign", "claim"} & (set(summary) | set(cells))  # read as headers
+        outcome = ["verdict", "mean" if claim.comparisons else "largest |difference|"]  # in view: before the long
+        assert list(cells)[list(cells).index("verdict"):][:2] == outcome and "condition" not in list(cells)[:3]  # text
         assert ("largest |difference|" in summary) == (claim == claims.CLAIMS[0])  # an identity's closeness
         shared = claims.in_common([r for r in report.rows if r["claim_key"] == claim.key], ("baseline", "setting"))
         assert shared and not set(shared) & set(cells)  # said once above the table, not in every row
