@@ -89,9 +89,10 @@ def run_config(measure: str, seed: int, steps: int, model: str = BUILTIN, reward
     """A cell's run: on the built-in model, the lab's defaults on TASK with a held-out evaluation every T/4 steps;
     on a model with settings, its `setting` (its defaults when ""), which names its task and evaluations; with the
     measure's objective, rewarded by the task or by a coin (`reward`), checkpointed for resuming."""
-    if setting and setting not in evaluated_settings(model):
+    evaluated = evaluated_settings(model)
+    if setting and setting not in evaluated:
         raise DivvizInputError(f"{model} has no setting {setting!r} with held-out evaluations"
-                               + (f" (it has {', '.join(evaluated_settings(model))})" if model_settings(model) else ""))
+                               + (f" (it has {', '.join(evaluated)})" if evaluated else ""))
     own = ({"task": TASK, "eval_every": max(1, steps // 4)} if not model_defaults(model)
            else dict(model_settings(model).get(setting, {})))
     return RunConfig.make(**{**own, "model": model, "reward": reward, "steps": steps, "seed": seed,

@@ -5,6 +5,7 @@ the explorer's charts are in `plots.py`."""
 from __future__ import annotations
 
 import html
+from collections import Counter
 
 import numpy as np
 import pandas as pd
@@ -359,14 +360,16 @@ def learning_curves_chart(curves: dict[str, dict[str, dict]], title: str,
             label = f"{name} (n = {curve['n']})"
             every_step = len(steps) > 1 and bool(np.all(np.diff(steps) == 1))
             at = [int(t) for t in (collapsed or {}).get(name, ()) if every_step and t in steps]
-            notes = [f" · {at.count(t)} seed{'s' if at.count(t) > 1 else ''} collapsed at this step" if t in at
+            seeds_at = Counter(at)
+            notes = [f" · {seeds_at[t]} seed{'s' if seeds_at[t] > 1 else ''} collapsed at this step" if t in seeds_at
                      else "" for t in steps] if at else None
             traces += _series_traces(label, metric, measures.index(name), j == 0, *refs[0][j],
                                      steps, mean, band, [], thin=False, dashed=curve["n"] < 2, notes=notes)
             tables.append(pd.DataFrame({"metric": metric, "measure": name, "step": steps, "mean": mean,
                                         "low": curve["low"], "high": curve["high"], "n": curve["n"]}))
             if at:  # on the mean line; its hover (the line's) says so
-                traces.append({"type": "scatter", "x": at, "y": np.interp(at, steps, mean).tolist(), "mode": "markers",
+                on_line = dict(zip(steps.astype(int).tolist(), mean.tolist()))  # `at` are steps of the curve
+                traces.append({"type": "scatter", "x": at, "y": [on_line[t] for t in at], "mode": "markers",
                                "xaxis": refs[0][j][0], "yaxis": refs[0][j][1], "legendgroup": label,
                                "showlegend": False, "hoverinfo": "skip",
                                "marker": {"symbol": "x", "size": 11, "color": color(measures.index(name))}})
