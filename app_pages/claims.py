@@ -7,7 +7,7 @@ import streamlit as st
 
 from divviz.app import ui
 
-from divviz.evidence import claims, claims_export, claims_lm, claims_real, forest, intervals
+from divviz.evidence import claims, claims_export, claims_lm, claims_real, claims_report, forest, lm_evidence
 from divviz.engine import stability, store
 from divviz.engine.models import MODELS, evaluated_settings
 from divviz.catalogue.params import DivvizInputError
@@ -18,9 +18,9 @@ from divviz.safetext import literal
 
 
 @st.cache_data(show_spinner=False, max_entries=4)
-def report(seeds: int) -> claims.Report:
+def report(seeds: int) -> claims_report.Report:
     bar = st.progress(0.0, text="Testing the claims…")
-    result = claims.evaluate(seeds, progress=lambda fraction, text: bar.progress(fraction, text=literal(text)))
+    result = claims_report.evaluate(seeds, progress=lambda fraction, text: bar.progress(fraction, text=literal(text)))
     bar.empty()
     return result
 
@@ -33,29 +33,49 @@ def queue_lm_runs(plan: claims_lm.LMPlan, owner: str) -> None:
 
 
 PAGE = "claims"
+SMOLLM2 = "smollm2-135m"
+OPENING = "stress"  # the page opens on SmolLM2's published grid at the stress setting, the one powered to decide
 CONTROLS = [Control("seeds", claims.QUICK_SEEDS, param=claims.SEEDS_PARAM),
-            Control("lm_model", "builtin", options=tuple(MODELS)),
-            Control("lm_setting", "learn", options=(*dict.fromkeys(s for m in MODELS for s in evaluated_settings(m)),
+            Control("lm_model", SMOLLM2, options=tuple(MODELS)),
+            Control("lm_setting", OPENING, options=(*dict.fromkeys(s for m in MODELS for s in evaluated_settings(m)),
                                                     "the lab's defaults")),
-            Control("lm_seeds", claims_lm.SEEDS_PARAM.default, param=claims_lm.SEEDS_PARAM),
-            Control("lm_pilot_extra", claims_lm.PILOT_EXTRA_PARAM.default, param=claims_lm.PILOT_EXTRA_PARAM),
+            Control("lm_seeds", claims_lm.DECLARED[OPENING][0], param=claims_lm.SEEDS_PARAM),
+            Control("lm_pilot_extra", claims_lm.DECLARED[OPENING][1] - claims_lm.DECLARED[OPENING][0],
+                    param=claims_lm.PILOT_EXTRA_PARAM),
             Control("lm_steps", claims_lm.STEPS_PARAM.default, param=claims_lm.STEPS_PARAM),
             Control("claim", claims.CLAIMS[0].key, options=tuple(c.key for c in claims.CLAIMS))]
 
-CELL_COLUMNS = {"verdict": st.column_config.TextColumn(width=100),  # "not resolved" in full, no wider
-                claims.HEADERS["largest"]: st.column_config.NumberColumn(format="%.1e")}  # 1.0e-18, not 0.000…01
+
+def declared_design() -> None:
+    """A Setting or Model change: the seeds of the grid declared there (SmolLM2's published grids), else the
+    built-in LM's default."""
+    model, setting = st.session_state["claims:lm_model"], st.session_state.get("claims:lm_setting")
+    seeds, pilot = (claims_lm.DECLARED.get(setting, (claims_lm.SEEDS_PARAM.default, 0)) if model != "builtin"
+                    else (claims_lm.SEEDS_PARAM.default, 0))
+    st.session_state[ui.key(PAGE, "lm_seeds")] = seeds
+    st.session_state[ui.key(PAGE, "lm_pilot_extra")] = max(0, pilot - seeds)
+
+
+CELL_COLUMNS = {claims_report.HEADERS["verdict"]: st.column_config.TextColumn(width=100),  # "not resolved" in full
+                claims_report.HEADERS["verdict_adjusted"]: st.column_config.TextColumn(width=100),
+                claims_report.HEADERS["largest"]: st.column_config.NumberColumn(format="%.1e")}  # 1.0e-18, not 0.000…01
 
 st.title("Claims")
 st.write("What the three seed papers claim and divviz can test, tested on a grid of conditions declared before "
-         "running: where the correct actions sit (likely, rare, random), small and large K, SGD and Adam, an early and "
-         "a late reading. Each cell compares two measures seed by seed on the same seeds: the mean difference, its "
-         "95% interval, n, and a verdict computed from the interval — *holds*, *reversed*, or *not resolved* (the "
-         "interval contains 0), or *identical* (every seed's difference is exactly 0: the two measures did the same "
-         "thing there, e.g. the edge where they differ never bound); identities are *exact* when the largest "
-         "difference is below 1e-12; *no data* when no seed has both runs of a pair yet (runs still queued or "
-         "training). Nothing here is typed by hand: `divviz claims` prints the same report. The verdicts come first; "
-         "the [language-model sections](#on-a-language-model-over-training) under them add their cells (the model, "
-         "its setting and seeds are chosen there).")
+         "running: on an exact bandit (where the correct actions sit, small and large K, SGD and Adam, an early and a "
+         "late reading) and over training on a language model — on a fresh clone, SmolLM2-135M's published runs. "
+         "Each cell compares two measures seed by seed on the same seeds. A verdict needs two tests to agree: the "
+         "95% t interval of the mean difference excludes 0, and the sign-flip permutation test of the mean (no "
+         "normality assumed) gives p < 0.05 — *holds* on the predicted side, *reversed* on the other, else *not "
+         "resolved*. At n seeds that p cannot go below 2/2ⁿ: at 4 seeds (0.125) nothing can hold. Where the mean and "
+         "the median difference point opposite ways the cell says *mean and median disagree*; *identical*: every "
+         "seed's difference is exactly 0; identities are *exact* below 1e-12; *no data*: no seed has both runs yet. "
+         "Each cell is then adjusted for how many were tested: Holm within a claim's readings at one setting (the "
+         "counts and colours use this adjusted verdict, the raw one beside it), and Benjamini–Hochberg's q across "
+         "the report. Over training, accuracy cells also give the seeds 80% power needs and whether the effect the "
+         "papers report is ruled out. Nothing here is typed by hand: `divviz claims` prints the same report. The "
+         "verdicts come first; the [language-model sections](#on-a-language-model-over-training) under them choose "
+         "the model, its setting and seeds.")
 ui.bind_controls(PAGE, CONTROLS)
 low, high, _ = claims.SEEDS_PARAM.slider_range()
 seeds = st.slider("Seeds per measure (bandit grid)", int(low), int(high), key="claims:seeds",
@@ -76,14 +96,15 @@ st.write("Several of the claims are also tested by training a language model —
 lm_plan = None
 with ui.shown_errors():
     model_column, setting_column, left, pilot_column, right = st.columns(5)
-    lm_model = model_column.selectbox("Model", list(MODELS), key="claims:lm_model",
+    lm_model = model_column.selectbox("Model", list(MODELS), key="claims:lm_model", on_change=declared_design,
                                       help="the built-in LM (reverse, 60 steps: about 5 minutes for every cell on 2 "
                                            "cores) or SmolLM2-135M-Instruct (its own task, held-out set and settings: "
                                            "about 13 minutes per run on 2 cores, so a grid takes hours)")
     settings = list(evaluated_settings(lm_model))  # the settings the claims can be tested at
     lm_setting = setting_column.selectbox("Setting", settings or ["the lab's defaults"], key="claims:lm_setting",
-                                          disabled=not settings, help="SmolLM2's settings (`divviz models`); the "
-                                          "built-in LM trains at the lab's defaults")
+                                          disabled=not settings, on_change=declared_design,
+                                          help="SmolLM2's settings (`divviz models`); the built-in LM trains at the "
+                                               "lab's defaults. Choosing one sets the seeds of the grid declared there.")
     lm_setting = lm_setting if settings else ""
     lm_seeds = left.slider("Seeds per LM measure", *map(int, claims_lm.SEEDS_PARAM.slider_range()[:2]),
                            key="claims:lm_seeds", help=claims_lm.SEEDS_PARAM.doc)
@@ -102,7 +123,10 @@ with ui.shown_errors():
     lm_plan = claims_lm.LMPlan.read(store.runs_dir(), lm_seeds, lm_steps, lm_model, lm_setting,
                                     lm_seeds + lm_pilot_extra)
 if lm_plan is not None and lm_plan.done:
-    result = lm_plan.report(result)
+    result = lm_evidence.LMEvidence(lm_plan).report(result)
+if lm_plan is not None and lm_plan.provenance:
+    st.info(literal(f"Published runs: {lm_plan.provenance}. They are read, never trained again; a run of your own "
+                    "of a cell takes its place."), icon=":material/inventory_2:")
 if lm_plan is not None and lm_plan.finished:
     st.success(literal(f"Included: {lm_plan.text}."), icon=":material/check:")
 elif lm_plan is not None:
@@ -142,19 +166,20 @@ if lm_plan is not None and lm_plan.done:
                    "below 4 seeds, else the 95% interval; on the reward and the entropy (read at every step), a ✕ "
                    "on a measure's line marks a step where one of its seeds collapsed (the table below). The "
                    "task-reward runs only: the random-reward control's runs are read in their claims' cells.")
-        collapses = lm_plan.collapses()
+        evidence = lm_evidence.LMEvidence(lm_plan)
+        collapses = evidence.collapses()
         ui.show_chart(run_plots.learning_curves_chart(
-            {metric: lm_plan.curves(metric) for metric in claims_lm.CURVES}, f"Learning curves on {lm_plan.name}",
+            {metric: evidence.curves(metric) for metric in lm_evidence.CURVES}, f"Learning curves on {lm_plan.name}",
             {row["measure"]: row["steps"] for row in collapses}),
             f"learning curves {lm_plan.model} {lm_plan.setting}", key="claims:learning_curves")
         st.caption(f"Stability per measure (the task-reward runs): a run collapsed at {stability.RULE} "
                    "(`engine/stability.py`), or when it stopped on a non-finite value; the share with its Wilson 95% "
                    "interval; and the reward curve's spread over seeds, the standard deviation of each run's mean "
                    "reward with its 95% interval.")
-        st.dataframe(claims_lm.collapse_table(collapses), hide_index=True, width="stretch")
-        pilot = lm_plan.pilot()
+        st.dataframe(lm_evidence.collapse_table(collapses), hide_index=True, width="stretch")
+        pilot = evidence.pilot()
         if pilot is not None:
-            st.caption(literal(claims_lm.pilot_text(pilot)))
+            st.caption(literal(lm_evidence.pilot_text(pilot)))
 
 st.subheader("On a real model, one update at a time")
 st.write("SmolLM2-135M-Instruct cannot be trained for many steps on a CPU while you wait, but one update can: for "
@@ -211,16 +236,16 @@ with verdicts:
                                                "show once that model's runs are done (below)."
                                                if claim.lm_comparisons else "."), icon=":material/hourglass_top:")
     else:
-        shared = claims.in_common(its_rows, ("setting", "candidate", "baseline", "metric", "predicted_sign"))
+        shared = claims_report.in_common(its_rows, ("setting", "candidate", "baseline", "metric", "predicted_sign"))
         if shared:
-            st.caption(literal(f"In every cell of this claim: {claims.shared_text(shared)}"))
+            st.caption(literal(f"In every cell of this claim: {claims_report.shared_text(shared)}"))
         meanings = {m: GLOSSARY[m] for m in dict.fromkeys(row["metric"] for row in its_rows) if m in GLOSSARY}
         if meanings:  # the metrics keep TRL's names in the tables; here is what each one is
             st.caption(literal(" · ".join(f"{m}: {text}" for m, text in meanings.items())))
         mine = pd.DataFrame([row for row in result.summary() if row["claim"] == claim.text])
         mine = mine[[c for c in mine if c not in ("claim", *shared) and mine[c].notna().any()
-                     and (c not in claims.VERDICTS or mine[c].any())]]  # the verdicts that some cell has
-        st.dataframe(mine.rename(columns=claims.HEADERS), hide_index=True, width="stretch",
+                     and (c not in claims_report.VERDICTS or mine[c].any())]]  # the verdicts that some cell has
+        st.dataframe(mine.rename(columns=claims_report.HEADERS), hide_index=True, width="stretch",
                      column_config=CELL_COLUMNS)  # up to 20 rows:
         # st.table renders each cell as Markdown, 0.1–0.2 s more per change in chromium (docs/benchmarks.md run 12)
         for _, metric, compared in forest.panels(result, [claim]):
@@ -228,14 +253,8 @@ with verdicts:
             with st.container(height=min(440, tall + 24)):
                 st.markdown(drawn, unsafe_allow_html=True)  # its text is escaped inside
         with st.expander("Every cell of this claim"):
-            identity = all(intervals.is_identity(row["verdict"]) for row in its_rows)
-            same = ("predicted_sign", "low", "high", "n", "seeds_reversed") if identity else ()  # = mean, or n = 1
-            in_view = ("candidate", "metric", "verdict", "mean", "low", "high", "n", "seeds_reversed")  # the long
-            keys = dict.fromkeys((*in_view, *claims.CELL_KEYS[1:]))  # condition after them, past the scroll
-            shown = pd.DataFrame(its_rows)[[k for k in keys if k not in (*shared, *same)]]
-            st.dataframe(shown.rename(columns={**claims.HEADERS, **({"mean": claims.HEADERS["largest"]}
-                                                                     if identity else {})}),
-                         hide_index=True, width="stretch", column_config=CELL_COLUMNS)
+            shown = pd.DataFrame(claims_report.cell_table(its_rows, shared))
+            st.dataframe(shown, hide_index=True, width="stretch", column_config=CELL_COLUMNS)
     row = st.container(horizontal=True)
     row.download_button("Report (HTML)", lambda: claims_export.to_html(result), file_name="divviz_claims.html",
                         mime="text/html", icon=":material/download:", on_click="ignore", key="claims:html")

@@ -12,17 +12,18 @@ from divviz.safetext import literal
 
 st.title("Runs")
 root = store.runs_dir()
-st.write(f"Every run folder in {literal(str(root))} (set `DIVVIZ_RUNS_DIR` or `--runs-dir` to use another), "
-         "including runs started with `divviz train` in a terminal. Running ones update live. Everyone sees every "
-         "run; only the browser that started a run (or the teacher) can stop or delete it.")
 me = ui.viewer()
+st.write(f"Every run folder in {literal(str(root))} (set `DIVVIZ_RUNS_DIR` or `--runs-dir` to use another), "
+         "including runs started with `divviz train` in a terminal, then the published runs: the claims grids "
+         "divviz's own evidence was trained on (read-only, their owner says *published* and their grid; a run of "
+         "yours of the same cell is listed as yours). Running ones update live. " + ui.ownership_text(me))
 
 
 @st.fragment(run_every=2.0)
 def overview() -> None:
     """The table of runs, every 2 s: each run's status and last row only, a page of them at a time."""
     with ui.shown_errors():
-        runs = store.list_runs(root)
+        runs = run_views.every_run(root)
         if not runs:
             st.info("No runs yet. Start one in the Training lab, or run `divviz train` in a terminal.")
         else:
@@ -45,7 +46,8 @@ def charts(names: list[str], group: bool) -> None:
     """The chosen runs' curves (read incrementally: only what was appended since); a fragment that refreshes every
     2 s while one of them trains, and rests otherwise."""
     with ui.shown_errors():
-        picked = [store.read_run(root / name) for name in names]
+        every = {run.name: run.folder for run in run_views.every_run(root)}
+        picked = [store.read_run(every[name]) for name in names if name in every]
         data = [(f"{run_views.task_label(run.config)} · {run_views.run_label(run)}" if group else
                  run_views.run_label(run, unique=True), store.read_metrics(run.folder)) for run in picked]
         if any(rows for _, rows in data):
@@ -61,7 +63,7 @@ def charts(names: list[str], group: bool) -> None:
 
 
 with ui.shown_errors():
-    runs = store.list_runs(root)
+    runs = run_views.every_run(root)
     st.session_state["runs:seen"] = run_views.seen(runs)  # before the table: it compares against this
     overview()
     if runs:

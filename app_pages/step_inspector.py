@@ -64,7 +64,7 @@ def forget(*names: str) -> None:
 
 with ui.shown_errors():
     root = store.runs_dir()
-    every = store.list_runs(root)
+    every = run_views.every_run(root)  # the runs folder's, then the published runs'
     runs = [run for run in every if store.completion_steps(run.folder)]
     listed = {run.name for run in runs}
     metrics_only = [run.name for run in every if run.config.get("backend") == "import" and run.name not in listed]

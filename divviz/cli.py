@@ -191,15 +191,16 @@ def cmd_import(args) -> int:
 def cmd_claims(args) -> int:
     from tqdm import tqdm
 
-    from divviz.evidence import claims, claims_export
+    from divviz.evidence import claims, claims_export, claims_report, lm_evidence
 
     seeds = claims.QUICK_SEEDS if args.quick else claims.SEEDS
     if args.seeds is not None:
         seeds = claims.SEEDS_PARAM.check(args.seeds, "claims")
     if not args.lm and (args.lm_seeds or args.lm_steps or args.lm_pilot_extra or args.runs_dir
-                        or args.lm_model != "builtin" or args.lm_setting or args.no_wait or args.no_train):
+                        or args.lm_model != "builtin" or args.lm_setting or args.no_wait or args.no_train
+                        or args.no_published):
         raise DivvizInputError("--lm-seeds, --lm-steps, --lm-pilot-extra, --lm-model, --lm-setting, --no-wait, "
-                               "--no-train and --runs-dir are for the LM's cells: add --lm")
+                               "--no-train, --no-published and --runs-dir are for the LM's cells: add --lm")
     if args.batches is not None and not args.real:
         raise DivvizInputError("--batches is for the real model's cells: add --real")
     quiet = args.json and not sys.stderr.isatty()
@@ -214,7 +215,7 @@ def cmd_claims(args) -> int:
         bar.set_postfix_str(text)
         bar.update(round(100 * fraction) - bar.n)
 
-    report = claims.evaluate(seeds, progress=progress)
+    report = claims_report.evaluate(seeds, progress=progress)
     bar.close()
     if plan is not None:
         if args.no_wait or args.no_train:
@@ -222,7 +223,8 @@ def cmd_claims(args) -> int:
             print(f"divviz: {plan.name}: {plan.done} of {len(plan.runs)} runs finished; the report has their cells"
                   + (", and nothing was queued (--no-train)" if args.no_train else
                      ", and the pool goes on training the rest (run this again later)"), file=sys.stderr)
-        report = (plan if args.no_wait or args.no_train else _wait_for_lm_cells(plan, quiet)).report(report)
+        plan = plan if args.no_wait or args.no_train else _wait_for_lm_cells(plan, quiet)
+        report = lm_evidence.LMEvidence(plan).report(report)
     if args.real:
         report = _real_cells(args, quiet).report(report)
     if out:
@@ -275,14 +277,18 @@ def _lm_cells(args):
                                   else "no settings")
                                + f"; got {args.lm_setting!r}")
     setting = args.lm_setting or next(iter(settings), "")
-    seeds = claims_lm.SEEDS_PARAM.check(args.lm_seeds or claims_lm.SEEDS_PARAM.default, "claims")
+    declared_seeds, declared_pilot = (claims_lm.DECLARED.get(setting, (claims_lm.SEEDS_PARAM.default, 0))
+                                      if args.lm_model != "builtin" else (claims_lm.SEEDS_PARAM.default, 0))
+    seeds = claims_lm.SEEDS_PARAM.check(args.lm_seeds or declared_seeds, "claims")
     steps = claims_lm.STEPS_PARAM.check(args.lm_steps or claims_lm.default_steps(args.lm_model, setting), "claims")
-    extra = claims_lm.PILOT_EXTRA_PARAM.check(args.lm_pilot_extra or 0, "claims")
-    plan = claims_lm.LMPlan.read(runs_dir(args.runs_dir), seeds, steps, args.lm_model, setting, seeds + extra)
+    extra = claims_lm.PILOT_EXTRA_PARAM.check(args.lm_pilot_extra if args.lm_pilot_extra is not None
+                                              else max(0, declared_pilot - seeds), "claims")
+    plan = claims_lm.LMPlan.read(runs_dir(args.runs_dir), seeds, steps, args.lm_model, setting, seeds + extra,
+                                 with_published=not args.no_published)
     found = len(plan.runs) - len(plan.missing)
     queued = [] if args.no_train else plan.queue_missing()
-    print(f"divviz: {plan.name}: {found} of {len(plan.runs)} runs already in {plan.root}, {len(queued)} queued",
-          file=sys.stderr)
+    print(f"divviz: {plan.name}: {found} of {len(plan.runs)} runs found, {len(queued)} queued"
+          + (f"; {plan.provenance}" if plan.provenance else f" (runs folder {plan.root})"), file=sys.stderr)
     return plan.refreshed()
 
 
@@ -352,12 +358,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lm", action="store_true",
                    help="add the built-in LM's cells: runs queued to the runs folder's pool (about 5 minutes on 2 "
                         "cores at the defaults), and read from there the next time")
-    p.add_argument("--lm-seeds", default=None, help="runs per measure on the LM (2 to 64; default 8)")
+    p.add_argument("--lm-seeds", default=None, help="runs per measure on the LM (2 to 64; default 8, or the declared "
+                                                    "grid's 4 for smollm2-135m)")
     p.add_argument("--lm-steps", default=None,
                    help="GRPO steps per LM run (2 to 1000; default 60, or the SmolLM2 setting's 30)")
     p.add_argument("--lm-pilot-extra", default=None,
                    help="seeds the pilot pair, PPO ε = 0.2 and KL3 δ = 0.05, trains beyond --lm-seeds (0 to 56; "
-                        "default 0): the headline's comparison at more seeds than the other measures'")
+                        "default 0, or the declared grid's: 4 at learn, 8 at stress): the headline's comparison at "
+                        "more seeds than the other measures'")
     p.add_argument("--lm-model", default="builtin",
                    help="the model of the LM cells: builtin (default) or smollm2-135m (its own task, held-out set and "
                         "settings; about 13 minutes per run on 2 cores, so a grid takes hours: it resumes)")
@@ -369,6 +377,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --lm: report the runs already in the runs folder and queue nothing (e.g. a grid trained "
                         "on another machine and copied here)")
     p.add_argument("--runs-dir", help="runs folder for --lm (default: $DIVVIZ_RUNS_DIR, else ./runs)")
+    p.add_argument("--no-published", action="store_true",
+                   help="with --lm: read only the runs folder, not the published runs (published/, which hold "
+                        "SmolLM2's grids: a cell the runs folder has not finished is read from there by default)")
     p.add_argument("--real", action="store_true",
                    help="add SmolLM2-135M's cells: one update per rollout batch under each measure, from the same "
                         "weights (about 55 s a batch on 2 cores), cached: a second call trains nothing")

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from divviz.evidence import claims, claims_export, forest, intervals
+from divviz.evidence import claims, claims_export, claims_report, forest, intervals, significance
 from divviz.bandit.grpo import run_bandit
 from divviz.bandit.setting import BanditConfig
 from divviz.cli import main
@@ -24,7 +24,7 @@ SMALL_GRID = (claims.Condition("likely", 50, "sgd"), claims.Condition("random", 
 
 @pytest.fixture(scope="module")
 def report():
-    return claims.evaluate(seeds=4, grid=SMALL_GRID)
+    return claims_report.evaluate(seeds=4, grid=SMALL_GRID)
 
 
 def test_identities_are_exact(report):
@@ -33,7 +33,8 @@ def test_identities_are_exact(report):
         assert len(rows) >= 20 and all(r["verdict"] == intervals.EXACT for r in rows), key
 
 
-def test_every_verdict_follows_from_its_interval(report):
+def test_every_verdict_follows_from_its_interval_and_its_tests(report):
+    """At 4 seeds no sign-flip p can go below 0.125: nothing holds or reverses, whatever the t interval says."""
     compared = [r for r in report.rows if r["predicted_sign"]]
     per_condition = {kind: sum(len(c.comparisons) for c in claims.CLAIMS if c.reward == kind) * 2  # early, late
                      for kind in ("task", "random")}
@@ -41,8 +42,12 @@ def test_every_verdict_follows_from_its_interval(report):
     for r in compared:
         low = np.nan if r["low"] is None else r["low"]
         high = np.nan if r["high"] is None else r["high"]
-        assert r["verdict"] == intervals.verdict(low, high, +1 if r["predicted_sign"] == "+" else -1)
+        sign = +1 if r["predicted_sign"] == "+" else -1
+        assert r["verdict"] == significance.verdict(low, high, r["p"], r["mean"], r["median"], sign)
+        assert r["p"] == significance.sign_flip_p(r["differences"]) and r["p"] >= 0.125
+        assert r["verdict"] not in (intervals.HOLDS, intervals.REVERSED)
         assert r["n"] == 4 and 0 <= r["seeds_reversed"] <= 4
+        assert r["differences"] == pytest.approx(np.subtract(r["candidate_values"], r["baseline_values"]).tolist())
 
 
 def test_a_cell_equals_the_runs_computed_alone(report):
@@ -61,7 +66,7 @@ def test_an_identical_cell_is_two_equal_runs_on_every_seed():
     """One rare correct action, K = 50, SGD, early: where KL3's box and PPO's never bind differently, the two runs
     are the same run — "identical", not "not resolved"."""
     rare = claims.Condition("rare", 50, "sgd")
-    same = next(r for r in claims.evaluate(seeds=4, grid=(rare,)).rows
+    same = next(r for r in claims_report.evaluate(seeds=4, grid=(rare,)).rows
                 if r["verdict"] == intervals.IDENTICAL and r["claim_key"] == "kl3_entropy"
                 and "early" in r["condition"])
     cfg = rare.config(claims.EARLY).to_dict()
@@ -104,7 +109,8 @@ def test_cli_json_and_self_contained_html(capsys, tmp_path):
     assert main(["claims", "--seeds", "3", "--json", "--out", str(out)]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert {"claim", "condition", "metric", "mean", "low", "high", "n", "verdict"} <= set(rows[0])
-    assert {r["verdict"] for r in rows} <= {"holds", "reversed", "not resolved", "identical", "exact"}
+    assert {r["verdict"] for r in rows} <= {"holds", "reversed", "not resolved", "identical", "exact",
+                                            "mean and median disagree"}
     page = out.read_text()
     assert page.startswith("<!doctype html>") and "exact" in page
     assert not re.search(r"<script|<link|src=|href=|@import|url\(", page)  # nothing fetched from anywhere
@@ -151,9 +157,10 @@ def test_a_few_wide_intervals_do_not_squeeze_the_forest_plot():
     """Nineteen narrow cells and one seed far out: the axis is set by the many (its ends run past with an arrowhead),
     every mean stays on it, and a one-seed cell is drawn hollow."""
     cell = {"candidate": "KL3", "baseline": "PPO", "setting": "bandit", "predicted_sign": "+", "n": 4,
-            "seeds_reversed": 0, "verdict": intervals.HOLDS}
+            "seeds_reversed": 0, "verdict": intervals.HOLDS, "verdict_adjusted": intervals.HOLDS, "p": None}
     cells = [{**cell, "condition": f"c{i}", "mean": 0.03, "low": 0.01, "high": 0.05} for i in range(19)]
-    wide = {**cell, "condition": "far", "mean": 0.2, "low": -3.0, "high": 3.4, "verdict": intervals.NOT_RESOLVED}
+    wide = {**cell, "condition": "far", "mean": 0.2, "low": -3.0, "high": 3.4, "verdict": intervals.NOT_RESOLVED,
+            "verdict_adjusted": intervals.NOT_RESOLVED}
     one = {**cell, "condition": "one seed", "mean": 0.02, "low": None, "high": None, "n": 1}
     assert forest.axis_reach(cells + [wide]) == 0.2 == forest.axis_reach(cells + [wide, one])  # its mean, not its ends
     drawn = forest.svg(cells + [wide, one], "t")
@@ -181,10 +188,10 @@ def test_claims_page_renders(tmp_path, monkeypatch):
     assert headers == ["Every claim at a glance", literal(claims.CLAIMS[0].text), "On a language model, over training",
                        "On a real model, one update at a time", "Not testable here"]
     at.slider[0].set_value(3).run()
-    report = claims.evaluate(3)
+    report = claims_report.evaluate(3)
     overview = at.table[0].value  # every claim, its cells and each verdict's count, static: nothing cut
     assert list(overview.claim) == [literal(c.text) for c in claims.CLAIMS] and overview.cells.sum() == len(report.rows)
-    assert (overview[[v for v in claims.VERDICTS if v in overview]].sum(axis=1) == overview.cells).all()
+    assert (overview[[v for v in claims_report.VERDICTS if v in overview]].sum(axis=1) == overview.cells).all()
     untested = [literal(c.text) for c in claims.CLAIMS  # tested on a language model only (none trained here)
                 if not (c.comparisons or c.real_comparisons or c.identity)]
     assert untested and (overview.set_index("claim").loc[untested].settings.str.startswith("no cell yet")).all()
@@ -196,10 +203,12 @@ def test_claims_page_renders(tmp_path, monkeypatch):
             row["claim_key"] == claim.key for row in report.rows)
         assert at.query_params.get("claim") == (None if claim == claims.CLAIMS[0] else claim.key)  # in the link
         assert not {"seeds_reversed", "predicted_sign", "claim"} & (set(summary) | set(cells))  # read as headers
-        outcome = ["verdict", "mean" if claim.comparisons else "largest |difference|"]  # in view: before the long
-        assert list(cells)[list(cells).index("verdict"):][:2] == outcome and "condition" not in list(cells)[:3]  # text
+        outcome = (["verdict (Holm)", "verdict (raw)", "mean"] if claim.comparisons
+                   else ["verdict (raw)", "largest |difference|"])  # in view: before the long text
+        assert list(cells)[list(cells).index(outcome[0]):][:len(outcome)] == outcome
+        assert list(cells).index("condition") > list(cells).index(outcome[-1])
         assert ("largest |difference|" in summary) == (claim == claims.CLAIMS[0])  # an identity's closeness
-        shared = claims.in_common([r for r in report.rows if r["claim_key"] == claim.key], ("baseline", "setting"))
+        shared = claims_report.in_common([r for r in report.rows if r["claim_key"] == claim.key], ("baseline", "setting"))
         assert shared and not set(shared) & set(cells)  # said once above the table, not in every row
         assert any(literal(f"baseline {shared['baseline']}") in c.value for c in at.caption)
         for metric in {c.metric for c in claim.comparisons}:  # each metric's meaning, in words

@@ -2,6 +2,8 @@
 back as the cache — paired by seed and prompts, read from the runs' own records, resumed, reported without training,
 on the Claims page and the Runs page; SmolLM2's settings."""
 
+import gzip
+import hashlib
 import json
 import shutil
 import time
@@ -10,9 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from divviz.evidence import claims, claims_export, claims_lm, forest, intervals
+from divviz.evidence import claims, claims_export, claims_lm, claims_report, forest, intervals, lm_evidence
+from divviz.evidence.lm_evidence import LMEvidence
 from divviz.cli import main
-from divviz.engine import runner, store
+from divviz.engine import published, runner, store
 from divviz.engine.pool import max_runs
 from divviz.engine.store import read_status, write_status
 from divviz.catalogue.params import DivvizInputError
@@ -40,8 +43,8 @@ def lm_plan(tmp_path_factory):
 
 
 def test_lm_cells_equal_their_runs_metrics(lm_plan):
-    rows = lm_plan.rows()
-    assert len(rows) == sum(len(claims_lm.readings(c.metric, LM_STEPS)) for claim in claims.CLAIMS
+    rows = LMEvidence(lm_plan).rows()
+    assert len(rows) == sum(len(lm_evidence.readings(c.metric, LM_STEPS)) for claim in claims.CLAIMS
                             for c in claim.lm_comparisons)
     assert {r["setting"] for r in rows} == {claims.LM}
     row = next(r for r in rows if r["claim_key"] == "kl3_entropy" and r["candidate"] == claims.KL3_WIDE
@@ -61,13 +64,15 @@ def test_lm_cells_equal_their_runs_metrics(lm_plan):
                         [entropy(claims.PPO, s) for s in range(LM_SEEDS)])
     assert (row["mean"], row["low"], row["high"], row["n"]) == pytest.approx((d.mean, d.low, d.high, LM_SEEDS))
     assert row["verdict"] == intervals.verdict(d.low, d.high, +1)
-    lm_report = lm_plan.report(claims.evaluate(seeds=2, grid=SMALL_GRID[:1]))
+    lm_report = LMEvidence(lm_plan).report(claims_report.evaluate(seeds=2, grid=SMALL_GRID[:1]))
     assert "built-in LM" in lm_report.scope and any(s["setting"] == claims.LM for s in lm_report.summary())
     assert len(lm_report.lm_details) == len(claims_lm.measures()) - 2 + 1  # a collapse line per measure, the pilot
     assert all(line in claims_export.to_text(lm_report) for line in lm_report.lm_details)
-    assert f"  {claims_export.cell_text(row)}" in claims_export.to_text(lm_report).splitlines()  # each cell's numbers in the text
-    assert claims_export.cell_text(row).endswith(f"n = {LM_SEEDS}, {row['seeds_reversed']} of {LM_SEEDS} seeds reversed: "
-                                          f"{row['verdict']}")
+    reported = next(r for r in lm_report.rows if (r["condition"], r["candidate"], r["metric"]) ==
+                    (row["condition"], row["candidate"], row["metric"]))
+    assert f"  {claims_export.cell_text(reported)}" in claims_export.to_text(lm_report).splitlines()  # its numbers
+    assert f"n = {LM_SEEDS}, {row['seeds_reversed']} of {LM_SEEDS} seeds reversed, sign-flip p " in \
+        claims_export.cell_text(reported) and claims_export.cell_text(reported).endswith(row["verdict"])
     assert "<h2>Over training</h2>" in claims_export.to_html(lm_report) and "Pilot (" in claims_export.to_html(lm_report)
 
 
@@ -96,7 +101,7 @@ def test_over_training_cells_pair_runs_that_share_seed_and_prompts_and_read_held
         lines = (lm_plan.runs[(measure, "task", seed)].folder / "metrics.jsonl").read_text().splitlines()
         return json.loads(lines[-1])[metric]
 
-    rows = [r for r in lm_plan.rows() if r["claim_key"] == "kl3_training" and r["candidate"] == claims.KL3_WIDE]
+    rows = [r for r in LMEvidence(lm_plan).rows() if r["claim_key"] == "kl3_training" and r["candidate"] == claims.KL3_WIDE]
     for reading, index in (("end", 0), ("over the run", 1)):
         cell = next(r for r in rows if r["metric"] == "eval/accuracy" and f"· {reading} (" in r["condition"])
         d = intervals.paired([held_out(claims.KL3_WIDE, s)[index] for s in range(LM_SEEDS)],
@@ -116,7 +121,7 @@ def test_over_training_cells_pair_runs_that_share_seed_and_prompts_and_read_held
 
 
 def test_collapses_and_learning_curves_over_seeds(lm_plan):
-    table = {row["measure"]: row for row in lm_plan.collapses()}
+    table = {row["measure"]: row for row in LMEvidence(lm_plan).collapses()}
     assert set(table) == {m for m, r in claims_lm.measures() if r == "task"}
     for measure, row in table.items():
         flags = [store.last_metrics(lm_plan.runs[(measure, "task", s)].folder)["stability/collapsed"]
@@ -126,23 +131,23 @@ def test_collapses_and_learning_curves_over_seeds(lm_plan):
                         for s in range(LM_SEEDS)]  # the reward curve's spread over seeds, by hand
         assert (row["reward_n"], row["reward_sd"]) == (LM_SEEDS, pytest.approx(np.std(mean_rewards, ddof=1)))
     row = table[claims.PPO]
-    assert claims_lm.collapse_table([row])[0][claims_lm.SPREAD] == (
+    assert lm_evidence.collapse_table([row])[0][lm_evidence.SPREAD] == (
         f"{row['reward_sd']:.3f} [{row['reward_sd_low']:.3f}, {row['reward_sd_high']:.3f}], n = {LM_SEEDS}")
-    curves = lm_plan.curves("eval/accuracy")
+    curves = LMEvidence(lm_plan).curves("eval/accuracy")
     ppo = curves[claims.PPO]
     assert ppo["steps"] == [0, 1, 2, 3] and ppo["n"] == LM_SEEDS
     firsts = [store.read_evals(lm_plan.runs[(claims.PPO, "task", s)].folder)[0]["eval/accuracy"] for s in range(LM_SEEDS)]
     assert ppo["mean"][0] == pytest.approx(np.mean(firsts)) and ppo["low"][0] == pytest.approx(min(firsts))
-    assert len(lm_plan.curves("reward")[claims.PPO]["steps"]) == LM_STEPS
+    assert len(LMEvidence(lm_plan).curves("reward")[claims.PPO]["steps"]) == LM_STEPS
 
     finals = {m: np.array([store.read_evals(lm_plan.runs[(m, "task", s)].folder)[-1]["eval/accuracy"]
                            for s in range(LM_SEEDS)]) for m in claims_lm.PILOT}
-    pilot = lm_plan.pilot()
+    pilot = LMEvidence(lm_plan).pilot()
     diff = finals[claims.KL3_WIDE] - finals[claims.PPO]
     assert (pilot["n"], pilot["difference_sd"]) == (LM_SEEDS, pytest.approx(diff.std(ddof=1)))
     d = intervals.paired(finals[claims.KL3_WIDE], finals[claims.PPO])  # the half-width S seeds resolve, at n = S,
-    assert lm_plan.pilot(sizes=(LM_SEEDS,))["resolvable"][LM_SEEDS] == pytest.approx((d.high - d.low) / 2)  # is
-    assert "resolve a mean difference of" in claims_lm.pilot_text(pilot)  # the interval's own half-width
+    assert LMEvidence(lm_plan).pilot(sizes=(LM_SEEDS,))["resolvable"][LM_SEEDS] == pytest.approx((d.high - d.low) / 2)  # is
+    assert "resolve a mean difference of" in lm_evidence.pilot_text(pilot)  # the interval's own half-width
 
 
 def test_the_pilot_pair_can_have_more_seeds_than_the_other_measures(lm_plan, capsys):
@@ -156,28 +161,28 @@ def test_the_pilot_pair_can_have_more_seeds_than_the_other_measures(lm_plan, cap
     assert "with 2 seeds per measure (3 for the pilot pair, " in plan.text
     pair = {claims.START, claims.ZERO, *claims_lm.PILOT}
     by_cell = {seeds: {(r["claim_key"], r["candidate"], r["baseline"], r["condition"], r["metric"]): r for r in rows}
-               for seeds, rows in ((2, two.rows()), (3, lm_plan.rows()))}
-    rows = plan.rows()
+               for seeds, rows in ((2, LMEvidence(two).rows()), (3, LMEvidence(lm_plan).rows()))}
+    rows = LMEvidence(plan).rows()
     assert len(rows) == len(by_cell[2]) and any(r["n"] == 3 for r in rows) and any(r["n"] == 2 for r in rows)
     for row in rows:
         seeds = 3 if {row["candidate"], row["baseline"]} <= pair and "random rewards" not in row["condition"] else 2
         same = by_cell[seeds][(row["claim_key"], row["candidate"], row["baseline"], row["condition"], row["metric"])]
         assert row["n"] == seeds and (row["mean"], row["low"], row["high"]) == pytest.approx(
             (same["mean"], same["low"], same["high"]), nan_ok=True)
-    table = {row["measure"]: row["n"] for row in plan.collapses()}
+    table = {row["measure"]: row["n"] for row in LMEvidence(plan).collapses()}
     assert table[claims.PPO] == table[claims.KL3_WIDE] == 3 and table[claims.DAPO] == 2
-    assert plan.pilot()["n"] == 3 and plan.curves("eval/accuracy")[claims.PPO]["n"] == 3
-    assert "Pilot (PPO ε=0.2 and KL3 δ=0.05 (wide), 3 seeds):" in claims_lm.pilot_text(plan.pilot())
+    assert LMEvidence(plan).pilot()["n"] == 3 and LMEvidence(plan).curves("eval/accuracy")[claims.PPO]["n"] == 3
+    assert "Pilot (PPO ε=0.2 and KL3 δ=0.05 (wide), 3 seeds):" in lm_evidence.pilot_text(LMEvidence(plan).pilot())
     more = claims_lm.LMPlan.read(lm_plan.root, 3, LM_STEPS, pilot_seeds=4)  # the pair's next seed is queued first
     assert more.missing == [(claims.PPO, "task", 3), (claims.KL3_WIDE, "task", 3)]
-    assert ", 3 seeds of its 4 done):" in claims_lm.pilot_text(more.pilot())
+    assert ", 3 seeds of its 4 done):" in lm_evidence.pilot_text(LMEvidence(more).pilot())
     assert claims_lm.LMPlan.read(lm_plan.root, 3, LM_STEPS, pilot_seeds=2).pilot_seeds == 3  # never below the rest
 
     argv = ["claims", "--seeds", "2", "--lm", "--lm-seeds", "2", "--lm-pilot-extra", "1", "--lm-steps", str(LM_STEPS),
             "--runs-dir", str(lm_plan.root), "--no-train", "--json"]
     assert main(argv) == 0
     out = capsys.readouterr()
-    assert f"{len(plan.runs)} of {len(plan.runs)} runs already" in out.err
+    assert f"{len(plan.runs)} of {len(plan.runs)} runs found" in out.err
     assert sorted(r["n"] for r in json.loads(out.out) if r["setting"] == claims.LM) == sorted(r["n"] for r in rows)
     assert main([*argv[:7], "57", *argv[8:]]) == 2 and "lm_pilot_extra" in capsys.readouterr().err
 
@@ -189,8 +194,8 @@ def test_finished_runs_are_read_not_trained_again(lm_plan, capsys):
             "--runs-dir", str(lm_plan.root), "--json"]
     assert main(argv) == 0
     out = capsys.readouterr()
-    assert f"{len(lm_plan.runs)} of {len(lm_plan.runs)} runs already" in out.err and "0 queued" in out.err
-    assert sum(r["setting"] == claims.LM for r in json.loads(out.out)) == len(lm_plan.rows())
+    assert f"{len(lm_plan.runs)} of {len(lm_plan.runs)} runs found, 0 queued" in out.err
+    assert sum(r["setting"] == claims.LM for r in json.loads(out.out)) == len(LMEvidence(lm_plan).rows())
     assert sorted(p.name for p in lm_plan.root.iterdir()) == folders
 
 
@@ -206,7 +211,7 @@ def test_a_stopped_run_is_queued_again_and_a_failed_one_drops_out(lm_plan, tmp_p
     write_status(failed, {**read_status(failed), "state": "failed", "message": "metric 'loss' became nan"})
     plan = plan.refreshed()
     assert plan.finished and plan.failed == [f"{claims.PPO} · seed 0: metric 'loss' became nan"]
-    assert {r["n"] for r in plan.rows() if "random rewards" not in r["condition"]} == {LM_SEEDS - 1}  # every
+    assert {r["n"] for r in LMEvidence(plan).rows() if "random rewards" not in r["condition"]} == {LM_SEEDS - 1}  # every
     # comparison with the task's rewards is against PPO; PPO's runs with random rewards are other runs
     write_status(stopped, {**read_status(stopped), "state": "stopped"})
     plan = plan.refreshed()
@@ -295,6 +300,8 @@ def test_claims_page_trains_and_then_includes_the_lm_cells(tmp_path, monkeypatch
     at = AppTest.from_file(str(Path(__file__).resolve().parents[1] / "app.py"), default_timeout=300)
     at.run()
     at.switch_page("app_pages/claims.py").run()
+    at.selectbox(key="claims:lm_model").set_value("builtin").run()  # the page opens on SmolLM2's published grid
+    assert at.slider(key="claims:lm_seeds").value == claims_lm.SEEDS_PARAM.default  # the built-in LM's default
     at.slider(key="claims:seeds").set_value(2)
     at.slider(key="claims:lm_seeds").set_value(2)
     at.number_input(key="claims:lm_steps").set_value(LM_STEPS).run()
@@ -312,7 +319,7 @@ def test_claims_page_trains_and_then_includes_the_lm_cells(tmp_path, monkeypatch
         cells = next(d.value for d in at.dataframe if "condition" in d.value.columns)
         on_lm += ((cells.setting == claims.LM).sum() if "setting" in cells else  # else said once, above the table
                   len(cells) * any(literal(f"setting {claims.LM}") in c.value for c in at.caption))
-    assert not at.exception and on_lm == len(plan.rows())
+    assert not at.exception and on_lm == len(LMEvidence(plan).rows())
     collapses = next(d.value for d in at.dataframe if "steps of collapse" in d.value.columns)
     assert len(collapses) == len(claims_lm.measures()) - 2 and set(collapses.collapsed.str[-4:]) == {"of 2"}
     curves = [c for c in at.get("plotly_chart") if "Learning curves" in c.proto.spec]
@@ -378,9 +385,85 @@ def test_a_comparison_without_data_says_so_and_is_not_drawn(report, tmp_path):
     """Before any run of a pair is done its cells are "no data" (n = 0), not "not resolved" — nothing was tested —
     and they are in the tables but not in the forest plots."""
     plan = claims_lm.LMPlan.read(tmp_path, 2, LM_STEPS)  # nothing trained yet
-    assert plan.rows() and {(r["n"], r["verdict"]) for r in plan.rows()} == {(0, intervals.NO_DATA)}
-    both = plan.report(report)
+    assert LMEvidence(plan).rows() and {(r["n"], r["verdict"]) for r in LMEvidence(plan).rows()} == {(0, intervals.NO_DATA)}
+    both = LMEvidence(plan).report(report)
     assert not any(cell["setting"] == claims.LM for _, _, cells in forest.panels(both) for cell in cells)
     lm_lines = [line for line in claims_export.to_text(both).splitlines() if line.startswith(f"  [{claims.LM}]")]
     assert lm_lines and all(line.endswith("no data of " + line.split(" no data of ")[-1]) for line in lm_lines)
     assert "not resolved" not in " ".join(lm_lines)
+
+
+TRAINED_BY = {"model": "builtin", "setting": "", "device": "cpu", "precision": "float32", "torch": "t",
+              "transformers": "x", "python": "3", "commit": "abc1234", "seeds": LM_SEEDS, "pilot_seeds": LM_SEEDS}
+
+
+@pytest.fixture
+def published_grid(lm_plan, tmp_path, monkeypatch):
+    """The fixture's grid published (`engine/published.py`) into a folder of its own, read as divviz reads
+    published/ (its unpacked copy in a cache of this test's)."""
+    where = tmp_path / "published"
+    for (measure, reward, seed), run in lm_plan.runs.items():
+        published.publish(run.folder, where / "builtin-grid", {"measure": measure, "reward": reward, "seed": seed},
+                          TRAINED_BY)
+    monkeypatch.setenv("DIVVIZ_PUBLISHED", str(where))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return where / "builtin-grid"
+
+
+def test_published_runs_hold_every_cell_a_runs_folder_lacks(lm_plan, published_grid, tmp_path):
+    empty = tmp_path / "mine"
+    plan = claims_lm.LMPlan.read(empty, LM_SEEDS, LM_STEPS)
+    assert plan.finished and not plan.missing and all(plan.is_published(run) for run in plan.runs.values())
+    assert "0 are your own" in plan.provenance and "builtin-grid" in plan.provenance and "commit abc1234" in plan.provenance
+    keys = ("condition", "candidate", "metric", "mean", "low", "high", "n", "p", "verdict")
+    assert ([{k: r[k] for k in keys} for r in LMEvidence(plan).rows()]
+            == [{k: r[k] for k in keys} for r in LMEvidence(lm_plan).rows()])  # the same cells as the runs trained
+    alone = claims_lm.LMPlan.read(empty, LM_SEEDS, LM_STEPS, with_published=False)
+    assert not alone.done and alone.provenance == ""
+    mine = lm_plan.runs[(claims.PPO, "task", 0)]  # a run of the user's own of a published cell: it holds the cell
+    shutil.copytree(mine.folder, empty / mine.name)
+    plan = claims_lm.LMPlan.read(empty, LM_SEEDS, LM_STEPS)
+    assert not plan.is_published(plan.runs[(claims.PPO, "task", 0)]) and "1 are your own" in plan.provenance
+
+
+def test_a_published_run_is_compact_and_read_with_gzip_and_json_alone(lm_plan, published_grid):
+    manifest = json.loads((published_grid / "manifest.json").read_text())
+    run = lm_plan.runs[(claims.KL3_WIDE, "task", 1)]
+    entry = manifest["runs"][run.name]
+    assert (entry["measure"], entry["seed"], entry["state"], manifest["commit"]) == (claims.KL3_WIDE, 1, "done",
+                                                                                    "abc1234")
+    folder = published_grid / run.name
+    assert not (folder / "metrics.jsonl").exists() and not (folder / "resume.pt").exists()
+    rows = [json.loads(line) for line in gzip.decompress((folder / "metrics.jsonl.gz").read_bytes()).splitlines()]
+    assert rows == [json.loads(line) for line in (run.folder / "metrics.jsonl").read_text().splitlines()]
+    assert sorted(p.name for p in (folder / "tokens").iterdir()) == [f"step_{s:06d}.npz"
+                                                                    for s in published.kept_steps(LM_STEPS)]
+    for name, digest in entry["sha256"].items():
+        assert hashlib.sha256((folder / name).read_bytes()).hexdigest() == digest
+    with pytest.raises(ValueError, match="not trained as"):  # one grid, one way of training
+        published.publish(run.folder, published_grid, {"measure": "x", "reward": "task", "seed": 0},
+                          {**TRAINED_BY, "commit": "other"})
+
+
+def test_a_broken_manifest_hides_its_grid_and_nothing_else(published_grid, tmp_path):
+    (published_grid.parent / "broken").mkdir()
+    (published_grid.parent / "broken" / "manifest.json").write_text("{not json")
+    (published_grid.parent / "odd").mkdir()
+    (published_grid.parent / "odd" / "manifest.json").write_text(json.dumps({"runs": {"../../escape": {}}}))
+    assert list(published.manifests()) == ["builtin-grid"]
+    assert len(store.list_runs(published.folder())) == len(json.loads((published_grid / "manifest.json").read_text())
+                                                            ["runs"])
+
+
+def test_the_runs_page_and_the_step_inspector_list_published_runs_read_only(lm_plan, published_grid, tmp_path,
+                                                                            monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("DIVVIZ_RUNS_DIR", str(tmp_path / "mine"))
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[1] / "app_pages" / "runs.py"), default_timeout=120)
+    at.run()
+    assert not at.exception
+    table = at.dataframe[0].value
+    assert len(table) == len(lm_plan.runs) and set(table.owner) == {"published: builtin-grid"}
+    assert at.selectbox(key="runs:delete").options == []  # nothing published can be stopped or deleted
+    assert "one user" in at.markdown[0].value  # a local app: any browser manages any run, and says so

@@ -238,7 +238,7 @@ def test_the_paired_iteration_and_the_claims_settings_are_in_the_link():
                                            "lm_pilot_extra": "4", "claim": "kl3_training"})
     assert not at.exception and at.slider[0].value == 4 and at.selectbox(key="claims:claim").value == "kl3_training"
     assert at.selectbox(key="claims:lm_model").value == "smollm2-135m"
-    assert at.number_input(key="claims:lm_steps_of:smollm2-135m:learn").value == 30
+    assert at.number_input(key="claims:lm_steps_of:smollm2-135m:stress").value == 30  # the page opens at stress
     assert at.number_input(key="claims:lm_pilot_extra").value == 4
     assert at.selectbox(key="claims:lm_setting").options == ["learn", "stress"]  # not "look only": no evaluations
 

@@ -425,3 +425,12 @@ def viewer() -> Viewer:
             _TEACHERS.add(who)
         del st.query_params["teacher"]
     return Viewer(who, teacher=not room_mode() or who in _TEACHERS)
+
+
+def ownership_text(me: Viewer) -> str:
+    """Who may stop or delete a run, said for the mode the app is in (`room_mode`)."""
+    if not room_mode():
+        return ("This app is served to this machine only, so it has one user: any of its browsers can stop or "
+                "delete any run.")
+    return ("In this workshop room only the browser that started a run, or the teacher, can stop or delete it"
+            + (" (this browser is the teacher's)." if me.teacher else "."))

@@ -1,9 +1,7 @@
-"""The seed papers' claims that divviz can test, tested: each on a pre-declared grid of conditions, with a verdict
-computed from a paired 95% interval (or, for an identity, from the largest difference found).
-
-A claim names its source and provenance (theory.md's tags), the metric that stands for its words, the measures it
-compares and the sign it predicts. Nothing here is tuned to a result: the grid below is fixed before running, every
-cell is reported, and `intervals.verdict` says holds / reversed / not resolved / identical from the numbers alone.
+"""The seed papers' claims that divviz can test, as declared before running: each claim's source and provenance
+(docs/theory.md's tags), the metric that stands for its words, the measures it compares, the sign it predicts and,
+where a paper reports one, the size of the gain; the bandit grid its comparisons run on. Nothing here is tuned to a
+result: the grid is fixed before running and every cell is reported (`claims_report.py` computes the cells and verdicts).
 
 Bandit grid (`divviz.bandit.grpo`, exact distributions, the same seeds for every measure):
     correct actions likely (the top 3 of π_0) / rare (one, at rank K/5) / random (10%, drawn per seed)
@@ -12,24 +10,20 @@ Measures: PPO ε = 0.2; KL3 with δ through PPO's lower edge (0.0231), through i
 (0.05); the one-edge ablations of the wide δ, [l_δ, 1.2] and [0.8, u_δ], which tell KL3's shape from a wider box;
 DAPO (0.2, 0.28); PPO with 0.1·ProbL2 and with 0.1·k3 toward π_0.
 
-Built-in LM (`divviz.evidence.claims_lm`, optional: it trains runs): the comparisons a claim lists in `lm_comparisons`.
-The report as text and HTML: `divviz.evidence.claims_export`.
+Over training on a language model (`divviz.evidence.claims_lm`, optional: it trains runs): the comparisons a claim
+lists in `lm_comparisons`. One update of SmolLM2 (`claims_real`): `real_comparisons`. The report: `claims_report.py`; as text
+and HTML: `claims_export.py`.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 from divviz import explore
-
 from divviz.catalogue import theory
-
-from divviz.evidence import intervals
-from divviz.bandit.grpo import run_bandits
 from divviz.bandit.setting import DEFAULT_LR, BanditConfig
 from divviz.catalogue.divergences import clip_test
 from divviz.losses import Objective, policy_loss
@@ -68,12 +62,31 @@ OBJECTIVES = _objectives()
 PPO, DAPO, PROBL2, K3 = "PPO ε=0.2", "DAPO clip-higher (0.2, 0.28)", f"PPO + {BETA:g}·ProbL2", f"PPO + {BETA:g}·k3"
 KL3_AND_ABLATIONS = [name for name in OBJECTIVES if name.startswith(("KL3", "box"))]
 KL3_HIGH_EDGE, KL3_WIDE, BOX_LOW_ONLY, BOX_HIGH_ONLY = KL3_AND_ABLATIONS[1:5]
+WIDER_THAN_PPO = (KL3_WIDE, BOX_LOW_ONLY, BOX_HIGH_ONLY, DAPO)  # boxes that contain PPO's [0.8, 1.2]
 # Over a training run (`claims_lm`): held-out accuracy is read at the end and as its mean over the run, the stability
 # metrics once for the whole run (`engine/stability.py`); lower is more stable.
 HELD_OUT = ("eval/accuracy", "eval/accuracy_greedy")
 WHOLE_RUN = ("stability/collapsed", "stability/max_kl", "stability/max_clip")
 BINARY = ("stability/collapsed",)  # 0/1 per run: paired by `intervals.paired_binary`, whose interval stays in [−1, 1]
 TRAINING = ((HELD_OUT[0], +1), (HELD_OUT[1], +1), *((metric, -1) for metric in WHOLE_RUN))
+
+
+@dataclass(frozen=True)
+class Effect:
+    """The effect a comparison is sized for: a gain of `size` in its metric, and where the size comes from."""
+
+    size: float
+    source: str
+
+
+# The smallest effect of interest, declared with the power analysis before the stress pair's seeds 4–11 ran: 5 points of held-out accuracy (6 of the 128 problems),
+# the scale of the gain the papers report; a claim whose paper reports a gain in this unit is sized for that instead.
+SMALLEST_EFFECT = {metric: Effect(0.05, "declared: the smallest gain of interest, 5 points") for metric in HELD_OUT}
+PROBL2_EFFECT = Effect(0.055, "GBMPO's +5.5 points (ProbL2-GRPO over Dr. GRPO on GSM8K)")  # the one gain reported
+# Readings that a wider box lowers whatever the measure's shape (KL3 δ = 0.05's box [0.716, 1.350], its one-edge
+# boxes and DAPO's contain PPO's [0.8, 1.2]): labelled, and not counted as evidence of stability.
+BY_CONSTRUCTION = {(name, "stability/max_clip"): "lower by construction: the candidate's box contains PPO's, so "
+                                                  "fewer tokens reach its edges" for name in WIDER_THAN_PPO}
 
 
 @dataclass(frozen=True)
@@ -98,6 +111,17 @@ class Claim:
     reward: str = "task"  # "random": tested under the random-reward control (`RANDOM_GRID`, the LM's --reward random)
     real_operational: str = ""  # on SmolLM2-135M, one update per batch (`divviz.evidence.claims_real`)
     real_comparisons: tuple[Comparison, ...] = ()
+    effect: Effect | None = None  # the gain the paper reports in a metric of `lm_comparisons`, if it reports one
+    no_effect: str = ""  # why a claim tested over training has no `effect` (its paper reports none in this unit)
+
+
+def effect_of(claim: Claim, c: Comparison) -> Effect | None:
+    """The effect a comparison is sized for (its power, the gain it can rule out): the paper's where it reports one
+    in the metric's unit, else the declared smallest effect of interest (`SMALLEST_EFFECT`); None for the metrics
+    with neither."""
+    if c.metric not in SMALLEST_EFFECT:
+        return None
+    return claim.effect or SMALLEST_EFFECT[c.metric]
 
 
 def _kl3_identity_cells() -> list[dict]:
@@ -156,7 +180,8 @@ CLAIMS = (
                          "two one-edge boxes of δ = 0.05 (its shape against its width) minus PPO",
           lm_comparisons=tuple(Comparison(name, PPO, metric, sign)
                                for name in (KL3_HIGH_EDGE, KL3_WIDE, BOX_LOW_ONLY, BOX_HIGH_ONLY)
-                               for metric, sign in TRAINING)),
+                               for metric, sign in TRAINING),
+          no_effect="the KL3 paper reports its gains on math benchmarks of Qwen3 models, not in a unit of this task"),
     Claim("kl3_entropy", "KL3 keeps entropy higher than PPO (entropy-driven exploration)",
           "KL3 / ATR-GRPO paper, theory.md §1.5", "[3P] claims only",
           "entropy of the whole policy (exact), KL3 minus PPO",
@@ -181,7 +206,8 @@ CLAIMS = (
           "over training only (the bandit has no held-out set): see the LM readings",
           lm_operational=f"held-out accuracy (sampled and greedy) at the end and its mean over the run, PPO + "
                          f"{BETA:g}·ProbL2 toward π_0 minus PPO (GRPO's std-scaled advantages, not Dr. GRPO's)",
-          lm_comparisons=tuple(Comparison(PROBL2, PPO, metric, +1) for metric in HELD_OUT)),
+          lm_comparisons=tuple(Comparison(PROBL2, PPO, metric, +1) for metric in HELD_OUT),
+          effect=PROBL2_EFFECT),
     Claim("probl2_anchors", "ProbL2 anchors confident tokens and leaves rare ones free",
           "GBMPO (arXiv 2602.04380), theory.md §2.3", "[CODE] penalty; [INF] its slope 2p(p − p_ref) ∝ p²",
           "initial_top_moved (Σ|π − π_0| on the top 10% of π_0): ProbL2 minus no penalty, predicted < 0; "
@@ -268,137 +294,5 @@ GRID = tuple(Condition(r, k, o) for r in ("likely", "rare", "random") for k in (
 RANDOM_GRID = tuple(Condition("coin", k, o) for k in (50, 1000) for o in ("sgd", "adam"))  # the random-reward claims
 
 
-@dataclass
-class Report:
-    rows: list[dict]
-    seeds: int
-    lm: str = ""  # what the language model's cells are ("" when the report has none): `claims_lm.LMPlan.text`
-    real: str = ""  # what the real model's cells are ("" when none): `claims_real.RealPlan.text`
-    lm_details: tuple[str, ...] = ()  # lines on the LM runs beyond the cells: collapses per measure, the pilot
-    untested: tuple[str, ...] = UNTESTED
-    claims: tuple[Claim, ...] = field(default=CLAIMS)
-
-    def summary(self) -> list[dict]:
-        """Per claim, setting and compared measure: how many cells have each verdict (`VERDICTS`); for an
-        identity, also the largest |difference| over its cells (None for the other claims)."""
-        out: dict[tuple, dict] = {}
-        for row in self.rows:
-            entry = out.setdefault((row["claim_key"], row["setting"], row["candidate"], row["metric"]),
-                                   {"claim": row["claim"], "setting": row["setting"], "candidate": row["candidate"],
-                                    "baseline": row["baseline"], "metric": row["metric"], "cells": 0,
-                                    **{v: 0 for v in VERDICTS}, "largest": None})
-            entry["cells"] += 1
-            entry[row["verdict"]] += 1
-            if intervals.is_identity(row["verdict"]):
-                entry["largest"] = max(entry["largest"] or 0.0, abs(row["mean"]))
-        return list(out.values())
-
-    def overview(self) -> list[dict]:
-        """Per claim, in the catalogue's order: the settings it is tested in, how many cells, and how many of them
-        hold, reverse, are not resolved, exact or not, or have no data yet (`summary` added up over its rows)."""
-        out = {claim.text: {"claim": claim.text, "settings": [], "cells": 0, **dict.fromkeys(VERDICTS, 0)}
-               for claim in self.claims}
-        for s in self.summary():
-            entry = out[s["claim"]]
-            for count in ("cells", *VERDICTS):
-                entry[count] += s[count]
-            if s["setting"] not in entry["settings"]:
-                entry["settings"].append(s["setting"])
-        return [{**entry, "settings": ", ".join(entry["settings"])} for entry in out.values()]
-
-    @property
-    def scope(self) -> str:
-        """One line: how many cells, and on what."""
-        return (f"{len(self.rows)} cells: the bandit grid with {self.seeds} seeds per measure, every measure on the "
-                f"same seeds" + (f"; {self.lm}" if self.lm else "; the built-in LM not included")
-                + (f"; {self.real}" if self.real else ""))
-
-
-CELL_KEYS = ("claim", "setting", "condition", "metric", "candidate", "baseline", "predicted_sign", "verdict", "mean",
-             "low", "high", "n", "seeds_reversed")  # a cell's columns, in the order tables show them
-HEADERS = {**{k: k for k in CELL_KEYS}, "predicted_sign": "predicted", "low": "95% low", "high": "95% high",
-           "seeds_reversed": "seeds reversed", "cells": "cells", "largest": "largest |difference|"}  # their headers
-
-
-def shared_text(shared: dict) -> str:
-    """`in_common`'s values in words, e.g. "setting bandit · baseline PPO ε=0.2 · predicted: candidate − baseline
-    > 0"."""
-    words = {"predicted_sign": lambda v: f"predicted: candidate − baseline {'>' if v == '+' else '<'} 0",
-             "baseline": lambda v: "compared against 0" if v == "0" else f"baseline {v}"}
-    return " · ".join(words.get(k, lambda v: f"{HEADERS[k]} {v}")(v) for k, v in shared.items())
-
-
-def in_common(rows: list[dict], keys) -> dict:
-    """The `keys` whose value is the same in every one of `rows` (and not empty), with that value: what a table of
-    these rows can say once above it instead of in every row."""
-    return {k: rows[0][k] for k in keys
-            if rows and rows[0][k] not in ("", None) and all(r[k] == rows[0][k] for r in rows)}
-
-
-VERDICTS = (intervals.HOLDS, intervals.REVERSED, intervals.NOT_RESOLVED, intervals.IDENTICAL, intervals.EXACT,
-            intervals.NOT_EXACT, intervals.NO_DATA)
-
-
-def evaluate(seeds: int = 20, grid=GRID + RANDOM_GRID, progress: Callable[[float, str], None] | None = None) -> Report:
-    """Every claim on every cell: identities on random batches, the bandit claims on the grid with `seeds` seeds
-    (a claim of the random-reward control on the grid's coin conditions, the others on the rest)."""
-    rows = []
-    for claim in CLAIMS:
-        if claim.identity is not None:
-            for cell in claim.identity():
-                rows.append(_row(claim, "random batches", cell["condition"], "max |difference|", cell["candidate"],
-                                 cell["baseline"], "", cell["max_difference"], cell["max_difference"],
-                                 cell["max_difference"], 1, 0,
-                                 intervals.identity_verdict(cell["max_difference"], IDENTITY_TOLERANCE)))
-    names = list(OBJECTIVES)
-    for done, condition in enumerate(grid):
-        if progress:
-            progress(done / len(grid), f"bandit: {condition.text}")
-        runs = run_bandits(condition.config(LATE), list(OBJECTIVES.values()), seeds=range(seeds))
-        by_name = {name: runs[i::len(names)] for i, name in enumerate(names)}
-        for claim in (c for c in CLAIMS if (c.reward == "random") == (condition.reward == "coin")):
-            for c in claim.comparisons:
-                for reading, iteration in (("early", EARLY), ("late", LATE)):
-                    window = range(iteration - EARLY, iteration) if c.metric in PER_UPDATE else range(iteration - 1,
-                                                                                                      iteration)
-                    d = intervals.paired(*(bandit_readings(by_name, name, c, window)
-                                           for name in (c.candidate, c.baseline)))
-                    span = (f"iterations {window.start + 1}–{window.stop}" if len(window) > 1
-                            else f"iteration {iteration}")
-                    rows.append(comparison_row(claim, BANDIT, f"{condition.text} · {reading} ({span})", c, d))
-    if progress:
-        progress(1.0, "done")
-    return Report(rows, seeds)
-
-
-PER_UPDATE = ("entropy/would_masked_low", "entropy/would_masked_high")  # read as their mean over a window of updates
-
-
-def bandit_readings(by_name: dict, name: str, c: Comparison, window: range) -> list[float]:
-    """Each seed's value of `c.metric` for the measure `name`, the mean over the iterations in `window` (0-based):
-    the candidate's own start (its entropy before any update) for START, and 0 for ZERO."""
-    if name == ZERO:
-        return [0.0] * len(by_name[c.candidate])
-    if name == START:
-        return [run.initial_entropy for run in by_name[c.candidate]]
-    return [float(run.history[c.metric][window.start:window.stop].mean()) for run in by_name[name]]
-
-
 BANDIT, LM, REAL = "bandit", "built-in LM", "SmolLM2-135M, one update"  # a row's setting
 LM_TRAINING = "SmolLM2-135M, over training"
-
-
-def comparison_row(claim: Claim, setting: str, condition: str, c: Comparison, d: intervals.Paired) -> dict:
-    """One cell of a compared claim: the paired difference candidate − baseline and the verdict its interval gives."""
-    verdict = intervals.NO_DATA if d.n == 0 else intervals.verdict(d.low, d.high, c.sign)
-    return _row(claim, setting, condition, c.metric, c.candidate, c.baseline, "+" if c.sign > 0 else "−", d.mean,
-                d.low, d.high, d.n, d.reversed, verdict)
-
-
-def _row(claim: Claim, setting: str, condition: str, metric: str, candidate: str, baseline: str, predicted: str,
-         mean: float, low: float, high: float, n: int, reversed_seeds: int, verdict: str) -> dict:
-    finite = lambda x: None if x is None or not math.isfinite(x) else float(x)  # noqa: E731 — JSON has no NaN
-    return {"claim": claim.text, "claim_key": claim.key, "source": claim.source, "provenance": claim.provenance,
-            "setting": setting, "condition": condition, "metric": metric, "candidate": candidate,
-            "baseline": baseline, "predicted_sign": predicted, "mean": finite(mean), "low": finite(low),
-            "high": finite(high), "n": n, "seeds_reversed": reversed_seeds, "verdict": verdict}

@@ -6,16 +6,16 @@ from __future__ import annotations
 import html
 import math
 
-from divviz.evidence import forest, intervals
-from divviz.evidence.claims import CELL_KEYS, HEADERS, LM, LM_TRAINING, VERDICTS, Report
+from divviz.evidence import forest, intervals, significance
+from divviz.evidence.claims import LM, LM_TRAINING
+from divviz.evidence.claims_report import (BY_CONSTRUCTION_VERDICT, CELL_KEYS, HEADERS, RAW, VERDICT_RULE, VERDICTS,
+                                           Report, effect_text, power_text)
 
 
 def to_text(report: Report) -> str:
     """The summary per claim and compared measure; over training, each cell with data (its difference, interval, n,
     seeds reversed and verdict), the collapses and the pilot; then what could not be tested."""
-    lines = [f"divviz claims: {report.scope}", "(verdict from the paired 95% interval: holds / reversed / not "
-             "resolved / identical, every seed's difference exactly 0; identities: exact; no data: no seed has both "
-             "runs yet)", ""]
+    lines = [f"divviz claims: {report.scope}", f"({VERDICT_RULE})", ""]
     summary = report.summary()
     for claim in report.claims:
         lines.append(f"{claim.text}  [{claim.source}; {claim.provenance}]")
@@ -41,33 +41,48 @@ def to_text(report: Report) -> str:
 
 def cell_text(row: dict) -> str:
     """A compared cell in a line: "KL3 … − PPO … · condition · metric: −0.023 [−0.063, 0.016], n = 4, 0 of 4 seeds
-    reversed: not resolved"."""
+    reversed, sign-flip p 0.25 (Holm 1), median −0.021: not resolved"."""
     value = lambda key: math.nan if row[key] is None else row[key]  # noqa: E731
     d = intervals.Paired(value("mean"), value("low"), value("high"), row["n"], row["seeds_reversed"])
-    return f"{row['candidate']} − {row['baseline']} · {row['condition']} · {row['metric']}: {d.text(3)}: {row['verdict']}"
+    tested = "" if row["p"] is None else (f", sign-flip p {row['p']:.3g} (Holm {row['p_holm']:.3g}), "
+                                          f"median {row['median']:+.3f}")
+    adjusted = "" if row["verdict_adjusted"] == row["verdict"] else f" ({row['verdict_adjusted']} after Holm)"
+    return (f"{row['candidate']} − {row['baseline']} · {row['condition']} · {row['metric']}: {d.text(3)}{tested}: "
+            f"{row['verdict']}{adjusted}")
 
 
-SUMMARY_KEYS = ("claim", "setting", "candidate", "baseline", "metric", "cells", *VERDICTS, "largest")
+SUMMARY_KEYS = ("claim", "setting", "candidate", "baseline", "metric", "cells", *VERDICTS, RAW, "largest")
+NUMBERS = ("mean", "low", "high", "p", "p_holm", "q_bh", "median", "p_median")
 VERDICT_COLOURS = {intervals.HOLDS: "#d9f2d9", intervals.REVERSED: "#f8d7d7", intervals.NOT_RESOLVED: "#eeeeee",
-                   intervals.IDENTICAL: "#dde8f6",
+                   significance.DISAGREE: "#fde5c8", intervals.IDENTICAL: "#dde8f6", BY_CONSTRUCTION_VERDICT: "#e8def3",
                    intervals.EXACT: "#d9f2d9", intervals.NOT_EXACT: "#f8d7d7", intervals.NO_DATA: "#ffffff"}
+
+
+def number(x: float | None) -> str:
+    return "" if x is None else f"{x:.3g}" if abs(x) < 1e-3 and x != 0 else f"{x:.4f}"
+
+
+def shown(row: dict, key: str) -> str:
+    """A cell's value as the HTML table shows it."""
+    if key == "seeds_for_power":
+        return power_text(row)
+    if key == "rules_out":
+        return effect_text(row)
+    return number(row[key]) if key in NUMBERS else "" if row[key] is None else str(row[key])
 
 
 def to_html(report: Report) -> str:
     """One self-contained HTML page (no script, no outside file): the summary, every cell, what was not tested."""
     e = lambda x: html.escape(str(x))  # noqa: E731
-    num = lambda x: "" if x is None else f"{x:.3g}" if abs(x) < 1e-3 and x != 0 else f"{x:.4f}"  # noqa: E731
     parts = ["<!doctype html><html><head><meta charset='utf-8'><title>divviz claims report</title><style>",
              "body{font-family:sans-serif;margin:2em;max-width:1400px}table{border-collapse:collapse;font-size:13px}"
              "td,th{border:1px solid #ccc;padding:3px 6px;text-align:left}th{background:#f4f4f4}",
              "</style></head><body><h1>divviz claims report</h1>",
-             f"<p>{e(report.scope)}. Each cell: candidate − baseline seed by seed, its mean and 95% interval "
-             "(Student-t; Newcombe's for a 0/1 reading such as the collapse flag), n, how many seeds had the other "
-             "sign, and the verdict read off the interval.</p>"
+             f"<p>{e(report.scope)}. {e(VERDICT_RULE)}</p>"
              "<h2>Summary</h2><table><tr>" + "".join(f"<th>{e(HEADERS.get(k, k))}</th>" for k in SUMMARY_KEYS)
              + "</tr>"]
     for s in report.summary():
-        parts.append("<tr>" + "".join(f"<td>{e(num(s[k]) if k == 'largest' else s[k])}</td>" for k in SUMMARY_KEYS)
+        parts.append("<tr>" + "".join(f"<td>{e(number(s[k]) if k == 'largest' else s[k])}</td>" for k in SUMMARY_KEYS)
                      + "</tr>")
     parts.append("</table><h2>Forest plots</h2><p>Each cell's paired difference with its 95% interval against 0, "
                  "coloured by its verdict; the side each claim predicts is shaded. Hover a point for its numbers.</p>")
@@ -81,8 +96,8 @@ def to_html(report: Report) -> str:
     parts.append("</ul><h2>Every cell</h2><table><tr>" + "".join(f"<th>{e(HEADERS[k])}</th>" for k in CELL_KEYS)
                  + "</tr>")
     for r in report.rows:
-        parts.append(f"<tr style='background:{VERDICT_COLOURS[r['verdict']]}'>" + "".join(
-            f"<td>{e(num(r[k]) if k in ('mean', 'low', 'high') else r[k])}</td>" for k in CELL_KEYS) + "</tr>")
+        parts.append(f"<tr style='background:{VERDICT_COLOURS[r['verdict_adjusted']]}'>" + "".join(
+            f"<td>{e(shown(r, k))}</td>" for k in CELL_KEYS) + "</tr>")
     parts.append("</table>")
     if report.lm_details:
         parts.append(f"<h2>Over training</h2><p>{e(report.lm)}</p><ul>"

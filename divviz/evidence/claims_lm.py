@@ -9,42 +9,32 @@ config.json equals a cell's config is read, not trained again (a run that failed
 a stopped or interrupted one is queued again in its own folder, where it resumes from the resume state it keeps
 every `CHECKPOINT_EVERY` steps, `engine/resume.py`).
 
-Readings, paired seed by seed (a seed whose candidate or baseline run failed drops out of the pair, so n says how many
-remain):
-    a per-step metric (entropy, mass_to_argmax, …)   its mean over an early window (steps T/6 + 1 … T/3) and over the
-                                                     last T/6 steps
-    held-out accuracy (`claims.HELD_OUT`)            at the end (the evaluation after step T) and over the run (the
-                                                     trapezoid mean of the evaluations from step 0 to T)
-    stability (`claims.WHOLE_RUN`)                   once for the whole run: the collapse flag (0 or 1; its paired
-                                                     difference has Newcombe's interval, `intervals.paired_binary`),
-                                                     the largest update KL, the largest clip fraction
-                                                     (`engine/stability.py`)
+The published runs (`engine/published.py`: SmolLM2's grids, trained for divviz's own evidence) hold every cell whose
+run the user's folder does not have finished: on a fresh clone the SmolLM2 cells are read, not trained.
+
 Runs are queued in `queue_order`: PPO and KL3 δ = 0.05 on every seed first (the pilot whose spread says how many
 seeds resolve what), then the others seed by seed, the random-reward control last.
 
     plan = LMPlan.read(root, seeds=8, steps=60)   # which runs exist (model=, setting= for SmolLM2; pilot_seeds=
                                                  # for the pilot pair on more seeds than the rest)
     plan.queue_missing(owner)                    # queue the others (returns at once)
-    rows = plan.rows()                           # once plan.finished: the report's cells
+    lm_evidence.LMEvidence(plan).rows()          # the report's cells, of the pairs finished so far
 """
 
 from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from pathlib import Path
 
-import numpy as np
-
-from divviz.evidence import claims, intervals
-from divviz.engine import runner, store
+from divviz.evidence import claims
+from divviz.engine import published, runner, store
 from divviz.engine.config import KEPT_ONLY, RunConfig, objective_settings
 from divviz.engine.model import pick_device
 from divviz.engine.models import BUILTIN, evaluated_settings, model_defaults, model_settings
 from divviz.engine.pool import max_runs
-from divviz.metrics import proportion
 from divviz.catalogue.params import DivvizInputError, Param
 
 TASK = "reverse"
@@ -68,6 +58,10 @@ def measures() -> list[tuple[str, str]]:
 
 
 PILOT = (claims.PPO, claims.KL3_WIDE)  # trained first, every seed: the spread of the headline's paired difference
+# SmolLM2's grids as declared: (seeds per measure, the pilot pair's seeds). Each pilot's extension was sized before it
+# ran: at the learn setting by the half-width its first 4 seeds left (a second stage, since they did not resolve it);
+# at the stress setting by the seeds for 80% power at 5.5 points from its first 4 seeds' spread (11; 12 declared).
+DECLARED = {"learn": (4, 8), "stress": (4, 12)}
 
 
 def queue_order(seeds: int, pilot_seeds: int = 0) -> list[tuple[str, str, int]]:
@@ -99,22 +93,6 @@ def run_config(measure: str, seed: int, steps: int, model: str = BUILTIN, reward
                              "checkpoint_every": CHECKPOINT_EVERY, **objective_settings(claims.OBJECTIVES[measure])})
 
 
-def windows(steps: int) -> dict[str, range]:
-    """The early and late readings of a per-step metric, as step ranges (1-based, inclusive of both ends' steps)."""
-    width = max(1, steps // 6)
-    return {"early": range(width + 1, max(width + 1, steps // 3) + 1), "late": range(steps - width + 1, steps + 1)}
-
-
-def readings(metric: str, steps: int) -> dict[str, str]:
-    """The readings of `metric` (name → how the condition describes it)."""
-    if metric in claims.HELD_OUT:
-        return {"end": f"step {steps}", "over the run": f"trapezoid mean of steps 0–{steps}"}
-    if metric in claims.WHOLE_RUN:
-        return {"whole run": f"steps 1–{steps}"}
-    return {name: f"mean of step {w.start}" if len(w) == 1 else f"mean of steps {w.start}–{w.stop - 1}"
-            for name, w in windows(steps).items()}
-
-
 @dataclass(frozen=True)
 class LMPlan:
     """A language model's cells and the run (if any) that holds each: `runs[(measure, reward, seed)]`; `seeds` per
@@ -127,26 +105,47 @@ class LMPlan:
     model: str = BUILTIN
     setting: str = ""
     pilot_seeds: int = 0
+    published: Path | None = None  # the published runs' folder when they are read too (`engine/published.py`)
 
     @staticmethod
     def read(root, seeds: int = SEEDS_PARAM.default, steps: int | None = None, model: str = BUILTIN,
-             setting: str = "", pilot_seeds: int = 0) -> "LMPlan":
+             setting: str = "", pilot_seeds: int = 0, with_published: bool = True) -> "LMPlan":
+        """The plan's cells and their runs in `root`; `with_published`, a cell none of whose runs there is final is
+        held by its published run if there is one (a user's finished run of a cell is always the one read)."""
         steps = steps or default_steps(model, setting)
         pilot_seeds = max(seeds, pilot_seeds)
-        wanted = {key: _cell_training(key[0], key[2], steps, model, key[1], setting)
+        wanted = {_cell_training(key[0], key[2], steps, model, key[1], setting): key
                   for key in queue_order(seeds, pilot_seeds)}
+        shared = published.folder() if with_published else None
         found: dict = {}
-        for run in store.list_runs(root):  # newest first: a final run wins over a later one still queued
+        runs = [*store.list_runs(root), *(store.list_runs(shared) if shared else ())]
+        for run in runs:  # newest first: a final run wins over a later one still queued
             if run.state not in (*FINAL, "queued", "running", *runner.RESUMABLE):
                 continue
-            config = _training(json.dumps(run.config, sort_keys=True))
-            if config is None:
-                continue
-            for key, wanted_config in wanted.items():
-                if config == wanted_config:
-                    if key not in found or _rank(run) > _rank(found[key]):
-                        found[key] = run
-        return LMPlan(root, seeds, steps, {key: found.get(key) for key in wanted}, model, setting, pilot_seeds)
+            key = wanted.get(_training(json.dumps(run.config, sort_keys=True)))
+            if key is not None and (key not in found or _rank(run, shared) > _rank(found[key], shared)):
+                found[key] = run
+        return LMPlan(root, seeds, steps, {key: found.get(key) for key in wanted.values()}, model, setting,
+                      pilot_seeds, shared)
+
+    def is_published(self, run: store.RunInfo | None) -> bool:
+        return run is not None and self.published is not None and run.folder.parent == self.published
+
+    @property
+    def provenance(self) -> str:
+        """Where the cells' runs come from, in a line: how many are published, from which grid and how it was
+        trained, and how many are the user's own ("" when no run is published)."""
+        held = [run for run in self.runs.values() if run is not None]
+        shared = [run for run in held if self.is_published(run)]
+        if not shared:
+            return ""
+        found = published.manifests()
+        grids = Counter(published.grid_of(run.name) for run in shared)
+        described = "; ".join(
+            f"{grid} ({n} runs, trained on {m['device']} in {m['precision']}, torch {m['torch']}, transformers "
+            f"{m['transformers']}, commit {m['commit']})" for grid, n in grids.items() if (m := found.get(grid)))
+        return (f"{len(shared)} of the {len(self.runs)} runs are published: {described}; {len(held) - len(shared)} "
+                f"are your own (runs folder {self.root})")
 
     def seeds_of(self, *measures: str, reward: str = "task") -> range:
         """The seeds on which all of `measures` (with `reward`) train: the pilot pair's own, else the plan's."""
@@ -221,109 +220,8 @@ class LMPlan:
         return folders
 
     def refreshed(self) -> "LMPlan":
-        return LMPlan.read(self.root, self.seeds, self.steps, self.model, self.setting, self.pilot_seeds)
-
-    @cached_property
-    def finished_series(self) -> dict:
-        """Each finished run's (metrics by step, held-out evaluations by step), read from its folder once for the
-        cells, the learning curves and the pilot."""
-        return {key: ({row["step"]: row for row in store.read_metrics(run.folder)},
-                      {row["step"]: row for row in store.read_evals(run.folder)})
-                for key, run in self.runs.items() if run is not None and run.state == "done"}
-
-    def rows(self) -> list[dict]:
-        """The report's cells: per claim, comparison and reading, the paired difference over the seeds whose two
-        runs both finished."""
-        read = {key: _readings(*series, self.steps) for key, series in self.finished_series.items()}
-        task = run_config(measures()[0][0], 0, self.steps, self.model, setting=self.setting).task  # every cell's
-        out = []
-        for claim in claims.CLAIMS:
-            for c in claim.lm_comparisons:
-                for reading, span in readings(c.metric, self.steps).items():
-                    def value(name: str, seed: int) -> float | None:
-                        """The seed's reading of the measure `name` (its candidate's step 1 for START, 0 for ZERO)."""
-                        own = read.get((c.candidate if name in (claims.START, claims.ZERO) else name, claim.reward,
-                                        seed))
-                        if own is None:
-                            return None
-                        return 0.0 if name == claims.ZERO else own["start" if name == claims.START else reading][c.metric]
-
-                    compared = [m for m in (c.candidate, c.baseline) if m not in (claims.START, claims.ZERO)]
-                    pairs = [(a, b) for a, b in ((value(c.candidate, s), value(c.baseline, s))
-                                                 for s in self.seeds_of(*compared, reward=claim.reward))
-                             if a is not None and b is not None and np.isfinite(a) and np.isfinite(b)]
-                    difference = intervals.paired_binary if c.metric in claims.BINARY else intervals.paired
-                    d = difference(*zip(*pairs)) if pairs else intervals.Paired(np.nan, np.nan, np.nan, 0, 0)
-                    rewarded = " · random rewards" if claim.reward == "random" else ""
-                    # the row's setting (claims.LM_TRAINING) names the model; the condition, its setting
-                    where = "" if self.model == BUILTIN else f"{self.setting or 'defaults'} · "
-                    out.append(claims.comparison_row(claim, claims.LM if self.model == BUILTIN else claims.LM_TRAINING,
-                                                     f"{where}{task}{rewarded} · {reading} ({span})", c, d))
-        return out
-
-    def collapses(self) -> list[dict]:
-        """Per measure (task rewards), over its finished seeds: how many collapsed (`engine/stability.py`'s flag at
-        the end, or a run that failed on a non-finite value), the share with its Wilson 95% interval, and the steps
-        of collapse; and the spread of its reward curve over seeds — the standard deviation over the seeds that ran to
-        the end of each run's mean reward over steps 1–T, with its 95% interval (`intervals.sd_interval`)."""
-        out = []
-        for measure in dict.fromkeys(m for m, r, _ in self.runs if r == "task"):
-            steps, mean_rewards = [], []
-            n = 0
-            for seed in self.seeds_of(measure):
-                run = self.runs[(measure, "task", seed)]
-                if run is None or run.state not in FINAL:
-                    continue
-                n += 1
-                rows = self.finished_series[(measure, "task", seed)][0] if run.state == "done" else {}
-                step = _collapse_step(run, rows)
-                if step is not None:
-                    steps.append(step)
-                if rows:
-                    mean_rewards.append(np.mean([row["reward"] for row in rows.values()]))
-            share, low, high = proportion(len(steps), n)
-            sd, sd_low, sd_high = intervals.sd_interval(mean_rewards)
-            out.append({"measure": measure, "n": n, "collapsed": len(steps), "share": share, "low": low, "high": high,
-                        "steps": sorted(steps), "reward_sd": sd, "reward_sd_low": sd_low, "reward_sd_high": sd_high,
-                        "reward_n": len(mean_rewards)})
-        return out
-
-    def curves(self, metric: str) -> dict[str, dict]:
-        """Per measure (task rewards), `metric` over the run: the steps and, over the finished seeds, the mean with
-        its band (`intervals.summarize`, within [0, 1] for an accuracy or a reward). Held-out metrics are read at
-        their evaluations, the others at every step."""
-        out = {}
-        bounds = (0.0, 1.0) if metric in (*claims.HELD_OUT, "reward", "accuracy") else (0.0, np.inf)
-        for measure in dict.fromkeys(m for m, r, _ in self.runs if r == "task"):
-            series = []
-            for seed in self.seeds_of(measure):
-                if (measure, "task", seed) in self.finished_series:
-                    rows, evals = self.finished_series[(measure, "task", seed)]
-                    by_step = evals if metric in claims.HELD_OUT else rows
-                    series.append({step: row[metric] for step, row in by_step.items() if metric in row})
-            steps = sorted(set.intersection(*(set(s) for s in series))) if series else []
-            if steps:
-                summary = intervals.summarize([[s[t] for t in steps] for s in series], bounds=bounds)
-                out[measure] = {"steps": steps, "mean": summary.mean, "low": summary.low, "high": summary.high,
-                                "n": summary.n}
-        return out
-
-    def pilot(self, metric: str = "eval/accuracy", sizes: tuple[int, ...] = (4, 8, 16)) -> dict | None:
-        """The pilot's spread: over the seeds where both of `PILOT`'s runs are done, the final `metric` of each, the
-        standard deviation (ddof 1) of PPO's and of the paired difference KL3 − PPO, and the smallest paired difference
-        S seeds could resolve at that spread (`intervals.half_width`) for each S in `sizes`; None below 2 seeds."""
-        series = self.finished_series
-        seeds = [s for s in self.seeds_of(*PILOT) if all((m, "task", s) in series for m in PILOT)]
-        finals = {(m, s): _readings(*series[(m, "task", s)], self.steps)["end"][metric] for m in PILOT for s in seeds}
-        if len(seeds) < 2:
-            return None
-        ppo = np.array([finals[(PILOT[0], s)] for s in seeds])
-        diff = np.array([finals[(PILOT[1], s)] for s in seeds]) - ppo
-        sd = float(diff.std(ddof=1))
-        return {"metric": metric, "n": len(seeds), "planned": self.pilot_seeds, "ppo_mean": float(ppo.mean()),
-                "ppo_sd": float(ppo.std(ddof=1)),
-                "difference_mean": float(diff.mean()), "difference_sd": sd,
-                "resolvable": {size: intervals.half_width(sd, size) for size in sizes}}
+        return LMPlan.read(self.root, self.seeds, self.steps, self.model, self.setting, self.pilot_seeds,
+                           self.published is not None)
 
     def time_left(self) -> float | None:
         """Seconds until every cell has a final run, at the pace of this plan's runs so far (wall time per step,
@@ -356,95 +254,34 @@ class LMPlan:
         return [run for run in store.list_runs(self.root) if run.folder not in mine
                 and run.state in ("queued", "running") and run.status.get("queued_at", 0.0) <= last]
 
-    def report(self, bandit: claims.Report) -> claims.Report:
-        """The bandit report with these cells added: those of the finished runs' pairs (n says how many seeds)."""
-        finished = "" if self.finished else f" ({self.done} of {len(self.runs)} runs finished so far)"
-        collapses = [f"collapsed, {row['measure']}: {row['collapsed']}, share {row['share [95% Wilson]'] or '—'}, "
-                     f"at step {row['steps of collapse']}; the reward's spread over seeds (sd of each run's mean "
-                     f"reward) {row[SPREAD] or '—'}"
-                     for row in collapse_table(self.collapses())]
-        pilot = self.pilot()
-        return replace(bandit, rows=bandit.rows + self.rows(), lm=self.text + finished,
-                       lm_details=(*collapses, *([pilot_text(pilot)] if pilot else ())))
 
-
-CURVES = ("eval/accuracy", "eval/accuracy_greedy", "reward", "entropy")  # the learning curves the page draws
-
-
-SPREAD = "reward's spread over seeds: sd [95%]"  # the column of `collapse_table`
-
-
-def collapse_table(collapses: list[dict]) -> list[dict]:
-    """`LMPlan.collapses` as the page and the docs print it."""
-    return [{"measure": row["measure"], "collapsed": f"{row['collapsed']} of {row['n']}",
-             "share [95% Wilson]": "" if not row["n"] else f"{row['share']:.2f} [{row['low']:.2f}, {row['high']:.2f}]",
-             "steps of collapse": ", ".join(map(str, row["steps"])) or "—",
-             SPREAD: "" if row["reward_n"] < 2 else
-             f"{row['reward_sd']:.3f} [{row['reward_sd_low']:.3f}, {row['reward_sd_high']:.3f}], n = {row['reward_n']}"}
-            for row in collapses]
-
-
-def pilot_text(pilot: dict) -> str:
-    """`LMPlan.pilot` in a sentence."""
-    sizes = " / ".join(map(str, pilot["resolvable"]))
-    reach = " / ".join(f"±{v:.3f}" for v in pilot["resolvable"].values())
-    done = f"{pilot['n']} seeds" + (f" of its {pilot['planned']} done" if pilot["n"] < pilot["planned"] else "")
-    return (f"Pilot ({' and '.join(PILOT)}, {done}): {pilot['metric']} at the end, PPO "
-            f"{pilot['ppo_mean']:.3f} (sd {pilot['ppo_sd']:.3f} over seeds); the paired difference KL3 − PPO "
-            f"{pilot['difference_mean']:+.3f} (sd {pilot['difference_sd']:.3f}). At that spread, {sizes} seeds "
-            f"resolve a mean difference of {reach} (the paired 95% interval's half-width).")
-
-
-def _rank(run: store.RunInfo) -> int:
-    """Which of two runs of a cell holds it: a final one, else a queued or running one, else one to resume."""
+def _rank(run: store.RunInfo, shared: Path | None) -> float:
+    """Which of two runs of a cell holds it: the user's final one, else a published one (final), else the user's
+    queued or running one, else one to resume."""
+    if run.folder.parent == shared:
+        return 1.5
     return 2 if run.state in FINAL else 0 if run.state in runner.RESUMABLE else 1
 
 
-def _how_it_trains(cfg: RunConfig) -> dict:
-    return {k: v for k, v in cfg.to_dict().items() if k not in KEPT_ONLY}
+def _how_it_trains(cfg: RunConfig) -> str:
+    """The settings that decide how a run trains (its config less what is kept only), as JSON text with sorted keys:
+    two runs train alike when these are equal."""
+    return json.dumps({k: v for k, v in cfg.to_dict().items() if k not in KEPT_ONLY}, sort_keys=True)
 
 
 @lru_cache(maxsize=4096)
-def _cell_training(measure: str, seed: int, steps: int, model: str, reward: str, setting: str) -> dict:
-    """How a cell's run trains (`run_config` less what is kept only), made once per cell: a page rerun reads the
-    plan again, and checking a run config costs about a millisecond. Read, never changed."""
+def _cell_training(measure: str, seed: int, steps: int, model: str, reward: str, setting: str) -> str:
+    """How a cell's run trains (`_how_it_trains`), made once per cell: a page rerun reads the plan again, and
+    checking a run config costs about a millisecond."""
     return _how_it_trains(run_config(measure, seed, steps, model, reward, setting))
 
 
 @lru_cache(maxsize=4096)
-def _training(config: str) -> dict | None:
-    """A run folder's config.json (its JSON text, keys sorted) as the settings that decide how it trains, with the
+def _training(config: str) -> str | None:
+    """A run folder's config.json (its JSON text, keys sorted) as how it trains (`_how_it_trains`), with the
     defaults of settings added since it was written (None for a config that is not a valid run config); made once
     per distinct config."""
     try:
         return _how_it_trains(RunConfig.from_dict(json.loads(config)))
     except (DivvizInputError, TypeError, ValueError):
         return None
-
-
-def _readings(rows: dict[int, dict], evals: dict[int, dict], steps: int) -> dict[str, dict[str, float]]:
-    """Per reading, each compared metric's value in one run, from its metrics and its evaluations by step
-    (`readings`); "start": step 1's (its entropy was measured on completions sampled before any update)."""
-    metrics = {c.metric for claim in claims.CLAIMS for c in claim.lm_comparisons}
-    out = {reading: {m: float(np.mean([rows[s][m] for s in window if m in rows.get(s, {})] or [np.nan]))
-                     for m in metrics}
-           for reading, window in {**windows(steps), "start": range(1, 2)}.items()}
-    last = rows.get(steps, {})
-    out["whole run"] = {m: float(last.get(m, np.nan)) for m in claims.WHOLE_RUN}
-    for m in claims.HELD_OUT:
-        points = sorted((t, row[m]) for t, row in evals.items() if m in row)
-        at = dict(points)
-        out.setdefault("end", {})[m] = float(at.get(steps, np.nan))
-        whole = len(points) > 1 and points[0][0] == 0 and points[-1][0] == steps
-        out.setdefault("over the run", {})[m] = (float(np.trapezoid([v for _, v in points], [t for t, _ in points])
-                                                       / steps) if whole else np.nan)
-    return out
-
-
-def _collapse_step(run: store.RunInfo, rows: dict[int, dict]) -> int | None:
-    """The step at which a finished run collapsed (`stability/collapse_step` of its last metrics row, `rows` by step),
-    or where it stopped on a non-finite value; None when it did neither."""
-    if run.state == "failed":
-        return run.step + 1 if "became" in run.message else None  # `train`: "metric 'loss' became nan at step s"
-    last = rows[max(rows)] if rows else {}
-    return int(last["stability/collapse_step"]) if last.get("stability/collapsed") else None

@@ -28,12 +28,11 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
-import numpy as np
 
 from divviz.catalogue.params import Param
 from divviz.engine.config import RunConfig, objective_settings
 from divviz.engine.models import SMOLLM2_LOOK
-from divviz.evidence import claims, intervals
+from divviz.evidence import claims, claims_report
 
 MODEL = "smollm2-135m"
 SETTINGS = {**{k: v for k, v in SMOLLM2_LOOK.items() if k not in ("steps", "checkpoint_every")},
@@ -121,15 +120,14 @@ class RealPlan:
                         return None
                     return 0.0 if name == claims.ZERO else result[name][c.metric]
 
-                pairs = [(value(c.candidate, b), value(c.baseline, b)) for b in range(self.batches)]
-                pairs = [p for p in pairs if None not in p]
-                d = intervals.paired(*zip(*pairs)) if pairs else intervals.Paired(np.nan, np.nan, np.nan, 0, 0)
+                batches = [b for b in range(self.batches) if None not in (value(c.candidate, b), value(c.baseline, b))]
                 rewarded = "random rewards" if claim.reward == "random" else f"{config(0, 'task').task}"
-                out.append(claims.comparison_row(claim, claims.REAL, f"{rewarded} · one update, {len(pairs)} batches",
-                                                 c, d))
+                out.append(claims_report.comparison_row(claim, claims.REAL, f"{rewarded} · one update, {len(batches)} batches",
+                                                 c, [value(c.candidate, b) for b in batches],
+                                                 [value(c.baseline, b) for b in batches], batches))
         return out
 
-    def report(self, report: claims.Report) -> claims.Report:
+    def report(self, report: claims_report.Report) -> claims_report.Report:
         return replace(report, rows=report.rows + self.rows(), real=self.text)
 
 

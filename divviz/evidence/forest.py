@@ -14,12 +14,14 @@ import textwrap
 
 import numpy as np
 
-from divviz.evidence import intervals
+from divviz.evidence import intervals, significance
+from divviz.evidence.claims_report import BY_CONSTRUCTION_VERDICT
 from divviz.metrics import GLOSSARY
 
 VERDICT_COLOURS = {intervals.HOLDS: "#2ca02c", intervals.REVERSED: "#d62728", intervals.NOT_RESOLVED: "#8c8c8c",
-                   intervals.IDENTICAL: "#1f77b4"}
-ROW, LABEL_WIDTH, PLOT_WIDTH, BOTTOM = 17, 430, 360, 44
+                   significance.DISAGREE: "#ff7f0e", intervals.IDENTICAL: "#1f77b4",
+                   BY_CONSTRUCTION_VERDICT: "#9467bd"}  # by the verdict after adjustment for multiplicity
+ROW, LABEL_WIDTH, PLOT_WIDTH, BOTTOM = 17, 430, 360, 60
 CHAR_WIDTH = 6  # about a character's width at 11 px (the title's 13 px bold: 1.3 times that)
 LABEL_CHARS = 72  # a longer label is cut, with "…" (its hover title has everything)
 
@@ -90,13 +92,16 @@ def svg(cells: list[dict], title: str, meaning: str = "") -> str:
     past_axis = False
     for i, (cell, text) in enumerate(zip(cells, texts)):
         y = top + ROW * i + ROW / 2
-        colour = VERDICT_COLOURS.get(cell["verdict"], "#8c8c8c")
+        colour = VERDICT_COLOURS.get(cell["verdict_adjusted"], "#8c8c8c")
         parts.append(f"<text x='{LABEL_WIDTH - 6}' y='{y + 4:.1f}' text-anchor='end'>{e(text)}</text>")
         whole = f"{cell['candidate']} − {cell['baseline']} · {cell['setting']} · {cell['condition']}"
         interval = (f"95% [{_num(cell['low'])}, {_num(cell['high'])}]" if cell["low"] is not None
                     else "no interval from one seed")
+        tested = (f", sign-flip p {cell['p']:.3g} (Holm {cell['p_holm']:.3g}), median {cell['median']:.4g}"
+                  if cell["p"] is not None else "")
         numbers = (f"{whole}: mean {cell['mean']:.4g}, {interval}, n = {cell['n']}, {cell['seeds_reversed']} of "
-                   f"{cell['n']} seeds reversed: {cell['verdict']}"
+                   f"{cell['n']} seeds reversed{tested}: {cell['verdict']}"
+                   + (f", {cell['verdict_adjusted']} after Holm" if cell["verdict_adjusted"] != cell["verdict"] else "")
                    + (" (every seed's difference exactly 0)" if cell["verdict"] == intervals.IDENTICAL else "")
                    if cell["mean"] is not None else f"{whole}: no value")
         if cell["low"] is not None and cell["high"] is not None:
@@ -117,11 +122,11 @@ def svg(cells: list[dict], title: str, meaning: str = "") -> str:
         parts += [f"<text x='{x(v):.1f}' y='{y}' text-anchor='middle' fill='#555'>{_num(v)}</text>"
                   for y in (top - 8, bottom + 14)]
     if past_axis:
-        parts.append(f"<text x='4' y='{bottom + 36}' fill='#555'>▸ the interval runs past the axis (hover: its "
+        parts.append(f"<text x='4' y='{bottom + 52}' fill='#555'>▸ the interval runs past the axis (hover: its "
                      "numbers)</text>")
-    legend = "".join(f"<circle cx='{LABEL_WIDTH + 8 + 90 * k}' cy='{bottom + 32}' r='4' fill='{c}'/><text "
-                     f"x='{LABEL_WIDTH + 16 + 90 * k}' y='{bottom + 36}'>{e(v)}</text>"
-                     for k, (v, c) in enumerate(VERDICT_COLOURS.items()))
+    starts = np.cumsum([8] + [16 + CHAR_WIDTH * len(v) for v in VERDICT_COLOURS])  # one line, each name's width
+    legend = "".join(f"<circle cx='{start}' cy='{bottom + 32}' r='4' fill='{c}'/><text x='{start + 8}' "
+                     f"y='{bottom + 36}'>{e(v)}</text>" for start, (v, c) in zip(starts, VERDICT_COLOURS.items()))
     parts.append(legend + "</svg>")
     return "".join(parts)
 

@@ -13,7 +13,7 @@ predicts — "holds" (the interval lies on the predicted side of 0), "reversed" 
 (it contains 0, or one seed gives none), "identical" (every seed's difference is exactly 0: the two measures did the
 same thing, e.g. the edge where they differ never bound — a finding of its own, not noise) — and `identity_verdict`
 says "exact" when two computations agree to a tolerance. A comparison with no seed at all is "no data"
-(`claims.comparison_row`).
+(`claims_report.comparison_row`).
 """
 
 from __future__ import annotations

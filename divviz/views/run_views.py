@@ -13,7 +13,7 @@ from divviz import explore
 
 from divviz.views import plots, run_plots
 from divviz.catalogue.divergences import ClipTest, clip_test
-from divviz.engine import store
+from divviz.engine import published, store
 from divviz.engine.config import RunConfig, config_label, correction_from, objective_from, setting_of
 from divviz.evidence.intervals import summarize
 from divviz.importers.source import source_of
@@ -276,7 +276,7 @@ def overview_row(run, viewer) -> dict:
     last, evals = store.last_metrics(run.folder), store.read_evals(run.folder)
     collapsed = last.get("stability/collapse_step")
     return {"run": run.name, "state": run.state, "step": f"{run.step}/{run.steps}",
-            "owner": owner_label(run.status, viewer), "model": run.config.get("model", ""),
+            "owner": owner_label(run.status, viewer, published_grid(run)), "model": run.config.get("model", ""),
             "setting": setting_of(run.config),  # the model's named setting it trains at (learn, stress), if any
             "device": run.status.get("device") or "",  # where it trained (a runs folder may come from a GPU machine)
             "task": task_label(run.config), "objective": run_label(run), "seed": run.config.get("seed"),
@@ -331,9 +331,24 @@ def duration(seconds: float) -> str:
     return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60} min"
 
 
-def owner_label(status: dict, viewer) -> str:
-    """Whose run it is, as the Runs page says it: you, another browser, or the terminal (identities stay hidden
-    but for the teacher, who sees their first characters)."""
+def every_run(root) -> list:
+    """The runs folder's runs, newest first, then the published runs (`engine/published.py`), read-only: what the
+    Runs page and the Step inspector list. A published run's folder is in the published runs' folder."""
+    shared = published.folder()
+    return [*store.list_runs(root), *(store.list_runs(shared) if shared else ())]
+
+
+def published_grid(run) -> str | None:
+    """The published grid a run belongs to (None for a run of the runs folder)."""
+    shared = published.folder()
+    return published.grid_of(run.name) if shared is not None and run.folder.parent == shared else None
+
+
+def owner_label(status: dict, viewer, grid: str | None = None) -> str:
+    """Whose run it is, as the Runs page says it: published (read-only, with its grid), you, another browser, or the
+    terminal (identities stay hidden but for the teacher, who sees their first characters)."""
+    if grid:
+        return f"published: {grid}"
     owner = status.get("owner") or ""
     if not owner:
         return "terminal"

@@ -1,0 +1,141 @@
+"""The published runs: the claims grids trained for divviz's own evidence, kept in the repository as data.
+
+    published/<grid>/manifest.json      the grid: model, setting, device, precision, versions, the commit that
+                                        trained it, and per run its cell, state, wall time and files' SHA-256
+    published/<grid>/<run id>/          one run, the run store's layout (`store.py`) made compact:
+        config.json, status.json        as the run wrote them (status without its process id)
+        metrics.jsonl.gz, eval.jsonl.gz, samples.jsonl.gz   the run's JSONL files, gzip-compressed
+        tokens/step_NNNNNN.npz           the per-token record of the kept steps (first, middle, last)
+        completions/step_NNNNNN.json.gz  the inspector's record of the same steps
+
+A reader needs nothing of divviz to use them: `gzip` and `json` read every metric and evaluation
+(docs/claims.md shows a cell recomputed with numpy alone). divviz itself opens them as an ordinary runs folder
+(`folder()`): the files are unpacked once into a cache named by the manifests' content, so the store's readers, the
+Claims page, the Runs page and the Step inspector read them as they read any run — never written, never queued.
+
+`publish` is the maintainer's half (`scripts/publish_runs.py`): it copies a finished run into its grid and records it
+in the manifest, so a grid is published run by run while it trains.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import divviz
+
+ROOT = Path(divviz.__file__).resolve().parent.parent / "published"  # beside the package in a checkout
+JSONL = ("metrics.jsonl", "eval.jsonl", "samples.jsonl")
+
+
+def root() -> Path:
+    """Where the published grids are: $DIVVIZ_PUBLISHED, else the checkout's published/ folder."""
+    return Path(os.environ.get("DIVVIZ_PUBLISHED") or ROOT)
+
+
+def manifests(where: Path | None = None) -> dict[str, dict]:
+    """Each published grid's manifest by grid name ({} when nothing is published); a manifest that cannot be read, or
+    that names a run that is not a folder beside it, hides its own grid and no other."""
+    where = where or root()
+    out = {}
+    for path in sorted(where.glob("*/manifest.json")):
+        try:
+            manifest = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if (isinstance(manifest, dict) and isinstance(manifest.get("runs"), dict)
+                and all(_plain_name(name) and (path.parent / name).is_dir() for name in manifest["runs"])):
+            out[path.parent.name] = manifest
+    return out
+
+
+def _plain_name(name: str) -> bool:
+    """A run's name is one folder's: no separator, not hidden, not "." or ".." (a manifest cannot point elsewhere)."""
+    return isinstance(name, str) and bool(name) and "/" not in name and "\\" not in name and not name.startswith(".")
+
+
+def grid_of(run_name: str, where: Path | None = None) -> str | None:
+    """The published grid a run (by its folder's name) belongs to, or None."""
+    return next((grid for grid, m in manifests(where).items() if run_name in m["runs"]), None)
+
+
+def folder(where: Path | None = None) -> Path | None:
+    """A runs folder holding every published run, unpacked (made once per content of the manifests, in divviz's
+    cache folder); None when nothing is published."""
+    where = where or root()
+    found = manifests(where)
+    if not found:
+        return None
+    key = hashlib.sha256(json.dumps(found, sort_keys=True).encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "divviz" / "published" / key
+    if cache.is_dir():
+        return cache
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    unpacking = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=cache.parent))
+    for grid, manifest in found.items():
+        for run in manifest["runs"]:
+            _unpack(where / grid / run, unpacking / run)
+    try:
+        os.replace(unpacking, cache)
+    except OSError:  # another process unpacked it first
+        shutil.rmtree(unpacking, ignore_errors=True)
+    return cache
+
+
+def _unpack(source: Path, target: Path) -> None:
+    for path in source.rglob("*"):
+        if path.is_dir():
+            continue
+        relative = path.relative_to(source)
+        out = target / (relative.with_suffix("") if path.suffix == ".gz" else relative)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_bytes(gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes())
+
+
+def kept_steps(steps: int) -> tuple[int, ...]:
+    """The steps whose per-token and inspector records are published: the first, the middle and the last."""
+    return tuple(sorted({1, max(1, steps // 2), steps}))
+
+
+def publish(run: Path, grid: Path, cell: dict, trained_by: dict) -> dict:
+    """Copy the finished run folder `run` into the grid folder `grid` (compact, as above) and record it in the
+    grid's manifest under its name, with `cell` (measure, reward, seed), its state and wall time; `trained_by`
+    (model, setting, device, precision, versions, commit) is the grid's and must agree with what it already holds.
+    Returns the manifest."""
+    status = json.loads((run / "status.json").read_text())
+    if status["state"] not in ("done", "failed"):
+        raise ValueError(f"{run.name} is {status['state']}: only a finished run is published")
+    manifest_path = grid / "manifest.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {**trained_by, "runs": {}}
+    clash = {k: (manifest.get(k), v) for k, v in trained_by.items() if manifest.get(k) != v}
+    if clash:
+        raise ValueError(f"{run.name} was not trained as {grid.name}'s runs were: {clash}")
+    target = grid / run.name
+    shutil.rmtree(target, ignore_errors=True)
+    (target / "tokens").mkdir(parents=True)
+    status = {k: v for k, v in status.items() if k != "pid"}
+    files = {"config.json": (run / "config.json").read_bytes(), "status.json": json.dumps(status).encode()}
+    files.update({f"{name}.gz": gzip.compress((run / name).read_bytes(), mtime=0)
+                  for name in JSONL if (run / name).exists()})
+    for step in kept_steps(status["steps"]):
+        tokens = run / "tokens" / f"step_{step:06d}.npz"
+        if tokens.exists():
+            files[f"tokens/{tokens.name}"] = tokens.read_bytes()
+        record = run / "completions" / f"step_{step:06d}.json"
+        if record.exists():
+            files[f"completions/{record.name}.gz"] = gzip.compress(record.read_bytes(), mtime=0)
+    for name, data in files.items():
+        (target / name).parent.mkdir(parents=True, exist_ok=True)
+        (target / name).write_bytes(data)
+    manifest["runs"][run.name] = {**cell, "state": status["state"], "steps": status["step"],
+                                  "wall_s": round(status["updated"] - status["started"], 1),
+                                  "sha256": {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}}
+    manifest["runs"] = dict(sorted(manifest["runs"].items()))
+    manifest["wall_s"] = round(sum(r["wall_s"] for r in manifest["runs"].values()), 1)
+    manifest_path.write_text(json.dumps(manifest, indent=1) + "\n")
+    return manifest

@@ -1,0 +1,266 @@
+"""The claims report: every cell of every claim, its verdict, and the report's multiplicity.
+
+A compared cell (`comparison_row`) is candidate − baseline over the same seeds: the paired mean with its 95% interval
+(`intervals`), the sign-flip p of the mean, the median with its sign test, and the verdict they give together
+(`significance.verdict`); an identity's cell is its largest |difference| against a tolerance. The cells of a
+report are then adjusted for their number (`adjust`): Holm within a family (a claim's readings at one setting),
+Benjamini–Hochberg across the report; each cell keeps its raw verdict beside the adjusted one, and the counts of a
+report's summary and overview are of the adjusted ones.
+
+The bandit grid (`evaluate`) makes the first cells; `claims_lm` and `claims_real` add theirs (`Report` is replaced
+with more rows, and adjusted again).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from divviz.bandit.grpo import run_bandits
+from divviz.evidence import intervals, significance
+from divviz.evidence.claims import (BANDIT, BINARY, BY_CONSTRUCTION, CLAIMS, EARLY, GRID, IDENTITY_TOLERANCE, LATE,
+                                    OBJECTIVES, RANDOM_GRID, START, UNTESTED, ZERO, Claim, Comparison, effect_of)
+
+
+@dataclass
+class Report:
+    rows: list[dict]
+    seeds: int
+    lm: str = ""  # what the language model's cells are ("" when the report has none): `claims_lm.LMPlan.text`
+    real: str = ""  # what the real model's cells are ("" when none): `claims_real.RealPlan.text`
+    lm_details: tuple[str, ...] = ()  # lines on the LM runs beyond the cells: collapses per measure, the pilot
+    untested: tuple[str, ...] = UNTESTED
+    claims: tuple[Claim, ...] = field(default=CLAIMS)
+
+    def __post_init__(self):
+        self.rows = adjust(self.rows)
+
+    def summary(self) -> list[dict]:
+        """Per claim, setting and compared measure: how many cells have each verdict after adjustment for
+        multiplicity (`VERDICTS`), and how many held or reversed before it ("raw holds or reversed"); for an
+        identity, also the largest |difference| over its cells (None for the other claims)."""
+        out: dict[tuple, dict] = {}
+        for row in self.rows:
+            entry = out.setdefault((row["claim_key"], row["setting"], row["candidate"], row["metric"]),
+                                   {"claim": row["claim"], "setting": row["setting"], "candidate": row["candidate"],
+                                    "baseline": row["baseline"], "metric": row["metric"], "cells": 0,
+                                    **{v: 0 for v in VERDICTS}, RAW: 0, "largest": None})
+            entry["cells"] += 1
+            entry[row["verdict_adjusted"]] += 1
+            entry[RAW] += row["verdict"] in (intervals.HOLDS, intervals.REVERSED)
+            if intervals.is_identity(row["verdict"]):
+                entry["largest"] = max(entry["largest"] or 0.0, abs(row["mean"]))
+        return list(out.values())
+
+    def overview(self) -> list[dict]:
+        """Per claim, in the catalogue's order: the settings it is tested in, how many cells, and how many of them
+        hold, reverse, are not resolved, exact or not, or have no data yet (`summary` added up over its rows)."""
+        out = {claim.text: {"claim": claim.text, "settings": [], "cells": 0, **dict.fromkeys(VERDICTS, 0), RAW: 0}
+               for claim in self.claims}
+        for s in self.summary():
+            entry = out[s["claim"]]
+            for count in ("cells", *VERDICTS, RAW):
+                entry[count] += s[count]
+            if s["setting"] not in entry["settings"]:
+                entry["settings"].append(s["setting"])
+        return [{**entry, "settings": ", ".join(entry["settings"])} for entry in out.values()]
+
+    @property
+    def scope(self) -> str:
+        """One line: how many cells, and on what."""
+        return (f"{len(self.rows)} cells: the bandit grid with {self.seeds} seeds per measure, every measure on the "
+                f"same seeds" + (f"; {self.lm}" if self.lm else "; the built-in LM not included")
+                + (f"; {self.real}" if self.real else ""))
+
+
+CELL_KEYS = ("claim", "setting", "condition", "metric", "candidate", "baseline", "predicted_sign", "verdict",
+             "verdict_adjusted", "mean", "low", "high", "n", "seeds_reversed", "p", "p_holm", "q_bh", "median",
+             "p_median", "seeds_for_power", "rules_out", "by_construction")  # a cell's columns, in the order shown
+HEADERS = {**{k: k for k in CELL_KEYS}, "predicted_sign": "predicted", "verdict": "verdict (raw)",
+           "verdict_adjusted": "verdict (Holm)", "low": "95% low", "high": "95% high",
+           "seeds_reversed": "seeds reversed", "p": "sign-flip p", "p_holm": "p (Holm, claim × setting)",
+           "q_bh": "q (BH, report)", "median": "median", "p_median": "sign-test p",
+           "seeds_for_power": "seeds for 80% power", "rules_out": "rules out the effect",
+           "by_construction": "by construction", "cells": "cells",
+           "largest": "largest |difference|"}  # their headers
+
+
+def cell_table(rows: list[dict], shared: dict) -> list[dict]:
+    """A claim's cells as its table shows them, headed in words: who and what (candidate, metric), the outcome
+    (the verdicts, mean, interval, n, tests) before the long condition, without the columns every cell shares
+    (`shared`, said once above it) or that say nothing for these cells (an identity's interval, predicted sign, n
+    and tests; its mean is the largest |difference|)."""
+    identity = all(intervals.is_identity(row["verdict"]) for row in rows)
+    said_by_mean = ("predicted_sign", "verdict_adjusted", "low", "high", "n", "seeds_reversed", "p", "p_holm", "q_bh",
+                    "median", "p_median", "seeds_for_power", "rules_out", "by_construction")
+    first = ("candidate", "metric", "verdict_adjusted", "verdict", "mean", "low", "high", "n", "seeds_reversed")
+    keys = [k for k in dict.fromkeys((*first, *CELL_KEYS[1:]))
+            if k not in shared and not (identity and k in said_by_mean)]
+    headers = {**HEADERS, **({"mean": HEADERS["largest"]} if identity else {})}
+    return [{headers[k]: power_text(row) if k == "seeds_for_power" else effect_text(row) if k == "rules_out"
+             else row[k] for k in keys} for row in rows]
+
+
+def power_text(row: dict) -> str:
+    """A cell's seeds for 80% power in words: "11 [5, 60] for +0.055" (at its spread and the ends of the spread's
+    95% interval); "" where the cell is sized for no effect."""
+    if row["effect"] is None:
+        return ""
+    count = lambda n: "> 10,000" if n is None else str(n)  # noqa: E731
+    low, high = row["seeds_for_power_range"]
+    return (f"{count(row['seeds_for_power'])} [{count(low)}, {count(high)}] for {row['effect']:+.3f}"
+            if row["n"] >= 2 else "")
+
+
+def effect_text(row: dict) -> str:
+    """Whether a cell rules out its effect: "rules out a gain ≥ 0.055 (GBMPO's …)"; "" where it does not."""
+    return f"rules out a gain ≥ {row['effect']:.3f} ({row['effect_source']})" if row["rules_out"] else ""
+
+
+def shared_text(shared: dict) -> str:
+    """`in_common`'s values in words, e.g. "setting bandit · baseline PPO ε=0.2 · predicted: candidate − baseline
+    > 0"."""
+    words = {"predicted_sign": lambda v: f"predicted: candidate − baseline {'>' if v == '+' else '<'} 0",
+             "baseline": lambda v: "compared against 0" if v == "0" else f"baseline {v}"}
+    return " · ".join(words.get(k, lambda v: f"{HEADERS[k]} {v}")(v) for k, v in shared.items())
+
+
+def in_common(rows: list[dict], keys) -> dict:
+    """The `keys` whose value is the same in every one of `rows` (and not empty), with that value: what a table of
+    these rows can say once above it instead of in every row."""
+    return {k: rows[0][k] for k in keys
+            if rows and rows[0][k] not in ("", None) and all(r[k] == rows[0][k] for r in rows)}
+
+
+BY_CONSTRUCTION_VERDICT = "by construction"  # a reading that holds because the candidate's box is wider
+VERDICTS = (intervals.HOLDS, intervals.REVERSED, intervals.NOT_RESOLVED, significance.DISAGREE, intervals.IDENTICAL,
+            BY_CONSTRUCTION_VERDICT, intervals.EXACT, intervals.NOT_EXACT, intervals.NO_DATA)
+VERDICT_RULE = ("each cell: candidate − baseline seed by seed, its mean with the 95% interval (Student-t; Newcombe's "
+                "for a 0/1 reading such as the collapse flag), n, the seeds that go the other way, the sign-flip "
+                "permutation p of the mean (exact up to 16 seeds: at n seeds it cannot go below 2/2^n, 0.125 at 4) and "
+                "the median with its sign test. Holds / reversed: the interval excludes 0 on that side and p < 0.05; "
+                "mean and median disagree: they have opposite signs; identical: every seed's difference is exactly 0; "
+                "else not resolved. The adjusted verdict (the counts) uses p adjusted by Holm within a claim's readings "
+                "at one setting; q is Benjamini–Hochberg's across the report; a reading lower by construction (a "
+                "wider box clips less) counts as such, not as stability. Identities: exact below 1e-12; no data: no "
+                "seed has both runs yet")
+RAW = "raw holds or reversed"  # a summary's count of cells that held or reversed before adjustment
+
+
+def adjust(rows: list[dict]) -> list[dict]:
+    """The rows with their multiplicity added (copies; the rows given are not changed): `p_holm`, the sign-flip p
+    adjusted by Holm within the cell's family (a claim's readings at one setting), `q_bh`, adjusted by
+    Benjamini–Hochberg across every tested cell of the report, and `verdict_adjusted`, the verdict with `p_holm` in
+    place of p — a reading lower by construction (`BY_CONSTRUCTION`) that holds is counted as such instead."""
+    out = [dict(row, p_holm=None, q_bh=None, verdict_adjusted=row["verdict"]) for row in rows]
+    tested = [row for row in out if row.get("p") is not None]
+    for row, q in zip(tested, significance.benjamini_hochberg([row["p"] for row in tested])):
+        row["q_bh"] = float(q)
+    families: dict[str, list[dict]] = {}
+    for row in tested:
+        families.setdefault(row["family"], []).append(row)
+    for family in families.values():
+        for row, p in zip(family, significance.holm([row["p"] for row in family])):
+            row["p_holm"] = float(p)
+            row["verdict_adjusted"] = significance.adjusted_verdict(row["verdict"], p)
+    for row in out:
+        if row.get("by_construction") and row["verdict"] == intervals.HOLDS:
+            row["verdict_adjusted"] = BY_CONSTRUCTION_VERDICT
+    return out
+
+
+def evaluate(seeds: int = 20, grid=GRID + RANDOM_GRID, progress: Callable[[float, str], None] | None = None) -> Report:
+    """Every claim on every cell: identities on random batches, the bandit claims on the grid with `seeds` seeds
+    (a claim of the random-reward control on the grid's coin conditions, the others on the rest)."""
+    rows = []
+    for claim in CLAIMS:
+        if claim.identity is not None:
+            for cell in claim.identity():
+                rows.append(_row(claim, "random batches", cell["condition"], "max |difference|", cell["candidate"],
+                                 cell["baseline"], "", cell["max_difference"], cell["max_difference"],
+                                 cell["max_difference"], 1, 0,
+                                 intervals.identity_verdict(cell["max_difference"], IDENTITY_TOLERANCE)))
+    names = list(OBJECTIVES)
+    for done, condition in enumerate(grid):
+        if progress:
+            progress(done / len(grid), f"bandit: {condition.text}")
+        runs = run_bandits(condition.config(LATE), list(OBJECTIVES.values()), seeds=range(seeds))
+        by_name = {name: runs[i::len(names)] for i, name in enumerate(names)}
+        for claim in (c for c in CLAIMS if (c.reward == "random") == (condition.reward == "coin")):
+            for c in claim.comparisons:
+                for reading, iteration in (("early", EARLY), ("late", LATE)):
+                    window = range(iteration - EARLY, iteration) if c.metric in PER_UPDATE else range(iteration - 1,
+                                                                                                      iteration)
+                    values = [bandit_readings(by_name, name, c, window) for name in (c.candidate, c.baseline)]
+                    span = (f"iterations {window.start + 1}–{window.stop}" if len(window) > 1
+                            else f"iteration {iteration}")
+                    rows.append(comparison_row(claim, BANDIT, f"{condition.text} · {reading} ({span})", c, *values,
+                                               range(seeds)))
+    if progress:
+        progress(1.0, "done")
+    return Report(rows, seeds)
+
+
+PER_UPDATE = ("entropy/would_masked_low", "entropy/would_masked_high")  # read as their mean over a window of updates
+
+
+def bandit_readings(by_name: dict, name: str, c: Comparison, window: range) -> list[float]:
+    """Each seed's value of `c.metric` for the measure `name`, the mean over the iterations in `window` (0-based):
+    the candidate's own start (its entropy before any update) for START, and 0 for ZERO."""
+    if name == ZERO:
+        return [0.0] * len(by_name[c.candidate])
+    if name == START:
+        return [run.initial_entropy for run in by_name[c.candidate]]
+    return [float(run.history[c.metric][window.start:window.stop].mean()) for run in by_name[name]]
+
+
+
+
+def comparison_row(claim: Claim, setting: str, condition: str, c: Comparison, candidate, baseline, seeds,
+                   where: str = "") -> dict:
+    """One cell of a compared claim from its seeds' values (candidate and baseline, seed `seeds[i]` in both): the
+    paired difference candidate − baseline with its interval (Newcombe's for a 0/1 reading), the sign-flip p of its
+    mean, the median with its sign test, the seeds each way, and the verdict they give together
+    (`significance.verdict`); where the comparison is sized for an effect (`effect_of`), the seeds 80% power needs
+    and whether the gain is ruled out. `where` names the setting's part of the cell's family (a claim's readings at
+    one setting: the multiplicity Holm adjusts for, `adjust`)."""
+    a, b = np.asarray(candidate, dtype=np.float64), np.asarray(baseline, dtype=np.float64)
+    difference = a - b
+    if a.size == 0:
+        d = intervals.Paired(np.nan, np.nan, np.nan, 0, 0)
+    else:
+        d = (intervals.paired_binary if c.metric in BINARY else intervals.paired)(a, b)
+    p = significance.sign_flip_p(difference)
+    median, p_median, up, down = significance.sign_test(difference)
+    verdict = (intervals.NO_DATA if d.n == 0 else
+               significance.verdict(d.low, d.high, p, d.mean, median, c.sign))
+    row = _row(claim, setting, condition, c.metric, c.candidate, c.baseline, "+" if c.sign > 0 else "−", d.mean,
+               d.low, d.high, d.n, d.reversed, verdict)
+    effect = effect_of(claim, c)
+    needed = significance.seeds_needed(difference, effect.size) if effect else (None, None, None)
+    finite = lambda x: None if not np.isfinite(x) else float(x)  # noqa: E731
+    row.update(p=finite(p), median=finite(median), p_median=finite(p_median), seeds_up=up, seeds_down=down,
+               family=" · ".join(filter(None, (claim.key, setting, where))),
+               by_construction=BY_CONSTRUCTION.get((c.candidate, c.metric), ""),
+               effect=effect.size if effect else None, effect_source=effect.source if effect else "",
+               seeds_for_power=needed[0], seeds_for_power_range=[needed[1], needed[2]] if effect else None,
+               rules_out=(effect is not None and d.n >= 2 and c.sign > 0
+                          and significance.rules_out_gain(difference, effect.size)),
+               seeds=[int(s) for s in seeds], candidate_values=a.tolist(), baseline_values=b.tolist(),
+               differences=difference.tolist())
+    return row
+
+
+def _row(claim: Claim, setting: str, condition: str, metric: str, candidate: str, baseline: str, predicted: str,
+         mean: float, low: float, high: float, n: int, reversed_seeds: int, verdict: str) -> dict:
+    finite = lambda x: None if x is None or not math.isfinite(x) else float(x)  # noqa: E731 — JSON has no NaN
+    return {"claim": claim.text, "claim_key": claim.key, "source": claim.source, "provenance": claim.provenance,
+            "setting": setting, "condition": condition, "metric": metric, "candidate": candidate,
+            "baseline": baseline, "predicted_sign": predicted, "mean": finite(mean), "low": finite(low),
+            "high": finite(high), "n": n, "seeds_reversed": reversed_seeds, "verdict": verdict,
+            **dict.fromkeys(("p", "median", "p_median", "seeds_up", "seeds_down", "family", "by_construction", "effect",
+                             "effect_source", "seeds_for_power", "seeds_for_power_range", "rules_out", "seeds",
+                             "candidate_values", "baseline_values", "differences"))}  # a compared cell's (below)

@@ -1,0 +1,235 @@
+"""The evidence of a language model's claims grid (`claims_lm.LMPlan`): its cells, collapses, learning curves and
+pilot, read from the finished runs.
+
+Readings, paired seed by seed (a seed whose candidate or baseline run failed drops out of the pair, so n says how many
+remain):
+    a per-step metric (entropy, mass_to_argmax, …)   its mean over an early window (steps T/6 + 1 … T/3) and over the
+                                                     last T/6 steps
+    held-out accuracy (`claims.HELD_OUT`)            at the end (the evaluation after step T) and over the run (the
+                                                     trapezoid mean of the evaluations from step 0 to T)
+    stability (`claims.WHOLE_RUN`)                   once for the whole run: the collapse flag (0 or 1; its paired
+                                                     difference has Newcombe's interval, `intervals.paired_binary`),
+                                                     the largest update KL, the largest clip fraction
+                                                     (`engine/stability.py`)
+
+    evidence = LMEvidence(plan)
+    evidence.rows()           # the report's cells (`claims_report.comparison_row`), of the pairs finished so far
+    evidence.report(bandit)   # the bandit report with them added
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from functools import cached_property
+
+import numpy as np
+
+from divviz.engine import store
+from divviz.engine.models import BUILTIN
+from divviz.evidence import claims, claims_lm, claims_report, intervals, significance
+from divviz.evidence.claims_lm import FINAL, PILOT, LMPlan, measures, run_config
+from divviz.metrics import proportion
+
+
+def windows(steps: int) -> dict[str, range]:
+    """The early and late readings of a per-step metric, as step ranges (1-based, inclusive of both ends' steps)."""
+    width = max(1, steps // 6)
+    return {"early": range(width + 1, max(width + 1, steps // 3) + 1), "late": range(steps - width + 1, steps + 1)}
+
+
+def readings(metric: str, steps: int) -> dict[str, str]:
+    """The readings of `metric` (name → how the condition describes it)."""
+    if metric in claims.HELD_OUT:
+        return {"end": f"step {steps}", "over the run": f"trapezoid mean of steps 0–{steps}"}
+    if metric in claims.WHOLE_RUN:
+        return {"whole run": f"steps 1–{steps}"}
+    return {name: f"mean of step {w.start}" if len(w) == 1 else f"mean of steps {w.start}–{w.stop - 1}"
+            for name, w in windows(steps).items()}
+
+
+@dataclass(frozen=True)
+class LMEvidence:
+    """What a plan's finished runs say: read once per plan (a page rerun reads a new plan, and a new evidence)."""
+
+    plan: LMPlan
+
+    @cached_property
+    def finished_series(self) -> dict:
+        """Each finished run's (metrics by step, held-out evaluations by step), read from its folder once for the
+        cells, the learning curves and the pilot."""
+        return {key: ({row["step"]: row for row in store.read_metrics(run.folder)},
+                      {row["step"]: row for row in store.read_evals(run.folder)})
+                for key, run in self.plan.runs.items() if run is not None and run.state == "done"}
+
+    def rows(self) -> list[dict]:
+        """The report's cells: per claim, comparison and reading, the paired difference over the seeds whose two
+        runs both finished."""
+        read = {key: _readings(*series, self.plan.steps) for key, series in self.finished_series.items()}
+        task = run_config(measures()[0][0], 0, self.plan.steps, self.plan.model, setting=self.plan.setting).task  # every cell's
+        out = []
+        for claim in claims.CLAIMS:
+            for c in claim.lm_comparisons:
+                for reading, span in readings(c.metric, self.plan.steps).items():
+                    def value(name: str, seed: int) -> float | None:
+                        """The seed's reading of the measure `name` (its candidate's step 1 for START, 0 for ZERO)."""
+                        own = read.get((c.candidate if name in (claims.START, claims.ZERO) else name, claim.reward,
+                                        seed))
+                        if own is None:
+                            return None
+                        return 0.0 if name == claims.ZERO else own["start" if name == claims.START else reading][c.metric]
+
+                    compared = [m for m in (c.candidate, c.baseline) if m not in (claims.START, claims.ZERO)]
+                    seeds = [s for s in self.plan.seeds_of(*compared, reward=claim.reward)
+                             if all(v is not None and np.isfinite(v) for v in (value(c.candidate, s),
+                                                                                 value(c.baseline, s)))]
+                    rewarded = " · random rewards" if claim.reward == "random" else ""
+                    # the row's setting (claims.LM_TRAINING) names the model; the condition, its setting
+                    where = "" if self.plan.model == BUILTIN else f"{self.plan.setting or 'defaults'} · "
+                    out.append(claims_report.comparison_row(
+                        claim, claims.LM if self.plan.model == BUILTIN else claims.LM_TRAINING,
+                        f"{where}{task}{rewarded} · {reading} ({span})", c, [value(c.candidate, s) for s in seeds],
+                        [value(c.baseline, s) for s in seeds], seeds, where=self.plan.setting))
+        return out
+
+    def collapses(self) -> list[dict]:
+        """Per measure (task rewards), over its finished seeds: how many collapsed (`engine/stability.py`'s flag at
+        the end, or a run that failed on a non-finite value), the share with its Wilson 95% interval, and the steps
+        of collapse; and the spread of its reward curve over seeds — the standard deviation over the seeds that ran to
+        the end of each run's mean reward over steps 1–T, with its 95% interval (`intervals.sd_interval`)."""
+        out = []
+        for measure in dict.fromkeys(m for m, r, _ in self.plan.runs if r == "task"):
+            steps, mean_rewards = [], []
+            n = 0
+            for seed in self.plan.seeds_of(measure):
+                run = self.plan.runs[(measure, "task", seed)]
+                if run is None or run.state not in FINAL:
+                    continue
+                n += 1
+                rows = self.finished_series[(measure, "task", seed)][0] if run.state == "done" else {}
+                step = _collapse_step(run, rows)
+                if step is not None:
+                    steps.append(step)
+                if rows:
+                    mean_rewards.append(np.mean([row["reward"] for row in rows.values()]))
+            share, low, high = proportion(len(steps), n)
+            sd, sd_low, sd_high = intervals.sd_interval(mean_rewards)
+            out.append({"measure": measure, "n": n, "collapsed": len(steps), "share": share, "low": low, "high": high,
+                        "steps": sorted(steps), "reward_sd": sd, "reward_sd_low": sd_low, "reward_sd_high": sd_high,
+                        "reward_n": len(mean_rewards)})
+        return out
+
+    def curves(self, metric: str) -> dict[str, dict]:
+        """Per measure (task rewards), `metric` over the run: the steps and, over the finished seeds, the mean with
+        its band (`intervals.summarize`, within [0, 1] for an accuracy or a reward). Held-out metrics are read at
+        their evaluations, the others at every step."""
+        out = {}
+        bounds = (0.0, 1.0) if metric in (*claims.HELD_OUT, "reward", "accuracy") else (0.0, np.inf)
+        for measure in dict.fromkeys(m for m, r, _ in self.plan.runs if r == "task"):
+            series = []
+            for seed in self.plan.seeds_of(measure):
+                if (measure, "task", seed) in self.finished_series:
+                    rows, evals = self.finished_series[(measure, "task", seed)]
+                    by_step = evals if metric in claims.HELD_OUT else rows
+                    series.append({step: row[metric] for step, row in by_step.items() if metric in row})
+            steps = sorted(set.intersection(*(set(s) for s in series))) if series else []
+            if steps:
+                summary = intervals.summarize([[s[t] for t in steps] for s in series], bounds=bounds)
+                out[measure] = {"steps": steps, "mean": summary.mean, "low": summary.low, "high": summary.high,
+                                "n": summary.n}
+        return out
+
+    def pilot(self, metric: str = "eval/accuracy", sizes: tuple[int, ...] = (4, 8, 16)) -> dict | None:
+        """The pilot's spread: over the seeds where both of `PILOT`'s runs are done, the final `metric` of each, the
+        standard deviation (ddof 1) of PPO's and of the paired difference KL3 − PPO, and the smallest paired difference
+        S seeds could resolve at that spread (`intervals.half_width`) for each S in `sizes`; None below 2 seeds."""
+        series = self.finished_series
+        seeds = [s for s in self.plan.seeds_of(*PILOT) if all((m, "task", s) in series for m in PILOT)]
+        finals = {(m, s): _readings(*series[(m, "task", s)], self.plan.steps)["end"][metric] for m in PILOT for s in seeds}
+        if len(seeds) < 2:
+            return None
+        ppo = np.array([finals[(PILOT[0], s)] for s in seeds])
+        diff = np.array([finals[(PILOT[1], s)] for s in seeds]) - ppo
+        sd = float(diff.std(ddof=1))
+        effects = {"GBMPO's reported gain": claims.PROBL2_EFFECT.size, "the smallest gain of interest":
+                   claims.SMALLEST_EFFECT[metric].size} if metric in claims.SMALLEST_EFFECT else {}
+        return {"metric": metric, "n": len(seeds), "planned": self.plan.pilot_seeds, "ppo_mean": float(ppo.mean()),
+                "ppo_sd": float(ppo.std(ddof=1)),
+                "difference_mean": float(diff.mean()), "difference_sd": sd,
+                "resolvable": {size: intervals.half_width(sd, size) for size in sizes},
+                "power": {name: (size, *significance.seeds_needed(diff, size)) for name, size in effects.items()},
+                "declared": claims_lm.DECLARED.get(self.plan.setting) if self.plan.model != BUILTIN else None}
+
+    def report(self, bandit: claims_report.Report) -> claims_report.Report:
+        """The bandit report with these cells added: those of the finished runs' pairs (n says how many seeds)."""
+        finished = "" if self.plan.finished else f" ({self.plan.done} of {len(self.plan.runs)} runs finished so far)"
+        collapses = [f"collapsed, {row['measure']}: {row['collapsed']}, share {row['share [95% Wilson]'] or '—'}, "
+                     f"at step {row['steps of collapse']}; the reward's spread over seeds (sd of each run's mean "
+                     f"reward) {row[SPREAD] or '—'}"
+                     for row in collapse_table(self.collapses())]
+        pilot = self.pilot()
+        provenance = f"; {self.plan.provenance}" if self.plan.provenance else ""
+        return replace(bandit, rows=bandit.rows + self.rows(), lm=self.plan.text + finished + provenance,
+                       lm_details=(*collapses, *([pilot_text(pilot)] if pilot else ())))
+
+
+CURVES = ("eval/accuracy", "eval/accuracy_greedy", "reward", "entropy")  # the learning curves the page draws
+
+
+SPREAD = "reward's spread over seeds: sd [95%]"  # the column of `collapse_table`
+
+
+def collapse_table(collapses: list[dict]) -> list[dict]:
+    """`LMPlan.collapses` as the page and the docs print it."""
+    return [{"measure": row["measure"], "collapsed": f"{row['collapsed']} of {row['n']}",
+             "share [95% Wilson]": "" if not row["n"] else f"{row['share']:.2f} [{row['low']:.2f}, {row['high']:.2f}]",
+             "steps of collapse": ", ".join(map(str, row["steps"])) or "—",
+             SPREAD: "" if row["reward_n"] < 2 else
+             f"{row['reward_sd']:.3f} [{row['reward_sd_low']:.3f}, {row['reward_sd_high']:.3f}], n = {row['reward_n']}"}
+            for row in collapses]
+
+
+def pilot_text(pilot: dict) -> str:
+    """`LMPlan.pilot` in a sentence."""
+    sizes = " / ".join(map(str, pilot["resolvable"]))
+    reach = " / ".join(f"±{v:.3f}" for v in pilot["resolvable"].values())
+    done = f"{pilot['n']} seeds" + (f" of its {pilot['planned']} done" if pilot["n"] < pilot["planned"] else "")
+    count = lambda n: "more than 10,000" if n is None else f"{n}"  # noqa: E731
+    power = "; ".join(f"at {name} ({size:+.3f}) {count(n)} seeds [{count(low)}, {count(high)}]"
+                      for name, (size, n, low, high) in pilot["power"].items())
+    design = ("" if not pilot["declared"] else
+              f" A two-stage design: {pilot['declared'][0]} seeds per measure first; the pilot pair's extension to "
+              f"{pilot['declared'][1]} was declared from their spread before it ran, and its tests are read at the "
+              "pooled n without correcting α for that look.")
+    return (f"Pilot ({' and '.join(PILOT)}, {done}): {pilot['metric']} at the end, PPO "
+            f"{pilot['ppo_mean']:.3f} (sd {pilot['ppo_sd']:.3f} over seeds); the paired difference KL3 − PPO "
+            f"{pilot['difference_mean']:+.3f} (sd {pilot['difference_sd']:.3f}). At that spread, {sizes} seeds "
+            f"resolve a mean difference of {reach} (the paired 95% interval's half-width)"
+            + (f"; 80% power needs, {power} (at the ends of the spread's 95% interval)." if power else ".") + design)
+
+
+def _readings(rows: dict[int, dict], evals: dict[int, dict], steps: int) -> dict[str, dict[str, float]]:
+    """Per reading, each compared metric's value in one run, from its metrics and its evaluations by step
+    (`readings`); "start": step 1's (its entropy was measured on completions sampled before any update)."""
+    metrics = {c.metric for claim in claims.CLAIMS for c in claim.lm_comparisons}
+    out = {reading: {m: float(np.mean([rows[s][m] for s in window if m in rows.get(s, {})] or [np.nan]))
+                     for m in metrics}
+           for reading, window in {**windows(steps), "start": range(1, 2)}.items()}
+    last = rows.get(steps, {})
+    out["whole run"] = {m: float(last.get(m, np.nan)) for m in claims.WHOLE_RUN}
+    for m in claims.HELD_OUT:
+        points = sorted((t, row[m]) for t, row in evals.items() if m in row)
+        at = dict(points)
+        out.setdefault("end", {})[m] = float(at.get(steps, np.nan))
+        whole = len(points) > 1 and points[0][0] == 0 and points[-1][0] == steps
+        out.setdefault("over the run", {})[m] = (float(np.trapezoid([v for _, v in points], [t for t, _ in points])
+                                                       / steps) if whole else np.nan)
+    return out
+
+
+def _collapse_step(run: store.RunInfo, rows: dict[int, dict]) -> int | None:
+    """The step at which a finished run collapsed (`stability/collapse_step` of its last metrics row, `rows` by step),
+    or where it stopped on a non-finite value; None when it did neither."""
+    if run.state == "failed":
+        return run.step + 1 if "became" in run.message else None  # `train`: "metric 'loss' became nan at step s"
+    last = rows[max(rows)] if rows else {}
+    return int(last["stability/collapse_step"]) if last.get("stability/collapsed") else None

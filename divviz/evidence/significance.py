@@ -1,0 +1,161 @@
+"""What a paired cell's seeds say beyond the t interval: a distribution-free test of the mean, the median and its
+test, the multiplicity of a report's cells, the power of a comparison and the gains it rules out (docs/theory.md §5).
+
+Every statistic is scipy's; this module chooses them and reads their results:
+
+    sign-flip p        H0: each seed's difference is as likely + as − (the two measures are exchangeable within a
+                       seed). `scipy.stats.permutation_test` on the mean with every 2^n sign flip for n ≤ 16, else
+                       9,999 random flips (a fixed seed, so a report is reproducible). No normality: at n seeds the
+                       smallest possible two-sided p is 2/2^n — 0.125 at n = 4, so nothing can hold at 4 seeds.
+    sign test          the median difference and the exact binomial test of #(d > 0) against #(d < 0) (zeros
+                       dropped), `scipy.stats.binomtest`: whether most seeds go one way, however large the few others.
+    Holm               within a family (a claim's readings at one setting): p_(i) ↦ max_{j ≤ i} min(1, (m − j + 1) p_(j))
+                       over the m sorted p-values, the family-wise error kept at α.
+    Benjamini–Hochberg across a report: `scipy.stats.false_discovery_control`, the false-discovery rate kept at α.
+    power              of the two-sided paired t-test at n seeds for a true mean difference δ when the differences'
+                       standard deviation is σ: P(|T| > t_{1−α/2, n−1}) with T noncentral t, df n − 1, noncentrality
+                       δ√n/σ (`scipy.stats.nct`); the seeds for 80% power are the smallest such n.
+    rules out a gain   one side of the two one-sided tests (TOST) at the margin X: H0 mean ≥ X rejected by the one-sided
+                       t-test (`scipy.stats.ttest_1samp(alternative="less")`) at α — the 90% interval's upper end
+                       below X.
+
+A verdict needs the t interval and the sign-flip test to agree (`verdict`); where the mean and the median point
+opposite ways the cell says so instead of a verdict from the mean alone.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+from scipy import stats
+
+from divviz.evidence import intervals
+
+ALPHA = 0.05
+EXACT_UP_TO = 16  # every sign flip up to 2^16 = 65,536; random flips beyond
+RESAMPLES = 9_999
+POWER = 0.8
+MOST_SEEDS = 10_000  # a power search stops here: "more than 10,000 seeds"
+DISAGREE = "mean and median disagree"  # the mean and the median difference have opposite signs
+
+
+@lru_cache(maxsize=65_536)
+def _sign_flip_p(differences: tuple[float, ...]) -> float:
+    d = np.asarray(differences)
+    exact = d.size <= EXACT_UP_TO
+    result = stats.permutation_test((d,), np.mean, permutation_type="samples", vectorized=True,
+                                    n_resamples=np.inf if exact else RESAMPLES, alternative="two-sided",
+                                    rng=np.random.default_rng(0))
+    return float(result.pvalue)
+
+
+def sign_flip_p(differences) -> float:
+    """The two-sided sign-flip permutation p-value of the mean of paired differences (NaN below 2 seeds, 1 when
+    every difference is 0). Kept per distinct set of differences: a page rerun does not test a cell again."""
+    d = np.asarray(differences, dtype=np.float64)
+    if d.size < 2:
+        return np.nan
+    if not d.any():
+        return 1.0
+    return _sign_flip_p(tuple(d.tolist()))
+
+
+def sign_test(differences) -> tuple[float, float, int, int]:
+    """(median, two-sided exact sign-test p, seeds with d > 0, seeds with d < 0); p is NaN when no seed differs
+    from 0 or there are fewer than 2."""
+    d = np.asarray(differences, dtype=np.float64)
+    up, down = int((d > 0).sum()), int((d < 0).sum())
+    median = float(np.median(d)) if d.size else np.nan
+    p = float(stats.binomtest(up, up + down, 0.5).pvalue) if d.size >= 2 and up + down else np.nan
+    return median, p, up, down
+
+
+def holm(pvalues) -> np.ndarray:
+    """Holm's step-down adjusted p-values, in the order given (NaN stays NaN and does not count in m)."""
+    p = np.asarray(pvalues, dtype=np.float64)
+    out = np.full_like(p, np.nan)
+    kept = np.flatnonzero(~np.isnan(p))
+    order = kept[np.argsort(p[kept], kind="stable")]
+    m = order.size
+    out[order] = np.minimum(1.0, np.maximum.accumulate((m - np.arange(m)) * p[order]))
+    return out
+
+
+def benjamini_hochberg(pvalues) -> np.ndarray:
+    """Benjamini–Hochberg adjusted p-values (q), in the order given (NaN stays NaN and does not count)."""
+    p = np.asarray(pvalues, dtype=np.float64)
+    out = np.full_like(p, np.nan)
+    kept = ~np.isnan(p)
+    if kept.any():
+        out[kept] = stats.false_discovery_control(p[kept], method="bh")
+    return out
+
+
+def power(n: int, effect: float, sd: float, alpha: float = ALPHA) -> float:
+    """The power of the two-sided paired t-test over n seeds for a true mean difference `effect` when the
+    differences' standard deviation is `sd`."""
+    if n < 2 or not sd > 0:
+        return np.nan
+    df, shift = n - 1, effect * np.sqrt(n) / sd
+    critical = stats.t.ppf(1 - alpha / 2, df)
+    return float(stats.nct.sf(critical, df, shift) + stats.nct.cdf(-critical, df, shift))
+
+
+def seeds_for_power(effect: float, sd: float, target: float = POWER, alpha: float = ALPHA) -> int | None:
+    """The fewest seeds (≥ 2) whose paired t-test has `target` power for `effect` at spread `sd`; None when more
+    than `MOST_SEEDS` would be needed or the spread is unknown."""
+    if not (sd > 0 and effect != 0 and np.isfinite(sd)):
+        return None
+    low, high = 2, 2
+    while power(high, effect, sd, alpha) < target:  # double, then bisect: power grows with n
+        low, high = high, high * 2
+        if high > 2 * MOST_SEEDS:
+            return None
+    while low < high:
+        middle = (low + high) // 2
+        low, high = (middle + 1, high) if power(middle, effect, sd, alpha) < target else (low, middle)
+    return high if high <= MOST_SEEDS else None
+
+
+def seeds_needed(differences, effect: float) -> tuple[int | None, int | None, int | None]:
+    """The seeds for 80% power at `effect` from these differences' spread s, and at the ends of s's 95% interval
+    (`intervals.sd_interval`): (at s, at its lower end, at its upper end); Nones below 2 seeds."""
+    s, s_low, s_high = intervals.sd_interval(differences)
+    return tuple(seeds_for_power(effect, sd) for sd in (s, s_low, s_high))
+
+
+def rules_out_gain(differences, margin: float, alpha: float = ALPHA) -> bool:
+    """Whether the differences reject "the mean gain is at least `margin`" (the upper one-sided t-test at α, the
+    TOST half that bounds a gain); False below 2 seeds or with no spread."""
+    d = np.asarray(differences, dtype=np.float64)
+    if d.size < 2 or not d.std() > 0:
+        return False
+    return bool(stats.ttest_1samp(d, margin, alternative="less").pvalue < alpha)
+
+
+def verdict(low: float, high: float, p: float, mean: float, median: float, predicted_sign: int) -> str:
+    """A cell's verdict: "identical" when its interval is [0, 0]; "mean and median disagree" when they have
+    opposite signs; "holds" / "reversed" when the t interval excludes 0 and the sign-flip p is below α; else "not
+    resolved"."""
+    if low == 0 == high:
+        return intervals.IDENTICAL
+    if np.sign(mean) * np.sign(median) < 0:
+        return DISAGREE
+    interval = intervals.verdict(low, high, predicted_sign)
+    if interval in (intervals.HOLDS, intervals.REVERSED) and p < ALPHA:
+        return interval
+    return intervals.NOT_RESOLVED
+
+
+def adjusted_verdict(raw: str, p_adjusted: float) -> str:
+    """The verdict once its p-value is adjusted for multiplicity: a cell that held or reversed stays so only if the
+    adjusted p is below α."""
+    if raw in (intervals.HOLDS, intervals.REVERSED) and not p_adjusted < ALPHA:
+        return intervals.NOT_RESOLVED
+    return raw
+
+
+def smallest_p(n: int) -> float:
+    """The smallest two-sided sign-flip p-value n seeds can give: 2 / 2^n (1 below 2 seeds)."""
+    return min(1.0, 2.0 / 2 ** n) if n >= 2 else 1.0

@@ -1,0 +1,62 @@
+"""Publish the finished runs of SmolLM2's claims grids from a runs folder into published/ (`engine/published.py`).
+
+    python scripts/publish_runs.py --runs-dir runs-grid --commit 6facbc5 [--grid-suffix cpu]
+
+For each setting with held-out evaluations (learn, stress), the grid as declared (`claims_lm.DECLARED`: seeds per
+measure and the pilot pair's seeds) is read from the runs folder; every cell whose run finished is published into
+published/smollm2-135m-<setting>-<suffix>/, and the manifest records how it was trained: the device and precision
+the run reports, this Python's torch and transformers, and `--commit`, the commit whose code trained the runs. A run
+already published with the same files is left as it is. Run it again as runs finish: a grid is published run by run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+from pathlib import Path
+
+import torch
+import transformers
+
+from divviz.engine import published
+from divviz.engine.model import pick_dtype
+from divviz.engine.models import evaluated_settings
+from divviz.evidence import claims_lm
+
+MODEL = "smollm2-135m"
+
+
+def precision_of(run) -> str:
+    """The precision a run's forward passes took on this machine (its config's dtype, `model.pick_dtype`)."""
+    dtype = pick_dtype(run.config.get("dtype", "auto"), torch.device(run.status.get("device") or "cpu"), MODEL)
+    return "float32" if dtype is None else f"{str(dtype).removeprefix('torch.')} autocast"
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs-dir", required=True, type=Path)
+    parser.add_argument("--commit", required=True, help="the commit whose code trained the runs")
+    parser.add_argument("--grid-suffix", default="cpu", help="the device's part of the grid's name")
+    parser.add_argument("--out", type=Path, default=published.root())
+    args = parser.parse_args(argv)
+    for setting in evaluated_settings(MODEL):
+        seeds, pilot_seeds = claims_lm.DECLARED[setting]
+        plan = claims_lm.LMPlan.read(args.runs_dir, seeds, model=MODEL, setting=setting, pilot_seeds=pilot_seeds,
+                                     with_published=False)
+        grid = args.out / f"{MODEL}-{setting}-{args.grid_suffix}"
+        count = 0
+        for (measure, reward, seed), run in plan.runs.items():
+            if run is None or run.state not in claims_lm.FINAL:
+                continue
+            trained_by = {"model": MODEL, "setting": setting, "device": run.status.get("device") or "cpu",
+                          "precision": precision_of(run), "torch": torch.__version__,
+                          "transformers": transformers.__version__, "python": platform.python_version(),
+                          "commit": args.commit, "seeds": seeds, "pilot_seeds": pilot_seeds}
+            published.publish(run.folder, grid, {"measure": measure, "reward": reward, "seed": seed}, trained_by)
+            count += 1
+        print(f"{grid.name}: {count} of {len(plan.runs)} runs published")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

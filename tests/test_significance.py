@@ -1,0 +1,144 @@
+"""The robust statistics of a cell against exact enumerations and textbook values: the sign-flip p (every flip
+enumerated here), the sign test (binomial sums), Holm and Benjamini–Hochberg (their step procedures written out),
+power (a textbook value and a simulation), the gain a cell rules out (the 90% interval), the verdict's rules, and the
+64-seed bandit cell whose mean and median disagree."""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from divviz.evidence import claims, claims_report, intervals, significance
+
+
+def enumerated_sign_flip_p(d) -> float:
+    """Every one of the 2^n sign flips: the share whose |mean| reaches the observed |mean|."""
+    d = np.asarray(d, dtype=np.float64)
+    signs = np.array(list(itertools.product((1.0, -1.0), repeat=d.size)))
+    means = np.abs(signs @ d) / d.size
+    return float(np.mean(means >= abs(d.mean()) * (1 - 1e-12)))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_sign_flip_p_is_the_exact_enumeration(seed):
+    rng = np.random.default_rng(seed)
+    n = 2 + seed * 2
+    d = rng.normal(0.3, 1.0, size=n)
+    d[0] = -d[1] if n > 2 else d[0]  # a tie in |d|
+    assert significance.sign_flip_p(d) == pytest.approx(enumerated_sign_flip_p(d), abs=1e-12)
+
+
+def test_four_seeds_cannot_go_below_one_eighth():
+    assert significance.sign_flip_p([0.1, 0.2, 0.3, 0.4]) == 0.125 == significance.smallest_p(4)
+    assert significance.smallest_p(12) == pytest.approx(2 / 4096)
+    assert np.isnan(significance.sign_flip_p([0.3])) and significance.sign_flip_p([0.0, 0.0, 0.0]) == 1.0
+
+
+def test_sign_flip_p_beyond_sixteen_seeds_is_within_monte_carlo_error_of_every_flip():
+    d = np.random.default_rng(7).normal(0.2, 1.0, size=20)  # 2^20 flips enumerated
+    exact = enumerated_sign_flip_p(d)
+    assert abs(significance.sign_flip_p(d) - exact) < 4 * math.sqrt(exact * (1 - exact) / significance.RESAMPLES) + 1e-3
+
+
+def test_sign_test_is_the_binomial_sum():
+    d = np.array([0.1] * 3 + [-0.2] * 11 + [0.0] * 2)  # zeros dropped: 3 up, 11 down
+    median, p, up, down = significance.sign_test(d)
+    tail = sum(math.comb(14, k) for k in range(0, 4)) / 2 ** 14
+    assert (up, down, median) == (3, 11, pytest.approx(-0.2)) and p == pytest.approx(2 * tail, rel=1e-12)
+
+
+def holm_step_down(p, alpha):
+    """Holm's procedure: reject the sorted hypotheses while p_(i) ≤ α / (m − i + 1)."""
+    order = np.argsort(p)
+    rejected = np.zeros(len(p), bool)
+    for i, k in enumerate(order):
+        if p[k] > alpha / (len(p) - i):
+            break
+        rejected[k] = True
+    return rejected
+
+
+def bh_step_up(p, alpha):
+    """Benjamini–Hochberg's procedure: reject the k smallest, k the largest i with p_(i) ≤ i α / m."""
+    order = np.argsort(p)
+    passing = [i + 1 for i, k in enumerate(order) if p[k] <= (i + 1) * alpha / len(p)]
+    rejected = np.zeros(len(p), bool)
+    rejected[order[:max(passing, default=0)]] = True
+    return rejected
+
+
+def test_holm_and_bh_adjusted_p_reject_what_their_procedures_reject():
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        p = np.concatenate([rng.uniform(0, 0.02, size=rng.integers(0, 5)), rng.uniform(0, 1, size=rng.integers(1, 9))])
+        for alpha in (0.01, 0.05, 0.1):
+            assert np.array_equal(significance.holm(p) <= alpha, holm_step_down(p, alpha))
+            assert np.array_equal(significance.benjamini_hochberg(p) <= alpha, bh_step_up(p, alpha))
+    assert significance.holm([0.01, np.nan, 0.04])[1] != significance.holm([0.01, np.nan, 0.04])[1]  # NaN stays
+    assert significance.holm([0.01, np.nan, 0.04])[[0, 2]] == pytest.approx([0.02, 0.04])  # m = 2, not 3
+
+
+def test_power_against_a_textbook_value_and_a_simulation():
+    assert significance.power(10, 1.0, 1.0) == pytest.approx(0.8031, abs=5e-4)  # one-sample t, d = 1, n = 10
+    rng = np.random.default_rng(0)
+    samples = rng.normal(0.055, 0.0556, size=(20_000, 11))
+    rejected = stats.ttest_1samp(samples, 0.0, axis=1).pvalue < 0.05
+    assert significance.power(11, 0.055, 0.0556) == pytest.approx(rejected.mean(), abs=0.015)
+    n = significance.seeds_for_power(0.055, 0.0556)
+    assert n == 11 and significance.power(n - 1, 0.055, 0.0556) < 0.8 <= significance.power(n, 0.055, 0.0556)
+    assert significance.seeds_for_power(1e-4, 1.0) is None and significance.seeds_for_power(0.05, np.nan) is None
+
+
+def test_a_gain_is_ruled_out_when_the_90_percent_interval_ends_below_it():
+    rng = np.random.default_rng(1)
+    for _ in range(40):
+        d = rng.normal(rng.uniform(-0.05, 0.05), 0.03, size=rng.integers(3, 12))
+        upper = stats.ttest_1samp(d, 0.0).confidence_interval(0.90).high
+        assert significance.rules_out_gain(d, 0.055) == (upper < 0.055)
+
+
+def test_the_verdict_needs_the_interval_and_the_permutation_test_to_agree():
+    four = np.array([0.10, 0.11, 0.12, 0.13])  # t interval far from 0, but p = 0.125
+    eight = np.concatenate([four, four + 0.01])  # p = 2/256
+    for d, expected in ((four, intervals.NOT_RESOLVED), (eight, intervals.HOLDS), (-eight, intervals.REVERSED)):
+        s = intervals.summarize(d)
+        median = float(np.median(d))
+        assert significance.verdict(s.low, s.high, significance.sign_flip_p(d), s.mean, median, +1) == expected
+    skewed = np.array([-0.01] * 7 + [0.5])  # one seed carries the mean
+    s = intervals.summarize(skewed)
+    assert significance.verdict(s.low, s.high, significance.sign_flip_p(skewed), s.mean, float(np.median(skewed)),
+                                +1) == significance.DISAGREE
+
+
+def test_adjust_applies_holm_within_a_family_and_bh_across_the_report():
+    def row(family, p, verdict=intervals.HOLDS):
+        return {"family": family, "p": p, "verdict": verdict}
+    rows = [row("a", 0.01), row("a", 0.02), row("a", 0.03), row("a", 0.5, intervals.NOT_RESOLVED), row("b", 0.04),
+            {"family": "c", "p": None, "verdict": intervals.EXACT}]
+    out = claims_report.adjust(rows)
+    assert [r["p_holm"] for r in out[:5]] == pytest.approx([0.04, 0.06, 0.06, 0.5, 0.04])
+    assert [r["verdict_adjusted"] for r in out] == [intervals.HOLDS, intervals.NOT_RESOLVED, intervals.NOT_RESOLVED,
+                                                   intervals.NOT_RESOLVED, intervals.HOLDS, intervals.EXACT]
+    assert [r["q_bh"] for r in out[:5]] == pytest.approx(list(stats.false_discovery_control([0.01, 0.02, 0.03, 0.5,
+                                                                                               0.04])))
+    assert "p_holm" not in rows[0] and out[5]["p_holm"] is None  # the rows given are not changed
+
+
+def test_the_64_seed_bandit_cell_whose_mean_and_median_disagree():
+    """DAPO − PPO entropy, likely correct actions, K = 50, SGD, iteration 80, 64 seeds: the mean is +0.0045 and not
+    resolved, while 46 of the 64 seeds are negative (sign test p ≈ 1e-4): one seed at about +0.65 carries the mean."""
+    report = claims_report.evaluate(64, grid=(claims.Condition("likely", 50, "sgd"),))
+    cell = next(r for r in report.rows if r["candidate"] == claims.DAPO and "late" in r["condition"])
+    assert cell["n"] == 64 and cell["mean"] == pytest.approx(0.0045, abs=5e-4) and cell["low"] < 0 < cell["high"]
+    assert (cell["seeds_down"], cell["seeds_up"]) == (46, 15) and cell["p_median"] < 1e-3 and cell["median"] < 0
+    assert cell["verdict"] == cell["verdict_adjusted"] == significance.DISAGREE
+    assert max(cell["differences"]) == pytest.approx(0.65, abs=0.01)
+
+
+def test_the_largest_clip_fraction_against_a_wider_box_is_labelled_by_construction():
+    rows = claims_report.adjust([{"family": "f", "p": 0.001, "verdict": intervals.HOLDS,
+                                  "by_construction": claims.BY_CONSTRUCTION[(claims.KL3_WIDE, "stability/max_clip")]}])
+    assert rows[0]["verdict_adjusted"] == claims_report.BY_CONSTRUCTION_VERDICT
+    assert (claims.KL3_HIGH_EDGE, "stability/max_clip") not in claims.BY_CONSTRUCTION  # narrower below: not wider
