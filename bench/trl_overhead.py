@@ -21,6 +21,7 @@ its last inner step (so it also hands over the per-token facts).
 import argparse
 import statistics
 import tempfile
+import sys
 import threading
 import time
 
@@ -124,11 +125,23 @@ def main():
                                                           DivvizRunCallback(out)],
                               objective=Objective(clip=clip_test("ratio", eps=0.2), aggregation="dapo")),
         }
-        threads = [threading.Thread(target=t.train) for t in trainers.values()]
+        died = {}
+
+        def train(name):
+            try:
+                trainers[name].train()
+            except BaseException as err:  # noqa: BLE001 — said below; the other trainer must not wait for it
+                died[name] = err
+                turns.done(name, last=True)
+
+        threads = [threading.Thread(target=train, args=(name,)) for name in trainers]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
+        if died:
+            sys.exit("; ".join(f"bench/trl_overhead.py: the {name} trainer died: {type(err).__name__}: {err}"
+                               for name, err in died.items()))
         loss_times = time_loss_alone(trainers)
     per_step = {name: v[1:] for name, v in times.items()}
     trl, divviz = (statistics.median(per_step[k]) for k in ("TRL", "divviz"))

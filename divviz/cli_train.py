@@ -79,8 +79,8 @@ def add_train_parser(sub) -> None:
     p.add_argument("--now", action="store_true",
                    help="start even if the runs folder already trains its limit of runs ($DIVVIZ_MAX_RUNS)")
     for param in RUN_PARAMS:
-        p.add_argument(f"--{param.name.replace('_', '-')}",
-                       help=f"{param.doc} ({param.range_text()}; default: the model's, else {param.default:g})")
+        text = f"{param.doc} ({param.range_text()}; default: the model's, else {param.default:g})"
+        p.add_argument(f"--{param.name.replace('_', '-')}", help=text.replace("%", "%%"))  # argparse formats help
     p.set_defaults(run=cmd_train)
 
 

@@ -467,3 +467,19 @@ def test_the_runs_page_and_the_step_inspector_list_published_runs_read_only(lm_p
     assert len(table) == len(lm_plan.runs) and set(table.owner) == {"published: builtin-grid"}
     assert at.selectbox(key="runs:delete").options == []  # nothing published can be stopped or deleted
     assert "one user" in at.markdown[0].value  # a local app: any browser manages any run, and says so
+
+
+def test_the_step_inspector_opens_a_published_run_at_its_last_kept_step(lm_plan, published_grid, tmp_path,
+                                                                        monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("DIVVIZ_RUNS_DIR", str(tmp_path / "mine"))
+    run = lm_plan.runs[(claims.KL3_WIDE, "task", 0)]
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[1] / "app_pages" / "step_inspector.py"),
+                           default_timeout=120)
+    at.session_state["inspector:run"] = run.name
+    at.run()
+    assert not at.exception and at.selectbox(key="inspector:run").value == run.name
+    kept = store.completion_steps(published.folder() / run.name)
+    assert kept and set(kept) <= set(published.kept_steps(LM_STEPS)) and at.subheader[0].value.endswith(
+        f"step {kept[-1]}")

@@ -1,5 +1,6 @@
 """`divviz measures` and `divviz bounds`: output, JSON contract, and bad input (exit 2, one line)."""
 
+import argparse
 import json
 import shutil
 import subprocess
@@ -7,7 +8,7 @@ import sys
 
 import pytest
 
-from divviz.cli import main
+from divviz.cli import build_parser, main
 
 
 def run(capsys, *argv):
@@ -122,3 +123,35 @@ def test_train_takes_a_mirror_maps_phi_from_a_file_and_refuses_a_bad_one(tmp_pat
             path = tmp_path / "missing.json"
         code, out, err = run(capsys, "train", "--penalty", "mirror_phi", "--penalty-param", f"phi=@{path}")
         assert code == 2 and err.count("\n") == 1 and says in err
+
+
+def every_command(parser, path=()):
+    """Each command and subcommand of the parser, as the words that name it."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield (*path, name)
+                yield from every_command(sub, (*path, name))
+
+
+def test_the_help_of_every_command_exits_0(capsys):
+    """`divviz … --help` prints its usage for every command: a help text with a bare % (e.g. "95% intervals") once
+    made argparse raise instead."""
+    commands = list(every_command(build_parser()))
+    assert ("train",) in commands and ("claims",) in commands
+    for words in [(), *commands]:
+        with pytest.raises(SystemExit) as exit_:
+            main([*words, "--help"])
+        assert exit_.value.code == 0, words
+        assert "usage: divviz" in capsys.readouterr().out, words
+
+
+def test_two_threads_can_probe_one_runs_folder_at_once(tmp_path):
+    """Two trainers in one process (threads, a notebook) check the runs folder at the same moment: each probe is its
+    own file, so neither finds the other's gone."""
+    from concurrent.futures import ThreadPoolExecutor
+    from divviz.engine.store import writable_runs_folder
+
+    with ThreadPoolExecutor(8) as pool:
+        assert list(pool.map(lambda _: writable_runs_folder(tmp_path), range(400))) == [tmp_path] * 400
+    assert not list(tmp_path.iterdir())  # every probe removed

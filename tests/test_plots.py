@@ -1,11 +1,15 @@
 """Every figure the app shows passes plotly's full validation (the app skips it for speed) and carries
 the table it was drawn from."""
 
+import io
+import json
+
 import numpy as np
+import pandas as pd
 import plotly.graph_objects as go
 import pytest
 
-from divviz.views import explorer, run_views
+from divviz.views import explorer, run_plots, run_views
 from divviz.bandit.grpo import run_bandit
 from divviz.bandit.setting import BanditConfig
 from divviz.catalogue.divergences import clip_test
@@ -210,3 +214,38 @@ def test_learning_curves_mark_sparse_readings_dot_a_lone_seed_and_cross_collapse
     assert marks[0].marker.color == line.line.color and marks[0].legendgroup == line.name and marks[0].hoverinfo == "skip"
     assert (line.customdata[20], line.customdata[30], line.customdata[21]) == (  # the line's hover says it
         " · 2 seeds collapsed at this step", " · 1 seed collapsed at this step", "")
+
+
+def test_a_held_out_chart_with_one_evaluation_ticks_whole_steps_once():
+    """One evaluation (step 0): the axis had ticks at −1, −0.5, 0, 0.5, 1 printed as "−1 −1 0 1 1"; now one tick per
+    whole step within half a step of it, and the chart's CSV writes steps as integers."""
+    row = {"step": 0, **{f"{m}{end}": v for m in ("eval/accuracy", "eval/accuracy_greedy")
+                         for end, v in (("", 0.3), ("_low", 0.2), ("_high", 0.4))}}
+    chart = run_plots.eval_chart([("PPO", [row])], {})
+    layout = chart.figure.to_plotly_json()["layout"]
+    axes = [axis for name, axis in layout.items() if name.startswith("xaxis")]
+    for axis in axes:
+        low, high = axis["range"]
+        ticks = np.arange(np.ceil(low - axis["tick0"]), high, axis["dtick"]) + axis["tick0"]
+        assert axis["dtick"] == 1 and list(ticks) == [0.0]
+    assert len(axes) == 2
+    assert chart.data.step.dtype.kind == "i" and chart.data.to_csv(index=False).splitlines()[1].startswith("PPO,0,")
+    long = run_plots.eval_chart([("PPO", [{**row, "step": s} for s in (0, 15, 30)])], {})
+    assert "dtick" not in long.figure.to_plotly_json()["layout"]["xaxis"]  # plotly's own whole-numbered ticks over 30 steps
+
+
+def test_the_runs_csv_has_the_held_out_accuracy_and_says_which_run_each_row_is(tmp_path):
+    from divviz.engine import store
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model": "builtin", "task": "reverse", "seed": 3,
+                                                    "clip": "ratio", "clip_params": {"eps": 0.2}}))
+    (folder / "status.json").write_text(json.dumps({"state": "done", "step": 2, "steps": 2}))
+    (folder / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "reward": 0.1 * s}) + "\n" for s in (1, 2)))
+    (folder / "eval.jsonl").write_text("".join(json.dumps({"step": s, "eval/accuracy": 0.5 + s / 10}) + "\n"
+                                               for s in (0, 2)))
+    csv = pd.read_csv(io.StringIO(run_views.metrics_csv([store.read_run(folder)])))
+    assert list(csv.step) == [0, 1, 2] and csv.step.dtype.kind == "i"
+    assert csv.set_index("step")["eval/accuracy"].dropna().to_dict() == {0: 0.5, 2: 0.7}
+    assert (csv.seed == 3).all() and (csv.run == "run").all() and {"objective", "model", "setting", "task"} <= set(csv)

@@ -173,7 +173,7 @@ def writable_runs_folder(root: Path) -> Path:
     cannot be read or cannot be written is a `DivvizInputError`, raised before any work starts."""
     try:
         root.mkdir(parents=True, exist_ok=True)
-        probe = root / f".probe.{os.getpid()}"
+        probe = root / f".probe.{os.getpid()}.{secrets.token_hex(4)}"  # one per call: two threads may probe at once
         probe.write_text("")
         probe.unlink()
     except (NotADirectoryError, FileExistsError) as err:

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import html
 import math
+import tempfile
+from pathlib import Path
 
-from divviz.evidence import forest, intervals, significance
+from divviz.evidence import claims, claims_lm, forest, intervals, lm_evidence, significance
 from divviz.evidence.claims import LM, LM_TRAINING
 from divviz.evidence.claims_report import (BY_CONSTRUCTION_VERDICT, CELL_KEYS, HEADERS, RAW, VERDICT_RULE, VERDICTS,
                                            Report, effect_text, power_text)
@@ -105,3 +107,103 @@ def to_html(report: Report) -> str:
     parts.append("<h2>Not testable here</h2><ul>" + "".join(f"<li>{e(t)}</li>" for t in report.untested)
                  + "</ul></body></html>")
     return "".join(parts)
+
+
+# The over-training cells a summary shows (candidate, metric, reading), in this order: the headline and its ablations
+HEADLINE = (*((claims.KL3_WIDE, m, r) for m, r in (("eval/accuracy", "end"), ("eval/accuracy_greedy", "end"),
+                                                   ("eval/accuracy", "over the run"), ("stability/collapsed", "whole run"),
+                                                   ("stability/max_kl", "whole run"), ("stability/max_clip", "whole run"),
+                                                   ("entropy", "late"))),
+            (claims.KL3_HIGH_EDGE, "eval/accuracy", "end"), (claims.BOX_LOW_ONLY, "eval/accuracy", "end"),
+            (claims.BOX_HIGH_ONLY, "eval/accuracy", "end"), (claims.DAPO, "entropy", "late"),
+            (claims.PROBL2, "eval/accuracy", "end"), (claims.PROBL2, "eval/accuracy_greedy", "end"),
+            (claims.PPO, "entropy", "late"), (claims.CLIP_LOW, "entropy", "late"))
+
+
+def headline_markdown(report: Report) -> str:
+    """The over-training cells of `HEADLINE` as a Markdown table: mean and interval, n, the seeds each way, the
+    sign-flip p and its Holm adjustment, the verdict raw and adjusted, the seeds 80% power needs and the gain ruled
+    out — what README and docs/claims.md quote, made from the report's own rows."""
+    lines = ["| candidate − baseline | metric | reading | mean [95%] | n | seeds +/− | sign-flip p (Holm) | median "
+             "(sign-test p) | verdict (raw → Holm) | seeds for 80% power | rules out |", "|---" * 11 + "|"]
+    for candidate, metric, reading in HEADLINE:
+        row = next((r for r in report.rows if r["setting"] == LM_TRAINING and r["candidate"] == candidate
+                    and r["metric"] == metric and f"· {reading} (" in r["condition"]
+                    and (r["baseline"] == claims.START) == (candidate == claims.PPO)), None)
+        if row is None or row["n"] < 2:
+            continue
+        verdict = row["verdict"] + ("" if row["verdict_adjusted"] == row["verdict"] else f" → {row['verdict_adjusted']}")
+        lines.append(
+            f"| {candidate} − {row['baseline']} | {metric} | {reading} | {row['mean']:+.3f} [{row['low']:+.3f}, "
+            f"{row['high']:+.3f}] | {row['n']} | {row['seeds_up']}/{row['seeds_down']} | {row['p']:.3g} "
+            f"({row['p_holm']:.3g}) | {row['median']:+.3f} ({number(row['p_median'])}) | {verdict} | "
+            f"{power_text(row) or '—'} | {effect_text(row).removeprefix('rules out ') or '—'} |")
+    return "\n".join(lines) + "\n"
+
+
+def published_evidence(model: str, setting: str):
+    """The published runs of `model` at `setting` alone (an empty runs folder beside them), at the grid's declared
+    seeds: (the plan, its evidence, a report of its cells)."""
+    seeds, pilot_seeds = claims_lm.DECLARED[setting]
+    with tempfile.TemporaryDirectory() as nothing:
+        plan = claims_lm.LMPlan.read(Path(nothing), seeds, model=model, setting=setting, pilot_seeds=pilot_seeds)
+        evidence = lm_evidence.LMEvidence(plan)
+        return plan, evidence, evidence.report(Report([], 0))
+
+
+def published_markdown(model: str, setting: str) -> str:
+    """What the published runs of `model` at `setting` say, in Markdown (docs/claims.md's generated block): where
+    the runs come from, the headline cells, the collapses per measure and the pilot."""
+    plan, evidence, report = published_evidence(model, setting)
+    if not plan.done:
+        return f"No run of {plan.name} is published yet ({len(plan.runs)} declared).\n"
+    collapses = lm_evidence.collapse_table(evidence.collapses())
+    pilot = evidence.pilot()
+    table = ["| " + " | ".join(collapses[0]) + " |", "|---" * len(collapses[0]) + "|",
+             *("| " + " | ".join(str(v) or "—" for v in row.values()) + " |" for row in collapses)]
+    return "\n".join([f"{plan.done} of the {len(plan.runs)} declared runs published: {plan.published_grids}.",
+                      "", headline_markdown(report).rstrip(), "", *table, "",
+                      lm_evidence.pilot_text(pilot) if pilot else "No pilot pair has two seeds yet.", ""])
+
+
+def headline_sentence(model: str, setting: str) -> str:
+    """The headline cell (KL3 δ = 0.05 − PPO, held-out accuracy at the end) of the published runs at `setting` in
+    a phrase, for README: "stress, 12 seeds: +0.012 [−0.030, +0.054], sign-flip p 0.62: not resolved"."""
+    plan, _, report = published_evidence(model, setting)
+    row = next(r for r in report.rows if r["candidate"] == claims.KL3_WIDE and r["metric"] == "eval/accuracy"
+               and "· end (" in r["condition"])
+    if row["n"] < 2:
+        return f"{setting}, {plan.done} of {len(plan.runs)} runs published: no paired seed yet"
+    return (f"{setting}, {row['n']} seeds: {row['mean']:+.3f} [{row['low']:+.3f}, {row['high']:+.3f}], sign-flip p "
+            f"{row['p']:.3g}: {row['verdict_adjusted']}" + (f", {effect_text(row)}" if row["rules_out"] else ""))
+
+
+def bandit_markdown(report: Report) -> str:
+    """The bandit grid's summary per claim and compared measure as a Markdown table: its cells and how many of them
+    each verdict has after adjustment for multiplicity (the verdicts some cell has), and how many held or reversed
+    before it."""
+    summary = [s for s in report.summary() if s["setting"] in (claims.BANDIT, "random batches")]
+    shown = [v for v in VERDICTS if any(s[v] for s in summary)]
+    lines = ["| claim | candidate − baseline, metric | cells | " + " | ".join(shown) + f" | {RAW} |",
+             "|---" * (len(shown) + 4) + "|"]
+    last = None
+    for s in summary:
+        claim, last = ("" if s["claim"] == last else s["claim"]), s["claim"]
+        lines.append(f"| {md(claim)} | {md(s['candidate'])} − {md(s['baseline'])}, {md(s['metric'])} | {s['cells']} | "
+                     + " | ".join(str(s[v] or "") for v in shown) + f" | {s[RAW] or ''} |")
+    return "\n".join(lines) + "\n"
+
+
+def md(text: str) -> str:
+    """Text inside a Markdown table's cell: its pipes escaped."""
+    return str(text).replace("|", "\\|")
+
+
+def bandit_sentence(report: Report, candidate: str = claims.KL3_WIDE, metric: str = "entropy") -> str:
+    """One summary line of the bandit grid in words, for README: "KL3 δ=0.05 (wide) − PPO ε=0.2, entropy, 64 seeds:
+    reversed in 16 of 24 cells, holds in 1 (after Holm; 17 held or reversed before it)"."""
+    s = next(s for s in report.summary() if s["setting"] == claims.BANDIT and s["candidate"] == candidate
+             and s["metric"] == metric)
+    return (f"{candidate} − {s['baseline']}, {metric}, {report.seeds} seeds: reversed in {s[intervals.REVERSED]} of "
+            f"{s['cells']} cells, holds in {s[intervals.HOLDS]}, mean and median disagree in "
+            f"{s[significance.DISAGREE]} (after Holm; {s[RAW]} held or reversed before it)")

@@ -136,16 +136,18 @@ class LMPlan:
         """Where the cells' runs come from, in a line: how many are published, from which grid and how it was
         trained, and how many are the user's own ("" when no run is published)."""
         held = [run for run in self.runs.values() if run is not None]
-        shared = [run for run in held if self.is_published(run)]
-        if not shared:
-            return ""
+        shared = sum(self.is_published(run) for run in held)
+        return (f"{shared} of the {len(self.runs)} runs are published: {self.published_grids}; {len(held) - shared} "
+                f"are your own (runs folder {self.root})") if shared else ""
+
+    @property
+    def published_grids(self) -> str:
+        """The published grids that hold some of the cells: each one's name, how many cells and how it was trained."""
         found = published.manifests()
-        grids = Counter(published.grid_of(run.name) for run in shared)
-        described = "; ".join(
-            f"{grid} ({n} runs, trained on {m['device']} in {m['precision']}, torch {m['torch']}, transformers "
-            f"{m['transformers']}, commit {m['commit']})" for grid, n in grids.items() if (m := found.get(grid)))
-        return (f"{len(shared)} of the {len(self.runs)} runs are published: {described}; {len(held) - len(shared)} "
-                f"are your own (runs folder {self.root})")
+        grids = Counter(published.grid_of(run.name) for run in self.runs.values() if self.is_published(run))
+        return "; ".join(f"{grid} ({n} runs, trained on {m['device']} in {m['precision']}, torch {m['torch']}, "
+                         f"transformers {m['transformers']}, commit {m['commit']})"
+                         for grid, n in grids.items() if (m := found.get(grid)))
 
     def seeds_of(self, *measures: str, reward: str = "task") -> range:
         """The seeds on which all of `measures` (with `reward`) train: the pilot pair's own, else the plan's."""

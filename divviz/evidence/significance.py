@@ -1,5 +1,5 @@
 """What a paired cell's seeds say beyond the t interval: a distribution-free test of the mean, the median and its
-test, the multiplicity of a report's cells, the power of a comparison and the gains it rules out (docs/theory.md §5).
+test, the multiplicity of a report's cells, the power of a comparison and the gains it rules out (docs/claims.md, "How a cell is read").
 
 Every statistic is scipy's; this module chooses them and reads their results:
 

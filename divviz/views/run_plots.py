@@ -284,6 +284,15 @@ def entropy_attribution_chart(labels: list[str], parts: dict[str, Summary], titl
 EVAL_PANELS = (("eval/accuracy", "sampled at τ"), ("eval/accuracy_greedy", "greedy"))
 
 
+def step_axis(steps: list[int]) -> dict:
+    """An x axis of steps with integer ticks only: a short span (under 10 steps, e.g. one evaluation) gets a tick at
+    every step and half a step of room on each side, where plotly would put ticks at fractions and round them into
+    repeated labels ("−1 −1 0 1 1"); a longer one plotly's own, whole-numbered."""
+    if not steps or max(steps) - min(steps) >= 10:
+        return {"tickformat": "d"}
+    return {"tickformat": "d", "tick0": 0, "dtick": 1, "range": [min(steps) - 0.5, max(steps) + 0.5]}
+
+
 def eval_chart(series: list[tuple[str, list[dict]]], collapses: dict[str, list[int]]) -> Chart:
     """Held-out accuracy over training: one panel sampled at τ, one greedy; each run's evaluations as points joined by
     a line, with their Wilson 95% intervals as error bars: [(label, eval rows)], rows with `step` and the `eval/*`
@@ -291,7 +300,7 @@ def eval_chart(series: list[tuple[str, list[dict]]], collapses: dict[str, list[i
     layout, refs = panels(1, len(EVAL_PANELS), [title for _, title in EVAL_PANELS], gap=0.06)
     traces, shapes, tables = [], [], []
     for i, (label, rows) in enumerate(series):
-        steps = np.array([row["step"] for row in rows], dtype=np.float64)
+        steps = np.array([row["step"] for row in rows], dtype=np.int64)
         columns = {"run": label, "step": steps}
         for j, (name, _) in enumerate(EVAL_PANELS):
             value, low, high = (np.array([row.get(f"{name}{end}", np.nan) for row in rows]) for end in ("", "_low", "_high"))
@@ -305,8 +314,9 @@ def eval_chart(series: list[tuple[str, list[dict]]], collapses: dict[str, list[i
             shapes += [vline(step, xref=refs[0][j][0], yref=refs[0][j][1], color=color(i))
                        for step in collapses.get(label, [])]
         tables.append(pd.DataFrame(columns))
+    every = [row["step"] for _, rows in series for row in rows]
     for xref, yref in refs[0]:
-        layout[f"xaxis{xref[1:]}"].update(title={"text": "step (updates done)"}, tickformat="d")
+        layout[f"xaxis{xref[1:]}"].update(title={"text": "step (updates done)"}, **step_axis(every))
         layout[f"yaxis{yref[1:]}"].update(range=[0, 1])
     layout.update(height=360, title={"text": "Held-out accuracy (the task's held-out problems, never trained on), with "
                                               "Wilson 95% intervals; dotted: a run collapsed"})

@@ -261,8 +261,19 @@ def token_region(objectives: list[tuple[str, Objective]], pi_old: float, ratio: 
 
 
 def metrics_csv(runs) -> str:
-    """Every metrics row of `runs` as one CSV, a column `run` naming each row's run (the Runs page's download)."""
-    frames = [pd.DataFrame(store.read_metrics(run.folder)).assign(run=run.name) for run in runs]
+    """Every step of `runs` as one CSV (the Runs page's download): each run's metrics rows and its held-out
+    evaluations joined on the step (an evaluation's columns empty at the steps it did not evaluate; step 0's
+    evaluation a row of its own), with the columns that say which run a row is of — its folder, objective, model,
+    setting, task and seed."""
+    frames = []
+    for run in runs:
+        metrics, evals = pd.DataFrame(store.read_metrics(run.folder)), pd.DataFrame(store.read_evals(run.folder))
+        steps = (metrics.merge(evals, on="step", how="outer") if len(metrics) and len(evals)
+                 else metrics if len(metrics) else evals)
+        if len(steps):
+            who = {"run": run.name, "objective": run_label(run), "model": run.config.get("model", ""),
+                   "setting": setting_of(run.config), "task": task_label(run.config), "seed": run.config.get("seed")}
+            frames.append(pd.DataFrame({**who, **steps.sort_values("step").reset_index(drop=True)}))
     return pd.concat(frames).to_csv(index=False) if frames else ""
 
 

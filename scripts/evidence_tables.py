@@ -1,0 +1,60 @@
+"""Write what the bandit grid and the published runs say into docs/claims.md and README.md:
+`python scripts/evidence_tables.py` (about 40 s: the bandit grid at 64 seeds).
+
+docs/claims.md holds, between its markers, the bandit grid's summary (`claims_export.bandit_markdown`) and one block
+per SmolLM2 setting (`claims_export.published_markdown`: where the runs come from, the headline cells, the collapses,
+the pilot); README's two claims rows quote the same (`bandit_sentence`, `headline_sentence`).
+tests/test_evidence_tables.py regenerates them and fails on any difference: publish runs, then run this.
+"""
+
+from pathlib import Path
+
+from divviz.evidence import claims, claims_export, claims_lm, claims_report
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = "smollm2-135m"
+START, END = "<!-- over training: made by scripts/evidence_tables.py -->\n", "<!-- over training end -->\n"
+BANDIT_START, BANDIT_END = "<!-- bandit: made by scripts/evidence_tables.py -->\n", "<!-- bandit end -->\n"
+ROW = "| claims over training (SmolLM2-135M, published runs) |"
+BANDIT_ROW = "| claims on the bandit |"
+
+
+def bandit_report() -> claims_report.Report:
+    return claims_report.evaluate(claims.SEEDS)
+
+
+def bandit_row(report: claims_report.Report) -> str:
+    return (f"{BANDIT_ROW} \"KL3 keeps entropy higher than PPO\", {claims_export.bandit_sentence(report)} "
+            "| [docs/claims.md](docs/claims.md) |\n")
+
+
+def block() -> str:
+    return "".join(f"#### {setting} (this 2-core CPU)\n\n{claims_export.published_markdown(MODEL, setting)}\n"
+                   for setting in claims_lm.DECLARED)
+
+
+def readme_row() -> str:
+    sentences = "; ".join(claims_export.headline_sentence(MODEL, setting) for setting in claims_lm.DECLARED)
+    return (f"{ROW} KL3 δ = 0.05 − PPO, held-out accuracy at step 30: {sentences} "
+            "| [docs/claims.md](docs/claims.md#over-training-on-smollm2-135m) |\n")
+
+
+def between(text: str, start: str, end: str, new: str) -> str:
+    before, rest = text.split(start)
+    return before + start + new + end + rest.split(end)[1]
+
+
+def main() -> None:
+    bandit = bandit_report()
+    claims_md = ROOT / "docs" / "claims.md"
+    text = between(claims_md.read_text(), BANDIT_START, BANDIT_END, claims_export.bandit_markdown(bandit))
+    claims_md.write_text(between(text, START, END, block()))
+    readme = ROOT / "README.md"
+    rows = {ROW: readme_row(), BANDIT_ROW: bandit_row(bandit)}
+    lines = readme.read_text().splitlines(keepends=True)
+    readme.write_text("".join(next((new for start, new in rows.items() if line.startswith(start)), line)
+                              for line in lines))
+
+
+if __name__ == "__main__":
+    main()

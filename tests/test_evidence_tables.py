@@ -1,0 +1,50 @@
+"""README's over-training row and docs/claims.md's generated blocks are what the published runs say now
+(scripts/evidence_tables.py writes them), and docs/claims.md's few lines that recompute a cell with numpy alone give
+divviz's own cell."""
+
+import contextlib
+import importlib.util
+import io
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from divviz.evidence import claims, claims_export
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("evidence_tables", ROOT / "scripts" / "evidence_tables.py")
+evidence_tables = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(evidence_tables)
+
+
+def test_readme_and_claims_md_hold_what_the_bandit_grid_and_the_published_runs_say():
+    claims_md = (ROOT / "docs" / "claims.md").read_text()
+    stale = "is stale: run python scripts/evidence_tables.py"
+    assert claims_md.split(evidence_tables.START)[1].split(evidence_tables.END)[0] == evidence_tables.block(), \
+        f"docs/claims.md's over-training block {stale}"
+    readme = (ROOT / "README.md").read_text().splitlines(keepends=True)
+    assert [line for line in readme if line.startswith(evidence_tables.ROW)] == [evidence_tables.readme_row()], \
+        f"README's over-training row {stale}"
+    bandit = evidence_tables.bandit_report()
+    assert claims_md.split(evidence_tables.BANDIT_START)[1].split(evidence_tables.BANDIT_END)[0] == \
+        claims_export.bandit_markdown(bandit), f"docs/claims.md's bandit table {stale}"
+    assert [line for line in readme if line.startswith(evidence_tables.BANDIT_ROW)] == \
+        [evidence_tables.bandit_row(bandit)], f"README's bandit row {stale}"
+
+
+def test_the_numpy_recipe_in_claims_md_recomputes_divvizs_cell():
+    recipe = re.search(r"```python\n(# recompute a cell.*?)```", (ROOT / "docs" / "claims.md").read_text(), re.S)[1]
+    assert len(recipe.strip().splitlines()) <= 10
+    scope = {}
+    with contextlib.chdir(ROOT), contextlib.redirect_stdout(io.StringIO()):
+        exec(compile(recipe, "docs/claims.md", "exec"), scope)  # our own documentation's code, not user text
+    d = scope["d"]
+    _, _, report = claims_export.published_evidence("smollm2-135m", "stress")
+    cell = next(r for r in report.rows if r["candidate"] == claims.KL3_WIDE and r["metric"] == "eval/accuracy"
+                and "· end (" in r["condition"])
+    assert cell["n"] == d.size >= 2 and cell["differences"] == pytest.approx(d.tolist(), abs=1e-12)
+    half = stats.t.ppf(0.975, d.size - 1) * scope["se"]
+    assert (cell["mean"], cell["low"], cell["high"]) == pytest.approx((d.mean(), d.mean() - half, d.mean() + half))
