@@ -3,29 +3,11 @@
 import streamlit as st
 
 from divviz.app import ui
+from divviz.app.navigation import PAGES
 
 from divviz.views import explorer
 
-PAGE_GUIDE = (  # (page script, title, icon, one line), in the workshop walkthrough's order
-    ("app_pages/tour.py", "Tour", ":material/school:",
-     "Start here: the walkthrough, each step's link, what to do and the numbers to expect."),
-    ("app_pages/clipping_regions.py", "Clipping regions", ":material/straighten:",
-     "Feasible intervals, the (π_old, π_new) plane, surrogate and gradient, logit room."),
-    ("app_pages/kl3_equivalence.py", "KL3 ⇔ asymmetric clipping", ":material/function:",
-     "The Lambert-W bounds, matching PPO/DAPO boxes, and a live numeric check."),
-    ("app_pages/mass_reallocation.py", "Mass reallocation", ":material/bar_chart:",
-     "An exact softmax bandit under GRPO: entropy, top-1 mass, where the mass goes, over seeds."),
-    ("app_pages/claims.py", "Claims", ":material/fact_check:",
-     "The papers' statements put to a paired test, with intervals and computed verdicts."),
-    ("app_pages/training_lab.py", "Training lab", ":material/model_training:",
-     "GRPO runs on the built-in model, SmolLM2-135M or yours, one per measure, live; same-batch comparison."),
-    ("app_pages/step_inspector.py", "Step inspector", ":material/text_select_start:",
-     "One step's completions token by token: what the constraint did to each, and why."),
-    ("app_pages/runs.py", "Runs", ":material/folder_open:",
-     "Every saved run, also those started with `divviz train`: overlay, export, delete."),
-    ("app_pages/catalogue.py", "Catalogue", ":material/menu_book:",
-     "Every measure, its formula, parameters and valid ranges."),
-)
+PAGE_GUIDE = PAGES[1:]  # every page but this one, in the app's one order
 
 st.title("divviz")
 st.write("See what a policy-divergence constraint does to GRPO training of a language model. Every picture in "
@@ -34,8 +16,8 @@ st.write("See what a policy-divergence constraint does to GRPO training of a lan
          "ProbL2 and neural mirror-map penalties, and RPG's KL-regularised losses.")
 
 st.subheader("Where to start")
-st.write("The pages in the order of the workshop walkthrough (README): from one token's clipping boundary to the exact "
-         "bandit, the evidence over seeds, and real training runs read token by token.")
+st.write("The pages in the sidebar's order: from one token's clipping boundary to the exact bandit, the evidence over "
+         "seeds, and real training runs read token by token.")
 for start in range(0, len(PAGE_GUIDE), 3):
     for column, (number, (path, label, icon, what)) in zip(st.columns(3), enumerate(PAGE_GUIDE[start:start + 3],
                                                                                  start + 1)):

@@ -45,12 +45,15 @@ st.title("Training lab")
 st.write("Train the built-in model (or your own) with GRPO, one run per chosen clip test or surrogate and seed, and watch them side "
          "by side: with several seeds per measure, each run is drawn thinly under the mean and its 95% band, so a "
          "difference between measures can be told from a difference between seeds. Runs train in their own "
-         "processes, a few at a time on this machine: the others wait in a queue, the page stays responsive, Stop "
-         "is immediate, and closing or reloading the tab does not end a run (this browser finds its runs again).")
+         "processes, a few at a time on this machine: the others wait in a queue and the page stays responsive. Stop "
+         f"takes a queued run off the queue at once; a training one ends within seconds (it finishes the forward pass "
+         f"it is in, and is killed after {runner.STOP_GRACE_S:.0f} s if it has not), and its state then reads "
+         "*stopped*. Closing or reloading the tab does not end a run (this browser finds its runs again).")
 
 ui.bind_controls(PAGE, CONTROLS)
 root = store.runs_dir()
 me = ui.viewer()
+st.caption(ui.ownership_text(me))
 st.session_state.setdefault("lab_runs", [])  # kept even when the runs folder below cannot be read
 with ui.shown_errors():  # this tab's runs, and any this browser still has queued or running (after a reload); outside
     # room mode, a tab with none shows every queued or running run: the app's one user manages them all
@@ -59,9 +62,9 @@ with ui.shown_errors():  # this tab's runs, and any this browser still has queue
     runner.ensure_pool(root)  # warm: a pool that has imported torch starts a run in well under a second
 
 
-def start(configs: list[RunConfig]) -> None:
+def start(configs: list[RunConfig], kind: str = "") -> None:
     try:
-        st.session_state["lab_runs"] = [runner.start_run(cfg, root, owner=me.who).name for cfg in configs]
+        st.session_state["lab_runs"] = [runner.start_run(cfg, root, owner=me.who, kind=kind).name for cfg in configs]
     except DivvizInputError as err:  # e.g. a runs folder that cannot be written
         st.session_state["lab_error"] = str(err)
 
@@ -122,7 +125,7 @@ runs = [store.read_run(root / name) for name in st.session_state["lab_runs"] if 
 running = any(run.state in ("queued", "running") for run in runs)
 if configs:
     with ui.shown_errors():
-        run_ui.expected_step_time(root, configs, on_measure=lambda cfg: start([cfg]))
+        run_ui.expected_step_time(root, configs, on_measure=lambda cfg: start([cfg], runner.TIMING))
 left, right, _ = st.columns([1, 1, 4])
 left.button("Start", type="primary", icon=":material/play_arrow:", disabled=running or not configs,
             on_click=start, args=(configs,), width="stretch")
@@ -166,7 +169,8 @@ def draw_runs() -> None:
         label = f"{label} · seed {run.config.get('seed')}"
         text = (f"**{literal(label)}** — {run.state}, step {run.step}/{run.steps}, {elapsed:.0f} s, "
                 f"{last.get('tokens_per_s', 0):.0f} tokens/s on {literal(run.status.get('device') or '…')}"
-                if rows else f"**{literal(label)}** — {run.state}, no step trained yet")
+                + run_views.time_left_text(run, elapsed)
+                if rows else f"**{literal(label)}** — {run.state}, {run_views.before_first_step(run, elapsed)}")
         if run.state == "queued":
             ahead, eta = runner.queue_position(run.folder)
             slots = runner.max_runs()
@@ -176,6 +180,7 @@ def draw_runs() -> None:
         st.progress(min(1.0, run.step / max(run.steps, 1)), text=text)
         if run.state in ("failed", "interrupted"):
             st.error(literal(f"{label}: {run.message}"), icon=":material/error:")
+    run_ui.one_seed_notice([label for label, _, _ in data])
     if run_ui.show_training_charts(PAGE, [(label, rows) for label, rows, _ in data],
                                [store.read_evals(run.folder) for _, _, run in data], BINDING_HINT,
                                (f"Train in {binding_minibatches()} mini-batches", make_it_bind)):

@@ -2,6 +2,7 @@
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("DIVVIZ_POOL_IDLE_S", "5")  # each test's runs folder gets a pool; let idle ones leave soon
+os.environ.setdefault("DIVVIZ_POOL_PRIORITY", "normal")  # a pool at the lowest weight starves on a busy machine
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-sync",
                  "--disable-background-networking", "--disable-component-update"]
 
@@ -66,3 +68,20 @@ def browser():
         b = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
         yield b
         b.close()
+
+
+@pytest.fixture(autouse=True)
+def no_process_left_behind(request):
+    """After a test that had a tmp_path: end every process whose command line names it (the pools of its runs
+    folders, and their forked runs), whether the test passed or not — a failed test must not leave training behind."""
+    where = str(request.getfixturevalue("tmp_path")) if "tmp_path" in request.fixturenames else None
+    yield
+    if where is None:
+        return
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and int(proc.name) != os.getpid():
+            try:
+                if where in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                    os.kill(int(proc.name), signal.SIGKILL)
+            except (OSError, ProcessLookupError):
+                pass

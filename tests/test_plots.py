@@ -2,6 +2,7 @@
 the table it was drawn from."""
 
 import io
+import os
 import json
 
 import numpy as np
@@ -249,3 +250,38 @@ def test_the_runs_csv_has_the_held_out_accuracy_and_says_which_run_each_row_is(t
     assert list(csv.step) == [0, 1, 2] and csv.step.dtype.kind == "i"
     assert csv.set_index("step")["eval/accuracy"].dropna().to_dict() == {0: 0.5, 2: 0.7}
     assert (csv.seed == 3).all() and (csv.run == "run").all() and {"objective", "model", "setting", "task"} <= set(csv)
+
+
+def a_run(tmp_path, state="running", step=0, steps=30, config=None, status=None):
+    from divviz.engine import store
+
+    folder = tmp_path / f"run-{len(list(tmp_path.iterdir()))}"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model": "builtin", "task": "reverse", "seed": 0, "clip": "ratio",
+                                                    "clip_params": {"eps": 0.2}, **(config or {})}))
+    (folder / "status.json").write_text(json.dumps({"state": state, "step": step, "steps": steps, "pid": os.getpid(),
+                                                    **(status or {})}))
+    return store.read_run(folder)
+
+
+def test_a_run_says_what_it_does_before_its_first_step_and_how_long_it_has_left(tmp_path):
+    evaluating = a_run(tmp_path, config={"eval_every": 15})
+    assert "answering its held-out problems before the first step (4 min so far" in run_views.before_first_step(
+        evaluating, 240.0)
+    assert "loading the model" in run_views.before_first_step(a_run(tmp_path, step=0, config={"eval_every": 0},
+                                                                    steps=31), 3.0)
+    assert run_views.before_first_step(a_run(tmp_path, state="queued"), 1.0) == "no step trained yet"
+    half = a_run(tmp_path, step=15, steps=30)
+    assert run_views.time_left_text(half, 600.0) == ", about 10 min left at its pace so far"
+    assert run_views.time_left_text(a_run(tmp_path, state="done", step=30), 600.0) == ""
+    assert run_views.one_seed_each(["PPO", "KL3"]) and not run_views.one_seed_each(["PPO", "PPO", "KL3", "KL3"])
+
+
+def test_a_timing_run_is_listed_as_one(tmp_path):
+    from divviz.engine import runner
+    from divviz.engine.runner import Viewer
+
+    timing = a_run(tmp_path, state="done", step=1, steps=1, status={"kind": runner.TIMING})
+    assert run_views.run_choice(timing).startswith("timing run · ")
+    assert run_views.overview_row(timing, Viewer("x", teacher=True))["source"] == "timing run (Measure one step)"
+    assert not run_views.run_choice(a_run(tmp_path, state="done", step=3)).startswith("timing")

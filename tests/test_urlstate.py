@@ -23,11 +23,13 @@ def test_round_trip_and_short_links():
 
 
 @pytest.mark.parametrize("query, problem", [
-    ({"kl3.delta": "nan"}, "link: parameter 'delta' must be a finite number in (0, 50]; got 'nan'"),
-    ({"kl3.delta": "7"}, "'kl3.delta' = '7' is outside the controls' range [0.0001, 0.5]"),
+    ({"kl3.delta": "nan"}, "link: 'kl3.delta' must be a number in [0.0001, 0.5] (the control's range; divviz takes "
+                           "(0, 50] where it is typed, e.g. `divviz train`); got 'nan'"),
+    ({"kl3.delta": "7"}, "link: 'kl3.delta' must be a number in [0.0001, 0.5] (the control's range; divviz takes "
+                         "(0, 50] where it is typed"),  # one range per message: the control's, then why another
     ({"m": "ratio,kl9"}, "'m' has unknown value 'kl9'"),
     ({"agg": "mean"}, "'agg' has unknown value 'mean'; known: grpo, bnpo"),
-    ({"dual": "maybe"}, "parameter 'dual' must be 0 or 1"),
+    ({"dual": "maybe"}, "link: 'dual' must be 0 or 1 (false/true); got 'maybe'"),
 ])
 def test_bad_values_are_reported(query, problem):
     values, problems = read_query(CONTROLS, query)
@@ -62,7 +64,7 @@ def test_old_links_set_the_parameters_of_bare_names():
 
 
 @pytest.mark.parametrize("text, problem", [
-    ("kl3:delta=7", "'kl3:delta' = 7.0 is outside the controls' range [0.0001, 0.5]"),
+    ("kl3:delta=7", "'kl3:delta' must be a number in [0.0001, 0.5] (the control's range"),
     ("kl3:delta=nan", "'delta' must be a finite number in (0, 50]; got 'nan'"),
     ("kl3:eps=0.2", "kl3: unknown parameter 'eps'"),
     ("kl3:delta", "expected NAME=VALUE, got 'delta'"),

@@ -22,7 +22,8 @@ def expected_step_time(root, configs: list, on_measure) -> None:
     if estimate is None:
         left, right = st.columns([3, 1])
         left.caption(literal(f"No step of {cfg.model} has been timed on this machine yet, so the time per step is "
-                             "not known: a one-step run measures it."))
+                             "not known: a one-step run measures it (it stays in the runs folder, listed as a "
+                             "timing run, so that later estimates find it)."))
         right.button("Measure one step", icon=":material/timer:", key="measure_step",
                      on_click=on_measure, args=(replace(cfg, steps=1, eval_every=0),))  # a step, no evaluation
         return
@@ -37,11 +38,22 @@ def expected_step_time(root, configs: list, on_measure) -> None:
                     if evaluation is not None else f", plus {evaluations} held-out evaluations each (not yet timed "
                                                    "here)")
     st.caption(literal(
-        f"Expected: about {seconds:.1f} s per step for a run training alone on this machine"
-        + (f", about {seconds * side_by_side:.0f} s while {side_by_side} train side by side" if side_by_side > 1 else "")
+        f"Expected: about {seconds:.2g} s per step for a run training alone on this machine"
+        + (f", about {seconds * side_by_side:.2g} s while {side_by_side} train side by side" if side_by_side > 1 else "")
         + f"; about {run_views.duration(total)} of training for these {runs} run{'s' if runs != 1 else ''} of "
         f"{cfg.steps} steps{held_out} ({basis}). Take it as within a factor of 2: anything else this machine does, "
         "another browser's runs included, slows every step."))
+
+
+def one_seed_notice(labels: list[str]) -> None:
+    """Where runs compare measures on one seed each (`run_views.one_seed_each`), say what that cannot tell, and
+    where the comparison over seeds is."""
+    if run_views.one_seed_each(labels):
+        st.info("One seed per measure: a gap between these curves is as much the seed's as the measure's (two seeds "
+                "of one measure can differ as much). The Claims page compares the measures over seeds, with "
+                "intervals — on SmolLM2, from the published runs of its learn and stress settings.",
+                icon=":material/casino:")
+        st.page_link("app_pages/claims.py", label="Claims: the same comparison over seeds", icon=":material/fact_check:")
 
 
 def show_training_charts(page: str, runs: list[tuple[str, list[dict]]], evals: list[list[dict]] | None = None,

@@ -37,7 +37,10 @@ class Control:
         if self.family is not None:
             return list(dict.fromkeys(instances.spell(m) for m in decode_measures(self.name, text, self.family)))
         if self.param is not None:
-            value = self.param.check(text, "link")
+            try:
+                value = self.param.check(text, "link")
+            except DivvizInputError:
+                value = None
             in_range(self, value, text)
             return value
         text = dict(self.aliases).get(text, text)
@@ -74,10 +77,21 @@ def decode_measures(name: str, text: str, family: str) -> list:
 
 
 def in_range(control: Control, value, text) -> None:
-    low, high, _ = control.param.slider_range()
-    if control.param.kind not in ("bool", "text") and not low <= value <= high:
-        raise DivvizInputError(f"link: '{control.name}' = {quoted(text, 40)} is outside the controls' range "
-                               f"[{low:g}, {high:g}]")
+    """Refuse a link's value the page's control cannot take (None: not even a valid value), in one message naming
+    the one range the control takes — and, where divviz accepts a wider one elsewhere, that one and why."""
+    param = control.param
+    if param.kind == "text" or (param.kind == "bool" and value is not None):
+        return
+    if param.kind == "bool":
+        raise DivvizInputError(f"link: '{control.name}' must be {param.range_text()}; got {quoted(text, 40)}")
+    low, high, _ = param.slider_range()
+    if value is not None and low <= value <= high:
+        return
+    takes = f"{'an integer' if param.kind == 'int' else 'a number'} in [{low:g}, {high:g}]"
+    wider = ((low, high) != (param.low, param.high)
+             and f" (the control's range; divviz takes {param.range_text().split(' in ')[-1]} where it is typed, "
+                 "e.g. `divviz train`)")
+    raise DivvizInputError(f"link: '{control.name}' must be {takes}{wider or ''}; got {quoted(text, 40)}")
 
 
 def read_query(controls: list[Control], query: Mapping[str, str],

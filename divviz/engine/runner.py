@@ -50,14 +50,19 @@ def check_may_manage(folder: Path, viewer: Viewer | None) -> None:
 _children: list[subprocess.Popen] = []  # pools this process started, reaped so they do not linger as zombies
 
 
-def start_run(cfg: RunConfig, root: Path, owner: str = "") -> Path:
+TIMING = "timing"  # a run's status "kind" when it was started only to time a step on this machine
+
+
+def start_run(cfg: RunConfig, root: Path, owner: str = "", kind: str = "") -> Path:
     """Queue `cfg` in a new run folder owned by `owner` (a browser's identity, or "" for the terminal) and make
-    sure a pool serves the runs folder; returns at once."""
-    folder = new_run_folder(root, f"{cfg.task}-{cfg.label}")
+    sure a pool serves the runs folder; returns at once. `kind` TIMING marks a run started to time one step (the
+    lists say so)."""
+    folder = new_run_folder(root, f"{cfg.task}-{cfg.label}" if kind != TIMING else f"timing-{cfg.label}")
     (folder / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
     now = time.time()
     write_status(folder, {"state": "queued", "message": "", "pid": None, "step": 0, "steps": cfg.steps,
-                          "owner": owner, "queued_at": now, "started": now, "updated": now})
+                          "owner": owner, "queued_at": now, "started": now, "updated": now,
+                          **({"kind": kind} if kind else {})})
     ensure_pool(root)
     return folder
 

@@ -14,6 +14,7 @@ from divviz import explore
 from divviz.views import plots, run_plots
 from divviz.catalogue.divergences import ClipTest, clip_test
 from divviz.engine import published, store
+from divviz.engine.runner import TIMING
 from divviz.engine.config import RunConfig, config_label, correction_from, objective_from, setting_of
 from divviz.evidence.intervals import summarize
 from divviz.importers.source import source_of
@@ -296,7 +297,8 @@ def overview_row(run, viewer) -> dict:
                          f"{evals[0]['eval/accuracy']:.2f}" if evals else ""),
             "entropy": last.get("entropy", float("nan")), "max KL": last.get("stability/max_kl", float("nan")),
             "collapsed": "" if collapsed is None else f"at step {collapsed:.0f}",
-            "source": source_of(run.config) or "trained here", "message": run.message or ""}
+            "source": ("timing run (Measure one step)" if run.status.get("kind") == TIMING
+                       else source_of(run.config) or "trained here"), "message": run.message or ""}
 
 
 def matching(runs: list, query: str) -> list:
@@ -330,8 +332,35 @@ def run_choice(run) -> str:
     model = ("" if config.get("model", "builtin") == "builtin"
              else f"{config.get('model')} · {f'{setting} · ' if setting else ''}")
     seed = "" if config.get("backend") == "import" else f"seed {config.get('seed', '?')} · "
-    return (f"{run_label(run)} · {model}{task_label(config)} · {seed}{run.state}, "
+    timing = "timing run · " if run.status.get("kind") == TIMING else ""
+    return (f"{timing}{run_label(run)} · {model}{task_label(config)} · {seed}{run.state}, "
             f"{run.step} step{'s' if run.step != 1 else ''} · {run.name[:15]}")
+
+
+def one_seed_each(labels: list[str]) -> bool:
+    """Whether runs labelled by their measure (`labels`) compare two or more measures on one seed each: a gap between
+    their curves is then as much the seeds' as the measures'."""
+    return len(labels) >= 2 and len(set(labels)) == len(labels)
+
+
+def time_left_text(run, elapsed: float) -> str:
+    """", about 4 min left at its pace" for a running run: its steps to go at the wall time per step so far
+    (evaluations included); "" otherwise."""
+    if run.state != "running" or not run.step or run.step >= run.steps:
+        return ""
+    return f", about {duration((run.steps - run.step) * elapsed / run.step)} left at its pace so far"
+
+
+def before_first_step(run, elapsed: float) -> str:
+    """What a run that has trained no step is doing, in words: queued, loading its model, or answering its held-out
+    problems before the first step (a SmolLM2 run's first evaluation takes minutes on a CPU, with no step to show)."""
+    if run.state != "running":
+        return "no step trained yet"
+    evaluates = int(run.config.get("eval_every") or 0) > 0
+    if evaluates and not store.read_evals(run.folder):
+        return (f"loading the model, then answering its held-out problems before the first step ({duration(elapsed)} "
+                "so far; this evaluation comes before any update, so the bars stay empty until it is done)")
+    return f"loading the model and sampling the first step's completions ({duration(elapsed)} so far)"
 
 
 def duration(seconds: float) -> str:
