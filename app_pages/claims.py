@@ -89,7 +89,9 @@ st.write("Several of the claims are also tested by training a language model —
          "times the learning rate, where a measure may collapse): PPO, KL3 at two δ, the two one-edge boxes of "
          "δ = 0.05, DAPO, PPO + ProbL2, and a tighter lower clip with random rewards, several seeds each, on the same "
          "seeds (the same prompts at every step). Final performance is the held-out accuracy; stability the collapse "
-         "flag, the largest update KL and clip fraction. The runs queue with everyone's in the runs folder (they show "
+         "flag, the largest update KL and clip fraction. SmolLM2's runs at both settings are published with divviz "
+         "(`published/`): a fresh clone reads them, and says so below. Runs you train queue with everyone's in the "
+         "runs folder (they show "
          "on the Runs page), a finished run is kept, and a stopped one resumes from its last resume state: the next "
          "time, this page reads them instead of training them again. Cells show as soon as both runs of a pair are "
          "done; n says how many seeds each has.")
@@ -209,7 +211,9 @@ with ui.shown_errors():
 
 with verdicts:
     st.subheader("Every claim at a glance")
-    st.caption("Per claim: its cells, how many of them each verdict has, and the settings it is tested in (over "
+    st.caption("Per claim: its cells, how many of them each verdict has after Holm's adjustment within the claim's "
+               "readings at a setting (the last column: how many held or reversed before it), and the settings it is "
+               "tested in (over "
                "training: the model and Setting chosen below, under the verdicts). Pick a claim in the select under "
                "the table for its cells by setting and compared measure, its forest plots and every cell — one claim "
                "at a time, so that a control change redraws one claim's plots, not every claim's. The counts are of "

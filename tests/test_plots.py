@@ -285,3 +285,11 @@ def test_a_timing_run_is_listed_as_one(tmp_path):
     assert run_views.run_choice(timing).startswith("timing run · ")
     assert run_views.overview_row(timing, Viewer("x", teacher=True))["source"] == "timing run (Measure one step)"
     assert not run_views.run_choice(a_run(tmp_path, state="done", step=3)).startswith("timing")
+
+
+def test_a_measure_keeps_its_colour_whatever_order_its_runs_come_in():
+    rows = [{"step": 1, "reward": 0.1, "entropy": 1.0}]
+    listed = [("ratio ε=0.2", rows), ("kl3 δ=0.05", rows)]
+    for order in (listed, listed[::-1]):
+        runs, evals = run_views.in_colour_order(order, [["r"], ["k"]] if order is listed else [["k"], ["r"]])
+        assert [label for label, _ in runs] == ["kl3 δ=0.05", "ratio ε=0.2"] and evals == [["k"], ["r"]]

@@ -63,6 +63,7 @@ def show_training_charts(page: str, runs: list[tuple[str, list[dict]]], evals: l
     collapse; the held-out accuracy (`evals`, each run's evaluation rows); the curves; the clip fraction and KL by
     mini-batch; their mass reallocation by π_old (Training lab and Runs page alike). Returns whether there was
     anything to draw. `make_it_bind`: (button label, callback) that changes the page's settings so the clip binds."""
+    runs, evals = run_views.in_colour_order(runs, evals)
     if run_views.nothing_clipped(runs):
         st.info(f"No token was clipped in the last {run_views.BINDING_WINDOW} steps of any of these runs, so at these "
                 "settings every clip test makes exactly the same update as no clip at all: their curves can differ "

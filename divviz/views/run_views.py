@@ -337,6 +337,13 @@ def run_choice(run) -> str:
             f"{run.step} step{'s' if run.step != 1 else ''} · {run.name[:15]}")
 
 
+def in_colour_order(runs: list[tuple[str, list[dict]]], evals: list | None = None) -> tuple[list, list | None]:
+    """Runs [(label, rows)] (and their evaluations, alike) in the order their colours are given: by label, so that a
+    measure keeps its colour whatever order the runs were listed in — after a reload, on the lab and the Runs page."""
+    order = sorted(range(len(runs)), key=lambda i: runs[i][0])
+    return [runs[i] for i in order], (None if evals is None else [evals[i] for i in order])
+
+
 def one_seed_each(labels: list[str]) -> bool:
     """Whether runs labelled by their measure (`labels`) compare two or more measures on one seed each: a gap between
     their curves is then as much the seeds' as the measures'."""
