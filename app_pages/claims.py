@@ -219,7 +219,7 @@ with verdicts:
                "at a time, so that a control change redraws one claim's plots, not every claim's. The counts are of "
                "cells, not of independent tests: a claim's cells share their runs (an early and a late reading, the "
                "greedy and the sampled accuracy, two δ of KL3 against one PPO), so several cells holding is not as "
-               "many confirmations. A claim's source carries theory.md's tag: [PAPER] read in the paper's own text, "
+               "many confirmations. A claim's source carries docs/theory.md's tag: [PAPER] read in the paper's own text, "
                "[3P] read only in a third-party summary, [INF] divviz's own derivation or reading.")
     overview = pd.DataFrame(result.overview())
     overview = overview.loc[:, (overview != 0).any(axis=0)]  # the verdicts that some cell has

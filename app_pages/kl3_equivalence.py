@@ -44,7 +44,7 @@ with ui.shown_errors():
     st.latex(r"\Rightarrow\; -w = W_k\!\left(-e^{-1-\delta}\right),\quad -e^{-1-\delta}\in(-1/e,\,0)")
     st.latex(r"l_\delta = -W_0\!\left(-e^{-1-\delta}\right),\qquad u_\delta = -W_{-1}\!\left(-e^{-1-\delta}\right)")
     st.latex(r"l_\delta,\,u_\delta \approx 1 \mp \sqrt{2\delta} + \tfrac{2\delta}{3} \mp \tfrac{(2\delta)^{3/2}}{36}")
-    st.caption("Source: theory.md §1.3 (derived for divviz; the closed form matches Wu et al. 2026, ATR-GRPO). "
+    st.caption("Source: docs/theory.md §1.3 (derived for divviz; the closed form matches Wu et al. 2026, ATR-GRPO). "
                "W₀ gives the lower edge, W₋₁ the upper one.")
 
     st.subheader(f"At δ = {delta:g}")

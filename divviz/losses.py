@@ -16,11 +16,11 @@ sequence level gives every token its completion's geometric-mean ratio; TRL's ra
 first term of the min.
 
 C_t is the clip test's own predicate on its own measure (e.g. k3(w_t) ≤ δ for ATR-GRPO), which
-theory.md §1.2 calls J_general; for every test in the catalogue the feasible set is an interval [l, u]
+docs/theory.md §1.2 calls J_general; for every test in the catalogue the feasible set is an interval [l, u]
 ∋ 1, so the result equals PPO's clamp on that interval, value and gradient (tests/test_losses.py).
 With no clip test the surrogate is the plain −w_t A_i.
 
-Which tokens lose their gradient (theory.md §1.4): A > 0 above u, A < 0 below l, and with dual-clip
+Which tokens lose their gradient (docs/theory.md §1.4): A > 0 above u, A < 0 below l, and with dual-clip
 A < 0 where the cap binds. TRL's clip fractions count exactly the first two
 (`clip_ratio/low_mean`: w < l and A < 0; `clip_ratio/high_mean`: w > u and A > 0).
 """
@@ -232,7 +232,7 @@ class LossOutput:
 
     def token_state(self) -> torch.Tensor:
         """`clip_state` with the outside tokens that keep their gradient told apart: code 4 when the token fails
-        the test on the side its advantage pulls it back from (A > 0 with w < l, A < 0 with w > u; theory.md
+        the test on the side its advantage pulls it back from (A > 0 with w < l, A < 0 with w > u; docs/theory.md
         §1.4), so that the gradient moves it toward the region (an outside token with A = 0 stays 0: nothing
         pulls it). Names in `TOKEN_STATES`."""
         return self.clip_state() + 4 * self.pulled_back.long()

@@ -1,4 +1,4 @@
-"""The catalogue: intervals, predicates, penalties' spot values (theory.md §5.6, §5.7) and bad input."""
+"""The catalogue: intervals, predicates, penalties' spot values (docs/theory.md §5.6, §5.7) and bad input."""
 
 import math
 
@@ -71,7 +71,7 @@ def test_predicate_iff_interval(name, params, w, pi_old):
         assert bool(test.feasible(logp_new, logp_old)) == (lower <= w <= upper)
 
 
-# theory.md §5.7 (GBMPO) and the k3-penalty column
+# docs/theory.md §5.7 (GBMPO) and the k3-penalty column
 def test_gbmpo_penalty_spot_values():
     for p_new, p_ref, prob_l2 in ((0.5, 0.4, 0.01), (0.01, 0.008, 4e-6)):
         new, ref = t([math.log(p_new)]), t([math.log(p_ref)])
@@ -107,7 +107,7 @@ def test_mirror_penalty_entry_uses_seeded_map():
     assert float(a) > 0 and float(b) > 0 and float(a) != float(b)
 
 
-# theory.md §5.6: RPG surrogate loss L = −w R + β·reg(w) at w = 1.1, R = 1, β = 1e-4, π_old = 1
+# docs/theory.md §5.6: RPG surrogate loss L = −w R + β·reg(w) at w = 1.1, R = 1, β = 1e-4, π_old = 1
 @pytest.mark.parametrize("name, loss, weight", [
     ("ufkl", -1.09999953, 1.09999000),
     ("urkl", -1.10009952, 1.09998952),

@@ -3,6 +3,7 @@
 divviz's own cell."""
 
 import contextlib
+import json
 import importlib.util
 import io
 import re
@@ -48,3 +49,18 @@ def test_the_numpy_recipe_in_claims_md_recomputes_divvizs_cell():
     assert cell["n"] == d.size >= 2 and cell["differences"] == pytest.approx(d.tolist(), abs=1e-12)
     half = stats.t.ppf(0.975, d.size - 1) * scope["se"]
     assert (cell["mean"], cell["low"], cell["high"]) == pytest.approx((d.mean(), d.mean() - half, d.mean() + half))
+
+
+def test_divviz_claims_json_carries_each_cells_per_seed_values_from_the_published_runs(capsys, tmp_path):
+    from divviz.cli import main
+
+    assert main(["claims", "--seeds", "2", "--lm", "--lm-model", "smollm2-135m", "--lm-setting", "stress", "--no-train",
+                 "--runs-dir", str(tmp_path), "--json"]) == 0
+    out = capsys.readouterr()
+    assert "runs are published: smollm2-135m-stress-cpu" in out.err  # the provenance, in one line
+    cells = [r for r in json.loads(out.out) if r["setting"] == claims.LM_TRAINING and r["n"] >= 1]
+    assert cells
+    for cell in cells:
+        assert len(cell["seeds"]) == len(cell["candidate_values"]) == len(cell["baseline_values"]) == cell["n"]
+        assert cell["differences"] == pytest.approx(np.subtract(cell["candidate_values"], cell["baseline_values"]))
+        assert {"p", "p_holm", "q_bh", "median", "p_median", "verdict", "verdict_adjusted"} <= set(cell)

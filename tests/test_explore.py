@@ -12,7 +12,7 @@ from divviz.losses import policy_loss
 
 
 def test_ratio_curves_match_the_spot_checks_and_autograd():
-    # theory.md §5.5 with ε1 = 0.2, ε2 = 0.28, c = 3: objective = −loss
+    # docs/theory.md §5.5 with ε1 = 0.2, ε2 = 0.28, c = 3: objective = −loss
     curves = explore.ratio_curves(clip_test("clip_higher", eps_low=0.2, eps_high=0.28), np.array([0.5, 1.5, 2.0, 5.0]),
                                   pi_old=0.5, dual_clip_c=3.0)
     assert curves.surrogate[+1][:2].tolist() == pytest.approx([0.5, 1.28])

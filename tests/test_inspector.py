@@ -81,12 +81,12 @@ def test_the_explainer_equals_a_hand_computation(w, adv, state, loss, gradient):
 
 
 def test_the_explainer_adds_the_penalty_and_puts_kl3s_numbers_in():
-    """KL3 δ = 0.05 with β·k3 toward π_ref: k3 = r − log r − 1 with r = π_ref/π_θ, slope 1 − r (theory.md §0)."""
+    """KL3 δ = 0.05 with β·k3 toward π_ref: k3 = r − log r − 1 with r = π_ref/π_θ, slope 1 − r (docs/theory.md §0)."""
     objective = Objective(clip=clip_test("kl3", delta=0.05), penalty=penalty("k3"), beta=0.1)
     pi_old, w, adv, pi_ref = 0.3, 1.5, 1.0, 0.2
     e = explain.explain(objective, pi_old, w, adv, pi_ref=pi_ref)
     r = pi_ref / (pi_old * w)
-    lower, upper = 0.7161894551693442, 1.350403255977222  # theory.md §5.1
+    lower, upper = 0.7161894551693442, 1.350403255977222  # docs/theory.md §5.1
     assert (e.lower, e.upper) == pytest.approx((lower, upper), rel=1e-9)
     assert e.measure_value == pytest.approx(w - 1 - math.log(w)) and e.state == "masked high"
     assert e.penalty_term == pytest.approx(0.1 * (r - math.log(r) - 1))

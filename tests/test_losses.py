@@ -1,4 +1,4 @@
-"""The one policy loss: theory.md §5.5 spot checks, TRL's clip fractions, the interval equivalences
+"""The one policy loss: docs/theory.md §5.5 spot checks, TRL's clip fractions, the interval equivalences
 (value and autograd gradient, float64, 1e-12), aggregations against hand-written sums, RPG Prop. 4.1."""
 
 import io
@@ -30,7 +30,7 @@ def grads(out, logp_new):
     return g
 
 
-# theory.md §5.5: A, w, loss value, gradient through w?
+# docs/theory.md §5.5: A, w, loss value, gradient through w?
 SPOT = [(+1, 0.5, -0.5, True), (+1, 1.5, -1.28, False), (-1, 0.5, 0.8, False),
         (-1, 2.0, 2.0, True), (-1, 5.0, 3.0, False)]
 
@@ -48,7 +48,7 @@ def test_masking_and_dual_clip_spot_checks():
 
 
 def test_kl3_masking_rule_at_delta_005():
-    l, u = 0.716189, 1.35040  # theory.md §5.5: A=+1 masked iff w > u, A=−1 masked iff w < l
+    l, u = 0.716189, 1.35040  # docs/theory.md §5.5: A=+1 masked iff w > u, A=−1 masked iff w < l
     ratios = [u - 1e-4, u + 1e-4, l + 1e-4, l - 1e-4]
     logp_new, logp_old, adv, mask = one_token_batch(ratios, [1, 1, -1, -1])
     out = policy_loss(logp_new, logp_old, adv, mask, clip=dv.clip_test("kl3", delta=0.05))
@@ -226,7 +226,7 @@ def test_reference_penalties_enter_the_loss_with_beta(name):
 
 
 def test_k3_penalty_gradient_in_log_prob():
-    # theory.md §2.3: ∂/∂log p of GRPO's k3 is 1 − p_ref/p, of ProbL2 2p(p − p_ref)
+    # docs/theory.md §2.3: ∂/∂log p of GRPO's k3 is 1 − p_ref/p, of ProbL2 2p(p − p_ref)
     for p, p_ref, k3_slope, l2_slope in ((0.5, 0.4, 0.2, 0.1), (0.01, 0.008, 0.2, 4e-5)):
         lp = torch.tensor([math.log(p)], dtype=F64, requires_grad=True)
         ref = torch.tensor([math.log(p_ref)], dtype=F64)

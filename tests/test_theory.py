@@ -1,4 +1,4 @@
-"""theory.py and estimators.py against theory.md §5 (scipy lambertw, cross-checked there with mpmath
+"""theory.py and estimators.py against docs/theory.md §5 (scipy lambertw, cross-checked there with mpmath
 to 30 digits) and against independent oracles (scipy.special.kl_div / rel_entr, the δ → 0 series)."""
 
 import math
@@ -21,7 +21,7 @@ def printed(x) -> float:
 def same6(got, want):
     return [printed(g) for g in np.atleast_1d(got)] == [printed(v) for v in np.atleast_1d(want)]
 
-# theory.md §5.1: δ, l_δ, u_δ (6 significant digits)
+# docs/theory.md §5.1: δ, l_δ, u_δ (6 significant digits)
 KL3_TABLE = [
     (0.001, 0.955943, 1.04539),
     (0.005, 0.903305, 1.10336),
@@ -43,7 +43,7 @@ def test_kl3_bounds_match_table(delta, lower, upper):
 
 
 def test_kl3_bounds_to_1e6_relative_at_probe_values():
-    # theory.md §5.8 recipe values, printed there to more digits
+    # docs/theory.md §5.8 recipe values, printed there to more digits
     assert theory.kl3_bounds(0.05) == pytest.approx((0.7161894551693, 1.350403255977), rel=1e-12)
     eps_low, eps_high = theory.kl3_equivalent_box(0.05)
     assert same6([eps_low, eps_high, eps_high / eps_low], [0.283811, 0.350403, 1.23464])
@@ -92,7 +92,7 @@ def test_small_delta_against_series_and_scipy_branch_point_trap():
 
 
 def test_series_leading_order_accuracy():
-    # theory.md §5.1: 1 ± √(2δ) + 2δ/3 is good to ~2e-4 at δ = 0.02 and ~3e-3 at δ = 0.1
+    # docs/theory.md §5.1: 1 ± √(2δ) + 2δ/3 is good to ~2e-4 at δ = 0.02 and ~3e-3 at δ = 0.1
     for delta, tol in ((0.02, 3e-4), (0.1, 3e-3)):
         l2, u2 = theory.kl3_bounds_series(delta, order=2)
         l, u = theory.kl3_bounds(delta)
@@ -102,13 +102,13 @@ def test_series_leading_order_accuracy():
 
 
 def test_asymmetry_directions():
-    # room above 1 is larger in ratio space, smaller in log-ratio space (theory.md §1.3)
+    # room above 1 is larger in ratio space, smaller in log-ratio space (docs/theory.md §1.3)
     l, u = theory.kl3_bounds(0.05)
     assert u - 1 > 1 - l
     assert abs(math.log(l)) > math.log(u)
 
 
-# theory.md §5.2
+# docs/theory.md §5.2
 def test_match_ppo_and_dapo_boxes_to_kl3():
     ppo = theory.match_box_to_kl3(0.2, 0.2)
     dapo = theory.match_box_to_kl3(0.2, 0.28)
@@ -130,7 +130,7 @@ def test_matching_round_trips():
         assert m["delta_high"] == pytest.approx(delta, rel=1e-12)
 
 
-# theory.md §5.3
+# docs/theory.md §5.3
 @pytest.mark.parametrize("w, v1, v2, v3", [
     (0.8, 0.223144, 0.0248965, 0.0231436),
     (0.9, 0.105361, 0.00555042, 0.00536052),
@@ -157,7 +157,7 @@ def test_k3_keeps_precision_near_one():
     assert float(k3(np.float64(lr))) == pytest.approx(lr * lr / 2, rel=1e-6)
 
 
-# theory.md §5.4: the inverse-direction trap and the KL2 box
+# docs/theory.md §5.4: the inverse-direction trap and the KL2 box
 @pytest.mark.parametrize("delta, kl2, inverse", [
     (0.02, (0.818731, 1.22140), (0.824029, 1.22985)),
     (0.05, (0.728893, 1.37194), (0.740520, 1.39628)),
@@ -176,9 +176,47 @@ def test_logit_view_round_trip_and_reachability():
     assert np.allclose(theory.ratio_from_logit_shift(d_min, p), l, rtol=1e-12)
     finite = np.isfinite(d_max)
     assert np.allclose(theory.ratio_from_logit_shift(d_max[finite], p[finite]), u, rtol=1e-12)
-    # w < 1/p always, so a token with p ≥ 1/u can never hit the upper clip (theory.md §1.4)
+    # w < 1/p always, so a token with p ≥ 1/u can never hit the upper clip (docs/theory.md §1.4)
     assert np.array_equal(~finite, p >= 1 / u)
-    # the threshold numbers of theory.md §1.4
+    # the threshold numbers of docs/theory.md §1.4
     assert 1 / theory.kl3_bounds(0.02)[1] == pytest.approx(0.8240, abs=5e-5)
     # the room grows with p: a looser top favours already-likely tokens
     assert np.all(np.diff(d_max[finite]) > 0)
+
+
+def test_every_citation_of_the_theory_resolves_to_a_section_of_docs_theory_md():
+    """The code and tests cite `docs/theory.md §n`; each such section is a heading of docs/theory.md, and no file
+    cites a theory.md outside the repository."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    theory = (root / "docs" / "theory.md").read_text()
+    sections = set(re.findall(r"^#+ §(\d+(?:\.\d+)?) ", theory, re.M))
+    cited = {}
+    for path in [*root.glob("divviz/**/*.py"), *root.glob("app_pages/*.py"), *root.glob("tests/*.py"),
+                 *root.glob("scripts/*.py"), *root.glob("bench/*.py")]:
+        text = path.read_text()
+        for match in re.finditer(r"(\S*)theory\.md(?:'s)?\s+§(\d+(?:\.\d+)?)", text):
+            assert match[1].endswith("docs/"), f"{path.name} cites {match[0]!r}: docs/theory.md is the one"
+            cited.setdefault(match[2], path.name)
+    assert len(cited) >= 15 and not {n: f for n, f in cited.items() if n not in sections}
+
+
+def test_docs_theory_md_tables_are_what_divviz_computes():
+    """§5.1's KL3 boxes and §5.2's matched edges, read from docs/theory.md, against `theory.kl3_bounds` (6 digits)."""
+    import re
+    from pathlib import Path
+
+    from divviz.catalogue import theory
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "theory.md").read_text()
+    box = text.split("### §5.1")[1].split("###")[0]
+    rows = [[float(v.replace("−", "-")) for v in line.strip("|").split("|")] for line in box.splitlines()
+            if re.match(r"\| \d", line)]
+    assert len(rows) == 8
+    for delta, low, high, *_ in rows:
+        assert theory.kl3_bounds(delta) == (pytest.approx(low, rel=1e-5), pytest.approx(high, rel=1e-5))
+    matched = text.split("### §5.2")[1].split("###")[0]
+    for edge, delta in ((0.8, 0.0231436), (1.2, 0.0176784), (1.28, 0.0331399)):
+        assert f"| {delta} |" in matched and theory.kl3_delta_at_ratio(edge) == pytest.approx(delta, rel=1e-5)

@@ -109,7 +109,7 @@ def test_clip_higher_equals_trl(tmp_path, policy, batch, loss_type, beta):
 
 
 def test_kl3_equals_trl_box_on_its_interval(tmp_path, policy, batch):
-    """ATR-GRPO's KL3 test at δ is TRL's box with ε_low = 1 − l_δ, ε_high = u_δ − 1 (theory.md §1.3)."""
+    """ATR-GRPO's KL3 test at δ is TRL's box with ε_low = 1 − l_δ, ε_high = u_δ − 1 (docs/theory.md §1.3)."""
     delta = 0.05
     lower, upper = theory.kl3_bounds(delta)
     theirs = make_trainer(GRPOTrainer, policy, config(tmp_path, loss_type="dapo", epsilon=1 - lower,

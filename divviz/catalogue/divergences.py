@@ -2,7 +2,7 @@
 
 Three families, all per token and from log-probabilities only (no vocabulary sums):
 
-- **clip tests**, defined here (the per-token trust region of Wu et al. 2026's unified framework, theory.md
+- **clip tests**, defined here (the per-token trust region of Wu et al. 2026's unified framework, docs/theory.md
   §1.2): a predicate C_t on the token's measure value; a token that fails it is clipped. Each test's feasible
   set in the ratio w = π_θ/π_old is an interval [l, u] ∋ 1 (u may be ∞), given by `bounds`.
 - **penalties** toward a reference policy, added to the loss as β · value (GRPO, GBMPO, RPG): penalties.py.
@@ -200,7 +200,7 @@ CLIP_TESTS: dict[str, ClipTestEntry] = {
         ClipTestEntry(
             "kl1", "KL1 test (one-sided)",
             r"\mathrm{k1}_t=-\log w_t \le \delta \;\Leftrightarrow\; w_t \ge e^{-\delta}",
-            "k1 can be negative, so the test bounds the ratio from below only: u = ∞ (theory.md §1.3).",
+            "k1 can be negative, so the test bounds the ratio from below only: u = ∞ (docs/theory.md §1.3).",
             (_delta(0.2, 50.0, "KL1 level", (0.001, 1.0, 0.001)),),
             lambda new, old, p: k1(_log_ratio(new, old)),
             _at_most_delta,
@@ -210,7 +210,7 @@ CLIP_TESTS: dict[str, ClipTestEntry] = {
             "kl2", "KL2 test",
             r"\mathrm{k2}_t=\tfrac12(\log w_t)^2 \le \delta \;\Leftrightarrow\; "
             r"e^{-\sqrt{2\delta}} \le w_t \le e^{\sqrt{2\delta}}",
-            "Symmetric in log-ratio, so slightly tighter above 1 than KL3 at the same δ (theory.md §5.4).",
+            "Symmetric in log-ratio, so slightly tighter above 1 than KL3 at the same δ (docs/theory.md §5.4).",
             (_delta(0.05, 50.0, "KL2 level", (0.0005, 0.5, 0.0005)),),
             lambda new, old, p: k2(_log_ratio(new, old)),
             _at_most_delta,

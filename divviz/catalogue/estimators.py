@@ -1,6 +1,6 @@
 """Schulman's single-sample KL estimators k1, k2, k3, written in the log-ratio.
 
-For a sample x ~ q and the ratio w = p(x)/q(x) with log-ratio `log_ratio = log w` (theory.md §0):
+For a sample x ~ q and the ratio w = p(x)/q(x) with log-ratio `log_ratio = log w` (docs/theory.md §0):
 
     k1 = −log w                 unbiased for KL(q‖p), can be negative
     k2 = ½ (log w)²             ≥ 0, matches KL(q‖p) to second order

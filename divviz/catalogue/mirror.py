@@ -1,4 +1,4 @@
-"""GBMPO's neural mirror map and its Bregman divergence on token probabilities (theory.md §2.4 [CODE]).
+"""GBMPO's neural mirror map and its Bregman divergence on token probabilities (docs/theory.md §2.4 [CODE]).
 
 The mirror map is a scalar function of a token probability y ∈ (0, 1]:
 
@@ -11,7 +11,7 @@ h is convex and the Bregman divergence is ≥ 0:
     D_h(y ‖ y0) = h(y) − h(y0) − ψ(y0) (y − y0)
 
 h is ψ's closed-form antiderivative, unit by unit: ∫σ(w y + b) dy = Σ(w y + b)/w with Σ' = σ, plus
-a y²/2 + c (y log y − y). Special cases (theory.md §5.7): only a = 1 gives ½(y − y0)²; only c = 1 gives
+a y²/2 + c (y log y − y). Special cases (docs/theory.md §5.7): only a = 1 gives ½(y − y0)²; only c = 1 gives
 the generalised KL y log(y/y0) − (y − y0).
 
 Source: Yuan, Khandoga, Sankarapu 2026, "Beyond KL Divergence" (GBMPO, arXiv 2602.04380), as
@@ -78,7 +78,7 @@ class MirrorMap:
 
     @staticmethod
     def only(a: float = 0.0, c: float = 0.0) -> "MirrorMap":
-        """A map with no neural units: ψ(y) = a y + c log y (the special cases of theory.md §5.7)."""
+        """A map with no neural units: ψ(y) = a y + c log y (the special cases of docs/theory.md §5.7)."""
         zeros = torch.zeros(len(_ACTIVATIONS), UNITS_PER_ACTIVATION, dtype=torch.float64)
         return MirrorMap(zeros, zeros, zeros, a, c)
 

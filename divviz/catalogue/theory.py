@@ -1,6 +1,6 @@
 """Closed forms that the app explains: KL3 bounds, their series, box matching, the logit-space view.
 
-All functions take floats or numpy arrays and work in float64. Sources are theory.md sections; its
+All functions take floats or numpy arrays and work in float64. Sources are docs/theory.md sections; its
 provenance tags are kept: [INF] = derived for divviz (and checked numerically there), [3P] = a claim of
 Wu et al. 2026 (arXiv 2602.05494) read in a summary.
 """
@@ -15,7 +15,7 @@ from divviz.catalogue.params import DivvizInputError
 from divviz.safetext import quoted
 
 SERIES_COEFFS = (1.0, 1.0, 1.0 / 3.0, 1.0 / 36.0, -1.0 / 270.0, 1.0 / 4320.0)
-"""w = Σ c_n (±s)^n with s = √(2δ): the KL3 boundary near δ = 0 (theory.md §1.3, from sympy)."""
+"""w = Σ c_n (±s)^n with s = √(2δ): the KL3 boundary near δ = 0 (docs/theory.md §1.3, from sympy)."""
 
 _SERIES_BELOW = 1e-3  # below this δ the series (error ~ s⁶ ~ 1e-8) seeds Newton; above it, Lambert W
 
@@ -23,7 +23,7 @@ _SERIES_BELOW = 1e-3  # below this δ the series (error ~ s⁶ ~ 1e-8) seeds New
 def kl3_bounds(delta):
     """Feasible ratio interval of the KL3 test: the (l, u) with w − 1 − log w ≤ δ ⇔ l ≤ w ≤ u.
 
-    Definition (theory.md §1.3 [INF]; the closed form is ATR-GRPO's, Wu et al. 2026 [3P]):
+    Definition (docs/theory.md §1.3 [INF]; the closed form is ATR-GRPO's, Wu et al. 2026 [3P]):
 
         l_δ = −W₀(−e^{−1−δ}) ∈ (0, 1],   u_δ = −W₋₁(−e^{−1−δ}) ∈ [1, ∞)
 
@@ -41,7 +41,7 @@ def kl3_bounds(delta):
     δ ≈ 1e-32 the series rounds to w = 1 exactly (√(2δ) is under half an ulp of 1), which is the answer in
     float64; Newton is skipped there (its slope expm1(0) = 0), so every δ ≥ 0 gives finite bounds.
 
-    Example (theory.md §5.1): kl3_bounds(0.05) → (0.716189…, 1.350403…), and
+    Example (docs/theory.md §5.1): kl3_bounds(0.05) → (0.716189…, 1.350403…), and
     k3(log l) = k3(log u) = 0.05.
     """
     d = checked_levels(delta, "kl3_bounds")
@@ -79,7 +79,7 @@ def checked_levels(delta, owner: str) -> np.ndarray:
 def kl3_bounds_series(delta, order: int = 5):
     """The KL3 bounds to `order` in s = √(2δ): w = 1 ± s + s²/3 ± s³/36 − s⁴/270 ± s⁵/4320 + O(s⁶).
 
-    theory.md §1.3 (series from sympy [INF]). To leading order l ≈ 1 − √(2δ) + 2δ/3 and
+    docs/theory.md §1.3 (series from sympy [INF]). To leading order l ≈ 1 − √(2δ) + 2δ/3 and
     u ≈ 1 + √(2δ) + 2δ/3: the interval is centred above 1 by 2δ/3.
     Returns (l, u) for δ ≥ 0 (floats or arrays).
     """
@@ -95,7 +95,7 @@ def kl3_bounds_series(delta, order: int = 5):
 def kl3_delta_at_ratio(ratio):
     """The KL3 level δ whose boundary passes through `ratio`: δ = k3(w) = w − 1 − log w.
 
-    This is the box → δ direction of matching (theory.md §5.2): a PPO/DAPO edge at 0.8 is the KL3
+    This is the box → δ direction of matching (docs/theory.md §5.2): a PPO/DAPO edge at 0.8 is the KL3
     level 0.0231436, an edge at 1.2 the level 0.0176784, an edge at 1.28 the level 0.0331399.
     """
     try:
@@ -117,7 +117,7 @@ def kl3_equivalent_box(delta) -> tuple[float, float]:
 
 
 def match_box_to_kl3(eps_low: float, eps_high: float) -> dict:
-    """Match a PPO (ε, ε) or DAPO (ε_low, ε_high) box to KL3 levels, edge by edge (theory.md §5.2).
+    """Match a PPO (ε, ε) or DAPO (ε_low, ε_high) box to KL3 levels, edge by edge (docs/theory.md §5.2).
 
     Returns the KL3 level through each edge and the KL3 interval at that level:
     {"delta_low", "interval_low", "delta_high", "interval_high"}. A box is a KL3 level set only
@@ -140,7 +140,7 @@ def kl2_bounds(delta):
 
 
 def kl3_inverse_bounds(delta):
-    """The trap of theory.md §5.4: the k3 test on the *inverse* ratio π_old/π_θ gives [1/u_δ, 1/l_δ].
+    """The trap of docs/theory.md §5.4: the k3 test on the *inverse* ratio π_old/π_θ gives [1/u_δ, 1/l_δ].
 
     That is GRPO's penalty direction; an implementation of KL3 clipping that returns these numbers
     instead of `kl3_bounds` has the ratio upside down.

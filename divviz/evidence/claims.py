@@ -153,11 +153,11 @@ def _rpg_identity_cells() -> list[dict]:
 
 CLAIMS = (
     Claim("kl3_is_clipping", "The KL3 test equals ratio clipping on [l_δ, u_δ] (loss and gradient)",
-          "KL3 / ATR-GRPO paper (arXiv 2602.05494), theory.md §1.3", "[3P] statement; [INF] closed form",
+          "KL3 / ATR-GRPO paper (arXiv 2602.05494), docs/theory.md §1.3", "[3P] statement; [INF] closed form",
           "largest |difference| of the loss and of its gradient on random token batches, tolerance 1e-12",
           identity=_kl3_identity_cells),
     Claim("kl3_mass_to_confident", "KL3 reallocates probability mass toward high-confidence actions",
-          "KL3 / ATR-GRPO paper, theory.md §1.5", "[3P] claims only: the theorem's statement was not found",
+          "KL3 / ATR-GRPO paper, docs/theory.md §1.5", "[3P] claims only: the theorem's statement was not found",
           "initial_top_mass: the probability on the actions most likely under π_0 (top 10%), KL3 minus PPO",
           tuple(Comparison(name, PPO, "initial_top_mass", +1) for name in KL3_AND_ABLATIONS),
           lm_operational="mass_to_argmax: the share of the probability gained in an update that went to tokens that "
@@ -183,7 +183,7 @@ CLAIMS = (
                                for metric, sign in TRAINING),
           no_effect="the KL3 paper reports its gains on math benchmarks of Qwen3 models, not in a unit of this task"),
     Claim("kl3_entropy", "KL3 keeps entropy higher than PPO (entropy-driven exploration)",
-          "KL3 / ATR-GRPO paper, theory.md §1.5", "[3P] claims only",
+          "KL3 / ATR-GRPO paper, docs/theory.md §1.5", "[3P] claims only",
           "entropy of the whole policy (exact), KL3 minus PPO",
           tuple(Comparison(name, PPO, "entropy", +1) for name in KL3_AND_ABLATIONS),
           lm_operational="entropy: the mean token entropy of the sampled completions, KL3 minus PPO",
@@ -193,7 +193,7 @@ CLAIMS = (
           real_comparisons=(Comparison(KL3_HIGH_EDGE, PPO, "entropy/change", +1),
                             Comparison(KL3_WIDE, PPO, "entropy/change", +1))),
     Claim("dapo_entropy", "Clip-higher keeps entropy higher than symmetric clipping",
-          "DAPO (Yu et al. 2025), as RPG App. I.2.1 reads it; RPG §5 says the opposite (theory.md §3.7)",
+          "DAPO (Yu et al. 2025), as RPG App. I.2.1 reads it; RPG §5 says the opposite (docs/theory.md §3.7)",
           "[PAPER] (RPG's text; internally inconsistent)",
           "entropy of the whole policy, DAPO (0.2, 0.28) minus PPO 0.2",
           (Comparison(DAPO, PPO, "entropy", +1),),
@@ -209,12 +209,12 @@ CLAIMS = (
           lm_comparisons=tuple(Comparison(PROBL2, PPO, metric, +1) for metric in HELD_OUT),
           effect=PROBL2_EFFECT),
     Claim("probl2_anchors", "ProbL2 anchors confident tokens and leaves rare ones free",
-          "GBMPO (arXiv 2602.04380), theory.md §2.3", "[CODE] penalty; [INF] its slope 2p(p − p_ref) ∝ p²",
+          "GBMPO (arXiv 2602.04380), docs/theory.md §2.3", "[CODE] penalty; [INF] its slope 2p(p − p_ref) ∝ p²",
           "initial_top_moved (Σ|π − π_0| on the top 10% of π_0): ProbL2 minus no penalty, predicted < 0; "
           "initial_rare_moved (bottom half): ProbL2 minus k3 at the same β, predicted > 0",
           (Comparison(PROBL2, PPO, "initial_top_moved", -1), Comparison(PROBL2, K3, "initial_rare_moved", +1))),
     Claim("rpg_same_gradient", "RPG's REINFORCE-style and differentiable losses have the same gradient",
-          "RPG (arXiv 2505.17508) Proposition 4.1, theory.md §3.4", "[PAPER]",
+          "RPG (arXiv 2505.17508) Proposition 4.1, docs/theory.md §3.4", "[PAPER]",
           "largest |difference| of the gradient of policy_loss with each KL loss in its two forms, tolerance 1e-12",
           identity=_rpg_identity_cells),
 )
@@ -261,7 +261,7 @@ UNTESTED = (
     "Accuracy on math benchmarks (AIME, MATH500, AMC) of the papers' Qwen3 1.7B/8B models: the models, the data "
     "and the compute are not here.",
     "The KL3 paper's theorems on the logit difference and on entropy: their exact statements and assumptions were "
-    "not found (theory.md §1.5), so their operational readings above are divviz's.",
+    "not found (docs/theory.md §1.5), so their operational readings above are divviz's.",
     "GBMPO's learned (ES-trained) mirror maps, and its reported gain over Dr. GRPO on GSM8K as such: over training "
     "divviz compares PPO + ProbL2 with PPO on a small model's arithmetic task.",
     "RPG's benchmark numbers and its claim that the REINFORCE-style forms train better: only the gradient identity "

@@ -26,7 +26,7 @@ import torch
 from divviz.losses import TOKEN_STATES, Objective
 from divviz.catalogue.params import DivvizInputError
 
-WHY = {  # theory.md §1.4: which side, which sign
+WHY = {  # docs/theory.md §1.4: which side, which sign
     "inside": "w is inside [l, u]: the gradient A·w·∇log π flows",
     "masked low": "A < 0 and w < l: lowering w further would leave the region, so the clipped term l·A wins, it is "
                   "constant in θ, and the gradient is zero",
