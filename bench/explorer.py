@@ -1,9 +1,9 @@
 """How long the explorer pages take to recompute every figure after one control change.
 
-Target (issue: explorer pages): under 50 ms per change, on the machine it runs on; the bandit page at its defaults
+Target: under 50 ms per change, on the machine it runs on; the bandit page at its defaults
 now trains 8 seeds × 3 measures and draws their means, bands and paired differences, within the same budget as
-one seed did (issue #11); two rows train each measure under three rollout corrections with a bfloat16 sampler two
-iterations behind (issue #13). Each page is timed
+one seed did; two rows train each measure under three rollout corrections with a bfloat16 sampler two
+iterations behind. Each page is timed
 as the app runs it — `divviz.views.explorer` computes with the training loss and builds the figures — with a
 different control value each repetition so that nothing is served from a cache. The last column adds
 what Streamlit then does with each figure (`to_dict` and plotly's JSON encoding, the page's message to the
@@ -89,7 +89,7 @@ def main():
     regions(0.05), kl3(0.05), bandit(True)(0.05)  # warm-up: imports, first SciPy call
     print(f"{'page (one control change)':<58} {'median ms':>10} {'/ 50 ms':>8} {'+ sent to browser ms':>21}")
     for name, fn in (("clipping regions (3 tests, 4 figures: the open tab's)", regions),
-                     ("  every tab's 8 figures (before session 16; baseline)",
+                     ("  every tab's 8 figures (all tabs drawn; baseline)",
                       lambda delta: regions(delta, explorer.CLIPPING_CHARTS)),
                      ("KL3 ⇔ asymmetric clipping (2 figures)", kl3),
                      ("mass reallocation, 8 seeds × 3: δ change, 8 of 24 re-train", bandit(False)),
@@ -115,7 +115,7 @@ def inspector(repeats: int) -> None:
     """The step inspector at its defaults (a default run's step: 2 prompts × 8 completions kept, coloured by clip
     state, the run's measure and two more explained): what the page computes when the step changes (the record
     read from disk and checked, the HTML, the explainer, the region picture) and when only the token changes (the
-    record comes from Streamlit's cache). Target (issue #12): ≤ 100 ms."""
+    record comes from Streamlit's cache). Target: ≤ 100 ms."""
     import tempfile
     from pathlib import Path
 

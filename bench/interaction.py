@@ -31,7 +31,7 @@ End to end, timed by the page's own clock (performance.now()):
 So the time covers the browser sending the change, the server's rerun, the messages back and the frontend drawing
 them (to within a frame, 16 ms). Playwright's own calls are outside it.
 
-Target (issue 33, finding 18): a control change on any page ≤ 1 s end to end in chromium on this 2-core machine while
+Target: a control change on any page ≤ 1 s end to end in chromium on this 2-core machine while
 nothing trains. Prints a table per control (median and max over N, within 1 s or not) and one of page loads.
 
     python bench/interaction.py [--repeat 5] [--pages step_inspector runs …] [--runs DIR] [--json PATH]

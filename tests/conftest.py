@@ -6,6 +6,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -15,6 +16,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("DIVVIZ_POOL_IDLE_S", "5")  # each test's runs folder gets a pool; let idle ones leave soon
 os.environ.setdefault("DIVVIZ_POOL_PRIORITY", "normal")  # a pool at the lowest weight starves on a busy machine
+# The repository's published runs would join every runs folder a test lists: a test reads them only when it asks
+# (the `repository_published` fixture, or a folder of its own through DIVVIZ_PUBLISHED).
+os.environ.setdefault("DIVVIZ_PUBLISHED", tempfile.mkdtemp(prefix="divviz-tests-no-published-"))
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-sync",
                  "--disable-background-networking", "--disable-component-update"]
 
@@ -70,6 +74,15 @@ def browser():
         b.close()
 
 
+@pytest.fixture
+def repository_published(monkeypatch):
+    """The repository's own published runs (published/), as a fresh clone's app and CLI read them."""
+    from divviz.engine import published
+
+    monkeypatch.setenv("DIVVIZ_PUBLISHED", str(published.ROOT))
+    return published.ROOT
+
+
 @pytest.fixture(autouse=True)
 def no_process_left_behind(request):
     """After a test that had a tmp_path: end every process whose command line names it (the pools of its runs
@@ -85,3 +98,16 @@ def no_process_left_behind(request):
                     os.kill(int(proc.name), signal.SIGKILL)
             except (OSError, ProcessLookupError):
                 pass
+
+
+# The modules whose tests train runs, start apps or pools, or drive chromium: minutes, not seconds. `./run test --fast`
+# leaves them out (the marker `slow`); CI runs everything.
+SLOW_MODULES = {"test_browser", "test_claims_lm", "test_claims_real", "test_evidence_tables", "test_real_model",
+                "test_room", "test_training", "test_trl_runs", "test_trl_minibatch", "test_import_trainers",
+                "test_walkthrough", "test_lab_pages", "test_inspector"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.module.__name__.rsplit(".", 1)[-1] in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)

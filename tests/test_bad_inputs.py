@@ -1,4 +1,4 @@
-"""The classes of bad input that used to get through, each tried: a parameter at the edge of its declared range (the
+"""Classes of bad input, each tried: a parameter at the edge of its declared range (the
 ranges themselves are swept in test_param_ranges.py), library entry points given the wrong kind of thing, a runs
 folder that cannot be used (every page, and the CLI before it prints any progress), and what a link message says
 the page then does."""

@@ -180,7 +180,6 @@ def test_claims_page_renders(tmp_path, monkeypatch):
 
     monkeypatch.setenv("DIVVIZ_CACHE", str(tmp_path))  # no SmolLM2 cells cached and no LM runs (whatever the
     monkeypatch.setenv("DIVVIZ_RUNS_DIR", str(tmp_path / "runs"))  # user's runs folder holds): the bandit's alone
-    monkeypatch.setenv("DIVVIZ_PUBLISHED", str(tmp_path / "published"))  # nor the published grids
     at = AppTest.from_file(str(Path(__file__).resolve().parents[1] / "app.py"), default_timeout=300)
     at.run()
     at.switch_page("app_pages/claims.py").run()

@@ -21,7 +21,7 @@ evidence_tables = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(evidence_tables)
 
 
-def test_readme_and_claims_md_hold_what_the_bandit_grid_and_the_published_runs_say():
+def test_readme_and_claims_md_hold_what_the_bandit_grid_and_the_published_runs_say(repository_published):
     claims_md = (ROOT / "docs" / "claims.md").read_text()
     stale = "is stale: run python scripts/evidence_tables.py"
     assert claims_md.split(evidence_tables.START)[1].split(evidence_tables.END)[0] == evidence_tables.block(), \
@@ -36,7 +36,7 @@ def test_readme_and_claims_md_hold_what_the_bandit_grid_and_the_published_runs_s
         [evidence_tables.bandit_row(bandit)], f"README's bandit row {stale}"
 
 
-def test_the_numpy_recipe_in_claims_md_recomputes_divvizs_cell():
+def test_the_numpy_recipe_in_claims_md_recomputes_divvizs_cell(repository_published):
     recipe = re.search(r"```python\n(# recompute a cell.*?)```", (ROOT / "docs" / "claims.md").read_text(), re.S)[1]
     assert len(recipe.strip().splitlines()) <= 10
     scope = {}
@@ -51,7 +51,8 @@ def test_the_numpy_recipe_in_claims_md_recomputes_divvizs_cell():
     assert (cell["mean"], cell["low"], cell["high"]) == pytest.approx((d.mean(), d.mean() - half, d.mean() + half))
 
 
-def test_divviz_claims_json_carries_each_cells_per_seed_values_from_the_published_runs(capsys, tmp_path):
+def test_divviz_claims_json_carries_each_cells_per_seed_values_from_the_published_runs(capsys, tmp_path,
+                                                                                     repository_published):
     from divviz.cli import main
 
     assert main(["claims", "--seeds", "2", "--lm", "--lm-model", "smollm2-135m", "--lm-setting", "stress", "--no-train",
@@ -64,3 +65,22 @@ def test_divviz_claims_json_carries_each_cells_per_seed_values_from_the_publishe
         assert len(cell["seeds"]) == len(cell["candidate_values"]) == len(cell["baseline_values"]) == cell["n"]
         assert cell["differences"] == pytest.approx(np.subtract(cell["candidate_values"], cell["baseline_values"]))
         assert {"p", "p_holm", "q_bh", "median", "p_median", "verdict", "verdict_adjusted"} <= set(cell)
+
+
+def test_a_fresh_clones_claims_page_opens_on_the_published_grid(repository_published, tmp_path, monkeypatch):
+    """Nothing trained: the Claims page opens on SmolLM2's published stress grid, says so in one line, and its
+    over-training cells are the published runs' (raw and Holm-adjusted verdicts side by side)."""
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("DIVVIZ_RUNS_DIR", str(tmp_path / "runs"))
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300)
+    at.run()
+    at.switch_page("app_pages/claims.py").run()
+    assert not at.exception
+    said = " ".join(i.value for i in at.info)
+    assert "Published runs" in said and "smollm2\\-135m\\-stress\\-cpu" in said
+    at.selectbox(key="claims:claim").set_value("kl3_training").run()
+    cells = next(d.value for d in at.dataframe if "verdict (Holm)" in d.value.columns)
+    _, _, report = claims_export.published_evidence("smollm2-135m", "stress")
+    assert len(cells) == sum(r["claim_key"] == "kl3_training" for r in report.rows)
+    assert "verdict (raw)" in cells and "sign-flip p" in cells

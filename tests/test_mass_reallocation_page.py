@@ -13,7 +13,7 @@ def test_mass_reallocation_page():
     assert len(at.metric) == 3 and "n = 8" in at.metric[0].delta and "band [" in at.metric[0].delta
     assert not at.warning  # at the default lr no sample passes u in the first inner step
     # distribution, mass, the open tab's curves (reward, entropy, mass) and the paired difference: a change redraws
-    # four charts, not six (issue 33, finding 18)
+    # four charts, not six: only the open tab is drawn
     assert [t.label for t in at.tabs] == ["Reward, entropy and mass", "Clip fractions and KL", "Why the entropy moves"]
     drawn = ["Distribution before and after", "Mass reallocation", "Expected reward, entropy", "expected_reward: each"]
     assert len(titles(at)) == 4 and all(title.startswith(start) for title, start in zip(titles(at), drawn))

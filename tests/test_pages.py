@@ -34,7 +34,7 @@ def test_clipping_regions_page_reacts_and_shares():
     at = open_page("app_pages/clipping_regions.py")
     before = specs(at)  # intervals, sweeps, surrogate and the open tab's gradient weight: four charts to redraw on a
     assert len(before) == 4 and [t.label for t in at.tabs] == ["Gradient weight", "Penalties", "Probability space"]
-    slider(at, "delta").set_value(0.1).run()  # change, not seven (issue 33, finding 18)
+    slider(at, "delta").set_value(0.1).run()  # change, not seven: only the open tab is drawn
     assert not at.exception
     after = specs(at)
     assert all(a != b for a, b in zip(before, after))  # the tests' figures followed δ

@@ -133,8 +133,8 @@ def choice(page: str, control: Control, label: str, help: str | None = None, whe
 
 def lazy_tabs(page: str, control: Control, applies: dict[str, bool]):
     """Tabs of which only the open one is drawn (`st.tabs(on_change="rerun")`, the page drawing only into the tab it
-    gets back), so that a control change redraws that tab's charts and not every chart of the page (issue 33, finding
-    18: each Plotly chart costs the browser 0.1–0.2 s). The tabs are the control's options but those `applies` says
+    gets back), so that a control change redraws that tab's charts and not every chart of the page (each Plotly
+    chart costs the browser 0.1–0.2 s to draw). The tabs are the control's options but those `applies` says
     do not apply now; the open tab is one of the page's controls, so it travels in the link. Returns the open tab's
     label and its container."""
     labels = [label for label in control.options if applies.get(label, True)]
@@ -330,7 +330,7 @@ def rollout_widgets(page: str, controls: dict[str, Control], precision_help: str
 
 
 SCALE_REWARDS_CONTROL = Control("scale_rewards", "group", options=SCALE_REWARDS,
-                                aliases=(("0", "none"), ("1", "group")))  # the bandit's links once had a toggle
+                                aliases=(("0", "none"), ("1", "group")))  # a link may carry the toggle's 0/1
 
 
 BASELINE_CONTROL = Control("baseline", "group", options=BASELINES)

@@ -23,7 +23,7 @@ from divviz.losses import LossOutput
 def minibatch_rows(n: int, k: int, seed: int) -> list[torch.Tensor] | None:
     """The rows of each of K mini-batches of a batch of n completions: a permutation seeded by `seed` cut into K
     equal slices, each slice's rows in ascending order (a prompt's completions stay together, so its prompt runs
-    once in the forward, `rollout.prefill`). None for K = 1: the whole batch in its order, as before mini-batches."""
+    once in the forward, `rollout.prefill`). None for K = 1: the whole batch, in its order."""
     if k == 1:
         return None
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
