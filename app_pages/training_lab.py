@@ -170,7 +170,8 @@ def draw_runs() -> None:
         text = (f"**{literal(label)}** — {run.state}, step {run.step}/{run.steps}, {elapsed:.0f} s, "
                 f"{last.get('tokens_per_s', 0):.0f} tokens/s on {literal(run.status.get('device') or '…')}"
                 + run_views.time_left_text(run, elapsed)
-                if rows else f"**{literal(label)}** — {run.state}, {run_views.before_first_step(run, elapsed)}")
+                if rows else f"**{literal(label)}** — {run.state}, "
+                             f"{run_views.before_first_step(run, time.time() - run.status.get('started', time.time()))}")
         if run.state == "queued":
             ahead, eta = runner.queue_position(run.folder)
             slots = runner.max_runs()

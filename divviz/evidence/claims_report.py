@@ -241,8 +241,7 @@ def comparison_row(claim: Claim, setting: str, condition: str, c: Comparison, ca
                d.low, d.high, d.n, d.reversed, verdict)
     effect = effect_of(claim, c)
     needed = significance.seeds_needed(difference, effect.size) if effect else (None, None, None)
-    finite = lambda x: None if not np.isfinite(x) else float(x)  # noqa: E731
-    row.update(p=finite(p), median=finite(median), p_median=finite(p_median), seeds_up=up, seeds_down=down,
+    row.update(p=_finite(p), median=_finite(median), p_median=_finite(p_median), seeds_up=up, seeds_down=down,
                family=" · ".join(filter(None, (claim.key, setting, where))),
                by_construction=BY_CONSTRUCTION.get((c.candidate, c.metric), ""),
                effect=effect.size if effect else None, effect_source=effect.source if effect else "",
@@ -254,13 +253,17 @@ def comparison_row(claim: Claim, setting: str, condition: str, c: Comparison, ca
     return row
 
 
+def _finite(x: float | None) -> float | None:
+    """A number as JSON can hold it: None for NaN or infinity (JSON has neither)."""
+    return None if x is None or not math.isfinite(x) else float(x)
+
+
 def _row(claim: Claim, setting: str, condition: str, metric: str, candidate: str, baseline: str, predicted: str,
          mean: float, low: float, high: float, n: int, reversed_seeds: int, verdict: str) -> dict:
-    finite = lambda x: None if x is None or not math.isfinite(x) else float(x)  # noqa: E731 — JSON has no NaN
     return {"claim": claim.text, "claim_key": claim.key, "source": claim.source, "provenance": claim.provenance,
             "setting": setting, "condition": condition, "metric": metric, "candidate": candidate,
-            "baseline": baseline, "predicted_sign": predicted, "mean": finite(mean), "low": finite(low),
-            "high": finite(high), "n": n, "seeds_reversed": reversed_seeds, "verdict": verdict,
+            "baseline": baseline, "predicted_sign": predicted, "mean": _finite(mean), "low": _finite(low),
+            "high": _finite(high), "n": n, "seeds_reversed": reversed_seeds, "verdict": verdict,
             **dict.fromkeys(("p", "median", "p_median", "seeds_up", "seeds_down", "family", "by_construction", "effect",
                              "effect_source", "seeds_for_power", "seeds_for_power_range", "rules_out", "seeds",
                              "candidate_values", "baseline_values", "differences"))}  # a compared cell's (below)

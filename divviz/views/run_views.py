@@ -359,8 +359,9 @@ def time_left_text(run, elapsed: float) -> str:
 
 
 def before_first_step(run, elapsed: float) -> str:
-    """What a run that has trained no step is doing, in words: queued, loading its model, or answering its held-out
-    problems before the first step (a SmolLM2 run's first evaluation takes minutes on a CPU, with no step to show)."""
+    """What a run that has trained no step is doing, in words, `elapsed` seconds after it started: loading its model
+    and answering its held-out problems before the first step (a SmolLM2 run's first evaluation takes minutes on a
+    CPU, with no step to show), or sampling that step; "no step trained yet" when it is not running."""
     if run.state != "running":
         return "no step trained yet"
     evaluates = int(run.config.get("eval_every") or 0) > 0
