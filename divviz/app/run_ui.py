@@ -22,10 +22,11 @@ def expected_step_time(root, configs: list, on_measure) -> None:
     if estimate is None:
         left, right = st.columns([3, 1])
         left.caption(literal(f"No step of {cfg.model} has been timed on this machine yet, so the time per step is "
-                             "not known: a one-step run measures it (it stays in the runs folder, listed as a "
-                             "timing run, so that later estimates find it)."))
+                             "not known: a two-step timing run measures it — its second step, since the first also "
+                             "warms the process up (it stays in the runs folder, listed as a timing run, so that "
+                             "later estimates find it)."))
         right.button("Measure one step", icon=":material/timer:", key="measure_step",
-                     on_click=on_measure, args=(replace(cfg, steps=1, eval_every=0),))  # a step, no evaluation
+                     on_click=on_measure, args=(replace(cfg, steps=2, eval_every=0),))  # no evaluation
         return
     seconds, basis = estimate
     runs, side_by_side = len(configs), min(len(configs), runner.max_runs())
