@@ -39,8 +39,8 @@ CONTROLS = [Control("seeds", claims.QUICK_SEEDS, param=claims.SEEDS_PARAM),
             Control("lm_model", SMOLLM2, options=tuple(MODELS)),
             Control("lm_setting", OPENING, options=(*dict.fromkeys(s for m in MODELS for s in evaluated_settings(m)),
                                                     "the lab's defaults")),
-            Control("lm_seeds", claims_lm.DECLARED[OPENING][0], param=claims_lm.SEEDS_PARAM),
-            Control("lm_pilot_extra", claims_lm.DECLARED[OPENING][1] - claims_lm.DECLARED[OPENING][0],
+            Control("lm_seeds", claims_lm.declared_seeds(SMOLLM2, OPENING)[0], param=claims_lm.SEEDS_PARAM),
+            Control("lm_pilot_extra", claims_lm.declared_seeds(SMOLLM2, OPENING)[1],
                     param=claims_lm.PILOT_EXTRA_PARAM),
             Control("lm_steps", claims_lm.STEPS_PARAM.default, param=claims_lm.STEPS_PARAM),
             Control("claim", claims.CLAIMS[0].key, options=tuple(c.key for c in claims.CLAIMS))]
@@ -49,11 +49,9 @@ CONTROLS = [Control("seeds", claims.QUICK_SEEDS, param=claims.SEEDS_PARAM),
 def declared_design() -> None:
     """A Setting or Model change: the seeds of the grid declared there (SmolLM2's published grids), else the
     built-in LM's default."""
-    model, setting = st.session_state["claims:lm_model"], st.session_state.get("claims:lm_setting")
-    seeds, pilot = (claims_lm.DECLARED.get(setting, (claims_lm.SEEDS_PARAM.default, 0)) if model != "builtin"
-                    else (claims_lm.SEEDS_PARAM.default, 0))
-    st.session_state[ui.key(PAGE, "lm_seeds")] = seeds
-    st.session_state[ui.key(PAGE, "lm_pilot_extra")] = max(0, pilot - seeds)
+    seeds, extra = claims_lm.declared_seeds(st.session_state["claims:lm_model"],
+                                            st.session_state.get("claims:lm_setting", ""))
+    st.session_state[ui.key(PAGE, "lm_seeds")], st.session_state[ui.key(PAGE, "lm_pilot_extra")] = seeds, extra
 
 
 CELL_COLUMNS = {claims_report.HEADERS["verdict"]: st.column_config.TextColumn(width=100),  # "not resolved" in full
@@ -124,8 +122,9 @@ with ui.shown_errors():
     ui.publish_controls(PAGE, CONTROLS)
     lm_plan = claims_lm.LMPlan.read(store.runs_dir(), lm_seeds, lm_steps, lm_model, lm_setting,
                                     lm_seeds + lm_pilot_extra)
+evidence = lm_evidence.LMEvidence(lm_plan) if lm_plan is not None else None  # read once for the cells and curves
 if lm_plan is not None and lm_plan.done:
-    result = lm_evidence.LMEvidence(lm_plan).report(result)
+    result = evidence.report(result)
 if lm_plan is not None and lm_plan.provenance:
     st.info(literal(f"Published runs: {lm_plan.provenance}. They are read, never trained again; a run of your own "
                     "of a cell takes its place."), icon=":material/inventory_2:")
@@ -168,7 +167,6 @@ if lm_plan is not None and lm_plan.done:
                    "below 4 seeds, else the 95% interval; on the reward and the entropy (read at every step), a ✕ "
                    "on a measure's line marks a step where one of its seeds collapsed (the table below). The "
                    "task-reward runs only: the random-reward control's runs are read in their claims' cells.")
-        evidence = lm_evidence.LMEvidence(lm_plan)
         collapses = evidence.collapses()
         ui.show_chart(run_plots.learning_curves_chart(
             {metric: evidence.curves(metric) for metric in lm_evidence.CURVES}, f"Learning curves on {lm_plan.name}",

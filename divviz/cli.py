@@ -277,12 +277,12 @@ def _lm_cells(args):
                                   else "no settings")
                                + f"; got {args.lm_setting!r}")
     setting = args.lm_setting or next(iter(settings), "")
-    declared_seeds, declared_pilot = (claims_lm.DECLARED.get(setting, (claims_lm.SEEDS_PARAM.default, 0))
-                                      if args.lm_model != "builtin" else (claims_lm.SEEDS_PARAM.default, 0))
-    seeds = claims_lm.SEEDS_PARAM.check(args.lm_seeds or declared_seeds, "claims")
+    declared, declared_extra = claims_lm.declared_seeds(args.lm_model, setting)
+    seeds = claims_lm.SEEDS_PARAM.check(args.lm_seeds or declared, "claims")
     steps = claims_lm.STEPS_PARAM.check(args.lm_steps or claims_lm.default_steps(args.lm_model, setting), "claims")
+    pilot = declared + declared_extra if declared_extra else 0  # the declared pilot pair's seeds, if it has more
     extra = claims_lm.PILOT_EXTRA_PARAM.check(args.lm_pilot_extra if args.lm_pilot_extra is not None
-                                              else max(0, declared_pilot - seeds), "claims")
+                                              else max(0, pilot - seeds), "claims")
     plan = claims_lm.LMPlan.read(runs_dir(args.runs_dir), seeds, steps, args.lm_model, setting, seeds + extra,
                                  with_published=not args.no_published)
     found = len(plan.runs) - len(plan.missing)

@@ -293,3 +293,19 @@ def test_a_measure_keeps_its_colour_whatever_order_its_runs_come_in():
     for order in (listed, listed[::-1]):
         runs, evals = run_views.in_colour_order(order, [["r"], ["k"]] if order is listed else [["k"], ["r"]])
         assert [label for label, _ in runs] == ["kl3 δ=0.05", "ratio ε=0.2"] and evals == [["k"], ["r"]]
+
+
+def test_a_timing_run_stays_marked_once_it_has_trained(tmp_path):
+    """The worker rewrites status.json when it starts: the mark "timing" survives it (a two-step run of the built-in
+    model, through the pool, as the lab's button starts it)."""
+    import time
+
+    from divviz.engine import runner, store
+    from divviz.engine.config import RunConfig
+
+    folder = runner.start_run(RunConfig.make(steps=2, eval_every=0), tmp_path, kind=runner.TIMING)
+    deadline = time.time() + 300
+    while store.read_run(folder).state not in ("done", "failed") and time.time() < deadline:
+        time.sleep(0.2)
+    run = store.read_run(folder)
+    assert run.state == "done" and run.status.get("kind") == runner.TIMING and folder.name.split("-")[2] == "timing"

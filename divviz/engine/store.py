@@ -97,7 +97,7 @@ class RunWriter:
         trained = queued.get("updated", 0.0) - queued.get("started", 0.0) if resume_step else 0.0
         self.status = {"state": "running", "message": "", "pid": os.getpid(), "step": resume_step, "steps": steps,
                        "device": "", "started": time.time() - max(0.0, trained), "updated": time.time(),
-                       **{k: queued[k] for k in ("owner", "queued_at") if k in queued}}  # who queued it, when
+                       **{k: queued[k] for k in ("owner", "queued_at", "kind") if k in queued}}  # who, when, why
         self._keep_until(resume_step if resume_step else -1)  # from step 0: not even step 0's evaluation stays
         self._write_status()
         self._metrics = open(folder / "metrics.jsonl", "a", buffering=1)

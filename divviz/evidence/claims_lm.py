@@ -64,6 +64,14 @@ PILOT = (claims.PPO, claims.KL3_WIDE)  # trained first, every seed: the spread o
 DECLARED = {"learn": (4, 8), "stress": (4, 12)}
 
 
+def declared_seeds(model: str, setting: str) -> tuple[int, int]:
+    """(seeds per measure, the pilot pair's extra seeds) of the grid declared for `model` at `setting` (`DECLARED`),
+    else the default seeds and no extra: what the CLI and the Claims page start from."""
+    seeds, pilot = (DECLARED.get(setting, (SEEDS_PARAM.default, 0)) if model != BUILTIN
+                    else (SEEDS_PARAM.default, 0))
+    return seeds, max(0, pilot - seeds)
+
+
 def queue_order(seeds: int, pilot_seeds: int = 0) -> list[tuple[str, str, int]]:
     """The cells (measure, reward, seed) in the order they are queued: the pilot's (PPO and KL3 δ = 0.05, on
     seeds 0 … max(seeds, pilot_seeds) − 1) first, then the other measures seed by seed, the random-reward control
@@ -144,7 +152,8 @@ class LMPlan:
     def published_grids(self) -> str:
         """The published grids that hold some of the cells: each one's name, how many cells and how it was trained."""
         found = published.manifests()
-        grids = Counter(published.grid_of(run.name) for run in self.runs.values() if self.is_published(run))
+        grid_of = {name: grid for grid, manifest in found.items() for name in manifest["runs"]}
+        grids = Counter(grid_of.get(run.name) for run in self.runs.values() if self.is_published(run))
         return "; ".join(f"{grid} ({n} runs, trained on {m['device']} in {m['precision']}, torch {m['torch']}, "
                          f"transformers {m['transformers']}, commit {m['commit']})"
                          for grid, n in grids.items() if (m := found.get(grid)))
