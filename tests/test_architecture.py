@@ -77,3 +77,15 @@ def test_each_layer_package_is_its_docstring_and_no_file_is_long():
     long = {str(p.relative_to(ROOT)): n for p in [*(ROOT / "divviz").rglob("*.py"), *(ROOT / "app_pages").glob("*.py")]
             if (n := len(p.read_text().splitlines())) > 450}
     assert not long
+
+
+def test_docs_and_code_say_what_is_true_now_not_when_it_was_done():
+    """No numbered work period, issue or finding in docs/, README or the code's comments and docstrings: those say
+    what is true now and how to reproduce it (dates label measurements)."""
+    import re
+
+    numbered = re.compile(r"\b(" + "|".join(("session", "issue", "finding")) + r") #?\d+", re.I)
+    files = [*ROOT.glob("docs/*.md"), ROOT / "README.md",
+             *(p for folder in ("divviz", "app_pages", "bench", "scripts", "tests") for p in (ROOT / folder).rglob("*.py"))]
+    found = {str(p.relative_to(ROOT)): m[0] for p in files if (m := numbered.search(p.read_text()))}
+    assert len(files) > 100 and not found
