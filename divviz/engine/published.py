@@ -38,12 +38,35 @@ def root() -> Path:
     return Path(os.environ.get("DIVVIZ_PUBLISHED") or ROOT)
 
 
+_read: dict[tuple, tuple[dict, str]] = {}  # the manifest files' identities → (what they held, its content's key)
+
+
 def manifests(where: Path | None = None) -> dict[str, dict]:
     """Each published grid's manifest by grid name ({} when nothing is published); a manifest that cannot be read, or
-    that names a run that is not a folder beside it, hides its own grid and no other."""
-    where = where or root()
+    that names a run that is not a folder beside it, hides its own grid and no other. Parsed again only when a
+    manifest file changes (the Runs page asks on every refresh)."""
+    return _read_manifests(where or root())[0]
+
+
+def _read_manifests(where: Path) -> tuple[dict, str]:
+    """(the manifests, a key naming their content), parsed once per state of the files."""
+    identity = _identity(where)
+    if identity not in _read:
+        _read.clear()  # one published folder at a time is asked for; an old entry is stale
+        found = _parse([Path(path) for path, _, _ in identity])
+        _read[identity] = found, hashlib.sha256(json.dumps(found, sort_keys=True).encode()).hexdigest()[:16]
+    return _read[identity]
+
+
+def _identity(where: Path) -> tuple:
+    """The manifest files under `where` as (path, modification time, size): what they hold changes only with it."""
+    return tuple((str(path), path.stat().st_mtime_ns, path.stat().st_size)
+                 for path in sorted(where.glob("*/manifest.json")))
+
+
+def _parse(paths: list[Path]) -> dict[str, dict]:
     out = {}
-    for path in sorted(where.glob("*/manifest.json")):
+    for path in paths:
         try:
             manifest = json.loads(path.read_text())
         except (OSError, ValueError):
@@ -54,24 +77,23 @@ def manifests(where: Path | None = None) -> dict[str, dict]:
     return out
 
 
+def grids_of_runs(where: Path | None = None) -> dict[str, str]:
+    """Each published run's folder name → its grid."""
+    return {name: grid for grid, manifest in manifests(where).items() for name in manifest["runs"]}
+
+
 def _plain_name(name: str) -> bool:
     """A run's name is one folder's: no separator, not hidden, not "." or ".." (a manifest cannot point elsewhere)."""
     return isinstance(name, str) and bool(name) and "/" not in name and "\\" not in name and not name.startswith(".")
-
-
-def grid_of(run_name: str, where: Path | None = None) -> str | None:
-    """The published grid a run (by its folder's name) belongs to, or None."""
-    return next((grid for grid, m in manifests(where).items() if run_name in m["runs"]), None)
 
 
 def folder(where: Path | None = None) -> Path | None:
     """A runs folder holding every published run, unpacked (made once per content of the manifests, in divviz's
     cache folder); None when nothing is published."""
     where = where or root()
-    found = manifests(where)
+    found, key = _read_manifests(where)
     if not found:
         return None
-    key = hashlib.sha256(json.dumps(found, sort_keys=True).encode()).hexdigest()[:16]
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "divviz" / "published" / key
     if cache.is_dir():
         return cache

@@ -151,8 +151,7 @@ class LMPlan:
     @property
     def published_grids(self) -> str:
         """The published grids that hold some of the cells: each one's name, how many cells and how it was trained."""
-        found = published.manifests()
-        grid_of = {name: grid for grid, manifest in found.items() for name in manifest["runs"]}
+        found, grid_of = published.manifests(), published.grids_of_runs()
         grids = Counter(grid_of.get(run.name) for run in self.runs.values() if self.is_published(run))
         return "; ".join(f"{grid} ({n} runs, trained on {m['device']} in {m['precision']}, torch {m['torch']}, "
                          f"transformers {m['transformers']}, commit {m['commit']})"

@@ -389,7 +389,7 @@ def every_run(root) -> list:
 def published_grid(run) -> str | None:
     """The published grid a run belongs to (None for a run of the runs folder)."""
     shared = published.folder()
-    return published.grid_of(run.name) if shared is not None and run.folder.parent == shared else None
+    return published.grids_of_runs().get(run.name) if shared is not None and run.folder.parent == shared else None
 
 
 def owner_label(status: dict, viewer, grid: str | None = None) -> str:
