@@ -74,6 +74,19 @@ def browser():
         b.close()
 
 
+@pytest.fixture(scope="session")
+def lm_plan(tmp_path_factory):
+    """The built-in LM's claims grid at `lm_grid`'s seeds and steps, queued to a pool and trained once per session
+    (tests/test_claims_lm.py reads it as the claims' cells, tests/test_published.py publishes it)."""
+    from divviz.evidence import claims_lm
+    from tests.lm_grid import LM_SEEDS, LM_STEPS, wait_until_finished
+
+    plan = claims_lm.LMPlan.read(tmp_path_factory.mktemp("lm_runs"), LM_SEEDS, LM_STEPS)
+    assert len(plan.missing) == len(claims_lm.measures()) * LM_SEEDS and not plan.finished
+    assert len(plan.queue_missing("a-browser")) == len(plan.missing)
+    return wait_until_finished(plan.refreshed())
+
+
 @pytest.fixture
 def repository_published(monkeypatch):
     """The repository's own published runs (published/), as a fresh clone's app and CLI read them."""
@@ -102,7 +115,7 @@ def no_process_left_behind(request):
 
 # The modules whose tests train runs, start apps or pools, or drive chromium: minutes, not seconds. `./run test --fast`
 # leaves them out (the marker `slow`); CI runs everything.
-SLOW_MODULES = {"test_browser", "test_claims_lm", "test_claims_real", "test_evidence_tables", "test_real_model",
+SLOW_MODULES = {"test_browser", "test_claims_lm", "test_published", "test_claims_real", "test_evidence_tables", "test_real_model",
                 "test_room", "test_training", "test_trl_runs", "test_trl_minibatch", "test_import_trainers",
                 "test_walkthrough", "test_lab_pages", "test_inspector"}
 
