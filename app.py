@@ -6,12 +6,12 @@ falls back to listing that folder's file names whenever a live fragment reruns (
 
 import streamlit as st
 
-from divviz.app import ui
+from divviz.app import room
 from divviz.app.navigation import PAGES
 
 st.set_page_config(page_title="divviz", page_icon="📈", layout="wide")  # an emoji: drawn by the browser
 # itself, where a :material/…: favicon is fetched from fonts.gstatic.com (an error in the console offline)
 
 pages = [st.Page(path, title=title, icon=icon, default=path.endswith("home.py")) for path, title, icon, _ in PAGES]
-ui.viewer()  # on whichever page a link opens: a teacher key in it is taken and removed from the address bar
+room.viewer()  # on whichever page a link opens: a teacher key in it is taken and removed from the address bar
 st.navigation(pages).run()

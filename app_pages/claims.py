@@ -5,15 +5,14 @@ import json
 import pandas as pd
 import streamlit as st
 
-from divviz.app import ui
+from divviz.app import page_state, room, widgets
 
 from divviz.evidence import claims, claims_export, claims_lm, claims_real, claims_report, forest, lm_evidence
 from divviz.engine import stability, store
 from divviz.engine.models import MODELS, evaluated_settings
 from divviz.catalogue.params import DivvizInputError
 from divviz.app.urlstate import Control
-from divviz.views import run_plots, run_views
-from divviz.metrics import GLOSSARY
+from divviz.views import claims_tables, run_plots, run_views
 from divviz.safetext import literal
 
 
@@ -51,7 +50,7 @@ def declared_design() -> None:
     built-in LM's default."""
     seeds, extra = claims_lm.declared_seeds(st.session_state["claims:lm_model"],
                                             st.session_state.get("claims:lm_setting", ""))
-    st.session_state[ui.key(PAGE, "lm_seeds")], st.session_state[ui.key(PAGE, "lm_pilot_extra")] = seeds, extra
+    st.session_state[page_state.key(PAGE, "lm_seeds")], st.session_state[page_state.key(PAGE, "lm_pilot_extra")] = seeds, extra
 
 
 CELL_COLUMNS = {claims_report.HEADERS["verdict"]: st.column_config.TextColumn(width=100),  # "not resolved" in full
@@ -74,7 +73,7 @@ st.write("What the three seed papers claim and divviz can test, tested on a grid
          "papers report is ruled out. Nothing here is typed by hand: `divviz claims` prints the same report. The "
          "verdicts come first; the [language-model sections](#on-a-language-model-over-training) under them choose "
          "the model, its setting and seeds.")
-ui.bind_controls(PAGE, CONTROLS)
+page_state.bind_controls(PAGE, CONTROLS)
 low, high, _ = claims.SEEDS_PARAM.slider_range()
 seeds = st.slider("Seeds per measure (bandit grid)", int(low), int(high), key="claims:seeds",
                   help=claims.SEEDS_PARAM.doc)
@@ -94,7 +93,7 @@ st.write("Several of the claims are also tested by training a language model —
          "time, this page reads them instead of training them again. Cells show as soon as both runs of a pair are "
          "done; n says how many seeds each has.")
 lm_plan = None
-with ui.shown_errors():
+with widgets.shown_errors():
     model_column, setting_column, left, pilot_column, right = st.columns(5)
     lm_model = model_column.selectbox("Model", list(MODELS), key="claims:lm_model", on_change=declared_design,
                                       help="the built-in LM (reverse, 60 steps: about 5 minutes for every cell on 2 "
@@ -119,7 +118,7 @@ with ui.shown_errors():
         lm_steps = right.number_input("Steps per run", int(claims_lm.STEPS_PARAM.low),
                                       int(claims_lm.STEPS_PARAM.high), key="claims:lm_steps",
                                       help=claims_lm.STEPS_PARAM.doc)
-    ui.publish_controls(PAGE, CONTROLS)
+    page_state.publish_controls(PAGE, CONTROLS)
     lm_plan = claims_lm.LMPlan.read(store.runs_dir(), lm_seeds, lm_steps, lm_model, lm_setting,
                                     lm_seeds + lm_pilot_extra)
 evidence = lm_evidence.LMEvidence(lm_plan) if lm_plan is not None else None  # read once for the cells and curves
@@ -131,7 +130,7 @@ if lm_plan is not None and lm_plan.provenance:
 if lm_plan is not None and lm_plan.finished:
     st.success(literal(f"Included: {lm_plan.text}."), icon=":material/check:")
 elif lm_plan is not None:
-    me = ui.viewer()  # in room mode, queueing a grid of runs is the teacher's call: it fills everyone's queue
+    me = room.viewer()  # in room mode, queueing a grid of runs is the teacher's call: it fills everyone's queue
     st.button(f"Train the {len(lm_plan.missing)} missing runs" if lm_plan.missing else "All runs are queued",
               icon=":material/play_arrow:", disabled=not lm_plan.missing or not me.teacher, key="claims:lm_start",
               on_click=queue_lm_runs, args=(lm_plan, me.who),
@@ -142,7 +141,7 @@ elif lm_plan is not None:
 
     @st.fragment(run_every=2.0 if lm_plan.pending else None)
     def lm_progress() -> None:
-        with ui.shown_errors():
+        with widgets.shown_errors():
             fresh = st.session_state.pop("claims:plan_fresh", False)  # this run read the folder a moment ago
             plan = lm_plan if fresh else lm_plan.refreshed()
             left_s = plan.time_left()
@@ -162,13 +161,13 @@ elif lm_plan is not None:
 for line in lm_plan.failed if lm_plan is not None else ():
     st.warning(literal(f"A run failed and drops out of its pairs: {line}"), icon=":material/warning:")
 if lm_plan is not None and lm_plan.done:
-    with ui.shown_errors():
+    with widgets.shown_errors():
         st.caption("Learning curves: per measure, the mean over its finished seeds, with the band of their range "
                    "below 4 seeds, else the 95% interval; on the reward and the entropy (read at every step), a ✕ "
                    "on a measure's line marks a step where one of its seeds collapsed (the table below). The "
                    "task-reward runs only: the random-reward control's runs are read in their claims' cells.")
         collapses = evidence.collapses()
-        ui.show_chart(run_plots.learning_curves_chart(
+        widgets.show_chart(run_plots.learning_curves_chart(
             {metric: evidence.curves(metric) for metric in lm_evidence.CURVES}, f"Learning curves on {lm_plan.name}",
             {row["measure"]: row["steps"] for row in collapses}),
             f"learning curves {lm_plan.model} {lm_plan.setting}", key="claims:learning_curves")
@@ -187,7 +186,7 @@ st.write("SmolLM2-135M-Instruct cannot be trained for many steps on a CPU while 
          "and what it did to the full distribution at each sampled position is read exactly — the entropy, the top-1 "
          "mass, the mass gained by argmax tokens, the covariance shares by clip state — then paired over the "
          "batches. Each batch is cached once computed (`divviz claims --real` fills the same cache).")
-with ui.shown_errors():
+with widgets.shown_errors():
     real_batches = st.slider("Batches", *map(int, claims_real.BATCHES_PARAM.slider_range()[:2]),
                              value=claims_real.BATCHES_PARAM.default, key="claims:real_batches",
                              help=claims_real.BATCHES_PARAM.doc)
@@ -199,7 +198,7 @@ with ui.shown_errors():
         done = len(real_plan.jobs) - len(real_plan.missing)
         st.caption(f"{done} of {len(real_plan.jobs)} batch results are cached; computing the rest takes about "
                    f"{len(real_plan.missing) * 30 // 60 + 1} min on 2 cores, in this page.")
-        teacher = ui.viewer().teacher  # in room mode, a quarter of an hour of the machine is the teacher's call
+        teacher = room.viewer().teacher  # in room mode, a quarter of an hour of the machine is the teacher's call
         if st.button(f"Compute the {len(real_plan.missing)} missing batches", icon=":material/play_arrow:",
                      key="claims:real_start", disabled=not teacher,
                      help=None if teacher else "In a workshop room only the teacher starts this."):
@@ -219,12 +218,7 @@ with verdicts:
                "greedy and the sampled accuracy, two δ of KL3 against one PPO), so several cells holding is not as "
                "many confirmations. A claim's source carries docs/theory.md's tag: [PAPER] read in the paper's own text, "
                "[3P] read only in a third-party summary, [INF] divviz's own derivation or reading.")
-    overview = pd.DataFrame(result.overview())
-    overview = overview.loc[:, (overview != 0).any(axis=0)]  # the verdicts that some cell has
-    overview["settings"] = overview.settings.mask(overview.cells == 0, "no cell yet: tested over training on a "
-                                                  "language model, whose runs are chosen below")
-    st.table(overview.assign(claim=overview.claim.map(literal), settings=overview.settings.map(literal)),
-             hide_index=True)  # static: every claim and setting in full (its Markdown escaped)
+    st.table(claims_tables.overview(result), hide_index=True)  # static: every claim and setting in full
     texts = {c.key: c.text for c in result.claims}
     chosen = st.selectbox("Claim", list(texts), format_func=texts.get, key="claims:claim",
                           help="the claim whose tables and forest plots show below; it travels in the link")
@@ -241,13 +235,10 @@ with verdicts:
         shared = claims_report.in_common(its_rows, ("setting", "candidate", "baseline", "metric", "predicted_sign"))
         if shared:
             st.caption(literal(f"In every cell of this claim: {claims_report.shared_text(shared)}"))
-        meanings = {m: GLOSSARY[m] for m in dict.fromkeys(row["metric"] for row in its_rows) if m in GLOSSARY}
+        meanings = claims_tables.metric_meanings(its_rows)
         if meanings:  # the metrics keep TRL's names in the tables; here is what each one is
-            st.caption(literal(" · ".join(f"{m}: {text}" for m, text in meanings.items())))
-        mine = pd.DataFrame([row for row in result.summary() if row["claim"] == claim.text])
-        mine = mine[[c for c in mine if c not in ("claim", *shared) and mine[c].notna().any()
-                     and (c not in claims_report.VERDICTS or mine[c].any())]]  # the verdicts that some cell has
-        st.dataframe(mine.rename(columns=claims_report.HEADERS), hide_index=True, width="stretch",
+            st.caption(meanings)
+        st.dataframe(claims_tables.claim_cells(result, claim, shared), hide_index=True, width="stretch",
                      column_config=CELL_COLUMNS)  # up to 20 rows:
         # st.table renders each cell as Markdown, 0.1–0.2 s more per change in chromium (docs/benchmarks.md run 12)
         for _, metric, compared in forest.panels(result, [claim]):

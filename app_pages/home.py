@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from divviz.app import ui
+from divviz.app import widgets
 from divviz.app.navigation import PAGES
 
 from divviz.views import explorer
@@ -24,7 +24,7 @@ for start in range(0, len(PAGE_GUIDE), 3):
         column.page_link(path, label=f"{number}. {label}", icon=icon)
         column.caption(what)
 surrogate = explorer.clipping_regions(explorer.default_tests(), pi_old=0.3, dual_clip_c=None, charts=("surrogate",))
-st.plotly_chart(surrogate["surrogate"].figure, config=ui.PLOTLY_CONFIG, key="home:surrogate")
+st.plotly_chart(surrogate["surrogate"].figure, config=widgets.PLOTLY_CONFIG, key="home:surrogate")
 st.caption("PPO ε = 0.2, DAPO (0.2, 0.28) and KL3 δ = 0.05 on the same tokens; the coloured strips mark where "
            "each clip removes the gradient. Open *Clipping regions* to move them.")
 

@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from divviz.app import ui
+from divviz.app import page_state, widgets
 
 from divviz.views import explorer
 from divviz.catalogue.divergences import CLIP_TESTS
@@ -10,6 +10,9 @@ from divviz.catalogue.params import Param
 from divviz.app.urlstate import Control
 
 PAGE = "kl3"
+INTRO = ("ATR-GRPO clips a token when its k3 estimate w − 1 − log w exceeds δ. Because k3 is convex with its "
+         "minimum at w = 1, that test is exactly ratio clipping on an interval [l_δ, u_δ], and the interval has "
+         "a closed form through the two real branches of the Lambert W function.")
 CONTROLS = [
     Control("delta", 0.05, param=CLIP_TESTS["kl3"].params[0]),
     Control("eps", 0.2, param=CLIP_TESTS["ratio"].params[0]),
@@ -18,23 +21,17 @@ CONTROLS = [
     Control("seed", 0, param=Param("seed", 0, 0, 999, high_open=False, kind="int", typical=(0, 999, 1),
                                    doc="seed of the random batch for the numeric check")),
 ]
-BY_NAME = {c.name: c for c in CONTROLS}
 
-st.title("KL3 ⇔ asymmetric ratio clipping")
-st.write("ATR-GRPO clips a token when its k3 estimate w − 1 − log w exceeds δ. Because k3 is convex with its "
-         "minimum at w = 1, that test is exactly ratio clipping on an interval [l_δ, u_δ], and the interval has "
-         "a closed form through the two real branches of the Lambert W function.")
-
-ui.bind_controls(PAGE, CONTROLS)
-with ui.shown_errors():
+BY_NAME = widgets.page_top(PAGE, CONTROLS, "KL3 ⇔ asymmetric ratio clipping", INTRO)
+with widgets.shown_errors():
     with st.sidebar:
-        delta = ui.number(PAGE, BY_NAME["delta"], "KL3 level δ")
+        delta = widgets.number(PAGE, BY_NAME["delta"], "KL3 level δ")
         st.subheader("Boxes to match")
-        eps = ui.number(PAGE, BY_NAME["eps"], "PPO ε")
-        eps_low = ui.number(PAGE, BY_NAME["eps_low"], "DAPO ε_low")
-        eps_high = ui.number(PAGE, BY_NAME["eps_high"], "DAPO ε_high")
-        seed = ui.number(PAGE, BY_NAME["seed"], "batch seed")
-    ui.publish_controls(PAGE, CONTROLS)
+        eps = widgets.number(PAGE, BY_NAME["eps"], "PPO ε")
+        eps_low = widgets.number(PAGE, BY_NAME["eps_low"], "DAPO ε_low")
+        eps_high = widgets.number(PAGE, BY_NAME["eps_high"], "DAPO ε_high")
+        seed = widgets.number(PAGE, BY_NAME["seed"], "batch seed")
+    page_state.publish_controls(PAGE, CONTROLS)
     facts, charts = explorer.kl3_equivalence(delta, eps, eps_low, eps_high, seed)
     (lower, upper), (eps_lo, eps_hi) = facts.bounds, facts.box
 
@@ -60,12 +57,12 @@ with ui.shown_errors():
                f"The wrong direction (k3 of π_old/π_θ, GRPO's penalty) would give "
                f"[{facts.inverse[0]:.4f}, {facts.inverse[1]:.4f}] instead.")
 
-    ui.show_chart(charts["level"], "k3 level set")
+    widgets.show_chart(charts["level"], "k3 level set")
     st.subheader("Matching boxes and KL3 levels")
     st.dataframe(explorer.matching_table(facts, eps, eps_low, eps_high), hide_index=True)
     st.caption("A box is a KL3 level set only when both edges give the same δ. PPO's top edge is tighter than KL3 "
                "implies for its bottom edge; DAPO's is looser.")
-    ui.show_chart(charts["bounds"], "kl3 bounds vs delta")
+    widgets.show_chart(charts["bounds"], "kl3 bounds vs delta")
 
     st.subheader("Numeric check on a random batch")
     check = facts.check

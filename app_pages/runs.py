@@ -4,7 +4,7 @@ inspect, export, delete."""
 import pandas as pd
 import streamlit as st
 
-from divviz.app import run_ui, ui
+from divviz.app import room, run_ui, widgets
 
 from divviz.views import run_views
 from divviz.engine import runner, store
@@ -12,17 +12,17 @@ from divviz.safetext import literal
 
 st.title("Runs")
 root = store.runs_dir()
-me = ui.viewer()
+me = room.viewer()
 st.write(f"Every run folder in {literal(str(root))} (set `DIVVIZ_RUNS_DIR` or `--runs-dir` to use another), "
          "including runs started with `divviz train` in a terminal, then the published runs: the claims grids "
          "divviz's own evidence was trained on (read-only, their owner says *published* and their grid; a run of "
-         "yours of the same cell is listed as yours). Running ones update live. " + ui.ownership_text(me))
+         "yours of the same cell is listed as yours). Running ones update live. " + room.ownership_text(me))
 
 
 @st.fragment(run_every=2.0)
 def overview() -> None:
     """The table of runs, every 2 s: each run's status and last row only, a page of them at a time."""
-    with ui.shown_errors():
+    with widgets.shown_errors():
         runs = run_views.every_run(root)
         if not runs:
             st.info("No runs yet. Start one in the Training lab, or run `divviz train` in a terminal.")
@@ -45,7 +45,7 @@ def overview() -> None:
 def charts(names: list[str], group: bool) -> None:
     """The chosen runs' curves (read incrementally: only what was appended since); a fragment that refreshes every
     2 s while one of them trains, and rests otherwise."""
-    with ui.shown_errors():
+    with widgets.shown_errors():
         every = {run.name: run.folder for run in run_views.every_run(root)}
         picked = [store.read_run(every[name]) for name in names if name in every]
         data = [(f"{run_views.task_label(run.config)} · {run_views.run_label(run)}" if group else
@@ -62,7 +62,7 @@ def charts(names: list[str], group: bool) -> None:
                 st.json({"config": run.config, "status": run.status})
 
 
-with ui.shown_errors():
+with widgets.shown_errors():
     runs = run_views.every_run(root)
     st.session_state["runs:seen"] = run_views.seen(runs)  # before the table: it compares against this
     overview()
@@ -81,9 +81,9 @@ with ui.shown_errors():
         st.fragment(charts, run_every=2.0 if live else None)(chosen, group)
 
 st.subheader("Stop or delete a run")
-with ui.shown_errors():
+with widgets.shown_errors():
     runs = [run for run in store.list_runs(root) if me.can_manage(run.status)]
-    st.caption(("The teacher's browser manages every run." if ui.room_mode() else
+    st.caption(("The teacher's browser manages every run." if room.room_mode() else
                 "This app is served to this machine only, so you manage every run.") if me.teacher else
                "Runs this browser started. (The teacher opens the app once with ?teacher=KEY to manage all.)")
     name = st.selectbox("Run", [r.name for r in runs], index=None, key="runs:delete", placeholder="choose a run")

@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from divviz.app import ui
+from divviz.app import objective_sidebar, page_state, widgets
 
 from divviz.evidence import rescore
 from divviz.views import explain, run_views, token_view
@@ -18,6 +18,11 @@ from divviz.safetext import literal
 from divviz.app.urlstate import Control
 
 PAGE = "inspector"
+INTRO = ("Pick a run and a step: each kept prompt with its G completions, as text, every token coloured by one of "
+         "its facts (hover a token for all of them). Then pick a token to see its loss taken apart — the test's "
+         "value against its threshold, the two terms of the min and which one wins, whether its gradient is "
+         "masked and why, the penalty and its weight in the loss — computed by the same `policy_loss` that trained "
+         "it, under the run's own measure and any other you add.")
 CONTROLS = [  # all in the link: it opens the same token of the same step
     Control("run", "", param=Param("run", "", kind="text", doc="the run's folder name (empty: the newest run)")),
     Control("step", 0, param=Param("step", 0, 0, 10**9, kind="int", typical=(0, 10**9, 1),
@@ -28,16 +33,8 @@ CONTROLS = [  # all in the link: it opens the same token of the same step
     Control("token", -1, param=Param("token", -1, -1, 10**6, kind="int", typical=(-1, 10**6, 1),
                                      doc="the token's position (-1: the first one the constraint acted on)")),
     Control("m", [], family="clip")]
-BY_NAME = {c.name: c for c in CONTROLS}
 
-st.title("Step inspector")
-st.write("Pick a run and a step: each kept prompt with its G completions, as text, every token coloured by one of "
-         "its facts (hover a token for all of them). Then pick a token to see its loss taken apart — the test's "
-         "value against its threshold, the two terms of the min and which one wins, whether its gradient is "
-         "masked and why, the penalty and its weight in the loss — computed by the same `policy_loss` that trained "
-         "it, under the run's own measure and any other you add.")
-
-ui.bind_controls(PAGE, CONTROLS)
+BY_NAME = widgets.page_top(PAGE, CONTROLS, "Step inspector", INTRO)
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
@@ -48,21 +45,21 @@ def record_of(folder: str, step: int, mtime: float) -> dict:  # keyed by the fil
 def settle(name: str, options: list, fallback, where: str) -> None:
     """Before a widget whose options the data decides: a value it cannot show (a link's, or one kept from a run that
     is gone) becomes `fallback`; one that is not the control's default is said to be missing from `where`."""
-    value = st.session_state.get(ui.key(PAGE, name))
+    value = st.session_state.get(page_state.key(PAGE, name))
     if value not in options:
         if value != BY_NAME[name].default:
             st.warning(literal(f"{name} {value!r} is not in {where}: showing {fallback!r} instead."))
-        st.session_state[ui.key(PAGE, name)] = fallback
+        st.session_state[page_state.key(PAGE, name)] = fallback
 
 
 def forget(*names: str) -> None:
     """Back to their defaults (a widget callback: a new run starts at its last step, a new completion at its first
     token the constraint acted on)."""
     for name in names:
-        st.session_state[ui.key(PAGE, name)] = BY_NAME[name].default
+        st.session_state[page_state.key(PAGE, name)] = BY_NAME[name].default
 
 
-with ui.shown_errors():
+with widgets.shown_errors():
     root = store.runs_dir()
     every = run_views.every_run(root)  # the runs folder's, then the published runs'
     runs = [run for run in every if store.completion_steps(run.folder)]
@@ -78,24 +75,24 @@ with ui.shown_errors():
         st.stop()
     names = {run.name: run for run in runs}
     settle("run", list(names), runs[0].name, "this runs folder's runs with kept completions")
-    steps = store.completion_steps(names[st.session_state[ui.key(PAGE, "run")]].folder)
+    steps = store.completion_steps(names[st.session_state[page_state.key(PAGE, "run")]].folder)
     settle("step", steps, steps[-1], "the steps whose completions this run kept")
     with st.sidebar:
-        name = st.selectbox("Run", list(names), key=ui.key(PAGE, "run"), on_change=forget,
+        name = st.selectbox("Run", list(names), key=page_state.key(PAGE, "run"), on_change=forget,
                             args=("step", "completion", "token"), format_func=lambda n: run_views.run_choice(names[n]))
         run = names[name]
-        step = st.select_slider("Step", steps, key=ui.key(PAGE, "step"), on_change=forget, args=("token",)) \
+        step = st.select_slider("Step", steps, key=page_state.key(PAGE, "step"), on_change=forget, args=("token",)) \
             if len(steps) > 1 else steps[0]
-        colour_by = ui.choice(PAGE, BY_NAME["colour"], "Colour tokens by")
-        extra = ui.measure_list(PAGE, BY_NAME["m"], "Explain the token also under these clip tests (the run's "
+        colour_by = widgets.choice(PAGE, BY_NAME["colour"], "Colour tokens by")
+        extra = objective_sidebar.measure_list(PAGE, BY_NAME["m"], "Explain the token also under these clip tests (the run's "
                                                     "penalty, β, dual-clip and aggregation kept)")
     path = run.folder / "completions" / f"step_{step:06d}.json"
     record = record_of(str(run.folder), step, path.stat().st_mtime if path.exists() else 0.0)
 
     st.subheader(literal(f"{run_views.run_label(run)} · step {step}"))
-    choices = [f"{g + 1}.{c + 1}" for g, group in enumerate(record["groups"]) for c in range(len(group["completions"]))]
+    choices = [f"{g + 1}.{c + 1}" for g, c in token_view.completions_of(record)]
     if not choices:
-        ui.publish_controls(PAGE, CONTROLS)
+        page_state.publish_controls(PAGE, CONTROLS)
         st.warning("This step's record holds no completion (its byte cap left them all out).")
         st.stop()
     left, right = st.columns(2)
@@ -105,22 +102,21 @@ with ui.shown_errors():
         return int(g) - 1, int(c) - 1
 
     def completion_label(choice: str) -> str:
-        g, c = completion_of(choice)
-        return f"prompt {g + 1} · completion {c + 1} · reward {record['groups'][g]['completions'][c]['reward']:.3g}"
+        return token_view.completion_label(record, *completion_of(choice))
 
     settle("completion", choices, choices[0], f"step {step}'s completions")
-    g, c = completion_of(left.selectbox("Completion", choices, key=ui.key(PAGE, "completion"), on_change=forget,
+    g, c = completion_of(left.selectbox("Completion", choices, key=page_state.key(PAGE, "completion"), on_change=forget,
                                        args=("token",), format_func=completion_label))
-    tokens = record["groups"][g]["completions"][c]["tokens"]
+    tokens = token_view.completion(record, g, c)["tokens"]
     if not tokens["id"]:
-        ui.publish_controls(PAGE, CONTROLS)
+        page_state.publish_controls(PAGE, CONTROLS)
         st.warning("This completion has no token.")
         st.stop()
     not_inside = [i for i, s in enumerate(tokens["state"]) if s != 0]
     settle("token", list(range(len(tokens["id"]))), not_inside[0] if not_inside else 0, "this completion")
-    i = right.selectbox("Token", range(len(tokens["id"])), key=ui.key(PAGE, "token"),
+    i = right.selectbox("Token", range(len(tokens["id"])), key=page_state.key(PAGE, "token"),
                         format_func=lambda i: token_view.token_choice(tokens, i))
-    ui.publish_controls(PAGE, CONTROLS)  # after the last widget the link holds: run, step, completion, token
+    page_state.publish_controls(PAGE, CONTROLS)  # after the last widget the link holds: run, step, completion, token
     try:
         rescored = rescore.rescore_record(record, run.config, [(t.label, t) for t in extra])
     except DivvizInputError as err:  # a record whose loss saw no token
@@ -163,6 +159,6 @@ with ui.shown_errors():
                 st.warning(literal(str(err)))
                 continue
             st.html(token_view.explanation_html(e.lines()))
-    ui.show_chart(run_views.token_region(objectives, tokens["pi_old"][i], tokens["ratio"][i],
+    widgets.show_chart(run_views.token_region(objectives, tokens["pi_old"][i], tokens["ratio"][i],
                                      token_view.fact(tokens, "pi_new", i)),
                   "token on the clipping regions")

@@ -3,7 +3,7 @@ computed now by the functions the pages use (`divviz.views.tour`; README's walkt
 
 import streamlit as st
 
-from divviz.app import ui
+from divviz.app import widgets
 from divviz.views import tour
 
 st.title("Tour: the workshop walkthrough")
@@ -12,7 +12,7 @@ st.write("About 35 minutes, one page after another. Each step's link opens its e
          "shows.")
 
 for n, step in enumerate(tour.STEPS, 1):
-    with ui.shown_errors():
+    with widgets.shown_errors():
         st.subheader(f"{n}. {step.title}")
         st.markdown(f"[Open this view]({step.link().lstrip('/')})")
         st.markdown(f"**Do:** {step.do}")  # divviz's own text, with Markdown emphasis

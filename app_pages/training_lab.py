@@ -4,7 +4,7 @@ import time
 
 import streamlit as st
 
-from divviz.app import run_ui, ui
+from divviz.app import objective_sidebar, page_state, room, run_ui, widgets
 
 from divviz.views import run_views, token_view
 from divviz.engine import runner, store
@@ -17,14 +17,21 @@ from divviz.safetext import literal
 from divviz.app.urlstate import Control
 
 PAGE = "lab"
+INTRO = (f"Train the built-in model (or your own) with GRPO, one run per chosen clip test or surrogate and seed, and "
+         f"watch them side by side: with several seeds per measure, each run is drawn thinly under the mean and its "
+         f"95% band, so a difference between measures can be told from a difference between seeds. Runs train in their "
+         f"own processes, a few at a time on this machine: the others wait in a queue and the page stays responsive. "
+         f"Stop takes a queued run off the queue at once; a training one ends within seconds (it finishes the forward "
+         f"pass it is in, and is killed after {runner.STOP_GRACE_S:.0f} s if it has not), and its state then reads "
+         f"*stopped*. Closing or reloading the tab does not end a run (this browser finds its runs again).")
 OTHER_MODEL = "a folder or hub id"
 SETTINGS = [p for p in RUN_PARAMS if p.name not in ("format_reward", "max_grad_norm", "rollout_lag")]
 SEEDS = Param("seeds", 1, 1, 8, high_open=False, kind="int", typical=(1, 8, 1),
               doc="runs per measure with seeds seed, seed + 1, …; the charts show each thinly and their mean with a "
                   "95% band. They queue with everyone's runs, within this machine's limit")
 CONTROLS = [
-    *ui.objective_controls(["ratio", "kl3"], beta=0.04),
-    ui.SCALE_REWARDS_CONTROL, ui.BASELINE_CONTROL, *ui.rollout_controls(ROLLOUT_LAG),
+    *objective_sidebar.objective_controls(["ratio", "kl3"], beta=0.04),
+    objective_sidebar.SCALE_REWARDS_CONTROL, objective_sidebar.BASELINE_CONTROL, *objective_sidebar.rollout_controls(ROLLOUT_LAG),
     Control("model", "builtin", options=(*MODELS, OTHER_MODEL)),
     Control("task", "reverse", options=tuple(TASKS)),
     Control("reward", "task", options=REWARD_SOURCES),
@@ -37,28 +44,18 @@ CONTROLS = [
                                    doc="the token scatter's step (0: the latest)")),
     *[Control(p.name, p.default, param=p) for p in SETTINGS],
 ]
-BY_NAME = {c.name: c for c in CONTROLS}
 BINDING_HINT = ("To make the constraint bind, train each batch in mini-batches (K ≥ 2: every mini-batch after the "
                 "first is off-policy), raise μ or the learning rate; SmolLM2's *learn* setting does (K = 4).")
 
-st.title("Training lab")
-st.write("Train the built-in model (or your own) with GRPO, one run per chosen clip test or surrogate and seed, and watch them side "
-         "by side: with several seeds per measure, each run is drawn thinly under the mean and its 95% band, so a "
-         "difference between measures can be told from a difference between seeds. Runs train in their own "
-         "processes, a few at a time on this machine: the others wait in a queue and the page stays responsive. Stop "
-         f"takes a queued run off the queue at once; a training one ends within seconds (it finishes the forward pass "
-         f"it is in, and is killed after {runner.STOP_GRACE_S:.0f} s if it has not), and its state then reads "
-         "*stopped*. Closing or reloading the tab does not end a run (this browser finds its runs again).")
-
-ui.bind_controls(PAGE, CONTROLS)
+BY_NAME = widgets.page_top(PAGE, CONTROLS, "Training lab", INTRO)
 root = store.runs_dir()
-me = ui.viewer()
-st.caption(ui.ownership_text(me))
+me = room.viewer()
+st.caption(room.ownership_text(me))
 st.session_state.setdefault("lab_runs", [])  # kept even when the runs folder below cannot be read
-with ui.shown_errors():  # this tab's runs, and any this browser still has queued or running (after a reload); outside
+with widgets.shown_errors():  # this tab's runs, and any this browser still has queued or running (after a reload); outside
     # room mode, a tab with none shows every queued or running run: the app's one user manages them all
     st.session_state["lab_runs"] = runner.lab_runs(root, st.session_state.get("lab_runs", []), me.who,
-                                                   everyone=not ui.room_mode())
+                                                   everyone=not room.room_mode())
     runner.ensure_pool(root)  # warm: a pool that has imported torch starts a run in well under a second
 
 
@@ -76,45 +73,45 @@ def stop() -> None:
 
 
 objectives, refused, configs = [], [], []  # stay empty if a setting is refused below
-with ui.shown_errors():
+with widgets.shown_errors():
     with st.sidebar:
         st.subheader("Measures")
-        objectives, refused = ui.objective_widgets(PAGE, BY_NAME)
-        seeds = ui.number(PAGE, BY_NAME["seeds"], "Seeds per measure")  # near the measures: the first choice made
+        objectives, refused = objective_sidebar.objective_widgets(PAGE, BY_NAME)
+        seeds = widgets.number(PAGE, BY_NAME["seeds"], "Seeds per measure")  # near the measures: the first choice made
         st.subheader("Run")
-        model = ui.choice(PAGE, BY_NAME["model"], "Model", on_change=ui.apply_model_settings, args=(PAGE, BY_NAME),
+        model = widgets.choice(PAGE, BY_NAME["model"], "Model", on_change=page_state.apply_model_settings, args=(PAGE, BY_NAME),
                           help="the tiny built-in model, SmolLM2-135M-Instruct (a real chat model; choosing it sets "
                                "its own task, learning rate, temperature and batch), or your own")
         if model == OTHER_MODEL:
             model = st.text_input("Folder or hub id", "", key="lab:model_path",
                                   help="a local folder with a causal LM, or a hub id (needs the network)")
         elif model_settings(model):
-            ui.choice(PAGE, BY_NAME["setting"], "Setting", on_change=ui.apply_model_settings, args=(PAGE, BY_NAME),
+            widgets.choice(PAGE, BY_NAME["setting"], "Setting", on_change=page_state.apply_model_settings, args=(PAGE, BY_NAME),
                       help="learn: held-out accuracy rises within about 15 minutes here and the clip binds on the "
                            "off-policy mini-batches; look only: a short step where nothing clips; stress: four times "
                            "the learning rate, where a measure may collapse (docs/learning.md)")
-        task = ui.choice(PAGE, BY_NAME["task"], "Task")
-        reward = ui.choice(PAGE, BY_NAME["reward"], "Reward", labels={
+        task = widgets.choice(PAGE, BY_NAME["task"], "Task")
+        reward = widgets.choice(PAGE, BY_NAME["reward"], "Reward", labels={
             "task": "the task's checker", "random": "random: a fair coin per completion (the random-reward control)"},
             help="random rewards teach nothing, so what the entropy does then is the constraint's own doing "
                  "(Park et al. 2025, arXiv 2509.26114)")
-        advantages = ui.advantage_widgets(PAGE, BY_NAME)
-        backend = ui.choice(PAGE, BY_NAME["backend"], "Backend",
+        advantages = objective_sidebar.advantage_widgets(PAGE, BY_NAME)
+        backend = widgets.choice(PAGE, BY_NAME["backend"], "Backend",
                             help="divviz: its own GRPO engine; TRL: TRL's GRPOTrainer with the same objective "
                                  "(DivvizGRPOTrainer), as you would run it at scale",
                             labels={"divviz": "divviz's engine", "trl": "TRL (DivvizGRPOTrainer)"})
-        device = ui.choice(PAGE, BY_NAME["device"], "Device")
-        dtype = ui.choice(PAGE, BY_NAME["dtype"], "Precision",
+        device = widgets.choice(PAGE, BY_NAME["device"], "Device")
+        dtype = widgets.choice(PAGE, BY_NAME["dtype"], "Precision",
                           help="auto: bfloat16 forward passes on a GPU, or on a CPU with AVX512-BF16 or AMX for a real "
                                "model (about twice as fast), else float32; log-softmax and the loss stay float32")
-        settings = {p.name: ui.number(PAGE, BY_NAME[p.name], p.name) for p in SETTINGS}
+        settings = {p.name: widgets.number(PAGE, BY_NAME[p.name], p.name) for p in SETTINGS}
         with st.expander("Rollout: a sampler unlike the policy, and verl's corrections"):
             st.caption("Sample with a copy of the policy in lower precision or some updates behind, as an inference "
                        "engine beside the trainer does, and compare verl's corrections of it (one run each).")
-            sampler, corrections = ui.rollout_widgets(
+            sampler, corrections = objective_sidebar.rollout_widgets(
                 PAGE, BY_NAME, "a copy of the policy cast whole, as vLLM holds it (same: the trained policy samples "
                                "itself)", "Sampler lag (updates behind)")
-    ui.publish_controls(PAGE, CONTROLS)
+    page_state.publish_controls(PAGE, CONTROLS)
     configs = [RunConfig.make(task=task, reward=reward, backend=backend, model=model.strip(), device=device, dtype=dtype,
                               **advantages,
                               **objective_settings(o), **sampler, **correction,
@@ -124,7 +121,7 @@ with ui.shown_errors():
 runs = [store.read_run(root / name) for name in st.session_state["lab_runs"] if (root / name).is_dir()]
 running = any(run.state in ("queued", "running") for run in runs)
 if configs:
-    with ui.shown_errors():
+    with widgets.shown_errors():
         run_ui.expected_step_time(root, configs, on_measure=lambda cfg: start([cfg], runner.TIMING))
 left, right, _ = st.columns([1, 1, 4])
 left.button("Start", type="primary", icon=":material/play_arrow:", disabled=running or not configs,
@@ -137,9 +134,7 @@ if "lab_error" in st.session_state:
 
 
 def binding_minibatches() -> int:
-    """The mini-batches the notice offers: 4, else the first of 2 and 3 that splits the batch into equal parts."""
-    completions = st.session_state["lab:prompts"] * st.session_state["lab:group_size"]
-    return next((k for k in (4, 2, 3) if completions % k == 0), completions)
+    return run_views.binding_minibatches(st.session_state["lab:prompts"] * st.session_state["lab:group_size"])
 
 
 def make_it_bind() -> None:
@@ -149,7 +144,7 @@ def make_it_bind() -> None:
 
 @st.fragment(run_every=2.0 if running else None)
 def live() -> None:
-    with ui.shown_errors():
+    with widgets.shown_errors():
         draw_runs()
 
 
@@ -164,21 +159,8 @@ def draw_runs() -> None:
         rows = store.read_metrics(run.folder)
         label = run_views.run_label(run)
         data.append((label, rows, run))
-        last = rows[-1] if rows else {}
-        elapsed = run.status.get("updated", time.time()) - run.status.get("started", time.time())
         label = f"{label} · seed {run.config.get('seed')}"
-        text = (f"**{literal(label)}** — {run.state}, step {run.step}/{run.steps}, {elapsed:.0f} s, "
-                f"{last.get('tokens_per_s', 0):.0f} tokens/s on {literal(run.status.get('device') or '…')}"
-                + run_views.time_left_text(run, elapsed)
-                if rows else f"**{literal(label)}** — {run.state}, "
-                             f"{run_views.before_first_step(run, time.time() - run.status.get('started', time.time()))}")
-        if run.state == "queued":
-            ahead, eta = runner.queue_position(run.folder)
-            slots = runner.max_runs()
-            text = (f"**{literal(label)}** — queued, {ahead} ahead"
-                    + (f", starts in about {run_views.duration(eta)}" if eta is not None else "")
-                    + f" (this machine trains {slots} run{'s' if slots != 1 else ''} at a time)")
-        st.progress(min(1.0, run.step / max(run.steps, 1)), text=text)
+        st.progress(min(1.0, run.step / max(run.steps, 1)), text=run_views.progress_text(run, rows, time.time()))
         if run.state in ("failed", "interrupted"):
             st.error(literal(f"{label}: {run.message}"), icon=":material/error:")
     run_ui.one_seed_notice([label for label, _, _ in data])
@@ -189,10 +171,10 @@ def draw_runs() -> None:
         chosen = st.session_state.get("lab:step") or last_step  # 0 (a link's default): the latest step
         st.session_state["lab:step"] = min(max(chosen, 1), max(last_step, 2))
         step = st.slider("Step for the token scatter", 1, max(last_step, 2), key="lab:step", disabled=last_step < 2)
-        ui.publish_controls(PAGE, CONTROLS)  # this fragment reruns alone: the link follows the slider
+        page_state.publish_controls(PAGE, CONTROLS)  # this fragment reruns alone: the link follows the slider
         scattered = [(label, f"{label} · seed {run.config.get('seed')}", run.config,
                       store.read_tokens(run.folder, min(step, len(rows)))) for label, rows, run in data if rows]
-        ui.show_chart(run_views.token_scatter([s for s in scattered if s[3] is not None]), "token scatter")
+        widgets.show_chart(run_views.token_scatter([s for s in scattered if s[3] is not None]), "token scatter")
     if running and not any(run.state in ("queued", "running") for run in runs):
         st.rerun(scope="app")  # every run has ended: redraw the page once, buttons enabled, polling off
 
@@ -206,7 +188,7 @@ st.write("Apply each chosen measure to the *same* rollouts from the *same* start
          "happens to the entropy. Uses the μ and learning rate set in the sidebar; start from the model itself or "
          "from a run's saved weights (every `checkpoint_every` steps). With corrections to compare, each is applied "
          "to the same batch, drawn by the starting weights in the sampler's precision (a lag has no history here).")
-with ui.shown_errors():
+with widgets.shown_errors():
     starts = {"the start model": None}
     for name in st.session_state["lab_runs"]:
         run = store.read_run(root / name)
@@ -234,26 +216,24 @@ with ui.shown_errors():
         st.dataframe(table, hide_index=True, width="stretch")
         left, right = st.columns(2)
         with left:
-            ui.show_chart(charts["mass"], "same batch mass reallocation")
+            widgets.show_chart(charts["mass"], "same batch mass reallocation")
         with right:
-            ui.show_chart(charts["shift"], "same batch probability shift")
+            widgets.show_chart(charts["shift"], "same batch probability shift")
         st.markdown("**The same completions under each measure**: which tokens each one masks, and how far it "
                     "moved them (hover a token for its facts).")
         left, right = st.columns(2)
         colour_by = left.selectbox("Colour tokens by", list(token_view.COLOUR_BY), key="lab:compare_colour")
         first = records[0][1]
-        choices = [(g, c) for g, group in enumerate(first["groups"]) for c in range(len(group["completions"]))]
+        choices = token_view.completions_of(first)
         g, c = right.selectbox("Completion", choices, key="lab:compare_completion",
-                               format_func=lambda gc: f"prompt {gc[0] + 1} · completion {gc[1] + 1}") \
+                               format_func=lambda gc: token_view.completion_label(first, *gc)) \
             if choices else (None, None)
         if g is not None:
-            st.caption(literal(f"prompt: {first['groups'][g]['prompt']} · reward "
-                               f"{first['groups'][g]['completions'][c]['reward']:.3g} · A "
-                               f"{first['groups'][g]['completions'][c]['advantage']:+.3g}"))
+            st.caption(token_view.completion_caption(first, g, c))
             scale = max(token_view.scale_of(record, colour_by) for _, record in records)  # one scale for all
             st.html(token_view.STYLE + token_view.legend_html(colour_by, scale))
             for column, (label, record) in zip(st.columns(len(records)), records):
-                tokens = record["groups"][g]["completions"][c]["tokens"]
+                tokens = token_view.completion(record, g, c)["tokens"]
                 with column:
                     st.markdown(f"**{literal(label)}**")
                     st.html(token_view.completion_html(tokens, token_view.colours(tokens, colour_by, scale)))

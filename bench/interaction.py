@@ -44,23 +44,19 @@ import json
 import os
 import shutil
 import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 from playwright.sync_api import sync_playwright
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from chromium_rerun import FINISHED, FRAGMENT_FINISHED, INSTRUMENT, Driver, OutOfTime  # noqa: E402
-from workshop import end_server  # noqa: E402  (kills the server's process tree, its runs' pool included)
+from divviz.app import local_server  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 BUDGET_S = 1.0
 CLAIM_PAIR = ("The KL3 test equals", "KL3 makes GRPO training")  # the Claims page's first claim; the one over training
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-sync",
@@ -141,31 +137,6 @@ def make_runs(root: Path) -> list[str]:
     folders = [train(RunConfig.make(steps=3, prompts=2, group_size=4, clip=clip, lr=0.05, max_new_tokens=6), root)
                for clip in ("kl3", "ratio")]
     return [f.name for f in folders]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(runs: Path, log) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    env = {**os.environ, "DIVVIZ_RUNS_DIR": str(runs)}
-    server = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.port",
-                               str(port), "--server.address", "127.0.0.1", "--server.headless", "true",
-                               "--browser.gatherUsageStats", "false"],
-                              cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 90
-    while time.time() < deadline and server.poll() is None:
-        try:
-            if urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).read() == b"ok":
-                return server, url
-        except OSError:
-            time.sleep(0.3)
-    end_server(server)
-    raise RuntimeError(f"streamlit did not start within 90 s (exit status {server.returncode})")
 
 
 def measure(args, url: str) -> list[Measured]:
@@ -269,7 +240,7 @@ def main():
     signal.signal(signal.SIGALRM, out_of_time)
     signal.alarm(int(args.timeout))
     server = None
-    hard_stop = threading.Timer(args.timeout + 90, lambda: (end_server(server) if server else None, os._exit(3)))
+    hard_stop = threading.Timer(args.timeout + 90, lambda: (local_server.stop(server) if server else None, os._exit(3)))
     hard_stop.daemon = True
     hard_stop.start()  # should the alarm's exception not get out of a stuck call
     work = Path(tempfile.mkdtemp(prefix="divviz-interaction-"))
@@ -285,7 +256,7 @@ def main():
             print(f"{os.cpu_count()} cores; {len(runs)} runs trained in {time.time() - started:.0f} s "
                   f"({', '.join(runs)}); {args.repeat} changes per control", flush=True)
         with open(log_path, "w") as log:
-            server, url = start_server(runs_dir, log)
+            server, url = local_server.start({"DIVVIZ_RUNS_DIR": str(runs_dir)}, log)
             rows = measure(args, url)
     except BaseException:
         if log_path.exists():
@@ -294,7 +265,7 @@ def main():
     finally:
         signal.alarm(0)
         if server is not None:
-            end_server(server)
+            local_server.stop(server)
         shutil.rmtree(work, ignore_errors=True)
     print_tables(rows, args.repeat)
     changes = [m for m in rows if m.kind == "change"]

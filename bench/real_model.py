@@ -99,7 +99,7 @@ def bare_step(cfg: RunConfig):
                                 for (p, a), c in zip([q for q in pairs for _ in range(cfg.group_size)], texts)])
         adv = group_advantages(rewards.view(cfg.prompts, cfg.group_size), True).reshape(-1, 1).to(device)
         keep = rollout.completion_mask
-        parts = minibatch_rows(len(adv), cfg.minibatches, s) or [torch.arange(len(adv))]
+        parts = minibatch_rows(len(adv), cfg.minibatches, s)
         with torch.no_grad():
             old = [completion_logps(model, rollout.rows(rows), cfg.temperature, autocast) for rows in parts]
         for _ in range(cfg.mu):

@@ -22,15 +22,10 @@ import asyncio
 import json
 import os
 import secrets
-import signal
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import websockets
@@ -40,8 +35,8 @@ from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
 from divviz.engine import store
 from divviz.engine.pool import memory_cap_mb, pss_mb
 from divviz.app.ownership import browser_id
+from divviz.app import local_server
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 class Session:
@@ -137,7 +132,8 @@ class Room:
                     seen.setdefault("stepped", time.time())
             self.by_owner = by_owner
             self.peaks["training"] = max(self.peaks["training"], sum(run.state == "running" for run in runs))
-            self.peaks["memory"] = max(self.peaks["memory"], sum(pss_mb(pid) for pid in descendants(server)))
+            memory = sum(pss_mb(pid) for pid in local_server.descendants(server))
+            self.peaks["memory"] = max(self.peaks["memory"], memory)
             time.sleep(0.25)
 
     async def student(self, arrive: float) -> None:
@@ -183,61 +179,18 @@ class Room:
             await asyncio.sleep(3.0)
 
 
-def descendants(pid: int) -> list[int]:
-    """`pid` and every process below it (the pool leaves the server's session but stays its child)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(parent, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        found.append(todo.pop())
-        todo.extend(children.get(found[-1], []))
-    return found
-
-
-def end_server(server: subprocess.Popen) -> None:
-    """Kill the server and everything below it (its runs' pool and their runs), leaves first."""
-    for pid in reversed(descendants(server.pid)):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    server.wait(timeout=30)
-
-
 def cpu_seconds(pid: int) -> float:
     """CPU seconds the process has used so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def room(students: int, watch: float) -> dict:
     runs = Path(tempfile.mkdtemp(prefix="divviz-workshop-"))
-    port = free_port()
-    env = {**os.environ, "DIVVIZ_RUNS_DIR": str(runs), "DIVVIZ_ROOM": "1", "DIVVIZ_POOL_IDLE_S": "30"}
-    server = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.port",
-                               str(port), "--server.address", "127.0.0.1", "--server.headless", "true"],
-                              cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server, http_url = local_server.start({"DIVVIZ_RUNS_DIR": str(runs), "DIVVIZ_ROOM": "1",
+                                           "DIVVIZ_POOL_IDLE_S": "30"})
     try:
-        deadline = time.time() + 90
-        while time.time() < deadline:
-            try:
-                if urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2).read() == b"ok":
-                    break
-            except OSError:
-                time.sleep(0.3)
-        url = f"ws://127.0.0.1:{port}"
+        url = http_url.replace("http://", "ws://")
         result = Room(url, runs, watch)
         until = time.time() + 10 + watch + 30
         watcher = threading.Thread(target=result.watch_folder, args=(server.pid, until), daemon=True)
@@ -266,7 +219,7 @@ def room(students: int, watch: float) -> dict:
                 "lost": len(result.identities) * 2 - len(ended) + sum(r.state in ("queued", "running") for r in ended),
                 "failed": sum(r.state in ("failed", "interrupted", "corrupt") for r in ended)}
     finally:
-        end_server(server)
+        local_server.stop(server)
 
 
 def quantiles(values: list[float]) -> str:

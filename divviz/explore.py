@@ -43,8 +43,8 @@ def ratio_curves(test: ClipTest | None, ratio: np.ndarray, pi_old: float = 0.5,
     logp_old = torch.full_like(w, float(np.log(pi_old)))
     logp_new = (logp_old + w.log()).requires_grad_()
     adv = torch.cat([torch.ones(n, dtype=F64), -torch.ones(n, dtype=F64)])
-    out = policy_loss(logp_new, logp_old, adv, torch.ones_like(w), clip=test, dual_clip_c=dual_clip_c,
-                      aggregation="dr_grpo", max_completion_length=1)
+    out = policy_loss(logp_new, logp_old, adv, torch.ones_like(w),
+                      Objective(clip=test, dual_clip_c=dual_clip_c, aggregation="dr_grpo"), max_completion_length=1)
     (grad,) = torch.autograd.grad(out.loss * (2 * n), logp_new)  # undo the 1/(B·T) of the mean
     surrogate = -out.per_token_loss.squeeze(1).numpy()
     slope = (-grad.squeeze(1) / w.squeeze(1)).numpy()
@@ -183,7 +183,7 @@ def kl3_equivalence_check(delta: float, seed: int = 0, completions: int = 64, le
     results = []
     for test in (kl3, box):
         x = logp_new.clone().requires_grad_()
-        out = policy_loss(x, logp_old, adv, mask, clip=test, aggregation=aggregation)
+        out = policy_loss(x, logp_old, adv, mask, Objective(clip=test, aggregation=aggregation))
         (g,) = torch.autograd.grad(out.loss, x)
         results.append((out, g))
     (a, ga), (b, gb) = results

@@ -42,12 +42,21 @@ from divviz.catalogue.surrogates import LEVELS, Surrogate, SurrogateInputs
 
 @dataclass(frozen=True)
 class Objective:
-    """Everything that picks the loss: a clip test, a surrogate (None: PPO's clipped surrogate), a penalty with its
-    β, a dual-clip cap, TRL's ratio cap δ, the importance-sampling level, an aggregation, and a second penalty
-    with its own coefficient (GBMPO's prob_l2kl: β·k3 + λ·prob_l2), and TRL's off-policy sequence mask.
+    """Everything that picks the loss, checked once, on construction (each parameter and how they combine); used by
+    the explorer, the bandit and training alike, through `policy_loss`.
 
-    Built once (parameters and their combination checked on construction), used by the explorer, the bandit and
-    training alike.
+    clip: a configured clip test (`divergences.clip_test`), or None for no clipping.
+    surrogate: None for PPO's clipped surrogate, or a configured `surrogates.surrogate`, which replaces it.
+    penalty, beta: a configured penalty and its coefficient β ≥ 0 (TRL's `beta`); second_penalty, second_beta:
+    another one added as second_beta·its loss term (GBMPO's prob_l2kl adds λ·prob_l2 to β·k3).
+    dual_clip_c: None or c > 1. ratio_cap: None or TRL's delta > 1: PPO's unclipped term uses min(w, δ)
+    (INTELLECT-2). aggregation: one of `AGGREGATIONS` (`aggregate`).
+    importance_sampling_level: "token", or "sequence" for GSPO (Zheng et al. 2025; TRL's option of that name):
+    every token of completion i takes the ratio s_i = exp(mean_t log w_t), and the clip test judges s_i. Written as
+    GSPO-token (verl's form): log s_i,t = sg(log s_i) + log π_t − sg(log π_t), so a token's gradient is its own; with
+    one advantage per completion (TRL's) this is TRL's (B, 1) ratio exactly, with per-token advantages verl's.
+    off_policy_mask: None or TRL's off_policy_mask_threshold δ ≥ 0 (`off_policy_sequence_mask`), applied to the
+    policy term as a weight is.
     """
 
     clip: ClipTest | None = None
@@ -106,11 +115,8 @@ class Objective:
         return any(p.entry.needs_ref for p in (self.penalty, self.second_penalty) if p is not None)
 
     def __call__(self, logp_new, logp_old, adv, mask, logp_ref=None, **kwargs) -> "LossOutput":
-        return policy_loss(logp_new, logp_old, adv, mask, clip=self.clip, penalty=self.penalty, beta=self.beta,
-                           logp_ref=logp_ref, dual_clip_c=self.dual_clip_c, aggregation=self.aggregation,
-                           surrogate=self.surrogate, importance_sampling_level=self.importance_sampling_level,
-                           ratio_cap=self.ratio_cap, second_penalty=self.second_penalty,
-                           second_beta=self.second_beta, off_policy_mask=self.off_policy_mask, **kwargs)
+        """`policy_loss` under this objective."""
+        return policy_loss(logp_new, logp_old, adv, mask, self, logp_ref=logp_ref, **kwargs)
 
 
 RATIO_CAP = Param("ratio_cap", 2.0, 1.0, low_open=True, trl_name="delta", typical=(1.05, 10.0, 0.05),
@@ -238,61 +244,26 @@ class LossOutput:
         return self.clip_state() + 4 * self.pulled_back.long()
 
 
-def policy_loss(
-    logp_new: torch.Tensor,
-    logp_old: torch.Tensor,
-    adv: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    clip: ClipTest | None = None,
-    penalty: Penalty | None = None,
-    beta: float = 0.0,
-    logp_ref: torch.Tensor | None = None,
-    dual_clip_c: float | None = None,
-    aggregation: str = "grpo",
-    max_completion_length: int | None = None,
-    num_items_in_batch: int | None = None,
-    weight: torch.Tensor | None = None,
-    surrogate: Surrogate | None = None,
-    importance_sampling_level: str = "token",
-    ratio_cap: float | None = None,
-    second_penalty: Penalty | None = None,
-    second_beta: float = 0.0,
-    off_policy_mask: float | None = None,
-    logp_sampling: torch.Tensor | None = None,
-) -> LossOutput:
-    """Loss and per-token facts for one batch.
+def policy_loss(logp_new: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
+                objective: Objective = Objective(), *, logp_ref: torch.Tensor | None = None,
+                max_completion_length: int | None = None, num_items_in_batch: int | None = None,
+                weight: torch.Tensor | None = None, logp_sampling: torch.Tensor | None = None) -> LossOutput:
+    """`objective`'s loss and per-token facts for one batch, as the module's docstring writes it (the default
+    objective: no clip test, no penalty, the plain surrogate −w A).
 
     logp_new, logp_old, logp_ref: (B, T) log-probs of the sampled tokens (logp_old/ref carry no grad).
     adv: (B,) advantages, one per completion, or (B, T). mask: (B, T), 1 on completion tokens.
-    clip: a configured clip test (`divergences.clip_test`), or None for no clipping.
-    penalty, beta: a configured penalty and its coefficient β ≥ 0 (TRL's `beta`).
-    dual_clip_c: None or c > 1. aggregation: one of `AGGREGATIONS` (see `aggregate`).
+    max_completion_length, num_items_in_batch: Dr. GRPO's length and DAPO's token count (`aggregate`).
     weight: None, or a detached per-token weight ρ ((B, T) or (B, 1)) of the policy term, applied before the
-    penalty is added, as TRL 1.16's `_compute_loss` applies its off-policy sequence mask, top-entropy token
-    mask and vLLM importance-sampling ratio; a surrogate with one term per completion (geo_mean) takes the geometric
-    mean of its tokens' weights, as verl's rollout importance weights.
-    surrogate: None for PPO's clipped surrogate, or a configured `surrogates.surrogate`, which replaces it.
-    importance_sampling_level: "token", or "sequence" for GSPO (Zheng et al. 2025; TRL's option of that name):
-    every token of completion i takes the ratio s_i = exp(mean_t log w_t), and the clip test judges s_i. Written as
-    GSPO-token (verl's form): log s_i,t = sg(log s_i) + log π_t − sg(log π_t), so a token's gradient is its own; with one
-    advantage per completion (TRL's) this is TRL's (B, 1) ratio exactly, with per-token advantages it is verl's.
-    ratio_cap: None or TRL's delta > 1: PPO's unclipped term uses min(w, δ) (INTELLECT-2).
-    second_penalty, second_beta: another penalty added as second_beta·its loss term (GBMPO's prob_l2kl adds
-    λ·prob_l2 to β·k3); LossOutput.penalty is the first penalty's value.
-    off_policy_mask: None or TRL's off_policy_mask_threshold δ ≥ 0 (`off_policy_sequence_mask`), applied to the
-    policy term as `weight` is, with `logp_sampling` as the sampling policy (default π_old; TRL takes vLLM's
-    log-probs where there are any).
+    penalty is added, as TRL 1.16's `_compute_loss` applies its top-entropy token mask and vLLM importance-sampling
+    ratio; a surrogate with one term per completion (geo_mean) takes the geometric mean of its tokens' weights, as
+    verl's rollout importance weights.
+    logp_sampling: the sampling policy's log-probs for the off-policy mask (default π_old; TRL takes vLLM's).
     LossOutput.policy_weight is the product of what multiplies the policy term: `weight` and the off-policy mask.
     """
-    beta, second_beta = check_beta(beta), check_beta(second_beta)
-    dual_clip_c = check_dual_clip(dual_clip_c)
-    ratio_cap = check_ratio_cap(ratio_cap)
-    off_policy_mask = check_off_policy_mask(off_policy_mask)
-    check_aggregation(aggregation)
-    check_combination(clip, surrogate, importance_sampling_level, dual_clip_c, ratio_cap)
-    for role, given in (("penalty", penalty), ("second_penalty", second_penalty)):
-        check_measure(role, given, Penalty, "penalty")
+    if not isinstance(objective, Objective):
+        raise DivvizInputError(f"policy_loss: objective must be an Objective(clip=…, …); got a "
+                               f"{type(objective).__name__}")
     check_normalisers(max_completion_length, num_items_in_batch)
     check_inputs(logp_new, logp_old, adv, mask, logp_ref, weight, logp_sampling)
     active = mask > 0
@@ -308,47 +279,31 @@ def policy_loss(
     mask = mask.to(logp_new.dtype)
 
     log_ratio = logp_new - logp_old
-    if importance_sampling_level == "sequence":  # GSPO-token: the value s_i on every token, the token's own gradient
+    if objective.importance_sampling_level == "sequence":  # GSPO-token: s_i on every token, the token's own gradient
         sequence = (log_ratio * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)
         log_ratio = sequence.detach() + logp_new - logp_new.detach()
     ratio = log_ratio.exp()
-    if clip is None:
-        measure, outside, bounds = None, torch.zeros_like(ratio, dtype=torch.bool), None
-    else:
-        # at the sequence level the test reads the sequence's log-ratio (tests there are in w alone)
-        new, old = (log_ratio, torch.zeros_like(log_ratio)) if importance_sampling_level == "sequence" \
-            else (logp_new, logp_old)
-        measure = clip.value(new, old)
-        outside = ~clip.feasible(new, old)
-        bounds = clip.bounds(old.exp())
+    measure, outside, bounds = _clip_test(objective, logp_new, logp_old, log_ratio)
     clipped_low = outside & (ratio < 1) & (adv < 0) & active
     clipped_high = outside & (ratio > 1) & (adv > 0) & active
     capped = torch.zeros_like(active)
-    if surrogate is None:
-        per_token, capped = _clipped_surrogate(ratio, adv, outside, bounds, dual_clip_c, ratio_cap)
+    if objective.surrogate is None:
+        per_token, capped = _clipped_surrogate(ratio, adv, outside, bounds, objective.dual_clip_c, objective.ratio_cap)
         capped = capped & ~clipped_high & active
     else:
         kept = (~(clipped_low | clipped_high)).to(logp_new.dtype)
-        per_token = surrogate.term(SurrogateInputs(log_ratio, logp_new, adv, mask, bounds, kept))
-    if weight is not None and per_token.shape[-1] == 1 and weight.shape[-1] > 1:  # one term per completion (GMPO):
-        weight = (((weight + 1e-10).log() * mask).sum(-1, keepdim=True)  # the geometric mean of its tokens'
-                  / mask.sum(-1, keepdim=True).clamp(min=1)).exp()  # weights, as verl's
-    if off_policy_mask is not None:
-        sequences_kept = off_policy_sequence_mask(logp_new, logp_sampling, adv, mask, off_policy_mask)
-        weight = sequences_kept if weight is None else weight * sequences_kept
+        per_token = objective.surrogate.term(SurrogateInputs(log_ratio, logp_new, adv, mask, bounds, kept))
+    weight = _policy_weight(objective, weight, per_token, logp_new, logp_sampling, adv, mask)
     if weight is not None:
         per_token = per_token * weight.detach()
-
-    penalty_value = None
-    if penalty is not None:
-        penalty_value = penalty.value(logp_new, logp_old, logp_ref).detach()
-        per_token = per_token + beta * penalty.loss_term(logp_new, logp_old, logp_ref)
-    if second_penalty is not None:
-        per_token = per_token + second_beta * second_penalty.loss_term(logp_new, logp_old, logp_ref)
+    for penalty, beta in ((objective.penalty, objective.beta), (objective.second_penalty, objective.second_beta)):
+        if penalty is not None:
+            per_token = per_token + beta * penalty.loss_term(logp_new, logp_old, logp_ref)
 
     per_token = per_token.expand_as(mask)
     outside = outside.expand_as(active) & active
-    loss = aggregate(per_token, mask, aggregation, max_completion_length, num_items_in_batch)
+    loss = aggregate(per_token, mask, objective.aggregation, max_completion_length, num_items_in_batch)
+    penalty_value = None if objective.penalty is None else objective.penalty.value(logp_new, logp_old, logp_ref)
     return LossOutput(
         loss=loss,
         per_token_loss=(per_token * mask).detach(),
@@ -360,10 +315,33 @@ def policy_loss(
         dual_clipped=capped,
         grad_masked=clipped_low | clipped_high | capped,
         pulled_back=outside & (adv != 0) & ~(clipped_low | clipped_high | capped),
-        penalty=None if penalty_value is None else penalty_value * mask,
+        penalty=None if penalty_value is None else penalty_value.detach() * mask,
         policy_weight=None if weight is None else (weight.detach() * mask).expand_as(mask),
         token_loss=per_token * mask,
     )
+
+
+def _clip_test(objective: Objective, logp_new, logp_old, log_ratio):
+    """The clip test's measure per token, where it fails, and its interval [l, u] ((None, all False, None) without
+    one). At the sequence level it reads the sequence's log-ratio (the tests allowed there are in w alone)."""
+    clip = objective.clip
+    if clip is None:
+        return None, torch.zeros_like(log_ratio, dtype=torch.bool), None
+    new, old = (log_ratio, torch.zeros_like(log_ratio)) if objective.importance_sampling_level == "sequence" \
+        else (logp_new, logp_old)
+    return clip.value(new, old), ~clip.feasible(new, old), clip.bounds(old.exp())
+
+
+def _policy_weight(objective: Objective, weight, per_token, logp_new, logp_sampling, adv, mask):
+    """What multiplies the policy term: `weight` (its tokens' geometric mean where the surrogate has one term per
+    completion, GMPO's, as verl's) times TRL's off-policy sequence mask; None where nothing does."""
+    if weight is not None and per_token.shape[-1] == 1 and weight.shape[-1] > 1:
+        log_mean = ((weight + 1e-10).log() * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)
+        weight = log_mean.exp()
+    if objective.off_policy_mask is not None:
+        kept = off_policy_sequence_mask(logp_new, logp_sampling, adv, mask, objective.off_policy_mask)
+        weight = kept if weight is None else weight * kept
+    return weight
 
 
 def _clipped_surrogate(ratio, adv, outside, bounds, dual_clip_c, ratio_cap):

@@ -50,7 +50,7 @@ def main(argv: list[str]) -> None:
             if run is None or run.state not in claims_lm.FINAL:
                 continue
             trained_by = {"model": MODEL, "setting": setting, "device": run.status.get("device") or "cpu",
-                          "precision": precision_of(run), "torch": torch.__version__,
+                          "cpu": published.cpu_kernels(), "precision": precision_of(run), "torch": torch.__version__,
                           "transformers": transformers.__version__, "python": platform.python_version(),
                           "commit": args.commit, "seeds": seeds, "pilot_seeds": pilot_seeds}
             published.publish(run.folder, grid, {"measure": measure, "reward": reward, "seed": seed}, trained_by)

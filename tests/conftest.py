@@ -3,15 +3,12 @@
 import os
 import shutil
 import signal
-import socket
-import subprocess
-import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+
+from divviz.app import local_server
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("DIVVIZ_POOL_IDLE_S", "5")  # each test's runs folder gets a pool; let idle ones leave soon
@@ -23,12 +20,6 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
                  "--disable-background-networking", "--disable-component-update"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def app_runs_dir(tmp_path_factory) -> Path:
     """The runs folder of the app that `app_url` serves."""
@@ -38,26 +29,10 @@ def app_runs_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def app_url(tmp_path_factory, app_runs_dir):
     """Start the app as a user would (bound to localhost) and yield its URL."""
-    port = free_port()
-    env = {**os.environ, "DIVVIZ_RUNS_DIR": str(app_runs_dir)}
     log = open(tmp_path_factory.mktemp("log") / "streamlit.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.port", str(port),
-                             "--server.address", "127.0.0.1", "--server.headless", "true"],
-                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 90
-    while time.time() < deadline:
-        try:
-            if urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).read() == b"ok":
-                break
-        except OSError:
-            time.sleep(0.3)
-    else:
-        proc.kill()
-        raise RuntimeError("streamlit did not start within 90 s")
+    server, url = local_server.start({"DIVVIZ_RUNS_DIR": str(app_runs_dir)}, log)
     yield url
-    proc.terminate()
-    proc.wait(timeout=20)
+    local_server.stop(server)
     log.close()
 
 
@@ -115,9 +90,9 @@ def no_process_left_behind(request):
 
 # The modules whose tests train runs, start apps or pools, or drive chromium: minutes, not seconds. `./run test --fast`
 # leaves them out (the marker `slow`); CI runs everything.
-SLOW_MODULES = {"test_browser", "test_claims_lm", "test_published", "test_claims_real", "test_evidence_tables", "test_real_model",
-                "test_room", "test_training", "test_trl_runs", "test_trl_minibatch", "test_import_trainers",
-                "test_walkthrough", "test_lab_pages", "test_inspector"}
+SLOW_MODULES = {"test_browser", "test_claims_lm", "test_claims_real", "test_evidence_tables", "test_grpo_step",
+                "test_import_trainers", "test_inspector", "test_lab_pages", "test_published", "test_real_model",
+                "test_room", "test_training", "test_trl_minibatch", "test_trl_runs", "test_walkthrough"}
 
 
 def pytest_collection_modifyitems(items):

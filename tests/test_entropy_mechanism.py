@@ -14,7 +14,8 @@ from divviz.bandit.setting import BanditConfig, softmax
 from divviz.catalogue.divergences import CLIP_TESTS, clip_test
 from divviz.catalogue.rollout_correction import RolloutCorrection
 from divviz.engine.config import RunConfig
-from divviz.engine.grpo import ENTROPY_ROWS, after_rows, grpo_step, inspected_rows, make_batch, make_trainer
+from divviz.engine.grpo import grpo_step, make_batch, make_trainer
+from divviz.engine.step_metrics import ENTROPY_ROWS, after_rows, inspected_rows
 from divviz.engine.rollout import completion_logits
 from divviz.engine.tasks import coin_rewards
 from divviz.losses import Objective, policy_loss
@@ -99,7 +100,7 @@ def test_covariance_by_state_adds_up_to_the_batch_covariance():
     logp_new = logp_old + 0.4 * torch.randn(6, 5, generator=g)
     adv = torch.randn(6, generator=g)
     mask = (torch.rand(6, 5, generator=g) < 0.8).float()
-    out = policy_loss(logp_new, logp_old, adv, mask, clip=clip_test("ratio"), dual_clip_c=1.5)
+    out = policy_loss(logp_new, logp_old, adv, mask, Objective(clip=clip_test("ratio"), dual_clip_c=1.5))
     parts = entropy_covariance(logp_old, adv, mask, out.clip_state(), dual=True)
     assert set(parts) == {"entropy/cov_inside", "entropy/cov_masked_low", "entropy/cov_masked_high", "entropy/cov_dual"}
     assert parts["entropy/cov_masked_low"] != 0 and parts["entropy/cov_masked_high"] != 0

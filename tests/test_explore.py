@@ -8,7 +8,7 @@ from divviz import explore
 
 from divviz.catalogue import theory
 from divviz.catalogue.divergences import clip_test
-from divviz.losses import policy_loss
+from divviz.losses import Objective, policy_loss
 
 
 def test_ratio_curves_match_the_spot_checks_and_autograd():
@@ -80,7 +80,7 @@ def test_random_token_batch_is_reproducible_and_masks_padding():
     b = explore.random_token_batch(5)
     assert all(torch.equal(x, y) for x, y in zip(a, b))
     logp_new, logp_old, adv, mask = a
-    out = policy_loss(logp_new, logp_old, adv, mask, clip=clip_test("ratio"))
+    out = policy_loss(logp_new, logp_old, adv, mask, Objective(clip=clip_test("ratio")))
     assert not out.outside[mask == 0].any()
 
 

@@ -182,7 +182,7 @@ def test_a_formula_trains_as_its_catalogue_twin(text, twin, delta):
     outs, grads = [], []
     for test in (typed, own):
         x = logp_new.clone().requires_grad_()
-        out = policy_loss(x, logp_old, adv, mask, clip=test, dual_clip_c=3.0)
+        out = policy_loss(x, logp_old, adv, mask, Objective(clip=test, dual_clip_c=3.0))
         outs.append(out)
         grads.append(torch.autograd.grad(out.loss, x)[0])
     assert 0 < outs[1].grad_masked.float().mean() < 1  # the batch masks some tokens and not others

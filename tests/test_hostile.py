@@ -15,7 +15,7 @@ from streamlit.testing.v1 import AppTest
 from divviz import cli
 from divviz.catalogue.divergences import clip_test
 from divviz.engine import store
-from divviz.losses import policy_loss
+from divviz.losses import Objective, policy_loss
 from divviz.catalogue.params import DivvizInputError
 from divviz.safetext import WORD_JOINER, literal, shorten
 from divviz.app.urlstate import Control, read_query
@@ -157,10 +157,10 @@ def loss_inputs(batch=3, tokens=4):
 
 def test_nan_and_inf_on_padding_do_not_poison_the_loss():
     logp_new, logp_old, adv, mask = loss_inputs()
-    clean = policy_loss(logp_new, logp_old, adv, mask, clip=clip_test("kl3"), aggregation="bnpo")
+    clean = policy_loss(logp_new, logp_old, adv, mask, Objective(clip=clip_test("kl3"), aggregation="bnpo"))
     poisoned_new = logp_new.detach().clone().masked_fill(mask == 0, float("nan")).requires_grad_()
     poisoned_old = logp_old.masked_fill(mask == 0, float("-inf"))
-    out = policy_loss(poisoned_new, poisoned_old, adv, mask, clip=clip_test("kl3"), aggregation="bnpo")
+    out = policy_loss(poisoned_new, poisoned_old, adv, mask, Objective(clip=clip_test("kl3"), aggregation="bnpo"))
     assert out.loss.item() == clean.loss.item()
     out.loss.backward()
     assert torch.isfinite(poisoned_new.grad).all() and (poisoned_new.grad[mask == 0] == 0).all()
@@ -182,7 +182,7 @@ def test_bad_loss_inputs_get_one_clear_message(change, says):
     logp_new, logp_old, adv, mask = loss_inputs()
     args = change({"logp_new": logp_new, "logp_old": logp_old, "adv": adv, "mask": mask})
     with pytest.raises(DivvizInputError, match=re.escape(says)):
-        policy_loss(args["logp_new"], args["logp_old"], args["adv"], args["mask"], clip=clip_test("ratio"))
+        policy_loss(args["logp_new"], args["logp_old"], args["adv"], args["mask"], Objective(clip=clip_test("ratio")))
 
 
 def test_numpy_inputs_are_refused_not_miscomputed():

@@ -22,7 +22,7 @@ from divviz.cli import main
 from divviz.engine import store
 from divviz.evidence.rescore import rescore_step
 from divviz.importers.source import source_of
-from divviz.losses import policy_loss
+from divviz.losses import Objective, policy_loss
 from divviz.metrics import clip_fractions
 from divviz.views import run_views
 
@@ -136,7 +136,7 @@ def test_verls_file_logger_imports_with_divvizs_names_beside_verls(tmp_path, cap
     for step in (1, 2, 3):
         old, new, adv, mask = batch(step)
         _, _, metrics = dispatch("vanilla", old, new, adv, mask, "token-mean", config(clip_ratio=0.2, clip_ratio_c=3.0))
-        out = policy_loss(new, old, adv, mask.double(), clip=clip_test("ratio", eps=0.2), dual_clip_c=3.0)
+        out = policy_loss(new, old, adv, mask.double(), Objective(clip=clip_test("ratio", eps=0.2), dual_clip_c=3.0))
         ours[step] = {**clip_fractions(out, mask.double()), "kl/k1": float(k1(new - old)[mask].mean())}
         data = {**metrics, "actor/entropy": np.float32(1.5 - step / 10), "critic/score/mean": np.float64(step / 5),
                 "response_length/mean": 12.0 + step, "timing_s/step": 3.25}

@@ -39,7 +39,7 @@ def test_kept_facts_equal_policy_loss_on_the_same_batch():
     with torch.no_grad():
         logp_ref = completion_logps(tr.reference, batch.rollout, cfg.temperature, tr.autocast)
         logp_old = completion_logps(tr.model, batch.rollout, cfg.temperature, tr.autocast)
-    out = update(tr, batch, tr.objective, logp_old, logp_ref, 0).out
+    out = update(tr, batch, tr.objective, logp_ref, 0).out
     weight = aggregation_weights(mask.numpy(), "grpo", cfg.max_new_tokens)
     assert len(record["groups"]) == 2 and all(len(g["completions"]) == 4 for g in record["groups"])
     state = out.token_state()

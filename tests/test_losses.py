@@ -38,8 +38,9 @@ SPOT = [(+1, 0.5, -0.5, True), (+1, 1.5, -1.28, False), (-1, 0.5, 0.8, False),
 def test_masking_and_dual_clip_spot_checks():
     advs, ratios, losses, has_grad = zip(*SPOT)
     logp_new, logp_old, adv, mask = one_token_batch(ratios, advs)
-    out = policy_loss(logp_new, logp_old, adv, mask, clip=dv.clip_test("clip_higher", eps_low=0.2, eps_high=0.28),
-                      dual_clip_c=3.0, aggregation="bnpo")
+    out = policy_loss(logp_new, logp_old, adv, mask,
+                      Objective(clip=dv.clip_test("clip_higher", eps_low=0.2, eps_high=0.28), dual_clip_c=3.0,
+                                aggregation="bnpo"))
     assert out.per_token_loss.flatten().tolist() == pytest.approx(losses, rel=1e-12)
     g = grads(out, logp_new).flatten()
     assert [bool(x != 0) for x in g] == list(has_grad)
@@ -51,7 +52,7 @@ def test_kl3_masking_rule_at_delta_005():
     l, u = 0.716189, 1.35040  # docs/theory.md §5.5: A=+1 masked iff w > u, A=−1 masked iff w < l
     ratios = [u - 1e-4, u + 1e-4, l + 1e-4, l - 1e-4]
     logp_new, logp_old, adv, mask = one_token_batch(ratios, [1, 1, -1, -1])
-    out = policy_loss(logp_new, logp_old, adv, mask, clip=dv.clip_test("kl3", delta=0.05))
+    out = policy_loss(logp_new, logp_old, adv, mask, Objective(clip=dv.clip_test("kl3", delta=0.05)))
     assert out.grad_masked.flatten().tolist() == [False, True, False, True]
     assert out.clipped_high.flatten().tolist() == [False, True, False, False]
     assert out.clipped_low.flatten().tolist() == [False, False, False, True]
@@ -60,7 +61,7 @@ def test_kl3_masking_rule_at_delta_005():
 def test_trl_clip_fraction_convention():
     # outside on the "wrong" side keeps its gradient and is not counted (A>0 below l, A<0 above u)
     logp_new, logp_old, adv, mask = one_token_batch([0.5, 1.5, 0.5, 1.5], [1, -1, -1, 1])
-    out = policy_loss(logp_new, logp_old, adv, mask, clip=dv.clip_test("ratio", eps=0.2))
+    out = policy_loss(logp_new, logp_old, adv, mask, Objective(clip=dv.clip_test("ratio", eps=0.2)))
     assert out.outside.flatten().tolist() == [True, True, True, True]
     assert out.clipped_low.flatten().tolist() == [False, False, True, False]
     assert out.clipped_high.flatten().tolist() == [False, False, False, True]
@@ -90,9 +91,9 @@ def test_kl3_test_equals_clip_higher_on_lambert_interval(seed):
     logp_new, logp_old, adv, mask, _ = random_batch(seed)
     for delta in (0.02, 0.05, 0.1):
         lower, upper = kl3_bounds(delta)
-        kl3 = policy_loss(logp_new, logp_old, adv, mask, clip=dv.clip_test("kl3", delta=delta))
+        kl3 = policy_loss(logp_new, logp_old, adv, mask, Objective(clip=dv.clip_test("kl3", delta=delta)))
         box = policy_loss(logp_new, logp_old, adv, mask,
-                          clip=dv.clip_test("clip_higher", eps_low=1 - lower, eps_high=upper - 1))
+                          Objective(clip=dv.clip_test("clip_higher", eps_low=1 - lower, eps_high=upper - 1)))
         assert kl3.outside.any() and (~kl3.outside & (mask > 0)).any()  # both regimes present
         assert torch.equal(kl3.outside, box.outside)
         assert abs(float(kl3.loss - box.loss)) < 1e-12
@@ -106,7 +107,7 @@ def test_kl3_test_equals_clip_higher_on_lambert_interval(seed):
 def test_every_interval_test_equals_ppo_clamp_on_its_interval(name, params, seed):
     logp_new, logp_old, adv, mask, _ = random_batch(seed)
     test = dv.clip_test(name, **params)
-    out = policy_loss(logp_new, logp_old, adv, mask, clip=test)
+    out = policy_loss(logp_new, logp_old, adv, mask, Objective(clip=test))
     lower, upper = test.bounds(logp_old.exp())
     ref = ppo_clamp_reference(logp_new, logp_old, adv, mask, lower, upper)
     assert out.outside.any()
@@ -117,7 +118,7 @@ def test_every_interval_test_equals_ppo_clamp_on_its_interval(name, params, seed
 
 def test_gradient_is_zero_exactly_on_masked_tokens():
     logp_new, logp_old, adv, mask, _ = random_batch(7)
-    out = policy_loss(logp_new, logp_old, adv, mask, clip=dv.clip_test("kl3", delta=0.05), dual_clip_c=2.0)
+    out = policy_loss(logp_new, logp_old, adv, mask, Objective(clip=dv.clip_test("kl3", delta=0.05), dual_clip_c=2.0))
     g = grads(out, logp_new)
     active = mask > 0
     assert torch.equal(g[active] == 0, out.grad_masked[active])
@@ -126,7 +127,7 @@ def test_gradient_is_zero_exactly_on_masked_tokens():
 def test_aggregations_against_hand_sums():
     logp_new, logp_old, adv, mask, _ = random_batch(1, B=4, T=6)
     clip = dv.clip_test("ratio", eps=0.2)
-    per_token = policy_loss(logp_new, logp_old, adv, mask, clip=clip).per_token_loss
+    per_token = policy_loss(logp_new, logp_old, adv, mask, Objective(clip=clip)).per_token_loss
     rows = [sum(per_token[i, j].item() for j in range(6) if mask[i, j]) for i in range(4)]
     counts = [int(mask[i].sum()) for i in range(4)]
     want = {
@@ -136,11 +137,13 @@ def test_aggregations_against_hand_sums():
         "dapo": sum(rows) / sum(counts),
     }
     for how, value in want.items():
-        got = policy_loss(logp_new, logp_old, adv, mask, clip=clip, aggregation=how).loss
+        got = policy_loss(logp_new, logp_old, adv, mask, Objective(clip=clip, aggregation=how)).loss
         assert float(got) == pytest.approx(value, rel=1e-12), how
-    got = policy_loss(logp_new, logp_old, adv, mask, clip=clip, aggregation="dr_grpo", max_completion_length=10).loss
+    got = policy_loss(logp_new, logp_old, adv, mask, Objective(clip=clip, aggregation="dr_grpo"),
+                      max_completion_length=10).loss
     assert float(got) == pytest.approx(sum(rows) / 40, rel=1e-12)
-    got = policy_loss(logp_new, logp_old, adv, mask, clip=clip, aggregation="dapo", num_items_in_batch=100).loss
+    got = policy_loss(logp_new, logp_old, adv, mask, Objective(clip=clip, aggregation="dapo"),
+                      num_items_in_batch=100).loss
     assert float(got) == pytest.approx(sum(rows) / 100, rel=1e-12)
 
 
@@ -198,8 +201,8 @@ def test_rpg_reinforce_and_differentiable_forms_have_the_same_gradient(name):
     """RPG Proposition 4.1, on the full RPG loss (reward part unclipped, as in RPG Tables 1–2)."""
     logp_new, logp_old, adv, mask, _ = random_batch(3, spread=0.3)
     beta = 0.3  # large so that the penalty's share of the gradient is visible
-    diff = policy_loss(logp_new, logp_old, adv, mask, penalty=pn.penalty(name), beta=beta)
-    rf = policy_loss(logp_new, logp_old, adv, mask, penalty=pn.penalty(f"{name}_rf"), beta=beta)
+    diff = policy_loss(logp_new, logp_old, adv, mask, Objective(penalty=pn.penalty(name), beta=beta))
+    rf = policy_loss(logp_new, logp_old, adv, mask, Objective(penalty=pn.penalty(f"{name}_rf"), beta=beta))
     g_diff, g_rf = grads(diff, logp_new), grads(rf, logp_new)
     assert torch.allclose(g_diff, g_rf, rtol=1e-10, atol=1e-13)
     # and against RPG's written REINFORCE loss −sg(w A + β g(w)) log π (grpo mean)
@@ -215,9 +218,9 @@ def test_rpg_reinforce_and_differentiable_forms_have_the_same_gradient(name):
 @pytest.mark.parametrize("name", ["k1", "k2", "k3", "prob_l2", "mirror"])
 def test_reference_penalties_enter_the_loss_with_beta(name):
     logp_new, logp_old, adv, mask, logp_ref = random_batch(5)
-    base = policy_loss(logp_new, logp_old, adv, mask, clip=dv.clip_test("ratio"))
+    base = policy_loss(logp_new, logp_old, adv, mask, Objective(clip=dv.clip_test("ratio")))
     pen = pn.penalty(name)
-    out = policy_loss(logp_new, logp_old, adv, mask, clip=dv.clip_test("ratio"), penalty=pen, beta=0.5,
+    out = policy_loss(logp_new, logp_old, adv, mask, Objective(clip=dv.clip_test("ratio"), penalty=pen, beta=0.5),
                       logp_ref=logp_ref)
     value = pen.value(logp_new, logp_old, logp_ref)
     expected = base.loss + 0.5 * ((value * mask).sum(1) / mask.sum(1)).mean()
@@ -238,7 +241,7 @@ def test_k3_penalty_gradient_in_log_prob():
 
 def test_no_clip_is_plain_importance_weighted_surrogate():
     logp_new, logp_old, adv, mask, _ = random_batch(2)
-    out = policy_loss(logp_new, logp_old, adv, mask, aggregation="bnpo")
+    out = policy_loss(logp_new, logp_old, adv, mask, Objective(aggregation="bnpo"))
     w = (logp_new - logp_old).exp()
     ref = (-(w * adv[:, None]) * mask).sum() / mask.sum()
     assert float(out.loss) == pytest.approx(float(ref), rel=1e-12)
@@ -247,10 +250,10 @@ def test_no_clip_is_plain_importance_weighted_surrogate():
 
 def test_padding_is_ignored():
     logp_new, logp_old, adv, mask, _ = random_batch(4)
-    out = policy_loss(logp_new, logp_old, adv, mask, clip=dv.clip_test("kl3"))
+    out = policy_loss(logp_new, logp_old, adv, mask, Objective(clip=dv.clip_test("kl3")))
     noisy = logp_new.detach().clone()
     noisy[mask == 0] = -30.0  # garbage on padding must not change anything
-    out2 = policy_loss(noisy.requires_grad_(), logp_old, adv, mask, clip=dv.clip_test("kl3"))
+    out2 = policy_loss(noisy.requires_grad_(), logp_old, adv, mask, Objective(clip=dv.clip_test("kl3")))
     assert float(out.loss) == pytest.approx(float(out2.loss), rel=1e-12)
     assert not out2.outside[mask == 0].any()
 
@@ -262,25 +265,27 @@ def test_dtypes_and_devices(device, dtype):
     logp_new, logp_old, adv, mask, logp_ref = (x.detach().to(device=device, dtype=dtype) for x in random_batch(6))
     logp_new.requires_grad_()
     for clip in (dv.clip_test("kl3"), dv.clip_test("prob_tv"), dv.clip_test("kl1")):
-        out = policy_loss(logp_new, logp_old, adv, mask, clip=clip, penalty=pn.penalty("mirror"), beta=0.1,
-                          logp_ref=logp_ref, dual_clip_c=3.0, aggregation="dr_grpo")
+        out = policy_loss(logp_new, logp_old, adv, mask,
+                          Objective(clip=clip, penalty=pn.penalty("mirror"), beta=0.1, dual_clip_c=3.0,
+                                    aggregation="dr_grpo"),
+                          logp_ref=logp_ref)
         g = grads(out, logp_new)
         assert out.loss.dtype == dtype and g.dtype == dtype and out.loss.device.type == device
         assert torch.isfinite(out.loss) and torch.isfinite(g).all()
     ref64 = policy_loss(*(x.detach().double().cpu() for x in (logp_new, logp_old, adv, mask)),
-                        clip=dv.clip_test("kl3")).loss
-    got = policy_loss(logp_new, logp_old, adv, mask, clip=dv.clip_test("kl3")).loss
+                        Objective(clip=dv.clip_test("kl3"))).loss
+    got = policy_loss(logp_new, logp_old, adv, mask, Objective(clip=dv.clip_test("kl3"))).loss
     assert float(got) == pytest.approx(float(ref64), rel=1e-5 if dtype == torch.float32 else 1e-12)
 
 
 def test_bad_arguments_are_refused_with_the_typed_error():
     logp_new, logp_old, adv, mask, _ = random_batch(0)
     with pytest.raises(dv.DivvizInputError, match="unknown aggregation 'sum'"):
-        policy_loss(logp_new, logp_old, adv, mask, aggregation="sum")
+        policy_loss(logp_new, logp_old, adv, mask, Objective(aggregation="sum"))
     with pytest.raises(dv.DivvizInputError, match="parameter 'c'"):
-        policy_loss(logp_new, logp_old, adv, mask, dual_clip_c=0.5)
+        policy_loss(logp_new, logp_old, adv, mask, Objective(dual_clip_c=0.5))
     with pytest.raises(dv.DivvizInputError, match="needs reference log-probs"):
-        policy_loss(logp_new, logp_old, adv, mask, penalty=pn.penalty("k3"), beta=0.1)
+        policy_loss(logp_new, logp_old, adv, mask, Objective(penalty=pn.penalty("k3"), beta=0.1))
 
 
 def test_overshoot_counts_tokens_past_the_bound_their_advantage_pushes_toward():

@@ -132,7 +132,7 @@ def test_gspo_judges_and_weighs_each_completion_by_its_geometric_mean_ratio():
     TRL writes it; every token of a completion shares its clip state."""
     logp_new, logp_old, adv, mask = random_rows(2)
     box = dv.clip_test("clip_higher", eps_low=0.05, eps_high=0.08)
-    out = policy_loss(logp_new, logp_old, adv, mask, clip=box, importance_sampling_level="sequence")
+    out = policy_loss(logp_new, logp_old, adv, mask, Objective(clip=box, importance_sampling_level="sequence"))
     s = (((logp_new - logp_old) * mask).sum(-1) / mask.sum(-1)).exp()
     want = (-torch.minimum(s * adv, s.clamp(0.95, 1.08) * adv)).mean()
     assert out.loss.item() == pytest.approx(want.item(), rel=1e-12)
@@ -149,12 +149,12 @@ def test_the_ratio_cap_is_dual_clip_when_at_least_u_and_masks_rising_tokens_belo
     token with A > 0 and δ < w ≤ u loses its gradient too (the issue's "equals dual-clip only when δ ≥ 1 + ε_high")."""
     logp_new, logp_old, adv, mask = random_rows(7, spread=1.0)  # has tokens of both kinds
     box = dv.clip_test("clip_higher", eps_low=0.2, eps_high=0.28)
-    capped = policy_loss(logp_new, logp_old, adv, mask, clip=box, ratio_cap=1.5)
-    dual = policy_loss(logp_new, logp_old, adv, mask, clip=box, dual_clip_c=1.5)
+    capped = policy_loss(logp_new, logp_old, adv, mask, Objective(clip=box, ratio_cap=1.5))
+    dual = policy_loss(logp_new, logp_old, adv, mask, Objective(clip=box, dual_clip_c=1.5))
     assert capped.loss.item() == pytest.approx(dual.loss.item(), rel=1e-12)
     torch.testing.assert_close(*(torch.autograd.grad(o.loss, logp_new)[0] for o in (capped, dual)))
     assert torch.equal(capped.dual_clipped, dual.dual_clipped) and capped.dual_clipped.any()
-    low = policy_loss(logp_new, logp_old, adv, mask, clip=box, ratio_cap=1.05)
+    low = policy_loss(logp_new, logp_old, adv, mask, Objective(clip=box, ratio_cap=1.05))
     (grad,) = torch.autograd.grad(low.loss, logp_new)
     w = low.ratio
     rising = (w > 1.05) & (w <= 1.28) & (adv[:, None] > 0) & (mask > 0)
@@ -165,9 +165,9 @@ def test_verls_sum_aggregations_against_hand_sums():
     logp_new, logp_old, adv, mask = random_rows(5)
     per_token = policy_loss(logp_new, logp_old, adv, mask).per_token_loss
     rows = per_token.sum(-1)
-    assert policy_loss(logp_new, logp_old, adv, mask, aggregation="luspo").loss.item() == pytest.approx(
+    assert policy_loss(logp_new, logp_old, adv, mask, Objective(aggregation="luspo")).loss.item() == pytest.approx(
         rows.mean().item(), rel=1e-12)
-    assert policy_loss(logp_new, logp_old, adv, mask, aggregation="token_sum").loss.item() == pytest.approx(
+    assert policy_loss(logp_new, logp_old, adv, mask, Objective(aggregation="token_sum")).loss.item() == pytest.approx(
         rows.sum().item(), rel=1e-12)
 
 

@@ -31,14 +31,15 @@ def adam_steps(tr) -> int:
 
 
 def test_one_minibatch_is_mu_full_batch_steps_bit_for_bit():
-    """K = 1: μ AdamW steps of the objective on the whole batch from π_old, as the engine took them before
-    mini-batches (written out here step by step), to the bit: weights, clip fractions and the record's ratios."""
+    """K = 1 is one mini-batch, the whole batch: μ AdamW steps of the objective from π_old (its no-grad forward
+    here, the first training forward's in the engine), written out step by step, to the bit: π_old, the weights
+    and the record's ratios."""
     tr = trainer(mu=2, minibatches=1)
     batch = make_batch(tr, 0)
     model, optimiser = copy.deepcopy(tr.model), None
     with torch.no_grad():
         logp_old = completion_logps(tr.model, batch.rollout, tr.cfg.temperature, tr.autocast)
-    done = update(tr, batch, tr.objective, logp_old, None, 0)
+    done = update(tr, batch, tr.objective, None, 0)
 
     optimiser = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=tr.cfg.lr, weight_decay=0.0,
                                   foreach=True)
@@ -52,7 +53,7 @@ def test_one_minibatch_is_mu_full_batch_steps_bit_for_bit():
         torch.nn.utils.clip_grad_norm_(model.parameters(), tr.cfg.max_grad_norm)
         optimiser.step()
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), tr.model.state_dict().values()))
-    assert torch.equal(done.out.ratio, out.ratio) and done.minibatch is None
+    assert torch.equal(done.logp_old, logp_old) and torch.equal(done.out.ratio, out.ratio) and done.minibatch is None
     assert adam_steps(tr) == 2 and not any("by_minibatch" in key for key in done.fractions)
 
 
@@ -61,7 +62,7 @@ def test_minibatches_first_is_on_policy_to_the_bit_and_later_ones_are_not():
     batch = make_batch(tr, 0)
     parts = minibatch_rows(32, 4, tr.cfg.seed * 104_729 + 0)
     assert sorted(torch.cat(parts).tolist()) == list(range(32)) and all(len(p) == 8 for p in parts)
-    done = update(tr, batch, tr.objective, None, None, 0)
+    done = update(tr, batch, tr.objective, None, 0)
     assert adam_steps(tr) == 8  # K × μ optimiser steps
     by_step = [done.fractions[f"kl/k3_by_minibatch/{i}"] for i in range(1, 9)]
     assert by_step[0] == 0.0 and all(kl > 0 for kl in by_step[1:])  # on-policy exactly once, then off-policy
@@ -157,7 +158,7 @@ def test_bf16_minibatches_keep_the_first_ratios_exactly_one():
         pytest.skip("this CPU has no native bfloat16")
     tr = trainer(mu=1, minibatches=2, dtype="bfloat16")
     assert tr.dtype == torch.bfloat16
-    done = update(tr, make_batch(tr, 0), tr.objective, None, None, 0)
+    done = update(tr, make_batch(tr, 0), tr.objective, None, 0)
     assert done.fractions["kl/k3_by_minibatch/1"] == 0.0 and done.fractions["kl/k3_by_minibatch/2"] > 0
 
 

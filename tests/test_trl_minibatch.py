@@ -31,7 +31,7 @@ def test_minibatch_clip_states_equal_trls_steps_per_generation(tmp_path, monkeyp
     ours = make_trainer(cfg)
     start = copy.deepcopy(ours.model)
     batch = make_batch(ours, 0)
-    done = update(ours, batch, ours.objective, None, None, 0)
+    done = update(ours, batch, ours.objective, None, 0)
     parts = minibatch_rows(PROMPTS * G, K, cfg.seed * 104_729 + 0)
     order = torch.cat(parts)
     rollout = batch.rollout

@@ -63,10 +63,9 @@ def test_verls_vanilla_policy_loss_is_divvizs_box_with_dual_clip(key):
     config = case["config"]
     logp_new.requires_grad_()
     weight = tensors(batch, "rollout_is_weights")[0] if case["rollout_is_weights"] is not None else None
-    out = policy_loss(logp_new, logp_old, adv, mask,
-                      clip=clip_test("clip_higher", eps_low=config["clip_ratio_low"], eps_high=config["clip_ratio_high"]),
-                      dual_clip_c=config["clip_ratio_c"], aggregation=AGGREGATIONS[case["loss_agg_mode"]],
-                      max_completion_length=mask.shape[1], weight=weight)
+    box = clip_test("clip_higher", eps_low=config["clip_ratio_low"], eps_high=config["clip_ratio_high"])
+    objective = Objective(clip=box, dual_clip_c=config["clip_ratio_c"], aggregation=AGGREGATIONS[case["loss_agg_mode"]])
+    out = policy_loss(logp_new, logp_old, adv, mask, objective, max_completion_length=mask.shape[1], weight=weight)
     (grad,) = torch.autograd.grad(out.loss, logp_new)
     close = tolerance(key)
     assert out.loss.item() == pytest.approx(case["loss"], **close)

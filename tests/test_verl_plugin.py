@@ -16,7 +16,7 @@ from divviz.catalogue.divergences import clip_test
 from divviz.catalogue.params import DivvizInputError
 from divviz.catalogue.penalties import penalty
 from divviz.catalogue.surrogates import surrogate
-from divviz.losses import policy_loss
+from divviz.losses import Objective, policy_loss
 from divviz.verl.policy_loss import register
 
 MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token-sum")
@@ -90,7 +90,7 @@ def test_verls_dispatch_on_a_divviz_loss_equals_policy_loss(mode, kwargs, agg, o
     old, new, adv, mask = batch(2)
     loss, grad, metrics = dispatch(mode, old, new, adv, mask, agg)
     x = new.clone().requires_grad_()
-    out = policy_loss(x, old, adv, mask.to(torch.float64), aggregation=ours, **kwargs)
+    out = policy_loss(x, old, adv, mask.to(torch.float64), Objective(aggregation=ours, **kwargs))
     expected_grad = torch.autograd.grad(out.loss, x)[0]
     tolerance = {"rel": 0.0, "abs": 1e-8} if agg == "seq-mean-token-mean" else {"rel": 1e-12, "abs": 1e-15}
     assert loss.item() == pytest.approx(out.loss.item(), **tolerance)  # verl's seq-mean adds 1e-8 to each count

@@ -1,4 +1,4 @@
-"""The widgets of the run pages (Training lab, Runs) that ui.py's shared controls do not cover: what a run will cost
+"""The widgets of the run pages (Training lab, Runs) that the shared widgets (`widgets.py`, `objective_sidebar.py`) do not cover: what a run will cost
 before Start, and the charts of runs with the notices that go with them."""
 
 from __future__ import annotations
@@ -7,7 +7,8 @@ from dataclasses import replace
 
 import streamlit as st
 
-from divviz.app.ui import key, show_chart
+from divviz.app.page_state import key
+from divviz.app.widgets import show_chart
 from divviz.engine import runner, stability
 from divviz.engine.train import eval_steps
 from divviz.safetext import literal

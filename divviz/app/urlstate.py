@@ -2,7 +2,7 @@
 
 Every control value is a string in the URL (`?m=ratio,kl3:delta=0.0177,kl3:delta=0.05`). Decoding checks the
 value the same way the catalogue does (a `Param`'s range, or the list of options); a bad value is reported and
-replaced by the default, never raised into the page. No Streamlit here: `divviz/app/ui.py` binds it.
+replaced by the default, never raised into the page. No Streamlit here: `divviz/app/page_state.py` binds it.
 
 A list of measures is spelled as `divviz.catalogue.instances` spells one, comma-separated. Links made before measures
 could repeat wrote `m=ratio,kl3&kl3.delta=0.05`; such a `NAME.PARAM` still sets the parameter of a bare `NAME`

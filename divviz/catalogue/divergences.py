@@ -25,7 +25,8 @@ import torch
 from divviz.catalogue import theory
 from divviz.catalogue.estimators import array_ops, k1, k2, k3
 from divviz.catalogue.formula import bounds as formula_bounds, checked
-from divviz.catalogue.params import Configured, DivvizInputError, Param, check_name, check_params
+from divviz.catalogue.params import (CatalogueEntry, Configured, DivvizInputError, Param, by_name, check_name,
+                                     check_params)
 from divviz.catalogue.penalties import PENALTIES, PenaltyEntry
 from divviz.safetext import quoted
 from divviz.catalogue.surrogates import SURROGATES, SurrogateEntry
@@ -53,14 +54,10 @@ BETA = Param("beta", 0.0, 0.0, trl_name="beta", typical=(0.0, 1.0, 0.001), doc="
 
 
 @dataclass(frozen=True)
-class ClipTestEntry:
+class ClipTestEntry(CatalogueEntry):
     """A per-token feasibility test. `value` is the token's measure (from log-probs), `feasible` the
     predicate on it, `bounds` the same set written as a ratio interval (l, u) given π_old."""
 
-    name: str
-    title: str
-    latex: str
-    doc: str
     params: tuple[Param, ...]
     value: Callable  # (logp_new, logp_old, params) -> measure value per token
     feasible: Callable  # (value, params) -> bool per token
@@ -175,113 +172,110 @@ def _dppo_delta(name: str, default: float, high: float, doc: str) -> Param:
     return Param(name, default, 0.0, high, low_open=True, high_open=False, doc=doc, typical=(0.005, high / 2, 0.005))
 
 
-CLIP_TESTS: dict[str, ClipTestEntry] = {
-    e.name: e
-    for e in (
-        ClipTestEntry(
-            "ratio", "PPO/GRPO ratio clipping",
-            r"1-\varepsilon \le w_t \le 1+\varepsilon,\quad w_t=\pi_\theta/\pi_{\mathrm{old}}",
-            "Symmetric box in ratio space (Schulman et al. 2017; GRPO). clip_higher with ε_low = ε_high.",
-            (EPS,),
-            lambda new, old, p: _log_ratio(new, old).exp(),
-            lambda w, p: (w >= 1 - p["eps"]) & (w <= 1 + p["eps"]),
-            lambda p, pi_old: (1.0 - p["eps"], 1.0 + p["eps"]),
-        ),
-        ClipTestEntry(
-            "clip_higher", "DAPO clip-higher",
-            r"1-\varepsilon_{\mathrm{low}} \le w_t \le 1+\varepsilon_{\mathrm{high}}",
-            "Asymmetric box (DAPO, Yu et al. 2025): more room above 1 so unlikely tokens can rise. "
-            "Any interval test equals this box with its own (ε_low, ε_high).",
-            (EPS_LOW, EPS_HIGH),
-            lambda new, old, p: _log_ratio(new, old).exp(),
-            lambda w, p: (w >= 1 - p["eps_low"]) & (w <= 1 + p["eps_high"]),
-            lambda p, pi_old: (1.0 - p["eps_low"], 1.0 + p["eps_high"]),
-        ),
-        ClipTestEntry(
-            "kl1", "KL1 test (one-sided)",
-            r"\mathrm{k1}_t=-\log w_t \le \delta \;\Leftrightarrow\; w_t \ge e^{-\delta}",
-            "k1 can be negative, so the test bounds the ratio from below only: u = ∞ (docs/theory.md §1.3).",
-            (_delta(0.2, 50.0, "KL1 level", (0.001, 1.0, 0.001)),),
-            lambda new, old, p: k1(_log_ratio(new, old)),
-            _at_most_delta,
-            lambda p, pi_old: (np.exp(-np.asarray(p["delta"])), np.full(np.shape(p["delta"]), np.inf)),
-        ),
-        ClipTestEntry(
-            "kl2", "KL2 test",
-            r"\mathrm{k2}_t=\tfrac12(\log w_t)^2 \le \delta \;\Leftrightarrow\; "
-            r"e^{-\sqrt{2\delta}} \le w_t \le e^{\sqrt{2\delta}}",
-            "Symmetric in log-ratio, so slightly tighter above 1 than KL3 at the same δ (docs/theory.md §5.4).",
-            (_delta(0.05, 50.0, "KL2 level", (0.0005, 0.5, 0.0005)),),
-            lambda new, old, p: k2(_log_ratio(new, old)),
-            _at_most_delta,
-            lambda p, pi_old: theory.kl2_bounds(p["delta"]),
-        ),
-        ClipTestEntry(
-            "kl3", "KL3 test = ATR-GRPO asymmetric clipping",
-            r"\mathrm{k3}_t=w_t-1-\log w_t \le \delta \;\Leftrightarrow\; "
-            r"-W_0(-e^{-1-\delta}) \le w_t \le -W_{-1}(-e^{-1-\delta})",
-            "Wu et al. 2026 (ATR-GRPO): k3 of w = π_θ/π_old, i.e. KL(π_old‖π_θ). Not GRPO's k3 penalty, "
-            "which flips the ratio (π_ref/π_θ) and would give [1/u_δ, 1/l_δ].",
-            (_delta(0.05, 50.0, "KL3 level δ", (0.0001, 0.5, 0.0001)),),
-            lambda new, old, p: k3(_log_ratio(new, old)),
-            _at_most_delta,
-            lambda p, pi_old: theory.kl3_bounds(p["delta"]),
-        ),
-        ClipTestEntry(
-            "prob_tv", "probability-space test",
-            r"|\pi_\theta(a_t|s_t)-\pi_{\mathrm{old}}(a_t|s_t)| \le \delta",
-            "A box in probability, not ratio: w ∈ [1 − δ/π_old, 1 + δ/π_old], wide for rare tokens and "
-            "tight for likely ones.",
-            (_delta(0.1, 1.0, "largest change of the token's probability", (0.005, 0.5, 0.005)),),
-            lambda new, old, p: (new.exp() - old.exp()).abs(),
-            _at_most_delta,
-            _prob_tv_bounds,
-            needs_pi_old=True,
-        ),
-        ClipTestEntry(
-            "dppo_tv", "DPPO binary TV: asymmetric probability box",
-            r"-\delta_{\mathrm{low}} \le \pi_\theta(a_t|s_t)-\pi_{\mathrm{old}}(a_t|s_t) \le \delta_{\mathrm{high}}",
-            "verl 0.9.1's dppo_tv test (core_algos.py compute_policy_loss_dppo_tv, thresholds clip_ratio_low/high): "
-            "prob_tv with its own room on each side, w ∈ [1 − δ_low/π_old, 1 + δ_high/π_old]. verl trains it with "
-            "the dppo surrogate.",
-            (_dppo_delta("delta_low", 0.2, 1.0, "largest fall of the token's probability"),
-             _dppo_delta("delta_high", 0.2, 1.0, "largest rise of the token's probability")),
-            lambda new, old, p: new.exp() - old.exp(),
-            lambda v, p: (v >= -p["delta_low"]) & (v <= p["delta_high"]),
-            lambda p, pi_old: ((1.0 - p["delta_low"] / pi_old).clip(min=0.0), 1.0 + p["delta_high"] / pi_old),
-            needs_pi_old=True,
-        ),
-        ClipTestEntry(
-            "dppo_kl", "DPPO binary KL: the token's Bernoulli trust region",
-            r"\mathrm{KL}(\mathrm{Bern}(\pi_{\mathrm{old}})\|\mathrm{Bern}(\pi_\theta)) \le "
-            r"\delta_{\mathrm{low}}\ (\pi_\theta<\pi_{\mathrm{old}}),\ \delta_{\mathrm{high}}\ (\pi_\theta>\pi_{\mathrm{old}})",
-            "verl 0.9.1's dppo_kl test (compute_policy_loss_dppo_kl): the KL between the sampled token's "
-            "yes/no distributions under π_old and π_θ, one threshold for each direction. Its measure is that KL "
-            "signed by the direction of the change; [l, u] by bisection. verl trains it with the dppo surrogate.",
-            (_dppo_delta("delta_low", 0.2, 50.0, "largest binary KL when the probability falls"),
-             _dppo_delta("delta_high", 0.2, 50.0, "largest binary KL when the probability rises")),
-            lambda new, old, p: _binary_kl(new, old),
-            lambda v, p: (v >= -p["delta_low"]) & (v <= p["delta_high"]),
-            _binary_kl_bounds,
-            needs_pi_old=True,
-        ),
-        ClipTestEntry(
-            "formula", "your own measure f(w) ≤ δ",
-            r"f(w_t) \le \delta,\quad f \text{ typed: in } w_t=\pi_\theta/\pi_{\mathrm{old}} "
-            r"\text{ (and } \pi_{\mathrm{old}}\text{)}",
-            "Type a divergence in w (and optionally pi_old): numbers, + - * / **, log, exp, sqrt, abs, log1p, "
-            "expm1, tanh, sinh, cosh, min, max, e, pi. It must be 0 at w = 1, ≥ 0, falling below 1 and rising "
-            "above it; [l, u] is found by root-finding. w - 1 - log(w) is kl3, 0.5*log(w)**2 is kl2.",
-            (Param("f", "w - 1 - log(w)", kind="text", doc="the divergence f(w), e.g. w - 1 - log(w) or abs(log(w))"),
-             _delta(0.05, 50.0, "level δ of the typed measure", (0.0005, 0.5, 0.0005))),
-            _formula_value,
-            _at_most_delta,
-            _formula_bounds,
-            needs_pi_old=lambda p: checked(p["f"]).uses_pi_old,
-            check=lambda p: checked(p["f"]),
-        ),
-    )
-}
+CLIP_TESTS: dict[str, ClipTestEntry] = by_name(
+    ClipTestEntry(
+        "ratio", "PPO/GRPO ratio clipping",
+        r"1-\varepsilon \le w_t \le 1+\varepsilon,\quad w_t=\pi_\theta/\pi_{\mathrm{old}}",
+        "Symmetric box in ratio space (Schulman et al. 2017; GRPO). clip_higher with ε_low = ε_high.",
+        (EPS,),
+        lambda new, old, p: _log_ratio(new, old).exp(),
+        lambda w, p: (w >= 1 - p["eps"]) & (w <= 1 + p["eps"]),
+        lambda p, pi_old: (1.0 - p["eps"], 1.0 + p["eps"]),
+    ),
+    ClipTestEntry(
+        "clip_higher", "DAPO clip-higher",
+        r"1-\varepsilon_{\mathrm{low}} \le w_t \le 1+\varepsilon_{\mathrm{high}}",
+        "Asymmetric box (DAPO, Yu et al. 2025): more room above 1 so unlikely tokens can rise. "
+        "Any interval test equals this box with its own (ε_low, ε_high).",
+        (EPS_LOW, EPS_HIGH),
+        lambda new, old, p: _log_ratio(new, old).exp(),
+        lambda w, p: (w >= 1 - p["eps_low"]) & (w <= 1 + p["eps_high"]),
+        lambda p, pi_old: (1.0 - p["eps_low"], 1.0 + p["eps_high"]),
+    ),
+    ClipTestEntry(
+        "kl1", "KL1 test (one-sided)",
+        r"\mathrm{k1}_t=-\log w_t \le \delta \;\Leftrightarrow\; w_t \ge e^{-\delta}",
+        "k1 can be negative, so the test bounds the ratio from below only: u = ∞ (docs/theory.md §1.3).",
+        (_delta(0.2, 50.0, "KL1 level", (0.001, 1.0, 0.001)),),
+        lambda new, old, p: k1(_log_ratio(new, old)),
+        _at_most_delta,
+        lambda p, pi_old: (np.exp(-np.asarray(p["delta"])), np.full(np.shape(p["delta"]), np.inf)),
+    ),
+    ClipTestEntry(
+        "kl2", "KL2 test",
+        r"\mathrm{k2}_t=\tfrac12(\log w_t)^2 \le \delta \;\Leftrightarrow\; "
+        r"e^{-\sqrt{2\delta}} \le w_t \le e^{\sqrt{2\delta}}",
+        "Symmetric in log-ratio, so slightly tighter above 1 than KL3 at the same δ (docs/theory.md §5.4).",
+        (_delta(0.05, 50.0, "KL2 level", (0.0005, 0.5, 0.0005)),),
+        lambda new, old, p: k2(_log_ratio(new, old)),
+        _at_most_delta,
+        lambda p, pi_old: theory.kl2_bounds(p["delta"]),
+    ),
+    ClipTestEntry(
+        "kl3", "KL3 test = ATR-GRPO asymmetric clipping",
+        r"\mathrm{k3}_t=w_t-1-\log w_t \le \delta \;\Leftrightarrow\; "
+        r"-W_0(-e^{-1-\delta}) \le w_t \le -W_{-1}(-e^{-1-\delta})",
+        "Wu et al. 2026 (ATR-GRPO): k3 of w = π_θ/π_old, i.e. KL(π_old‖π_θ). Not GRPO's k3 penalty, "
+        "which flips the ratio (π_ref/π_θ) and would give [1/u_δ, 1/l_δ].",
+        (_delta(0.05, 50.0, "KL3 level δ", (0.0001, 0.5, 0.0001)),),
+        lambda new, old, p: k3(_log_ratio(new, old)),
+        _at_most_delta,
+        lambda p, pi_old: theory.kl3_bounds(p["delta"]),
+    ),
+    ClipTestEntry(
+        "prob_tv", "probability-space test",
+        r"|\pi_\theta(a_t|s_t)-\pi_{\mathrm{old}}(a_t|s_t)| \le \delta",
+        "A box in probability, not ratio: w ∈ [1 − δ/π_old, 1 + δ/π_old], wide for rare tokens and "
+        "tight for likely ones.",
+        (_delta(0.1, 1.0, "largest change of the token's probability", (0.005, 0.5, 0.005)),),
+        lambda new, old, p: (new.exp() - old.exp()).abs(),
+        _at_most_delta,
+        _prob_tv_bounds,
+        needs_pi_old=True,
+    ),
+    ClipTestEntry(
+        "dppo_tv", "DPPO binary TV: asymmetric probability box",
+        r"-\delta_{\mathrm{low}} \le \pi_\theta(a_t|s_t)-\pi_{\mathrm{old}}(a_t|s_t) \le \delta_{\mathrm{high}}",
+        "verl 0.9.1's dppo_tv test (core_algos.py compute_policy_loss_dppo_tv, thresholds clip_ratio_low/high): "
+        "prob_tv with its own room on each side, w ∈ [1 − δ_low/π_old, 1 + δ_high/π_old]. verl trains it with "
+        "the dppo surrogate.",
+        (_dppo_delta("delta_low", 0.2, 1.0, "largest fall of the token's probability"),
+         _dppo_delta("delta_high", 0.2, 1.0, "largest rise of the token's probability")),
+        lambda new, old, p: new.exp() - old.exp(),
+        lambda v, p: (v >= -p["delta_low"]) & (v <= p["delta_high"]),
+        lambda p, pi_old: ((1.0 - p["delta_low"] / pi_old).clip(min=0.0), 1.0 + p["delta_high"] / pi_old),
+        needs_pi_old=True,
+    ),
+    ClipTestEntry(
+        "dppo_kl", "DPPO binary KL: the token's Bernoulli trust region",
+        r"\mathrm{KL}(\mathrm{Bern}(\pi_{\mathrm{old}})\|\mathrm{Bern}(\pi_\theta)) \le "
+        r"\delta_{\mathrm{low}}\ (\pi_\theta<\pi_{\mathrm{old}}),\ \delta_{\mathrm{high}}\ (\pi_\theta>\pi_{\mathrm{old}})",
+        "verl 0.9.1's dppo_kl test (compute_policy_loss_dppo_kl): the KL between the sampled token's "
+        "yes/no distributions under π_old and π_θ, one threshold for each direction. Its measure is that KL "
+        "signed by the direction of the change; [l, u] by bisection. verl trains it with the dppo surrogate.",
+        (_dppo_delta("delta_low", 0.2, 50.0, "largest binary KL when the probability falls"),
+         _dppo_delta("delta_high", 0.2, 50.0, "largest binary KL when the probability rises")),
+        lambda new, old, p: _binary_kl(new, old),
+        lambda v, p: (v >= -p["delta_low"]) & (v <= p["delta_high"]),
+        _binary_kl_bounds,
+        needs_pi_old=True,
+    ),
+    ClipTestEntry(
+        "formula", "your own measure f(w) ≤ δ",
+        r"f(w_t) \le \delta,\quad f \text{ typed: in } w_t=\pi_\theta/\pi_{\mathrm{old}} "
+        r"\text{ (and } \pi_{\mathrm{old}}\text{)}",
+        "Type a divergence in w (and optionally pi_old): numbers, + - * / **, log, exp, sqrt, abs, log1p, "
+        "expm1, tanh, sinh, cosh, min, max, e, pi. It must be 0 at w = 1, ≥ 0, falling below 1 and rising "
+        "above it; [l, u] is found by root-finding. w - 1 - log(w) is kl3, 0.5*log(w)**2 is kl2.",
+        (Param("f", "w - 1 - log(w)", kind="text", doc="the divergence f(w), e.g. w - 1 - log(w) or abs(log(w))"),
+         _delta(0.05, 50.0, "level δ of the typed measure", (0.0005, 0.5, 0.0005))),
+        _formula_value,
+        _at_most_delta,
+        _formula_bounds,
+        needs_pi_old=lambda p: checked(p["f"]).uses_pi_old,
+        check=lambda p: checked(p["f"]),
+    ),
+)
 
 
 def checked_pi_old(pi_old, owner: str):

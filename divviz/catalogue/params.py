@@ -116,6 +116,22 @@ def check_name(name, what: str, known) -> str:
     return name
 
 
+@dataclass(frozen=True)
+class CatalogueEntry:
+    """What every catalogue entry has: its name (what users type), a title, its formula in LaTeX and a line
+    that says what it does and where it comes from."""
+
+    name: str
+    title: str
+    latex: str
+    doc: str
+
+
+def by_name(*entries) -> dict:
+    """A catalogue: its entries keyed by their `name`, in the order given."""
+    return {entry.name: entry for entry in entries}
+
+
 def check_params(owner: str, spec: tuple[Param, ...], given: Mapping[str, object]) -> dict:
     """Validate `given` against `spec`, fill defaults, and refuse names that `spec` does not have."""
     known = {p.name: p for p in spec}

@@ -12,23 +12,20 @@ import numpy as np
 
 from divviz.catalogue.estimators import array_ops, k1, k2, k3
 from divviz.catalogue.mirror import GENERALISED_KL_PHI, PHI_UPLOAD, phi_map, random_mirror_map
-from divviz.catalogue.params import Configured, DivvizInputError, Param, check_name, check_params
+from divviz.catalogue.params import (CatalogueEntry, Configured, DivvizInputError, Param, by_name, check_name,
+                                     check_params)
 
 IMPORTANCE_WEIGHT = Param("importance_weight", False, kind="bool",
                           doc="multiply by w = π_θ/π_old, RPG §3.5's correction of GRPO's estimator")
 
 
 @dataclass(frozen=True)
-class PenaltyEntry:
+class PenaltyEntry(CatalogueEntry):
     """A per-token penalty. `value` is the divergence estimate shown to the user; `loss_term`, when
     given, is what enters the loss instead (REINFORCE-style forms: a stop-gradient weight × log π).
     `slope` is the loss term's derivative in log π_θ, in closed form, for numpy arrays (the bandit's
     fast gradient; tests/test_losses.py checks it against autograd of `loss_term`)."""
 
-    name: str
-    title: str
-    latex: str
-    doc: str
     params: tuple[Param, ...]
     value: Callable  # (logp_new, logp_old, logp_ref, params) -> per-token value
     slope: Callable  # (logp_new, logp_old, logp_ref, params) -> ∂ loss_term / ∂ logp_new, numpy
@@ -145,64 +142,61 @@ def _rpg_entries():
             (), value, slope, loss_term=reinforce, needs_ref=False)
 
 
-PENALTIES: dict[str, PenaltyEntry] = {
-    e.name: e
-    for e in (
-        _reference_penalty(
-            "k1", "k1 to reference (GRPO direction)",
-            r"\log\pi_\theta-\log\pi_{\mathrm{ref}}",
-            "k1 of r = π_ref/π_θ; unbiased for KL(π_θ‖π_ref) only when tokens come from π_θ.",
-            k1, lambda y: -np.ones_like(y)),
-        _reference_penalty(
-            "k2", "k2 to reference (GRPO direction)",
-            r"\tfrac12(\log\pi_{\mathrm{ref}}-\log\pi_\theta)^2",
-            "k2 of r = π_ref/π_θ; half of GBMPO's log-L2 variant.",
-            k2, lambda y: y),
-        _reference_penalty(
-            "k3", "k3 to reference (GRPO's KL penalty)",
-            r"r_t-1-\log r_t,\; r_t=\pi_{\mathrm{ref}}/\pi_\theta",
-            "GRPO's penalty (TRL's `beta`): k3 with the ratio flipped relative to the kl3 clip test. "
-            "importance_weight=1 gives RPG's corrected estimator w·k3(r).",
-            k3, np.expm1),
-        _reference_penalty(
-            "abs", "|log-ratio| to reference",
-            r"|\log\pi_\theta-\log\pi_{\mathrm{ref}}|",
-            "verl's 'abs' KL penalty (core_algos.py kl_penalty): the absolute log-ratio, an L1 pull toward the "
-            "reference with a slope of ±1 in log π.",
-            abs, np.sign),
-        PenaltyEntry(
-            "prob_l2", "GBMPO ProbL2",
-            r"(\pi_\theta(a_t|s_t)-\pi_{\mathrm{ref}}(a_t|s_t))^2",
-            "Bregman divergence of h = ‖p‖² on the sampled token (GBMPO code). Its slope in log p is "
-            "2p(p − p_ref): rare tokens are left almost free, confident ones anchored.",
-            (), lambda new, old, ref, p: (new.exp() - ref.exp()) ** 2,
-            lambda new, old, ref, p: 2 * np.exp(new) * (np.exp(new) - np.exp(ref))),
-        PenaltyEntry(
-            "mirror", "GBMPO neural mirror map",
-            r"D_h(\pi_\theta\|\pi_{\mathrm{ref}})=h(\pi_\theta)-h(\pi_{\mathrm{ref}})"
-            r"-\psi(\pi_{\mathrm{ref}})(\pi_\theta-\pi_{\mathrm{ref}})",
-            "Bregman divergence of a random non-negative 126-unit mirror map ψ = ∇h (divviz.catalogue.mirror).",
-            (Param("seed", 0, 0, 2**31 - 1, high_open=False, kind="int", doc="seed of the 380 weights",
-                   typical=(0, 99, 1)),
-             Param("init_scale", 0.01, 1e-12, 1.0, high_open=False,  # a subnormal scale rounds every weight to 0
-                   doc="weights drawn uniformly from [0, init_scale]")),
-            lambda new, old, ref, p: random_mirror_map(p["seed"], p["init_scale"]).bregman(new, ref),
-            lambda new, old, ref, p: random_mirror_map(p["seed"], p["init_scale"]).bregman_slope(new, ref)),
-        PenaltyEntry(
-            "mirror_phi", "GBMPO mirror map from a given φ",
-            r"D_h(\pi_\theta\|\pi_{\mathrm{ref}}),\ h\ \text{from}\ \varphi\in\mathbb{R}^{380}_{\ge 0}",
-            "The same Bregman divergence with the 380 numbers of ψ given, e.g. the best φ of GBMPO's evolution "
-            "strategies (aligntune's layout: 126 v, 126 w, 126 b, a, c). The default φ is the generalised KL "
-            "(only c = 1).",
-            (Param("phi", GENERALISED_KL_PHI, kind="text", upload=PHI_UPLOAD,
-                   doc="380 non-negative numbers, or on the CLI phi=@FILE (.npy, a JSON list, or an ES state with "
-                       "best_phi)"),),
-            lambda new, old, ref, p: phi_map(p["phi"]).bregman(new, ref),
-            lambda new, old, ref, p: phi_map(p["phi"]).bregman_slope(new, ref),
-            check=lambda p: phi_map(p["phi"])),
-        *_rpg_entries(),
-    )
-}
+PENALTIES: dict[str, PenaltyEntry] = by_name(
+    _reference_penalty(
+        "k1", "k1 to reference (GRPO direction)",
+        r"\log\pi_\theta-\log\pi_{\mathrm{ref}}",
+        "k1 of r = π_ref/π_θ; unbiased for KL(π_θ‖π_ref) only when tokens come from π_θ.",
+        k1, lambda y: -np.ones_like(y)),
+    _reference_penalty(
+        "k2", "k2 to reference (GRPO direction)",
+        r"\tfrac12(\log\pi_{\mathrm{ref}}-\log\pi_\theta)^2",
+        "k2 of r = π_ref/π_θ; half of GBMPO's log-L2 variant.",
+        k2, lambda y: y),
+    _reference_penalty(
+        "k3", "k3 to reference (GRPO's KL penalty)",
+        r"r_t-1-\log r_t,\; r_t=\pi_{\mathrm{ref}}/\pi_\theta",
+        "GRPO's penalty (TRL's `beta`): k3 with the ratio flipped relative to the kl3 clip test. "
+        "importance_weight=1 gives RPG's corrected estimator w·k3(r).",
+        k3, np.expm1),
+    _reference_penalty(
+        "abs", "|log-ratio| to reference",
+        r"|\log\pi_\theta-\log\pi_{\mathrm{ref}}|",
+        "verl's 'abs' KL penalty (core_algos.py kl_penalty): the absolute log-ratio, an L1 pull toward the "
+        "reference with a slope of ±1 in log π.",
+        abs, np.sign),
+    PenaltyEntry(
+        "prob_l2", "GBMPO ProbL2",
+        r"(\pi_\theta(a_t|s_t)-\pi_{\mathrm{ref}}(a_t|s_t))^2",
+        "Bregman divergence of h = ‖p‖² on the sampled token (GBMPO code). Its slope in log p is "
+        "2p(p − p_ref): rare tokens are left almost free, confident ones anchored.",
+        (), lambda new, old, ref, p: (new.exp() - ref.exp()) ** 2,
+        lambda new, old, ref, p: 2 * np.exp(new) * (np.exp(new) - np.exp(ref))),
+    PenaltyEntry(
+        "mirror", "GBMPO neural mirror map",
+        r"D_h(\pi_\theta\|\pi_{\mathrm{ref}})=h(\pi_\theta)-h(\pi_{\mathrm{ref}})"
+        r"-\psi(\pi_{\mathrm{ref}})(\pi_\theta-\pi_{\mathrm{ref}})",
+        "Bregman divergence of a random non-negative 126-unit mirror map ψ = ∇h (divviz.catalogue.mirror).",
+        (Param("seed", 0, 0, 2**31 - 1, high_open=False, kind="int", doc="seed of the 380 weights",
+               typical=(0, 99, 1)),
+         Param("init_scale", 0.01, 1e-12, 1.0, high_open=False,  # a subnormal scale rounds every weight to 0
+               doc="weights drawn uniformly from [0, init_scale]")),
+        lambda new, old, ref, p: random_mirror_map(p["seed"], p["init_scale"]).bregman(new, ref),
+        lambda new, old, ref, p: random_mirror_map(p["seed"], p["init_scale"]).bregman_slope(new, ref)),
+    PenaltyEntry(
+        "mirror_phi", "GBMPO mirror map from a given φ",
+        r"D_h(\pi_\theta\|\pi_{\mathrm{ref}}),\ h\ \text{from}\ \varphi\in\mathbb{R}^{380}_{\ge 0}",
+        "The same Bregman divergence with the 380 numbers of ψ given, e.g. the best φ of GBMPO's evolution "
+        "strategies (aligntune's layout: 126 v, 126 w, 126 b, a, c). The default φ is the generalised KL "
+        "(only c = 1).",
+        (Param("phi", GENERALISED_KL_PHI, kind="text", upload=PHI_UPLOAD,
+               doc="380 non-negative numbers, or on the CLI phi=@FILE (.npy, a JSON list, or an ES state with "
+                   "best_phi)"),),
+        lambda new, old, ref, p: phi_map(p["phi"]).bregman(new, ref),
+        lambda new, old, ref, p: phi_map(p["phi"]).bregman_slope(new, ref),
+        check=lambda p: phi_map(p["phi"])),
+    *_rpg_entries(),
+)
 
 
 def penalty(name: str, **params) -> Penalty:

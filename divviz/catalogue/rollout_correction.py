@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from divviz.catalogue.estimators import ESTIMATORS
-from divviz.catalogue.params import DivvizInputError, Param
+from divviz.catalogue.params import CatalogueEntry, DivvizInputError, Param, by_name
 from divviz.safetext import quoted
 
 LEVELS = ("token", "sequence")
@@ -56,13 +56,9 @@ RS_BOUND = Param("rs_bound", 0.05, 0.0, low_open=True, typical=(0.0001, 1.0, 0.0
 
 
 @dataclass(frozen=True)
-class CorrectionEntry:
+class CorrectionEntry(CatalogueEntry):
     """One of verl's rollout corrections as the catalogue and the Training lab show it: a run option, not a loss."""
 
-    name: str
-    title: str
-    latex: str
-    doc: str
     source: str
     params: tuple[Param, ...]
     flags: str  # how `divviz train` asks for it
@@ -71,7 +67,7 @@ class CorrectionEntry:
 
 
 HELPER = "verl 0.9.1 trainer/ppo/rollout_corr_helper.py"
-CORRECTIONS = {e.name: e for e in (
+CORRECTIONS = by_name(
     CorrectionEntry("TIS token", "truncated importance weight per token", r"\min(\rho_t,\,u)\cdot\ell_t",
                     "Each token's policy term times its weight ρ_t = π_old/π_roll, capped at u: the mismatch is undone "
                     "where it is small, and no token's weight passes u.",
@@ -116,7 +112,7 @@ CORRECTIONS = {e.name: e for e in (
                     "token TIS is cispo (lo = 0), with IcePop it is icepop, PPO's clip is the ratio box.",
                     "verl 0.9.1 core_algos.py compute_policy_loss_bypass_mode", (), "--bypass-mode", "TIS token",
                     "divides by π_roll inside the loss instead of weighing a loss that divides by π_old"),
-)}
+)
 
 
 def is_threshold(threshold) -> tuple[float | None, float]:

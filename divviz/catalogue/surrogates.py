@@ -43,7 +43,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from divviz.catalogue.params import Configured, Param, check_name, check_params
+from divviz.catalogue.params import CatalogueEntry, Configured, Param, by_name, check_name, check_params
 from divviz.catalogue.penalties import RPG_REGULARISERS
 
 LEVELS = ("token", "sequence")  # TRL's importance_sampling_level: w_t, or the sequence's geometric-mean ratio (GSPO)
@@ -65,7 +65,7 @@ class SurrogateInputs:
 
 
 @dataclass(frozen=True)
-class SurrogateEntry:
+class SurrogateEntry(CatalogueEntry):
     """One surrogate: `term` gives the per-token loss ℓ (torch, with its gradient); `slope` gives ∂ℓ/∂log π_θ in
     numpy from (w, A, params, kept, selected, the test's bounds), the bandit's step and the explorer's curves (tests
     check it against autograd). `select`, for the batch-selecting ones (clip_cov, kl_cov), picks their tokens from
@@ -73,10 +73,6 @@ class SurrogateEntry:
     `clip` says whether it takes the objective's clip test ("needs"), refuses one ("none"); `sequence` whether it
     may run at TRL's sequence importance-sampling level; `own_level` that it is sequence-level by itself."""
 
-    name: str
-    title: str
-    latex: str
-    doc: str
     source: str
     params: tuple[Param, ...]
     term: Callable  # (SurrogateInputs, params) -> ℓ, (B, T) or (B, 1)
@@ -321,109 +317,106 @@ def _vespo_params():
             Param("lambda_neg", 2.0, 0.0, trl_name="vespo_lambda_neg", typical=(0.0, 6.0, 0.1), doc="rate λ for A < 0"))
 
 
-SURROGATES: dict[str, SurrogateEntry] = {
-    e.name: e
-    for e in (
-        SurrogateEntry(
-            "cispo", "CISPO: clipped importance-sampling weight",
-            r"-\,\mathrm{sg}(\mathrm{clip}(w_t,\,lo,\,hi))\,A\,\log\pi_\theta",
-            "Keeps every token's gradient and clips only its weight (MiniMax-M1, 2025): a token past the box still "
-            "learns, at the capped weight.",
-            "TRL 1.16 grpo_trainer.py loss_type='cispo' (lo = 0, hi = epsilon_high); verl core_algos.py "
-            "compute_policy_loss_cispo (lo = 1 − clip_ratio_low, hi = 1 + clip_ratio_high)",
-            (LO, HI), _cispo, _gamma(lambda w, adv, p, kept: np.clip(w, p["lo"], p["hi"])), sequence=True),
-        SurrogateEntry(
-            "sapo", "SAPO: soft sigmoid gate",
-            r"-\tfrac{4}{\tau}\,\sigma(\tau(w_t-1))\,A,\quad \tau=\tau_{+}\ (A>0),\ \tau_{-}\ (A\le 0)",
-            "A smooth trust region (Gao et al. 2025, SAPO): the gradient weight 4σ(1−σ)w is w near 1 and fades "
-            "away from it instead of dropping to 0 at a bound.",
-            "TRL 1.16 loss_type='sapo' (sapo_temperature_pos/neg); verl compute_policy_loss_sapo (tau_pos/tau_neg, "
-            "always seq-mean-token-mean)",
-            (TAU_POS, TAU_NEG), _sapo, _gamma(_sapo_weight), sequence=True),
-        SurrogateEntry(
-            "vespo", "VESPO: gamma weight of the sequence's ratio",
-            r"-\,\mathrm{sg}(\varphi(W_i))\,A\,\log\pi_\theta,\ \varphi(W)=e^{\lambda+k\log W-\lambda W},"
-            r"\ W_i=\textstyle\prod_t w_t",
-            "Sequence-level: every token of a completion gets φ of the completion's whole ratio W (product of its "
-            "token ratios), φ(1) = 1 and φ → 0 for W far from 1 on either side.",
-            "TRL 1.16 loss_type='vespo', GRPOTrainer.get_gamma_weights (vespo_k_pos/neg, vespo_lambda_pos/neg)",
-            _vespo_params(), _vespo, _gamma(lambda w, adv, p, kept: vespo_phi(np.log(w), adv, p)), own_level=True),
-        SurrogateEntry(
-            "gpg", "GPG: plain policy gradient",
-            r"-A\,\log\pi_\theta",
-            "REINFORCE with the group's advantage and no ratio at all (Chu et al. 2025, GPG): γ = 1 whatever w.",
-            "verl core_algos.py compute_policy_loss_gpg (and compute_policy_loss_reinforce)",
-            (), lambda s, p: -s.adv * s.logp_new, _gamma(lambda w, adv, p, kept: np.ones_like(w))),
-        SurrogateEntry(
-            "dppo", "DPPO: REINFORCE on the tokens the test keeps",
-            r"-\,\mathrm{sg}(\min(w_t,c))\,A\,\log\pi_\theta\cdot[C_t\text{ or pulled back}]",
-            "verl's DPPO losses: the clip test masks as PPO's does (A > 0 above u, A < 0 below l), but a kept "
-            "token's loss is REINFORCE-style with the weight min(w, c). With the dppo_tv or dppo_kl clip test this "
-            "is verl's dppo_tv / dppo_kl.",
-            "verl core_algos.py compute_policy_loss_dppo_tv / compute_policy_loss_dppo_kl (c = clip_ratio_c)",
-            (Param("c", 3.0, 1.0, low_open=True, typical=(1.05, 20.0, 0.05), doc="largest weight (clip_ratio_c)"),),
-            _dppo, _gamma(lambda w, adv, p, kept: np.minimum(w, p["c"]) * kept), clip="needs"),
-        SurrogateEntry(
-            "icepop", "IcePop: REINFORCE weighted by w, zero outside [lo, hi]",
-            r"-\,\mathrm{sg}(w_t\,[lo\le w_t\le hi])\,A\,\log\pi_\theta",
-            "A token's REINFORCE weight is its ratio while lo ≤ w ≤ hi and 0 outside, whatever the sign of A (Ring-1T's "
-            "IcePop; verl's rollout correction 'lo_hi' in bypass mode, where π_old is the rollout policy). Its "
-            "truncated sibling, TIS, min(w, hi), is cispo with lo = 0.",
-            "verl rollout_corr_helper.compute_rollout_correction_weights(rollout_is='token', threshold 'lo_hi') with "
-            "compute_policy_loss_bypass_mode(loss_type='reinforce')",
-            (Param("lo", 0.5, 0.0, 1.0, high_open=False, typical=(0.0, 1.0, 0.01), doc="lowest ratio kept"),
-             Param("hi", 2.0, 1.0, typical=(1.0, 10.0, 0.05), doc="highest ratio kept")),
-            lambda s, p: -(s.log_ratio.exp() * ((s.log_ratio.exp() >= p["lo"]) & (s.log_ratio.exp() <= p["hi"]))
-                           ).detach() * s.adv * s.logp_new,
-            _gamma(lambda w, adv, p, kept: w * ((w >= p["lo"]) & (w <= p["hi"])))),
-        SurrogateEntry(
-            "geo_mean", "GMPO: geometric mean of clipped token ratios",
-            r"-\bar A_i\,\exp\!\big(\tfrac{1}{|o_i|}\textstyle\sum_t \mathrm{sgn}(A)\min(\mathrm{sgn}(A)\log w_t,"
-            r"\ \mathrm{sgn}(A)\,\mathrm{clip}(\log w_t,\log l,\log u))\big)",
-            "Sequence-level (Zhao et al. 2025, GMPO): the completion's ratio is the geometric mean of its token "
-            "ratios, each clipped in log space to the test's [l, u] on the side A pushes toward; one loss per "
-            "completion. verl's eps bound the log-ratio: its (ε_low, ε_high) is the box [e^−ε_low, e^ε_high].",
-            "verl core_algos.py compute_policy_loss_geo_mean (loss_agg_mode ignored: mean over completions)",
-            (), _geo_mean, _gamma(lambda w, adv, p, kept: w * kept), clip="needs", own_level=True),
-        SurrogateEntry(
-            "dro", "DRO: REINFORCE with a squared log-ratio pull toward π_old",
-            r"-\big(A\,\log\pi_\theta-\tfrac{\beta}{2}\,(\log w_t)^2\big)",
-            "No ratio in the policy term and no clip: the constraint is a quadratic penalty on log w, whose slope "
-            "β log w pulls every token back toward π_old, harder the further it went (Tang et al. 2025, tapered "
-            "off-policy REINFORCE / DRO).",
-            "verl core_algos.py compute_policy_loss_dro (policy_loss.dro_beta, which verl requires > 0)",
-            (Param("beta", 0.1, 0.0, low_open=True, typical=(0.01, 5.0, 0.01), doc="β of the squared log-ratio "
-                   "(verl's dro_beta)"),),
-            _dro, lambda w, adv, p, kept, selected, bounds: -adv + p["beta"] * np.log(w)),
-        SurrogateEntry(
-            "kl_cov", "KL-Cov: a |log w| penalty on the tokens of largest covariance",
-            r"-w_t A+\kappa\,|\log w_t|\cdot[t\in\mathrm{top}_k\ \mathrm{Cov}(A,\log\pi)]",
-            "Batch-selecting (Cui et al. 2025, The Entropy Mechanism of RL for LLMs): unclipped −w A everywhere, and "
-            "on the k tokens whose advantage and log-prob covary most — those that drive entropy down — a KL-like "
-            "penalty κ|log w|. Which tokens depends on the whole batch, so the explorer draws both kinds.",
-            "verl core_algos.py compute_policy_loss_kl_cov (kl_cov_ratio, ppo_kl_coef)",
-            (Param("ratio", 2e-4, 0.0, 1.0, low_open=True, high_open=False, typical=(1e-4, 0.5, 1e-4),
-                   doc=RATIO_SHARE.format(name="kl_cov_ratio")),
-             Param("coef", 0.1, 0.0, typical=(0.0, 5.0, 0.01), doc="κ, the penalty's coefficient (ppo_kl_coef)")),
-            _kl_cov, _kl_cov_slope, select=_top_covariance),
-        SurrogateEntry(
-            "clip_cov", "Clip-Cov: detach random tokens of high covariance",
-            r"-\min(w_tA,\ \mathrm{clip}(w_t,l,u)A)\cdot[t\notin\mathrm{rand}_k\{\mathrm{lb}<"
-            r"\mathrm{Cov}(A,\log\pi)<\mathrm{ub}\}]",
-            "Batch-selecting (Cui et al. 2025): PPO's clipped surrogate with the objective's clip test, except on k "
-            "tokens drawn at random among those whose covariance lies in (lb, ub), which get no gradient at all. "
-            "The draw uses torch's global generator (as verl), so a bandit run would depend on the runs beside it: "
-            "it trains in the lab and on the CLI, not in the bandit.",
-            "verl core_algos.py compute_policy_loss_clip_cov (clip_cov_ratio, clip_cov_lb, clip_cov_ub; its box "
-            "is the ratio test clip_higher with clip_ratio_low/high)",
-            (Param("ratio", 2e-4, 0.0, 1.0, low_open=True, high_open=False, typical=(1e-4, 0.5, 1e-4),
-                   doc=RATIO_SHARE.format(name="clip_cov_ratio")),
-             Param("lb", 1.0, typical=(-5.0, 10.0, 0.05), doc="lower end of the covariance band (clip_cov_lb)"),
-             Param("ub", 5.0, typical=(-5.0, 20.0, 0.05), doc="upper end of the covariance band (clip_cov_ub)")),
-            _clip_cov, _clip_cov_slope, clip="needs", select=_random_covariance_band, random=True),
-        *_rpg_entries(),
-    )
-}
+SURROGATES: dict[str, SurrogateEntry] = by_name(
+    SurrogateEntry(
+        "cispo", "CISPO: clipped importance-sampling weight",
+        r"-\,\mathrm{sg}(\mathrm{clip}(w_t,\,lo,\,hi))\,A\,\log\pi_\theta",
+        "Keeps every token's gradient and clips only its weight (MiniMax-M1, 2025): a token past the box still "
+        "learns, at the capped weight.",
+        "TRL 1.16 grpo_trainer.py loss_type='cispo' (lo = 0, hi = epsilon_high); verl core_algos.py "
+        "compute_policy_loss_cispo (lo = 1 − clip_ratio_low, hi = 1 + clip_ratio_high)",
+        (LO, HI), _cispo, _gamma(lambda w, adv, p, kept: np.clip(w, p["lo"], p["hi"])), sequence=True),
+    SurrogateEntry(
+        "sapo", "SAPO: soft sigmoid gate",
+        r"-\tfrac{4}{\tau}\,\sigma(\tau(w_t-1))\,A,\quad \tau=\tau_{+}\ (A>0),\ \tau_{-}\ (A\le 0)",
+        "A smooth trust region (Gao et al. 2025, SAPO): the gradient weight 4σ(1−σ)w is w near 1 and fades "
+        "away from it instead of dropping to 0 at a bound.",
+        "TRL 1.16 loss_type='sapo' (sapo_temperature_pos/neg); verl compute_policy_loss_sapo (tau_pos/tau_neg, "
+        "always seq-mean-token-mean)",
+        (TAU_POS, TAU_NEG), _sapo, _gamma(_sapo_weight), sequence=True),
+    SurrogateEntry(
+        "vespo", "VESPO: gamma weight of the sequence's ratio",
+        r"-\,\mathrm{sg}(\varphi(W_i))\,A\,\log\pi_\theta,\ \varphi(W)=e^{\lambda+k\log W-\lambda W},"
+        r"\ W_i=\textstyle\prod_t w_t",
+        "Sequence-level: every token of a completion gets φ of the completion's whole ratio W (product of its "
+        "token ratios), φ(1) = 1 and φ → 0 for W far from 1 on either side.",
+        "TRL 1.16 loss_type='vespo', GRPOTrainer.get_gamma_weights (vespo_k_pos/neg, vespo_lambda_pos/neg)",
+        _vespo_params(), _vespo, _gamma(lambda w, adv, p, kept: vespo_phi(np.log(w), adv, p)), own_level=True),
+    SurrogateEntry(
+        "gpg", "GPG: plain policy gradient",
+        r"-A\,\log\pi_\theta",
+        "REINFORCE with the group's advantage and no ratio at all (Chu et al. 2025, GPG): γ = 1 whatever w.",
+        "verl core_algos.py compute_policy_loss_gpg (and compute_policy_loss_reinforce)",
+        (), lambda s, p: -s.adv * s.logp_new, _gamma(lambda w, adv, p, kept: np.ones_like(w))),
+    SurrogateEntry(
+        "dppo", "DPPO: REINFORCE on the tokens the test keeps",
+        r"-\,\mathrm{sg}(\min(w_t,c))\,A\,\log\pi_\theta\cdot[C_t\text{ or pulled back}]",
+        "verl's DPPO losses: the clip test masks as PPO's does (A > 0 above u, A < 0 below l), but a kept "
+        "token's loss is REINFORCE-style with the weight min(w, c). With the dppo_tv or dppo_kl clip test this "
+        "is verl's dppo_tv / dppo_kl.",
+        "verl core_algos.py compute_policy_loss_dppo_tv / compute_policy_loss_dppo_kl (c = clip_ratio_c)",
+        (Param("c", 3.0, 1.0, low_open=True, typical=(1.05, 20.0, 0.05), doc="largest weight (clip_ratio_c)"),),
+        _dppo, _gamma(lambda w, adv, p, kept: np.minimum(w, p["c"]) * kept), clip="needs"),
+    SurrogateEntry(
+        "icepop", "IcePop: REINFORCE weighted by w, zero outside [lo, hi]",
+        r"-\,\mathrm{sg}(w_t\,[lo\le w_t\le hi])\,A\,\log\pi_\theta",
+        "A token's REINFORCE weight is its ratio while lo ≤ w ≤ hi and 0 outside, whatever the sign of A (Ring-1T's "
+        "IcePop; verl's rollout correction 'lo_hi' in bypass mode, where π_old is the rollout policy). Its "
+        "truncated sibling, TIS, min(w, hi), is cispo with lo = 0.",
+        "verl rollout_corr_helper.compute_rollout_correction_weights(rollout_is='token', threshold 'lo_hi') with "
+        "compute_policy_loss_bypass_mode(loss_type='reinforce')",
+        (Param("lo", 0.5, 0.0, 1.0, high_open=False, typical=(0.0, 1.0, 0.01), doc="lowest ratio kept"),
+         Param("hi", 2.0, 1.0, typical=(1.0, 10.0, 0.05), doc="highest ratio kept")),
+        lambda s, p: -(s.log_ratio.exp() * ((s.log_ratio.exp() >= p["lo"]) & (s.log_ratio.exp() <= p["hi"]))
+                       ).detach() * s.adv * s.logp_new,
+        _gamma(lambda w, adv, p, kept: w * ((w >= p["lo"]) & (w <= p["hi"])))),
+    SurrogateEntry(
+        "geo_mean", "GMPO: geometric mean of clipped token ratios",
+        r"-\bar A_i\,\exp\!\big(\tfrac{1}{|o_i|}\textstyle\sum_t \mathrm{sgn}(A)\min(\mathrm{sgn}(A)\log w_t,"
+        r"\ \mathrm{sgn}(A)\,\mathrm{clip}(\log w_t,\log l,\log u))\big)",
+        "Sequence-level (Zhao et al. 2025, GMPO): the completion's ratio is the geometric mean of its token "
+        "ratios, each clipped in log space to the test's [l, u] on the side A pushes toward; one loss per "
+        "completion. verl's eps bound the log-ratio: its (ε_low, ε_high) is the box [e^−ε_low, e^ε_high].",
+        "verl core_algos.py compute_policy_loss_geo_mean (loss_agg_mode ignored: mean over completions)",
+        (), _geo_mean, _gamma(lambda w, adv, p, kept: w * kept), clip="needs", own_level=True),
+    SurrogateEntry(
+        "dro", "DRO: REINFORCE with a squared log-ratio pull toward π_old",
+        r"-\big(A\,\log\pi_\theta-\tfrac{\beta}{2}\,(\log w_t)^2\big)",
+        "No ratio in the policy term and no clip: the constraint is a quadratic penalty on log w, whose slope "
+        "β log w pulls every token back toward π_old, harder the further it went (Tang et al. 2025, tapered "
+        "off-policy REINFORCE / DRO).",
+        "verl core_algos.py compute_policy_loss_dro (policy_loss.dro_beta, which verl requires > 0)",
+        (Param("beta", 0.1, 0.0, low_open=True, typical=(0.01, 5.0, 0.01), doc="β of the squared log-ratio "
+               "(verl's dro_beta)"),),
+        _dro, lambda w, adv, p, kept, selected, bounds: -adv + p["beta"] * np.log(w)),
+    SurrogateEntry(
+        "kl_cov", "KL-Cov: a |log w| penalty on the tokens of largest covariance",
+        r"-w_t A+\kappa\,|\log w_t|\cdot[t\in\mathrm{top}_k\ \mathrm{Cov}(A,\log\pi)]",
+        "Batch-selecting (Cui et al. 2025, The Entropy Mechanism of RL for LLMs): unclipped −w A everywhere, and "
+        "on the k tokens whose advantage and log-prob covary most — those that drive entropy down — a KL-like "
+        "penalty κ|log w|. Which tokens depends on the whole batch, so the explorer draws both kinds.",
+        "verl core_algos.py compute_policy_loss_kl_cov (kl_cov_ratio, ppo_kl_coef)",
+        (Param("ratio", 2e-4, 0.0, 1.0, low_open=True, high_open=False, typical=(1e-4, 0.5, 1e-4),
+               doc=RATIO_SHARE.format(name="kl_cov_ratio")),
+         Param("coef", 0.1, 0.0, typical=(0.0, 5.0, 0.01), doc="κ, the penalty's coefficient (ppo_kl_coef)")),
+        _kl_cov, _kl_cov_slope, select=_top_covariance),
+    SurrogateEntry(
+        "clip_cov", "Clip-Cov: detach random tokens of high covariance",
+        r"-\min(w_tA,\ \mathrm{clip}(w_t,l,u)A)\cdot[t\notin\mathrm{rand}_k\{\mathrm{lb}<"
+        r"\mathrm{Cov}(A,\log\pi)<\mathrm{ub}\}]",
+        "Batch-selecting (Cui et al. 2025): PPO's clipped surrogate with the objective's clip test, except on k "
+        "tokens drawn at random among those whose covariance lies in (lb, ub), which get no gradient at all. "
+        "The draw uses torch's global generator (as verl), so a bandit run would depend on the runs beside it: "
+        "it trains in the lab and on the CLI, not in the bandit.",
+        "verl core_algos.py compute_policy_loss_clip_cov (clip_cov_ratio, clip_cov_lb, clip_cov_ub; its box "
+        "is the ratio test clip_higher with clip_ratio_low/high)",
+        (Param("ratio", 2e-4, 0.0, 1.0, low_open=True, high_open=False, typical=(1e-4, 0.5, 1e-4),
+               doc=RATIO_SHARE.format(name="clip_cov_ratio")),
+         Param("lb", 1.0, typical=(-5.0, 10.0, 0.05), doc="lower end of the covariance band (clip_cov_lb)"),
+         Param("ub", 5.0, typical=(-5.0, 20.0, 0.05), doc="upper end of the covariance band (clip_cov_ub)")),
+        _clip_cov, _clip_cov_slope, clip="needs", select=_random_covariance_band, random=True),
+    *_rpg_entries(),
+)
 
 
 def get_surrogate(name: str) -> SurrogateEntry:

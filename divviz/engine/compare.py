@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 from divviz.engine.config import RunConfig, objective_settings
-from divviz.engine.grpo import (Trainer, inspected_record, inspected_rows, make_batch, make_optimiser, make_trainer,
-                                update, update_metrics)
+from divviz.engine.grpo import Trainer, make_batch, make_optimiser, make_trainer, update
+from divviz.engine.step_metrics import inspected_record, inspected_rows, update_metrics
 from divviz.engine.rollout import Rollout, completion_logits
 from divviz.losses import Objective
 from divviz.metrics import entropy_change, entropy_covariance
@@ -87,8 +87,7 @@ def same_batch(cfg: RunConfig, settings: list[tuple[str, RunConfig | Objective]]
         objective = run.objective()
         tr.model.load_state_dict(start_weights)
         tr.optimiser = make_optimiser(tr.model, cfg)
-        done = update(tr, batch, objective, logp_old if cfg.mu > 1 and cfg.minibatches == 1 else None, logp_old, step,
-                      correction=run.correction(), bypass=run.bypass_mode)
+        done = update(tr, batch, objective, logp_old, step, correction=run.correction(), bypass=run.bypass_mode)
         out = done.out
         after = measure(tr.model)
         logp_after = after.logp
@@ -99,8 +98,9 @@ def same_batch(cfg: RunConfig, settings: list[tuple[str, RunConfig | Objective]]
                    "masked_share": float(out.grad_masked[active].float().mean()),
                    "rejected_share": float((done.mask[active] == 0).float().mean())}
         state = out.clipped_low.long() + 2 * out.clipped_high.long() + 3 * out.dual_clipped.long()
-        record = inspected_record(tr, batch, done, logp_after, logp_old if objective.penalties else None, step,
-                                  objective, rows=max(inspected_rows(cfg), cfg.group_size))  # ≥ 1 group, side by side
+        record = inspected_record(cfg, tr.tokenizer, objective, batch, done, logp_after,
+                                  logp_old if objective.penalties else None, step,
+                                  rows=max(inspected_rows(cfg), cfg.group_size))  # ≥ 1 group, side by side
         results.append(Comparison(label, metrics, logp_old.exp()[active].cpu().numpy(),
                                   logp_after.exp()[active].cpu().numpy(), out.ratio[active].cpu().numpy(),
                                   state[active].cpu().numpy(), record))

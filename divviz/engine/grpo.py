@@ -1,48 +1,47 @@
 """One GRPO step, in paper order: prompts → G completions each → rewards → group-relative advantages →
-μ optimisation steps of the chosen objective → metrics from the step's facts.
+μ passes of K optimiser steps of the chosen objective → the step's metrics (`step_metrics.py`).
 
     for each step:
         sample `prompts` prompts; G completions each with the KV cache (temperature τ), by the trained policy or by
             a rollout policy π_roll in lower precision or some updates behind (`sampler.py`)
         r_i = task reward (or a seeded coin);  A_i = (r_i − mean_group) [/ (std_group + 1e-4)]   (Shao et al. 2024)
-        logp_old = the pre-update policy's log-probs (with μ = 1: the current ones, detached, as TRL; in verl's
-            bypass mode: π_roll's)
-        verl's rollout correction of π_old against π_roll: importance weights ρ and a rejection mask
-        repeat μ times: loss = Objective(logp_new, logp_old, A, mask, logp_ref, weight=ρ); AdamW step
-        metrics, plus one no-grad forward after the update for the KL, the mass that moved and the entropy's change
-            at the positions of ENTROPY_ROWS completions (full distributions before and after); π_roll synced
+        split the completions into K mini-batches (K = 1: the whole batch; `minibatch.py`)
+        π_before = the policy before the update on every completion (the first mini-batch's from its own first
+            forward, detached; the others' by a no-grad forward first)
+        π_old = π_before, or π_roll in verl's bypass mode
+        ρ, kept = verl's rollout correction of π_before against π_roll: importance weights and a rejection mask
+        repeat μ times, for each mini-batch:
+            loss = Objective(logp_new, logp_old, A, kept, logp_ref, weight=ρ [· TRL's top-entropy mask]); AdamW step
+        one no-grad forward after the update for the KL, the mass that moved and the entropy's change at the
+            positions of ENTROPY_ROWS completions (full distributions before and after); π_roll synced
 """
 
 from __future__ import annotations
 
 import copy
+import functools
+import operator
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
-from functools import partial
 
 import numpy as np
 import torch
 
-from divviz.catalogue.aggregation import aggregation_weights, group_advantages
-from divviz.engine.completions import step_record
+from divviz.catalogue.aggregation import group_advantages
 from divviz.engine.config import RunConfig
-from divviz.engine.minibatch import in_batch_order, minibatch_index, minibatch_rows, policy_before
+from divviz.engine.minibatch import PolicyBefore, in_batch_order, minibatch_index, minibatch_rows
 from divviz.engine.model import load_policy, pick_device, pick_dtype, train_last_blocks
 from divviz.engine.prompts import asked_ids, resolve_format, shown_prompts
 from divviz.engine.rollout import (Rollout, completion_logits, completion_logps, decode_completions, encode_prompts,
                                   sample, token_logps)
 from divviz.engine.sampler import RolloutPolicy, rollout_policy
+from divviz.engine.step_metrics import (ENTROPY_ROWS, StepTally, after_rows, inspected_record, inspected_rows,
+                                        step_metrics, token_sample)
 from divviz.engine.tasks import Task, coin_rewards, get_task
-from divviz.catalogue.estimators import k1, k2, k3
 from divviz.losses import LossOutput, NonFiniteInput, Objective
-from divviz.metrics import PI_OLD_BINS, bin_labels, clip_fractions, entropy_change, entropy_covariance, overshoot
+from divviz.metrics import entropy_change
 from divviz.catalogue.rollout_correction import Correction, RolloutCorrection
-
-TOKEN_SAMPLE = 256  # per-token facts kept per step for the scatter plots
-AFTER_ROWS = 256  # completions re-scored after the update for the KL and mass metrics (all, in small batches)
-ENTROPY_ROWS = 32  # of those, the completions whose full distributions before and after give entropy/change (a
-# (rows, T, vocabulary) copy of the logits is kept through the update: 150 MB for SmolLM2 at 24 tokens)
 
 
 class NonFiniteLoss(RuntimeError):
@@ -175,10 +174,11 @@ def top_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float)
 
 @dataclass
 class Update:
-    """What `update` did: the last pass's LossOutput (each completion's from its mini-batch), the old log-probs it
-    used, the clip fractions averaged over its μ × K optimiser steps (and by mini-batch position when K > 1), the
-    gradient norms, the rollout correction (None when the batch is on-policy), the loss's mask (the completions'
-    less the tokens the correction rejected) and the mini-batch each completion trained in."""
+    """What `update` did: the last pass's LossOutput (each completion's from its mini-batch), π_old, the clip
+    fractions averaged over its μ × K optimiser steps (and by optimiser step when K > 1), the gradient norms, the
+    rollout correction (None when the batch is on-policy), the loss's mask (the completions' less the tokens the
+    correction rejected), the tempered logits of the `watch` rows before the update and the mini-batch each
+    completion trained in (None for K = 1)."""
 
     out: LossOutput
     logp_old: torch.Tensor
@@ -186,218 +186,104 @@ class Update:
     grad_norms: list[float]
     correction: Correction | None
     mask: torch.Tensor
-    before: torch.Tensor | None = None  # the tempered logits of the `watch` rows before the update (B, T, V)
-    minibatch: torch.Tensor | None = None  # (N,) 0-based mini-batch of each completion; None for K = 1
+    before: torch.Tensor | None = None  # (len(watch), T, V)
+    minibatch: torch.Tensor | None = None  # (N,) 0-based
 
 
-def update(tr: Trainer, batch: Batch, objective: Objective, logp_old, logp_ref, step: int,
+def update(tr: Trainer, batch: Batch, objective: Objective, logp_ref, step: int,
            correction: RolloutCorrection | None = None, bypass: bool | None = None,
            watch: torch.Tensor | None = None) -> Update:
     """μ passes of `objective` over `batch`, each K = `minibatches` optimiser steps on the mini-batches of
-    `minibatch.minibatch_rows`, from `logp_old` (None: the policy's log-probs before the update; with K = 1 and
-    μ = 1 the current ones, detached, as TRL). With a sampler or an active rollout correction (default: the run's),
-    the correction of π_old against the sampler's π_roll weighs and masks every step, and its metrics measure the
-    mismatch; in verl's bypass mode (default: the run's) π_old is π_roll, and the metrics compare it with the policy
-    before the update, as verl's do. TRL's off-policy sequence mask compares π_θ with π_roll, as TRL does with
-    vLLM's log-probs. The full tempered logits of the completions `watch` (an index) are kept from the policy before
-    the update, for its entropy change (`metrics.entropy_change`)."""
-    cfg, rollout = tr.cfg, batch.rollout
-    mask, n = rollout.completion_mask, len(batch.adv)
+    `minibatch.minibatch_rows`, all against π_old, as the module's docstring reads. With a sampler or an active
+    rollout correction (default: the run's), the correction of π_before against the sampler's π_roll weighs and
+    masks every step and its metrics measure the mismatch; in verl's bypass mode (default: the run's) π_old is
+    π_roll. TRL's off-policy sequence mask compares π_θ with π_roll, as TRL does with vLLM's log-probs."""
+    cfg, rollout, mask = tr.cfg, batch.rollout, batch.rollout.completion_mask
     correction = tr.correction if correction is None else correction
     bypass = cfg.bypass_mode if bypass is None else bypass
-    measured = tr.sampler is not None or correction.active
-    parts = minibatch_rows(n, cfg.minibatches, cfg.seed * 104_729 + step)
-    corrected, before = None, None
-    if parts is None:
-        logp_old = rollout.logp if bypass else logp_old
-    else:  # π_old of every mini-batch before the first one trains
-        logp_pre, before = policy_before(tr.model, rollout, parts, cfg.temperature, tr.autocast, watch)
-        logp_old = rollout.logp if bypass else logp_pre
-        if measured:
-            corrected = correction.apply(logp_pre if bypass else logp_old, rollout.logp, mask)
-    steps = cfg.mu * cfg.minibatches
-    tokens = mask.sum() / cfg.minibatches if objective.aggregation == "dapo" and parts is not None else None
+    parts = minibatch_rows(len(batch.adv), cfg.minibatches, cfg.seed * 104_729 + step)
+    before = PolicyBefore(tr.model, rollout, parts[1:], cfg.temperature, tr.autocast, watch)
+    tally = StepTally(cfg.mu * len(parts), by_minibatch=len(parts) > 1)
+    logp_roll = rollout.logp if tr.sampler is not None else None  # π_roll, when a sampler other than π_θ drew
     tr.model.train()
-    fractions, grad_norms, last = {}, [], []
     for inner in range(cfg.mu):
-        for k, rows in enumerate(parts or [None]):
-            pick = (lambda x: x) if rows is None else (lambda x: None if x is None else x[rows])  # noqa: E731
-            part = rollout if rows is None else rollout.rows(rows)
-            weight = None
+        for k, rows in enumerate(parts):
+            part = rollout.rows(rows)
             logits = completion_logits(tr.model, part, cfg.temperature, tr.autocast)
-            if inner == 0 and watch is not None and rows is None:
-                before = logits[watch].detach().clone()
-            if cfg.top_entropy_quantile < 1.0:
-                logp_new, entropy = token_logps(logits, part, with_entropy=True)
-                weight = top_entropy_mask(entropy, pick(mask), cfg.top_entropy_quantile)
-            else:
-                logp_new = token_logps(logits, part)
+            logp_new, top_entropy = policy_logps(logits, part, mask[rows], cfg.top_entropy_quantile)
+            if inner == k == 0:  # the first forward is the policy before the update: π_before is now whole
+                before.add(rows, logp_new, logits)
+                logp_old = rollout.logp if bypass else before.logp
+                measured = tr.sampler is not None or correction.active
+                corrected = correction.apply(before.logp, rollout.logp, mask) if measured else None
+                kept = mask if corrected is None else corrected.mask
+                rho = None if corrected is None else corrected.weight
+                tokens = kept.sum().clamp(min=1) / len(parts) if objective.aggregation == "dapo" else None
             del logits
-            if logp_old is None:  # K = 1, μ = 1: the current policy is the old one (TRL)
-                logp_old = logp_new.detach()
-            if inner == 0 and measured and rows is None:
-                corrected = correction.apply(logp_new.detach() if bypass else logp_old, rollout.logp, mask)
-            loss_mask = pick(mask if corrected is None else corrected.mask)
-            if corrected is not None and corrected.weight is not None:
-                weight = pick(corrected.weight) if weight is None else weight * pick(corrected.weight)
-            where = f"inner step {inner + 1}" if rows is None else f"pass {inner + 1}, mini-batch {k + 1}"
-            out = finite_loss(objective, f"step {step + 1} ({where})", cfg.lr, logp_new, pick(logp_old),
-                              pick(batch.adv), loss_mask, logp_ref=pick(logp_ref),
+            weight = product(top_entropy, rows_of(rho, rows))
+            where = f"pass {inner + 1}" + (f", mini-batch {k + 1}" if len(parts) > 1 else "")
+            out = finite_loss(objective, f"step {step + 1} ({where})", cfg.lr, logp_new, logp_old[rows],
+                              batch.adv[rows], kept[rows], logp_ref=rows_of(logp_ref, rows),
                               max_completion_length=cfg.max_new_tokens, weight=weight, num_items_in_batch=tokens,
-                              **({"logp_sampling": pick(rollout.logp)} if tr.sampler is not None else {}))
+                              logp_sampling=rows_of(logp_roll, rows))
             tr.optimiser.zero_grad(set_to_none=True)
             out.loss.backward()
-            grad_norms.append(float(torch.nn.utils.clip_grad_norm_(tr.model.parameters(), cfg.max_grad_norm)))
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(tr.model.parameters(), cfg.max_grad_norm))
             tr.optimiser.step()
-            measured_here = clip_fractions(out, loss_mask)
-            for key, value in measured_here.items():
-                fractions[key] = fractions.get(key, 0.0) + value / steps
-            if rows is not None:  # by optimiser step: 1 … K in the first pass, K + 1 … 2K in the second, …
-                position = inner * cfg.minibatches + k + 1
-                fractions[f"clip_ratio/region_mean_by_minibatch/{position}"] = measured_here["clip_ratio/region_mean"]
-                fractions[f"kl/k3_by_minibatch/{position}"] = _masked_mean(k3(logp_new.detach() - pick(logp_old)),
-                                                                           loss_mask)
+            tally.add(inner * len(parts) + k + 1, out, kept[rows], logp_new.detach() - logp_old[rows], grad_norm)
             if inner == cfg.mu - 1:
-                last.append((rows, out))
+                tally.last_pass.append((rows, out))
     tr.model.eval()
-    out = out if parts is None else in_batch_order(last, n)
-    return Update(out, logp_old, fractions, grad_norms, corrected, mask if corrected is None else corrected.mask,
-                  before, None if parts is None else minibatch_index(parts, n))
+    return Update(in_batch_order(tally.last_pass, len(batch.adv)), logp_old, tally.fractions, tally.grad_norms,
+                  corrected, kept, before.logits, minibatch_index(parts, len(batch.adv)) if len(parts) > 1 else None)
+
+
+def rows_of(x: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:
+    return None if x is None else x[rows]
+
+
+def product(*factors: torch.Tensor | None) -> torch.Tensor | None:
+    """The product of the factors that are not None, in order (None if none is)."""
+    present = [f for f in factors if f is not None]
+    return None if not present else functools.reduce(operator.mul, present)
+
+
+def policy_logps(logits: torch.Tensor, part: Rollout, mask: torch.Tensor,
+                 top_entropy_quantile: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The sampled tokens' log-probs under the tempered `logits` (with grad), and TRL's top-entropy mask of them
+    where the run keeps only the top `top_entropy_quantile` by entropy (None where it keeps every token)."""
+    if top_entropy_quantile == 1.0:
+        return token_logps(logits, part), None
+    logp, entropy = token_logps(logits, part, with_entropy=True)
+    return logp, top_entropy_mask(entropy, mask, top_entropy_quantile)
 
 
 def grpo_step(tr: Trainer, step: int) -> StepResult:
-    """Run GRPO step `step` (0-based) and return its metrics. Raises NonFiniteLoss on NaN/inf."""
+    """Run GRPO step `step` (0-based) and return what it measured. Raises NonFiniteLoss on NaN/inf."""
     cfg = tr.cfg
     start = time.perf_counter()
     batch = make_batch(tr, step)
-    rollout, rewards = batch.rollout, batch.rewards
-    grouped = rewards.view(cfg.prompts, cfg.group_size)
-    logps = partial(completion_logps, rollout=rollout, temperature=cfg.temperature, autocast=tr.autocast)
     with torch.no_grad():
-        logp_ref = logps(tr.reference) if tr.reference is not None else None
-        logp_old = logps(tr.model) if cfg.mu > 1 and cfg.minibatches == 1 and not cfg.bypass_mode else None
-    rows = after_rows(len(rewards), inspected_rows(cfg), step).to(tr.device)
-    watch = rows[:ENTROPY_ROWS]
-    done = update(tr, batch, tr.objective, logp_old, logp_ref, step, watch=watch)
-    out, logp_old = done.out, done.logp_old
+        logp_ref = None if tr.reference is None else completion_logps(tr.reference, batch.rollout, cfg.temperature,
+                                                                      tr.autocast)
+    seen = after_rows(len(batch.adv), inspected_rows(cfg), step).to(tr.device)
+    done = update(tr, batch, tr.objective, logp_ref, step, watch=seen[:ENTROPY_ROWS])
     if tr.sampler is not None:
         tr.sampler.after_update(tr.model)
-    # one no-grad forward after the update, on at most AFTER_ROWS completions (a seeded subset): the only
-    # cost divviz adds to a bare GRPO step, kept bounded for large batches; its log-probs feed metrics only,
-    # never autograd, hence inference mode (no autograd bookkeeping at all)
-    seen = rollout.rows(rows)
+    # one no-grad forward after the update, on at most AFTER_ROWS completions (a seeded subset): the only cost
+    # divviz adds to a bare GRPO step; its log-probs feed metrics only, never autograd, hence inference mode
+    rescored = batch.rollout.rows(seen)
     with torch.inference_mode():
-        logits_after = completion_logits(tr.model, seen, cfg.temperature, tr.autocast)
-        logp_after = token_logps(logits_after, seen)
-        changed = entropy_change(done.before, logits_after[:len(watch)], seen.completion_mask[:len(watch)])
+        logits_after = completion_logits(tr.model, rescored, cfg.temperature, tr.autocast)
+        logp_after = token_logps(logits_after, rescored)
+        changed = entropy_change(done.before, logits_after[:ENTROPY_ROWS], rescored.completion_mask[:ENTROPY_ROWS])
         del logits_after
     if not torch.isfinite(logp_after).all():
         raise NonFiniteLoss(f"the policy's log-probs became NaN/inf after step {step + 1}; "
                             f"try a smaller learning rate (now {cfg.lr:g})")
-    elapsed = time.perf_counter() - start
-
-    metrics = {
-        "step": step + 1,
-        "reward": float(rewards.mean()),
-        "reward_std": float(grouped.std(dim=1).mean()),
-        "frac_reward_zero_std": float((grouped.std(dim=1) == 0).float().mean()),
-        "accuracy": float(np.mean(batch.correct)),
-        "completions/mean_length": float(rollout.completion_mask.sum(1).mean()),
-        **done.fractions,
-        **(done.correction.metrics if done.correction else {}),
-        **update_metrics(seen, logp_old[rows], logp_after, None if logp_ref is None else logp_ref[rows]),
-        "clip_ratio/overshoot_mean": overshoot((logp_after - logp_old[rows]).exp(), batch.adv[rows],
-                                               seen.completion_mask, tr.objective.clip, logp_old[rows].exp()),
-        "entropy": _masked_mean(rollout.entropy, rollout.completion_mask),  # over every completion
-        **changed,
-        **entropy_covariance(logp_old, batch.adv, done.mask, out.clip_state(), tr.objective.dual_clip_c is not None),
-        "top1_mass": _masked_mean(rollout.top1, rollout.completion_mask),
-        "loss": float(out.loss.detach()),
-        "grad_norm": float(np.mean(done.grad_norms)),
-        "step_time": elapsed,
-        "tokens_per_s": float(rollout.completion_mask.sum()) / elapsed,
-    }
-    tokens = _token_sample(seen, done.mask[rows], logp_old[rows], logp_after, out.rows(rows), batch.adv[rows],
-                           seed=cfg.seed * 31 + step)
-    shown = [(batch.prompts[i], batch.texts[i], float(rewards[i])) for i in range(0, len(rewards), cfg.group_size)][:8]
-    return StepResult(metrics, tokens, shown, inspected_record(tr, batch, done, logp_after, logp_ref, step))
-
-
-def inspected_rows(cfg: RunConfig) -> int:
-    """How many completions the step inspector keeps whole: the first `inspect_prompts` prompts' groups."""
-    return min(cfg.inspect_prompts, cfg.prompts) * cfg.group_size
-
-
-def after_rows(n: int, inspected: int, step: int) -> torch.Tensor:
-    """The completions re-scored after the update: the inspected ones (rows 0 … inspected − 1), then a subset of
-    the others seeded by the step, AFTER_ROWS in all (every row when the batch is that small)."""
-    others = torch.randperm(n - inspected, generator=torch.Generator().manual_seed(step))
-    return torch.cat([torch.arange(inspected), inspected + others[:max(AFTER_ROWS - inspected, 0)].sort().values])
-
-
-def inspected_record(tr: Trainer, batch: Batch, done: Update, logp_after, logp_ref, step: int,
-                     objective: Objective | None = None, rows: int | None = None):
-    """The step inspector's record (`completions.step_record`) of the first `rows` completions (default: the
-    `inspect_prompts` prompts' groups; None when that is none) under `objective` (default: the run's), with the
-    sampler's π_roll where the batch may be off-policy."""
-    cfg, rows = tr.cfg, inspected_rows(tr.cfg) if rows is None else rows
-    if not rows:
-        return None
-    mask = batch.rollout.completion_mask
-    weight = aggregation_weights(done.mask.cpu().numpy(), (objective or tr.objective).aggregation, cfg.max_new_tokens)
-    size = cfg.group_size
-    groups = [(batch.prompts[start], list(range(start, start + size))) for start in range(0, rows, size)]
-    prompt_ids = [ids[keep > 0].tolist() for ids, keep in zip(batch.rollout.prompt_ids[:rows:size],
-                                                                  batch.rollout.prompt_mask[:rows:size])]
-    return step_record(step=step + 1, tokenizer=tr.tokenizer, groups=groups, texts=batch.texts, prompt_ids=prompt_ids,
-                       rewards=batch.rewards, adv=batch.adv, completion_ids=batch.rollout.completion_ids, mask=mask,
-                       out=done.out, logp_old=done.logp_old, logp_after=logp_after, logp_ref=logp_ref, weight=weight,
-                       byte_cap=cfg.inspect_bytes, kept=None if done.correction is None else done.mask,
-                       entropy=batch.rollout.entropy, top1=batch.rollout.top1,
-                       logp_roll=None if done.correction is None else batch.rollout.logp, minibatch=done.minibatch)
-
-
-def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
-    return float((x * mask).sum() / mask.sum().clamp(min=1))
-
-
-def update_metrics(rollout: Rollout, logp_old, logp_after, logp_ref) -> dict[str, float]:
-    """KL of the update (k1/k2/k3 of w = π_after/π_old) and to the reference (GRPO's direction,
-    r = π_ref/π), and where probability mass moved, binned by π_old."""
-    mask = rollout.completion_mask
-    log_ratio = (logp_after - logp_old) * mask
-    metrics = {
-        "kl/k1": _masked_mean(k1(log_ratio), mask),
-        "kl/k2": _masked_mean(k2(log_ratio), mask),
-        "kl/k3": _masked_mean(k3(log_ratio), mask),
-    }
-    if logp_ref is not None:
-        ref_ratio = (logp_ref - logp_after) * mask
-        metrics.update({f"kl_ref/{name}": _masked_mean(fn(ref_ratio), mask) for name, fn in
-                        (("k1", k1), ("k2", k2), ("k3", k3))})
-    pi_old, change = logp_old.exp()[mask > 0], (logp_after.exp() - logp_old.exp())[mask > 0]
-    tokens = max(int(pi_old.numel()), 1)
-    index = torch.bucketize(pi_old, torch.tensor(PI_OLD_BINS[1:-1], device=pi_old.device), right=True)
-    per_bin = torch.zeros(len(PI_OLD_BINS) - 1, device=pi_old.device).index_add_(0, index, change.float())
-    metrics.update({f"mass_shift/{label}": float(v) / tokens for label, v in zip(bin_labels(), per_bin)})
-    gained = change.clamp(min=0)
-    metrics["mass_to_argmax"] = float(gained[rollout.was_argmax[mask > 0]].sum() / gained.sum().clamp(min=1e-12))
-    return metrics
-
-
-def _token_sample(rollout: Rollout, kept, logp_old, logp_after, out, adv, seed: int) -> dict[str, np.ndarray]:
-    """Up to TOKEN_SAMPLE of the tokens the loss `kept` (a rollout correction may have rejected some): π_old, the
-    ratio at the last inner step, π after the update, the advantage and the clip state (0 inside, 1 clipped low,
-    2 clipped high, 3 dual-clipped)."""
-    mask = kept > 0
-    rows, cols = mask.nonzero(as_tuple=True)
-    g = torch.Generator().manual_seed(seed)
-    keep = torch.randperm(len(rows), generator=g)[:TOKEN_SAMPLE].sort().values.to(rows.device)
-    rows, cols = rows[keep], cols[keep]
-    pick = lambda x: x[rows, cols].detach().float().cpu().numpy()  # noqa: E731
-    return {
-        "pi_old": pick(logp_old.exp()), "ratio": pick(out.ratio), "pi_new": pick(logp_after.exp()),
-        "adv": adv[rows].detach().float().cpu().numpy(), "state": pick(out.clip_state()).astype(np.int8),
-        "was_argmax": pick(rollout.was_argmax).astype(bool), "completion": rows.cpu().numpy().astype(np.int32),
-        "position": cols.cpu().numpy().astype(np.int32),
-    }
+    metrics = step_metrics(cfg, tr.objective, batch, done, seen, logp_after, logp_ref, changed, step,
+                           time.perf_counter() - start)
+    shown = [(batch.prompts[i], batch.texts[i], float(batch.rewards[i]))
+             for i in range(0, len(batch.rewards), cfg.group_size)][:8]
+    return StepResult(metrics, token_sample(batch, done, seen, logp_after, seed=cfg.seed * 31 + step), shown,
+                      inspected_record(cfg, tr.tokenizer, tr.objective, batch, done, logp_after, logp_ref, step))

@@ -7,7 +7,8 @@ of `ppo_epochs`. divviz splits by completion, as TRL does, with one seeded shuff
 passes, so its mini-batches match a TRL run's given the same permutation (tests/test_trl_runs.py). Every mini-batch
 is trained against π_old, the policy that sampled the batch: the first one of the first pass is on-policy (its
 ratios are exactly 1, π_old and π coming from the same forward on the same rows), every later one is off-policy by
-the steps before it, which is where a clip test starts to bind.
+the steps before it, which is where a clip test starts to bind. One optimiser step per pass (K = 1) is simply one
+mini-batch, the whole batch.
 """
 
 from __future__ import annotations
@@ -20,43 +21,53 @@ from divviz.engine.rollout import Rollout, completion_logits, token_logps
 from divviz.losses import LossOutput
 
 
-def minibatch_rows(n: int, k: int, seed: int) -> list[torch.Tensor] | None:
+def minibatch_rows(n: int, k: int, seed: int) -> list[torch.Tensor]:
     """The rows of each of K mini-batches of a batch of n completions: a permutation seeded by `seed` cut into K
     equal slices, each slice's rows in ascending order (a prompt's completions stay together, so its prompt runs
-    once in the forward, `rollout.prefill`). None for K = 1: the whole batch, in its order."""
+    once in the forward, `rollout.prefill`). K = 1: one mini-batch, the whole batch in its order."""
     if k == 1:
-        return None
+        return [torch.arange(n)]
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     return [part.sort().values for part in order.view(k, n // k)]
 
 
-def minibatch_index(parts: list[torch.Tensor] | None, n: int) -> torch.Tensor:
-    """(n,) the mini-batch (0-based) each completion was trained in; all 0 for K = 1."""
+def minibatch_index(parts: list[torch.Tensor], n: int) -> torch.Tensor:
+    """(n,) the mini-batch (0-based) each completion was trained in."""
     index = torch.zeros(n, dtype=torch.long)
-    for k, rows in enumerate(parts or []):
+    for k, rows in enumerate(parts):
         index[rows] = k
     return index
 
 
-def policy_before(model, rollout: Rollout, parts: list[torch.Tensor], temperature: float, autocast,
-                  watch: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """π_old of every completion before any mini-batch trains, computed mini-batch by mini-batch with the shapes the
-    training forwards will have (so the first mini-batch's ratios are exactly 1), and the tempered logits of the
-    `watch` rows (the entropy change's "before"). Returns ((N, T) log-probs, (len(watch), T, V) logits or None)."""
-    logp = torch.zeros_like(rollout.logp)
-    before, place = None, {} if watch is None else {int(row): i for i, row in enumerate(watch.tolist())}
-    with torch.no_grad():
-        for rows in parts:
-            part = rollout.rows(rows)
-            logits = completion_logits(model, part, temperature, autocast)
-            logp[rows] = token_logps(logits, part)
-            for j, row in enumerate(rows.tolist()):
-                if row in place:
-                    if before is None:
-                        before = logits.new_zeros((len(place), *logits.shape[1:]))
-                    before[place[row]] = logits[j]
-            del logits
-    return logp, before
+class PolicyBefore:
+    """The policy before the update on every completion of the batch: `logp`, the (N, T) log-probs of the sampled
+    tokens (π_old, unless π_roll stands in for it), and `logits`, the tempered logits (len(watch), T, V) of the
+    `watch` rows (the entropy change's "before", `metrics.entropy_change`).
+
+    The first mini-batch's come from its own first training forward, detached (so its ratios are exactly 1, as
+    TRL's with one optimiser step per batch); every later mini-batch's from a no-grad forward before any of them
+    trains, with the shapes its training forwards will have."""
+
+    def __init__(self, model, rollout: Rollout, later: list[torch.Tensor], temperature: float, autocast,
+                 watch: torch.Tensor | None):
+        self.logp = torch.zeros_like(rollout.logp)
+        self.logits = None
+        self.place = {} if watch is None else {int(row): i for i, row in enumerate(watch.tolist())}
+        with torch.no_grad():
+            for rows in later:
+                part = rollout.rows(rows)
+                logits = completion_logits(model, part, temperature, autocast)
+                self.add(rows, token_logps(logits, part), logits)
+                del logits
+
+    def add(self, rows: torch.Tensor, logp: torch.Tensor, logits: torch.Tensor) -> None:
+        """Record the policy before the update on the completions `rows`: their log-probs and (N_rows, T, V) logits."""
+        self.logp[rows] = logp.detach()
+        for j, row in enumerate(rows.tolist()):
+            if row in self.place:
+                if self.logits is None:
+                    self.logits = logits.new_zeros((len(self.place), *logits.shape[1:]))
+                self.logits[self.place[row]] = logits[j].detach()
 
 
 def in_batch_order(parts: list[tuple[torch.Tensor, LossOutput]], n: int) -> LossOutput:

@@ -1,7 +1,8 @@
 """The published runs: the claims grids trained for divviz's own evidence, kept in the repository as data.
 
-    published/<grid>/manifest.json      the grid: model, setting, device, precision, versions, the commit that
-                                        trained it, and per run its cell, state, wall time and files' SHA-256
+    published/<grid>/manifest.json      the grid: model, setting, device, CPU kernels, precision, versions, the
+                                        commit that trained it, and per run its cell, state, wall time and files'
+                                        SHA-256
     published/<grid>/<run id>/          one run, the run store's layout (`store.py`) made compact:
         config.json, status.json        as the run wrote them (status without its process id)
         metrics.jsonl.gz, eval.jsonl.gz, samples.jsonl.gz   the run's JSONL files, gzip-compressed
@@ -31,6 +32,20 @@ import divviz
 
 ROOT = Path(divviz.__file__).resolve().parent.parent / "published"  # beside the package in a checkout
 JSONL = ("metrics.jsonl", "eval.jsonl", "samples.jsonl")
+
+
+def cpu_kernels() -> str:
+    """What decides a CPU run's bits besides its code and seeds: torch's CPU capability and the bf16 / AMX
+    instructions oneDNN picks its kernels by ("AVX512 avx512_bf16"). Runs trained where this differs are the same
+    runs only to rounding."""
+    import torch
+
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        flags = ""
+    wanted = ("avx512_bf16", "amx_bf16", "amx_tile")
+    return " ".join([torch.backends.cpu.get_cpu_capability(), *[f for f in wanted if f in flags.split()]])
 
 
 def root() -> Path:

@@ -144,7 +144,8 @@ def _rpg_identity_cells() -> list[dict]:
             grads = []
             for form in (name, f"{name}_rf"):
                 x = logp_new.clone().requires_grad_()
-                out = policy_loss(x, logp_old, adv, mask, clip=clip_test("ratio"), penalty=penalty(form), beta=0.5)
+                out = policy_loss(x, logp_old, adv, mask,
+                                  Objective(clip=clip_test("ratio"), penalty=penalty(form), beta=0.5))
                 grads.append(torch.autograd.grad(out.loss, x)[0])
             cells.append({"condition": f"random batch {seed}, β = 0.5, PPO clip", "candidate": f"{name}_rf",
                           "baseline": name, "max_difference": float((grads[0] - grads[1]).abs().max())})

@@ -66,8 +66,8 @@ def rescore(tokens: Tokens, objective: Objective, measure: str) -> dict:
     logp_old = tokens.pi_old.log()[None]
     logp_new = (logp_old + tokens.ratio.log()[None]).requires_grad_()
     adv, mask = tokens.adv[None], torch.ones_like(logp_old)
-    out = policy_loss(logp_new, logp_old, adv, mask, clip=objective.clip, dual_clip_c=objective.dual_clip_c,
-                      aggregation="token_sum")
+    judged = Objective(clip=objective.clip, dual_clip_c=objective.dual_clip_c, aggregation="token_sum")
+    out = policy_loss(logp_new, logp_old, adv, mask, judged)
     slope = torch.autograd.grad(out.loss, logp_new)[0][0].abs()
     free = tokens.ratio * tokens.adv.abs()  # |∂(−A w)/∂log π| = |A| w: the slope without a constraint
     state = out.clip_state()[0]

@@ -25,7 +25,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from divviz.engine.config import RUN_PARAMS, objective_settings
-from divviz.engine.grpo import TOKEN_SAMPLE
+from divviz.engine.step_metrics import TOKEN_SAMPLE
 from divviz.engine.stability import Stability
 from divviz.engine.store import RunWriter, new_run_folder, runs_dir
 from divviz.engine.train import StopRequested, writing

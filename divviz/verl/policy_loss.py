@@ -62,9 +62,8 @@ def verl_loss(spec: str):
         chosen = replace(base, dual_clip_c=config.get("clip_ratio_c", 3.0)) if takes_dual and config is not None \
             else base
         mask = response_mask.to(log_prob.dtype)
-        out = policy_loss(log_prob, old_log_prob, advantages, mask, clip=chosen.clip, surrogate=chosen.surrogate,
-                          penalty=chosen.penalty, beta=chosen.beta, dual_clip_c=chosen.dual_clip_c,
-                          weight=rollout_is_weights, aggregation="token_sum")
+        out = policy_loss(log_prob, old_log_prob, advantages, mask, replace(chosen, aggregation="token_sum"),
+                          weight=rollout_is_weights)
         info = config.global_batch_info if config is not None else {}
         loss = agg_loss(loss_mat=out.token_loss, loss_mask=response_mask, loss_agg_mode=loss_agg_mode, **info)
         tokens = mask.sum().clamp(min=1)

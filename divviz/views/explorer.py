@@ -227,6 +227,26 @@ def across_seeds(runs: list[BanditRun], metric: str) -> Summary:
     return summarize(np.stack([run.history[metric] for run in runs]), bounds=metric_range(metric))
 
 
+def group_cards(groups: list[list[BanditRun]]) -> list[tuple[str, str, str]]:
+    """Per objective: (its label, its expected reward at the end over the seeds, "band [low, high] · entropy
+    before → after · n = seeds") for the page's metric cards."""
+    cards = []
+    for runs in groups:
+        reward, entropy = across_seeds(runs, "expected_reward"), across_seeds(runs, "entropy")
+        band = f"band [{reward.low[-1]:.3f}, {reward.high[-1]:.3f}] · " if reward.n > 1 else ""
+        cards.append((runs[0].label, f"E[r] = {reward.mean[-1]:.3f}",
+                      f"{band}entropy {runs[0].initial_entropy:.2f} → {entropy.mean[-1]:.2f} · n = {reward.n}"))
+    return cards
+
+
+def first_step_past_high(groups: list[list[BanditRun]], iterations: int) -> tuple[float, int]:
+    """The share of A > 0 samples already above u after the first inner step, averaged over the first iterations
+    (at most 10), for the objective where it is largest; and how many iterations that mean is over."""
+    early = min(10, iterations)
+    return max(float(across_seeds(runs, "clip_ratio/first_step_past_high").mean[:early].mean())
+               for runs in groups), early
+
+
 def mass_reallocation(groups: list[list[BanditRun]]) -> dict[str, Chart]:
     """Figures of the bandit page from already computed runs (one list over seeds per measure): means with 95%
     bands when there are several seeds."""

@@ -14,6 +14,7 @@ from divviz import explore
 from divviz.views import plots, run_plots
 from divviz.catalogue.divergences import ClipTest, clip_test
 from divviz.engine import published, store
+from divviz.engine import runner
 from divviz.engine.runner import TIMING
 from divviz.engine.config import RunConfig, config_label, correction_from, objective_from, setting_of
 from divviz.evidence.intervals import summarize
@@ -23,6 +24,7 @@ from divviz.catalogue.instances import unique_labels
 from divviz.losses import Objective
 from divviz.metrics import METRIC_ALIASES, bin_labels, metric, metric_range
 from divviz.catalogue.params import DivvizInputError
+from divviz.safetext import literal
 from divviz.views.explorer import PI_OLD_GRID
 
 TRAINING_PANELS = {
@@ -348,6 +350,30 @@ def one_seed_each(labels: list[str]) -> bool:
     """Whether runs labelled by their measure (`labels`) compare two or more measures on one seed each: a gap between
     their curves is then as much the seeds' as the measures'."""
     return len(labels) >= 2 and len(set(labels)) == len(labels)
+
+
+def progress_text(run, rows: list[dict], now: float) -> str:
+    """The lab's line for one of its runs (Markdown, the label escaped): queued, its place in the queue and when it
+    starts; before its first step, what it is doing; else its step, time, speed, device and time left."""
+    label = f"**{literal(run_label(run))} · seed {run.config.get('seed')}**"
+    if run.state == "queued":
+        ahead, eta = runner.queue_position(run.folder)
+        slots = runner.max_runs()
+        return (f"{label} — queued, {ahead} ahead" + (f", starts in about {duration(eta)}" if eta is not None else "")
+                + f" (this machine trains {slots} run{'s' if slots != 1 else ''} at a time)")
+    started = run.status.get("started", now)
+    if not rows:
+        return f"{label} — {run.state}, {before_first_step(run, now - started)}"
+    elapsed = run.status.get("updated", now) - started
+    return (f"{label} — {run.state}, step {run.step}/{run.steps}, {elapsed:.0f} s, "
+            f"{rows[-1].get('tokens_per_s', 0):.0f} tokens/s on {literal(run.status.get('device') or '…')}"
+            + time_left_text(run, elapsed))
+
+
+def binding_minibatches(completions: int) -> int:
+    """The mini-batches that make a clip test bind, as the lab offers them: 4, else the first of 2 and 3 that splits
+    a batch of `completions` into equal parts (every mini-batch after the first is off-policy)."""
+    return next((k for k in (4, 2, 3) if completions % k == 0), completions)
 
 
 def time_left_text(run, elapsed: float) -> str:

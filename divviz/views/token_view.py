@@ -22,6 +22,7 @@ import operator
 
 from divviz.engine.completions import REJECTED
 from divviz.losses import TOKEN_STATES
+from divviz.safetext import literal
 
 STATE_COLOURS = ("transparent", "#9ecae1", "#fc9272", "#c994c7", "#fdd49e", "#bdbdbd")  # TOKEN_STATES, in order
 BELOW, ABOVE = (33, 102, 172), (178, 24, 43)
@@ -186,6 +187,27 @@ def readable_piece(tokens: dict, i: int) -> str:
         return raw
     shown = "".join(VISIBLE_WHITESPACE.get(ch, ch if ch.isprintable() else ascii(ch)[1:-1]) for ch in piece)
     return shown or "∅"
+
+
+def completions_of(record: dict) -> list[tuple[int, int]]:
+    """(prompt, completion) of every completion a step's record keeps, in its order, from 0."""
+    return [(g, c) for g, group in enumerate(record["groups"]) for c in range(len(group["completions"]))]
+
+
+def completion(record: dict, g: int, c: int) -> dict:
+    """Completion c of prompt g of a step's record: its reward, advantage and tokens."""
+    return record["groups"][g]["completions"][c]
+
+
+def completion_label(record: dict, g: int, c: int) -> str:
+    return f"prompt {g + 1} · completion {c + 1} · reward {completion(record, g, c)['reward']:.3g}"
+
+
+def completion_caption(record: dict, g: int, c: int) -> str:
+    """The prompt, the reward and the advantage of completion c of prompt g (outside text: shown, never rendered)."""
+    chosen = completion(record, g, c)
+    return literal(f"prompt: {record['groups'][g]['prompt']} · reward {chosen['reward']:.3g} · "
+                   f"A {chosen['advantage']:+.3g}")
 
 
 def token_choice(tokens: dict, i: int) -> str:
