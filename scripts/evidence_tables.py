@@ -28,13 +28,18 @@ def bandit_row(report: claims_report.Report) -> str:
             "| [docs/claims.md](docs/claims.md) |\n")
 
 
-def block() -> str:
-    return "".join(f"#### {setting} (this 2-core CPU)\n\n{claims_export.published_markdown(MODEL, setting)}\n"
-                   for setting in claims_lm.DECLARED)
+def published() -> dict:
+    """Each declared setting's published runs, read once: (plan, evidence, report)."""
+    return {setting: claims_export.published_evidence(MODEL, setting) for setting in claims_lm.DECLARED}
 
 
-def readme_row() -> str:
-    sentences = "; ".join(claims_export.headline_sentence(MODEL, setting) for setting in claims_lm.DECLARED)
+def block(grids: dict) -> str:
+    return "".join(f"#### {setting} (this 2-core CPU)\n\n{claims_export.published_markdown(*grid)}\n"
+                   for setting, grid in grids.items())
+
+
+def readme_row(grids: dict) -> str:
+    sentences = "; ".join(claims_export.headline_sentence(plan, report) for plan, _, report in grids.values())
     return (f"{ROW} KL3 δ = 0.05 − PPO, held-out accuracy at step 30: {sentences} "
             "| [docs/claims.md](docs/claims.md#over-training-on-smollm2-135m) |\n")
 
@@ -48,9 +53,10 @@ def main() -> None:
     bandit = bandit_report()
     claims_md = ROOT / "docs" / "claims.md"
     text = between(claims_md.read_text(), BANDIT_START, BANDIT_END, claims_export.bandit_markdown(bandit))
-    claims_md.write_text(between(text, START, END, block()))
+    grids = published()
+    claims_md.write_text(between(text, START, END, block(grids)))
     readme = ROOT / "README.md"
-    rows = {ROW: readme_row(), BANDIT_ROW: bandit_row(bandit)}
+    rows = {ROW: readme_row(grids), BANDIT_ROW: bandit_row(bandit)}
     lines = readme.read_text().splitlines(keepends=True)
     readme.write_text("".join(next((new for start, new in rows.items() if line.startswith(start)), line)
                               for line in lines))

@@ -124,20 +124,28 @@ def headline_markdown(report: Report) -> str:
     """The over-training cells of `HEADLINE` as a Markdown table: mean and interval, n, the seeds each way, the
     sign-flip p and its Holm adjustment, the verdict raw and adjusted, the seeds 80% power needs and the gain ruled
     out — what README and docs/claims.md quote, made from the report's own rows."""
-    lines = ["| candidate − baseline | metric | reading | mean [95%] | n | seeds +/− | sign-flip p (Holm) | median "
-             "(sign-test p) | verdict (raw → Holm) | seeds for 80% power | rules out |", "|---" * 11 + "|"]
+    header = ("candidate − baseline", "metric", "reading", "mean [95%]", "n", "seeds +/−", "sign-flip p (Holm)",
+              "median (sign-test p)", "verdict (raw → Holm)", "seeds for 80% power", "rules out")
+    rows = []
     for candidate, metric, reading in HEADLINE:
         row = next((r for r in report.rows if r["setting"] == LM_TRAINING and r["candidate"] == candidate
-                    and r["metric"] == metric and f"· {reading} (" in r["condition"]
+                    and r["metric"] == metric and r["reading"] == reading
                     and (r["baseline"] == claims.START) == (candidate == claims.PPO)), None)
         if row is None or row["n"] < 2:
             continue
         verdict = row["verdict"] + ("" if row["verdict_adjusted"] == row["verdict"] else f" → {row['verdict_adjusted']}")
-        lines.append(
-            f"| {candidate} − {row['baseline']} | {metric} | {reading} | {row['mean']:+.3f} [{row['low']:+.3f}, "
-            f"{row['high']:+.3f}] | {row['n']} | {row['seeds_up']}/{row['seeds_down']} | {row['p']:.3g} "
-            f"({row['p_holm']:.3g}) | {row['median']:+.3f} ({number(row['p_median'])}) | {verdict} | "
-            f"{power_text(row) or '—'} | {effect_text(row).removeprefix('rules out ') or '—'} |")
+        rows.append((f"{candidate} − {row['baseline']}", metric, reading,
+                     f"{row['mean']:+.3f} [{row['low']:+.3f}, {row['high']:+.3f}]", row["n"],
+                     f"{row['seeds_up']}/{row['seeds_down']}", f"{row['p']:.3g} ({row['p_holm']:.3g})",
+                     f"{row['median']:+.3f} ({number(row['p_median'])})", verdict, power_text(row) or "—",
+                     effect_text(row).removeprefix("rules out ") or "—"))
+    return markdown_table(header, rows)
+
+
+def markdown_table(header, rows) -> str:
+    """A Markdown table: its header, a rule, one line per row (each value as text, a pipe in it escaped)."""
+    lines = ["| " + " | ".join(map(md, header)) + " |", "|---" * len(header) + "|"]
+    lines += ["| " + " | ".join(md(value) for value in row) + " |" for row in rows]
     return "\n".join(lines) + "\n"
 
 
@@ -151,27 +159,29 @@ def published_evidence(model: str, setting: str):
         return plan, evidence, evidence.report(Report([], 0))
 
 
-def published_markdown(model: str, setting: str) -> str:
-    """What the published runs of `model` at `setting` say, in Markdown (docs/claims.md's generated block): where
-    the runs come from, the headline cells, the collapses per measure and the pilot."""
-    plan, evidence, report = published_evidence(model, setting)
+def published_markdown(plan, evidence, report: Report) -> str:
+    """What a grid's published runs say (`published_evidence`), in Markdown (docs/claims.md's generated block):
+    where the runs come from, the headline cells, the collapses per measure and the pilot."""
     if not plan.done:
         return f"No run of {plan.name} is published yet ({len(plan.runs)} declared).\n"
     collapses = lm_evidence.collapse_table(evidence.collapses())
     pilot = evidence.pilot()
-    table = ["| " + " | ".join(collapses[0]) + " |", "|---" * len(collapses[0]) + "|",
-             *("| " + " | ".join(str(v) or "—" for v in row.values()) + " |" for row in collapses)]
+    table = markdown_table(list(collapses[0]), [[str(v) or "—" for v in row.values()] for row in collapses])
     return "\n".join([f"{plan.done} of the {len(plan.runs)} declared runs published: {plan.published_grids}.",
-                      "", headline_markdown(report).rstrip(), "", *table, "",
+                      "", headline_markdown(report).rstrip(), "", table.rstrip(), "",
                       lm_evidence.pilot_text(pilot) if pilot else "No pilot pair has two seeds yet.", ""])
 
 
-def headline_sentence(model: str, setting: str) -> str:
-    """The headline cell (KL3 δ = 0.05 − PPO, held-out accuracy at the end) of the published runs at `setting` in
-    a phrase, for README: "stress, 12 seeds: +0.012 [−0.030, +0.054], sign-flip p 0.62: not resolved"."""
-    plan, _, report = published_evidence(model, setting)
-    row = next(r for r in report.rows if r["candidate"] == claims.KL3_WIDE and r["metric"] == "eval/accuracy"
-               and "· end (" in r["condition"])
+def headline_cell(report: Report) -> dict:
+    """The headline cell of an over-training report: KL3 δ = 0.05 − PPO, held-out accuracy at the end."""
+    return next(r for r in report.rows if r["candidate"] == claims.KL3_WIDE and r["metric"] == "eval/accuracy"
+                and r["reading"] == "end")
+
+
+def headline_sentence(plan, report: Report) -> str:
+    """The headline cell of a grid's published runs (`published_evidence`) in a phrase, for README: "stress, 12
+    seeds: +0.012 [−0.030, +0.054], sign-flip p 0.62: not resolved"."""
+    row, setting = headline_cell(report), plan.setting
     if row["n"] < 2:
         return f"{setting}, {plan.done} of {len(plan.runs)} runs published: no paired seed yet"
     return (f"{setting}, {row['n']} seeds: {row['mean']:+.3f} [{row['low']:+.3f}, {row['high']:+.3f}], sign-flip p "
@@ -184,14 +194,12 @@ def bandit_markdown(report: Report) -> str:
     before it."""
     summary = [s for s in report.summary() if s["setting"] in (claims.BANDIT, "random batches")]
     shown = [v for v in VERDICTS if any(s[v] for s in summary)]
-    lines = ["| claim | candidate − baseline, metric | cells | " + " | ".join(shown) + f" | {RAW} |",
-             "|---" * (len(shown) + 4) + "|"]
-    last = None
+    rows, last = [], None
     for s in summary:
         claim, last = ("" if s["claim"] == last else s["claim"]), s["claim"]
-        lines.append(f"| {md(claim)} | {md(s['candidate'])} − {md(s['baseline'])}, {md(s['metric'])} | {s['cells']} | "
-                     + " | ".join(str(s[v] or "") for v in shown) + f" | {s[RAW] or ''} |")
-    return "\n".join(lines) + "\n"
+        rows.append((claim, f"{s['candidate']} − {s['baseline']}, {s['metric']}", s["cells"],
+                     *(s[v] or "" for v in shown), s[RAW] or ""))
+    return markdown_table(("claim", "candidate − baseline, metric", "cells", *shown, RAW), rows)
 
 
 def md(text: str) -> str:

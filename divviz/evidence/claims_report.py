@@ -198,7 +198,7 @@ def evaluate(seeds: int = 20, grid=GRID + RANDOM_GRID, progress: Callable[[float
                     span = (f"iterations {window.start + 1}–{window.stop}" if len(window) > 1
                             else f"iteration {iteration}")
                     rows.append(comparison_row(claim, BANDIT, f"{condition.text} · {reading} ({span})", c, *values,
-                                               range(seeds)))
+                                               range(seeds), reading=reading))
     if progress:
         progress(1.0, "done")
     return Report(rows, seeds)
@@ -220,13 +220,14 @@ def bandit_readings(by_name: dict, name: str, c: Comparison, window: range) -> l
 
 
 def comparison_row(claim: Claim, setting: str, condition: str, c: Comparison, candidate, baseline, seeds,
-                   where: str = "") -> dict:
+                   where: str = "", reading: str = "") -> dict:
     """One cell of a compared claim from its seeds' values (candidate and baseline, seed `seeds[i]` in both): the
     paired difference candidate − baseline with its interval (Newcombe's for a 0/1 reading), the sign-flip p of its
     mean, the median with its sign test, the seeds each way, and the verdict they give together
     (`significance.verdict`); where the comparison is sized for an effect (`effect_of`), the seeds 80% power needs
     and whether the gain is ruled out. `where` names the setting's part of the cell's family (a claim's readings at
-    one setting: the multiplicity Holm adjusts for, `adjust`)."""
+    one setting: the multiplicity Holm adjusts for, `adjust`); `reading` which of the metric's readings the values
+    are ("end", "late", …), as the condition also says in words."""
     a, b = np.asarray(candidate, dtype=np.float64), np.asarray(baseline, dtype=np.float64)
     difference = a - b
     if a.size == 0:
@@ -242,7 +243,7 @@ def comparison_row(claim: Claim, setting: str, condition: str, c: Comparison, ca
     effect = effect_of(claim, c)
     needed = significance.seeds_needed(difference, effect.size) if effect else (None, None, None)
     row.update(p=_finite(p), median=_finite(median), p_median=_finite(p_median), seeds_up=up, seeds_down=down,
-               family=" · ".join(filter(None, (claim.key, setting, where))),
+               family=" · ".join(filter(None, (claim.key, setting, where))), reading=reading,
                by_construction=BY_CONSTRUCTION.get((c.candidate, c.metric), ""),
                effect=effect.size if effect else None, effect_source=effect.source if effect else "",
                seeds_for_power=needed[0], seeds_for_power_range=[needed[1], needed[2]] if effect else None,
@@ -264,6 +265,6 @@ def _row(claim: Claim, setting: str, condition: str, metric: str, candidate: str
             "setting": setting, "condition": condition, "metric": metric, "candidate": candidate,
             "baseline": baseline, "predicted_sign": predicted, "mean": _finite(mean), "low": _finite(low),
             "high": _finite(high), "n": n, "seeds_reversed": reversed_seeds, "verdict": verdict,
-            **dict.fromkeys(("p", "median", "p_median", "seeds_up", "seeds_down", "family", "by_construction", "effect",
-                             "effect_source", "seeds_for_power", "seeds_for_power_range", "rules_out", "seeds",
-                             "candidate_values", "baseline_values", "differences"))}  # a compared cell's (below)
+            **dict.fromkeys(("p", "median", "p_median", "seeds_up", "seeds_down", "family", "reading",
+                             "by_construction", "effect", "effect_source", "seeds_for_power", "seeds_for_power_range",
+                             "rules_out", "seeds", "candidate_values", "baseline_values", "differences"))}  # a compared cell's (below)

@@ -88,7 +88,7 @@ class LMEvidence:
                     out.append(claims_report.comparison_row(
                         claim, claims.LM if self.plan.model == BUILTIN else claims.LM_TRAINING,
                         f"{where}{task}{rewarded} · {reading} ({span})", c, [value(c.candidate, s) for s in seeds],
-                        [value(c.baseline, s) for s in seeds], seeds, where=self.plan.setting))
+                        [value(c.baseline, s) for s in seeds], seeds, where=self.plan.setting, reading=reading))
         return out
 
     def collapses(self) -> list[dict]:
