@@ -12,7 +12,7 @@ st.title("Catalogue")
 st.write("Everything the training loss can be built from, in three families. Clip tests decide per token whether "
          "the ratio w = π_θ/π_old is still inside the trust region; surrogates replace PPO's clipped surrogate "
          "(their gradient weight is the constraint); penalties add β·value to the loss. Each entry says how it differs "
-         "from its nearest sibling. The same list is printed by `divviz measures`. A fourth tab holds verl's "
+         "from its nearest sibling. The same list is printed by `divviz catalogue`. A fourth tab holds verl's "
          "rollout corrections, which are options of a run rather than of the loss.")
 
 

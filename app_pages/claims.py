@@ -19,7 +19,7 @@ from divviz.safetext import literal
 @st.cache_data(show_spinner=False, max_entries=4)
 def report(seeds: int) -> claims_report.Report:
     bar = st.progress(0.0, text="Testing the claims…")
-    result = claims_report.evaluate(seeds, progress=lambda fraction, text: bar.progress(fraction, text=literal(text)))
+    result = claims_report.build(seeds, progress=lambda fraction, text: bar.progress(fraction, text=literal(text)))
     bar.empty()
     return result
 
@@ -61,7 +61,7 @@ st.title("Claims")
 st.write("What the three seed papers claim and divviz can test, tested on a grid of conditions declared before "
          "running: on an exact bandit (where the correct actions sit, small and large K, SGD and Adam, an early and a "
          "late reading) and over training on a language model — on a fresh clone, SmolLM2-135M's published runs. "
-         "Each cell compares two measures seed by seed on the same seeds. A verdict needs two tests to agree: the "
+         "Each cell compares two objectives seed by seed on the same seeds. A verdict needs two tests to agree: the "
          "95% t interval of the mean difference excludes 0, and the sign-flip permutation test of the mean (no "
          "normality assumed) gives p < 0.05 — *holds* on the predicted side, *reversed* on the other, else *not "
          "resolved*. At n seeds that p cannot go below 2/2ⁿ: at 4 seeds (0.125) nothing can hold. Where the mean and "
@@ -75,7 +75,7 @@ st.write("What the three seed papers claim and divviz can test, tested on a grid
          "the model, its setting and seeds.")
 page_state.bind_controls(PAGE, CONTROLS)
 low, high, _ = claims.SEEDS_PARAM.slider_range()
-seeds = st.slider("Seeds per measure (bandit grid)", int(low), int(high), key="claims:seeds",
+seeds = st.slider("Seeds per objective (bandit grid)", int(low), int(high), key="claims:seeds",
                   help=claims.SEEDS_PARAM.doc)
 result = report(seeds)
 verdicts = st.container()  # shown first; the model sections below add their cells before it is filled
@@ -83,7 +83,7 @@ verdicts = st.container()  # shown first; the model sections below add their cel
 st.subheader("On a language model, over training")
 st.write("Several of the claims are also tested by training a language model — the built-in one, or SmolLM2-135M at "
          "its *learn* setting (it learns within 15 minutes a run and its clip binds) or its *stress* setting (four "
-         "times the learning rate, where a measure may collapse): PPO, KL3 at two δ, the two one-edge boxes of "
+         "times the learning rate, where an objective may collapse): PPO, KL3 at two δ, the two one-edge boxes of "
          "δ = 0.05, DAPO, PPO + ProbL2, and a tighter lower clip with random rewards, several seeds each, on the same "
          "seeds (the same prompts at every step). Final performance is the held-out accuracy; stability the collapse "
          "flag, the largest update KL and clip fraction. SmolLM2's runs at both settings are published with divviz "
@@ -105,7 +105,7 @@ with widgets.shown_errors():
                                           help="SmolLM2's settings (`divviz models`); the built-in LM trains at the "
                                                "lab's defaults. Choosing one sets the seeds of the grid declared there.")
     lm_setting = lm_setting if settings else ""
-    lm_seeds = left.slider("Seeds per LM measure", *map(int, claims_lm.SEEDS_PARAM.slider_range()[:2]),
+    lm_seeds = left.slider("Seeds per LM objective", *map(int, claims_lm.SEEDS_PARAM.slider_range()[:2]),
                            key="claims:lm_seeds", help=claims_lm.SEEDS_PARAM.doc)
     lm_pilot_extra = pilot_column.number_input("Pilot pair's extra seeds", int(claims_lm.PILOT_EXTRA_PARAM.low),
                                                int(claims_lm.PILOT_EXTRA_PARAM.high), key="claims:lm_pilot_extra",
@@ -162,16 +162,16 @@ for line in lm_plan.failed if lm_plan is not None else ():
     st.warning(literal(f"A run failed and drops out of its pairs: {line}"), icon=":material/warning:")
 if lm_plan is not None and lm_plan.done:
     with widgets.shown_errors():
-        st.caption("Learning curves: per measure, the mean over its finished seeds, with the band of their range "
+        st.caption("Learning curves: per objective, the mean over its finished seeds, with the band of their range "
                    "below 4 seeds, else the 95% interval; on the reward and the entropy (read at every step), a ✕ "
-                   "on a measure's line marks a step where one of its seeds collapsed (the table below). The "
+                   "on an objective's line marks a step where one of its seeds collapsed (the table below). The "
                    "task-reward runs only: the random-reward control's runs are read in their claims' cells.")
         collapses = evidence.collapses()
         widgets.show_chart(run_plots.learning_curves_chart(
             {metric: evidence.curves(metric) for metric in lm_evidence.CURVES}, f"Learning curves on {lm_plan.name}",
             {row["measure"]: row["steps"] for row in collapses}),
             f"learning curves {lm_plan.model} {lm_plan.setting}", key="claims:learning_curves")
-        st.caption(f"Stability per measure (the task-reward runs): a run collapsed at {stability.RULE} "
+        st.caption(f"Stability per objective (the task-reward runs): a run collapsed at {stability.RULE} "
                    "(`engine/stability.py`), or when it stopped on a non-finite value; the share with its Wilson 95% "
                    "interval; and the reward curve's spread over seeds, the standard deviation of each run's mean "
                    "reward with its 95% interval.")
@@ -182,7 +182,7 @@ if lm_plan is not None and lm_plan.done:
 
 st.subheader("On a real model, one update at a time")
 st.write("SmolLM2-135M-Instruct cannot be trained for many steps on a CPU while you wait, but one update can: for "
-         "each of N rollout batches, every measure takes its update from the same weights on the same completions, "
+         "each of N rollout batches, every objective takes its update from the same weights on the same completions, "
          "and what it did to the full distribution at each sampled position is read exactly — the entropy, the top-1 "
          "mass, the mass gained by argmax tokens, the covariance shares by clip state — then paired over the "
          "batches. Each batch is cached once computed (`divviz claims --real` fills the same cache).")
@@ -212,7 +212,7 @@ with verdicts:
                "readings at a setting (the last column: how many held or reversed before it), and the settings it is "
                "tested in (over "
                "training: the model and Setting chosen below, under the verdicts). Pick a claim in the select under "
-               "the table for its cells by setting and compared measure, its forest plots and every cell — one claim "
+               "the table for its cells by setting and compared objective, its forest plots and every cell — one claim "
                "at a time, so that a control change redraws one claim's plots, not every claim's. The counts are of "
                "cells, not of independent tests: a claim's cells share their runs (an early and a late reading, the "
                "greedy and the sampled accuracy, two δ of KL3 against one PPO), so several cells holding is not as "

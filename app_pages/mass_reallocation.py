@@ -21,7 +21,7 @@ INTRO = ("A softmax policy over K actions, trained by GRPO with each clip test o
 OVER_ITERATIONS = ("Reward, entropy and mass", "Clip fractions and KL", "Why the entropy moves",
                    "Sampler and corrections")  # the tabs of the curves over iterations; one drawn
 SEEDS = Param("seeds", 8, 1, 64, high_open=False, kind="int", typical=(1, 64, 1),
-              doc="runs per measure, seeds seed, seed + 1, …: curves show their mean with a 95% band")
+              doc="runs per objective, seeds seed, seed + 1, …: curves show their mean with a 95% band")
 CONTROLS = [
     *objective_sidebar.objective_controls(["ratio", "clip_higher", "kl3"], beta=0.05),
     Control("init", "zipf", options=INIT_SHAPES),
@@ -32,7 +32,7 @@ CONTROLS = [
     Control("base", 0, param=Param("base", 0, 0, 63, high_open=False, kind="int", typical=(0, 63, 1))),
     Control("diff_at", 80, param=Param("diff_at", 80, 1, 10_000, kind="int", typical=(1, 1000, 1),
                                        doc="the iteration the paired differences are read at")),
-    Control("diff_metric", explorer.BANDIT_MEASURES[0], options=tuple(explorer.BANDIT_MEASURES)),
+    Control("diff_metric", explorer.BANDIT_METRICS[0], options=tuple(explorer.BANDIT_METRICS)),
     *[Control(p.name, p.default, param=p) for p in BANDIT_PARAMS if p.name != "rollout_lag"],
     *objective_sidebar.rollout_controls(next(p for p in BANDIT_PARAMS if p.name == "rollout_lag")),
     Control("tab", OVER_ITERATIONS[0], options=OVER_ITERATIONS),
@@ -67,7 +67,7 @@ with widgets.shown_errors():
         st.caption("A bandit's completion is one token: the sequence level (GSPO) is the token level here, and "
                    "vespo's φ takes the token's ratio.")
         st.subheader("Bandit")
-        seeds = widgets.number(PAGE, BY_NAME["seeds"], "Seeds per measure")
+        seeds = widgets.number(PAGE, BY_NAME["seeds"], "Seeds per objective")
         cfg = {"init": widgets.choice(PAGE, BY_NAME["init"], "Initial distribution π_0"),
                "reward": widgets.choice(PAGE, BY_NAME["reward"], "Reward", labels=REWARD_LABELS),
                **objective_sidebar.advantage_widgets(PAGE, BY_NAME),
@@ -105,7 +105,7 @@ with widgets.shown_errors():
     past_high, early = explorer.first_step_past_high(groups, cfg["iterations"])
     if past_high > PAST_HIGH_WARNING:
         st.warning(f"At this learning rate, {past_high:.0%} of the positive-advantage samples are already above u "
-                   f"after the first inner step (mean of the first {early} iterations, worst measure): one step jumps "
+                   f"after the first inner step (mean of the first {early} iterations, worst objective): one step jumps "
                    "past the box before the clip can act, so differences between boxes here mostly measure how far "
                    "each lets that step overshoot. Lower lr to compare the constraints themselves.",
                    icon=":material/warning:")
@@ -137,20 +137,20 @@ with widgets.shown_errors():
     st.subheader("Paired differences")
     labels = [runs[0].label for runs in groups]
     if len(groups) < 2:
-        st.info("Add a second measure to compare it with the first, seed by seed.")
+        st.info("Add a second objective to compare it with the first, seed by seed.")
     else:
         left, middle, right = st.columns(3)
         base_key = page_state.key(PAGE, "base")
         st.session_state[base_key] = min(st.session_state[base_key], len(groups) - 1)
-        baseline = left.selectbox("Baseline measure", range(len(groups)), key=base_key,
+        baseline = left.selectbox("Baseline objective", range(len(groups)), key=base_key,
                                   format_func=lambda i: labels[i])
         iterations = len(groups[0][0].history["entropy"])
         at_key = page_state.key(PAGE, "diff_at")
         st.session_state[at_key] = min(st.session_state.get(at_key, iterations), iterations)
         at = middle.slider("At iteration", 1, max(iterations, 2), key=at_key, disabled=iterations < 2)
-        metric = right.selectbox("Metric over the iterations", explorer.BANDIT_MEASURES,
+        metric = right.selectbox("Metric over the iterations", explorer.BANDIT_METRICS,
                                  key=page_state.key(PAGE, "diff_metric"))
-        st.write(f"Each measure minus {literal(labels[baseline])} on the same seeds, at iteration {min(at, iterations)}: "
+        st.write(f"Each objective minus {literal(labels[baseline])} on the same seeds, at iteration {min(at, iterations)}: "
                  "the mean difference, its 95% interval (Student t), n, and in how many seeds one run alone would have "
                  "shown the opposite order.")
         st.dataframe(explorer.paired_differences(groups, baseline, iteration=min(at, iterations) - 1), hide_index=True,

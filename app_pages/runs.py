@@ -27,7 +27,7 @@ def overview() -> None:
         if not runs:
             st.info("No runs yet. Start one in the Training lab, or run `divviz train` in a terminal.")
         else:
-            query = st.text_input("Filter runs", key="runs:filter", placeholder="part of a measure, task, model, state, "
+            query = st.text_input("Filter runs", key="runs:filter", placeholder="part of an objective, task, model, state, "
                                   "seed, folder name or source (imported, UNIPO, TRL, verl)")
             matching = run_views.matching(runs, query)
             pages = max(1, -(-len(matching) // run_views.PAGE_SIZE))
@@ -72,10 +72,10 @@ with widgets.shown_errors():
         with_data = [name for name in names if names[name].step > 0]  # a run that never trained a step draws no line
         chosen = left.multiselect("Runs to overlay", list(names), default=with_data[:2], key="runs:chosen",
                                   format_func=lambda name: run_views.run_choice(names[name]),
-                                  help="type part of a measure, a task or a seed to filter; runs with no step yet "
+                                  help="type part of an objective, a task or a seed to filter; runs with no step yet "
                                        "draw nothing")
-        group = right.toggle("Group by measure", key="runs:group",
-                             help="runs of the same measure and task (e.g. several seeds) drawn thinly, under their "
+        group = right.toggle("Group by objective", key="runs:group",
+                             help="runs of the same objective and task (e.g. several seeds) drawn thinly, under their "
                                   "mean and its 95% band")
         live = any(names[name].state in run_views.ACTIVE for name in chosen)
         st.fragment(charts, run_every=2.0 if live else None)(chosen, group)

@@ -22,7 +22,7 @@ INTRO = ("Pick a run and a step: each kept prompt with its G completions, as tex
          "its facts (hover a token for all of them). Then pick a token to see its loss taken apart — the test's "
          "value against its threshold, the two terms of the min and which one wins, whether its gradient is "
          "masked and why, the penalty and its weight in the loss — computed by the same `policy_loss` that trained "
-         "it, under the run's own measure and any other you add.")
+         "it, under the run's own objective and any clip test you add.")
 CONTROLS = [  # all in the link: it opens the same token of the same step
     Control("run", "", param=Param("run", "", kind="text", doc="the run's folder name (empty: the newest run)")),
     Control("step", 0, param=Param("step", 0, 0, 10**9, kind="int", typical=(0, 10**9, 1),
@@ -124,10 +124,10 @@ with widgets.shown_errors():
     if colour_by == "re-score":
         record = token_view.with_rescore(record, [r["changed_tokens"] for r in rescored[1:]])
         st.caption(literal(f"Marked: the tokens that {', '.join(r['measure'] for r in rescored[1:])} judge otherwise "
-                           "than the run's own measure (the darker, the more of them do).") if len(rescored) > 1
+                           "than the run's own objective (the darker, the more of them do).") if len(rescored) > 1
                    else "Add a clip test in the sidebar to mark the tokens it judges otherwise than the run's own.")
     st.html(token_view.record_html(record, colour_by, selected=(g, c, i)))
-    st.markdown("**Re-score this step.** Every token the loss saw, under the run's own measure and each clip test "
+    st.markdown("**Re-score this step.** Every token the loss saw, under the run's own objective and each clip test "
                 "added in the sidebar: the share each would have masked low (w < l, A < 0) and high (w > u, A > 0), "
                 "the share outside its region, the gradient weight it keeps, and how many tokens it judges otherwise "
                 "(colour by *re-score* to see them). `divviz rescore` prints the same.")

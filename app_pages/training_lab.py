@@ -1,4 +1,4 @@
-"""Training lab: start, watch and stop short GRPO runs, one per chosen measure, on the same seed."""
+"""Training lab: start, watch and stop short GRPO runs, one per chosen objective, on the same seed."""
 
 import time
 
@@ -9,7 +9,7 @@ from divviz.app import objective_sidebar, page_state, room, run_ui, widgets
 from divviz.views import run_views, token_view
 from divviz.engine import runner, store
 from divviz.engine.config import BACKENDS, REWARD_SOURCES, ROLLOUT_LAG, RUN_PARAMS, RunConfig, objective_settings
-from divviz.engine.model import DTYPES
+from divviz.engine.policy import DTYPES
 from divviz.engine.models import MODELS, SMOLLM2_SETTINGS, model_settings
 from divviz.engine.tasks import TASKS
 from divviz.catalogue.params import DivvizInputError, Param
@@ -18,8 +18,8 @@ from divviz.app.urlstate import Control
 
 PAGE = "lab"
 INTRO = (f"Train the built-in model (or your own) with GRPO, one run per chosen clip test or surrogate and seed, and "
-         f"watch them side by side: with several seeds per measure, each run is drawn thinly under the mean and its "
-         f"95% band, so a difference between measures can be told from a difference between seeds. Runs train in their "
+         f"watch them side by side: with several seeds per objective, each run is drawn thinly under the mean and its "
+         f"95% band, so a difference between objectives can be told from a difference between seeds. Runs train in their "
          f"own processes, a few at a time on this machine: the others wait in a queue and the page stays responsive. "
          f"Stop takes a queued run off the queue at once; a training one ends within seconds (it finishes the forward "
          f"pass it is in, and is killed after {runner.STOP_GRACE_S:.0f} s if it has not), and its state then reads "
@@ -27,7 +27,7 @@ INTRO = (f"Train the built-in model (or your own) with GRPO, one run per chosen 
 OTHER_MODEL = "a folder or hub id"
 SETTINGS = [p for p in RUN_PARAMS if p.name not in ("format_reward", "max_grad_norm", "rollout_lag")]
 SEEDS = Param("seeds", 1, 1, 8, high_open=False, kind="int", typical=(1, 8, 1),
-              doc="runs per measure with seeds seed, seed + 1, …; the charts show each thinly and their mean with a "
+              doc="runs per objective with seeds seed, seed + 1, …; the charts show each thinly and their mean with a "
                   "95% band. They queue with everyone's runs, within this machine's limit")
 CONTROLS = [
     *objective_sidebar.objective_controls(["ratio", "kl3"], beta=0.04),
@@ -75,9 +75,9 @@ def stop() -> None:
 objectives, refused, configs = [], [], []  # stay empty if a setting is refused below
 with widgets.shown_errors():
     with st.sidebar:
-        st.subheader("Measures")
+        st.subheader("Objectives")
         objectives, refused = objective_sidebar.objective_widgets(PAGE, BY_NAME)
-        seeds = widgets.number(PAGE, BY_NAME["seeds"], "Seeds per measure")  # near the measures: the first choice made
+        seeds = widgets.number(PAGE, BY_NAME["seeds"], "Seeds per objective")  # near them: the first choice made
         st.subheader("Run")
         model = widgets.choice(PAGE, BY_NAME["model"], "Model", on_change=page_state.apply_model_settings, args=(PAGE, BY_NAME),
                           help="the tiny built-in model, SmolLM2-135M-Instruct (a real chat model; choosing it sets "
@@ -89,7 +89,7 @@ with widgets.shown_errors():
             widgets.choice(PAGE, BY_NAME["setting"], "Setting", on_change=page_state.apply_model_settings, args=(PAGE, BY_NAME),
                       help="learn: held-out accuracy rises within about 15 minutes here and the clip binds on the "
                            "off-policy mini-batches; look only: a short step where nothing clips; stress: four times "
-                           "the learning rate, where a measure may collapse (docs/learning.md)")
+                           "the learning rate, where an objective may collapse (docs/learning.md)")
         task = widgets.choice(PAGE, BY_NAME["task"], "Task")
         reward = widgets.choice(PAGE, BY_NAME["reward"], "Reward", labels={
             "task": "the task's checker", "random": "random: a fair coin per completion (the random-reward control)"},
@@ -151,7 +151,7 @@ def live() -> None:
 def draw_runs() -> None:
     runs = [store.read_run(root / name) for name in st.session_state["lab_runs"] if (root / name).is_dir()]
     if not runs:
-        st.caption("No run queued or running: choose measures and press Start. Finished runs are on the Runs page.")
+        st.caption("No run queued or running: choose objectives and press Start. Finished runs are on the Runs page.")
         st.page_link("app_pages/runs.py", label="Runs", icon=":material/folder_open:")
         return
     data = []
@@ -183,7 +183,7 @@ live()
 
 
 st.subheader("Same-batch comparison")
-st.write("Apply each chosen measure to the *same* rollouts from the *same* starting weights, and see how differently "
+st.write("Apply each chosen objective to the *same* rollouts from the *same* starting weights, and see how differently "
          "they move the policy: which tokens they clip, how far probabilities move, where the mass goes, and what "
          "happens to the entropy. Uses the μ and learning rate set in the sidebar; start from the model itself or "
          "from a run's saved weights (every `checkpoint_every` steps). With corrections to compare, each is applied "
@@ -202,7 +202,7 @@ with widgets.shown_errors():
     asked = (tuple(repr(cfg) for cfg in first_seed), int(batch_step), start_from)  # what a result was made for
     if st.button("Compare on the same batch", icon=":material/compare_arrows:", disabled=not configs,
                  key="lab:compare"):
-        bar = st.progress(0.0, text=f"Sampling once, then one update for each of {len(first_seed)} measures…")
+        bar = st.progress(0.0, text=f"Sampling once, then one update for each of {len(first_seed)} objectives…")
         shown = lambda done, total, text: bar.progress(done / total, text=f"{done} of {total}: {text}")  # noqa: E731
         st.session_state["lab_compare"] = (asked, run_views.same_batch(first_seed, int(batch_step) - 1,
                                                                        starts[start_from], progress=shown))
@@ -211,7 +211,7 @@ with widgets.shown_errors():
         made_for, (table, charts, records) = st.session_state["lab_compare"]
         if made_for != asked:
             st.warning("These results are for the settings of the last comparison, not the ones now in the sidebar "
-                       "(measures, settings, batch or starting weights changed): press *Compare on the same batch* "
+                       "(objectives, settings, batch or starting weights changed): press *Compare on the same batch* "
                        "to redo it.", icon=":material/history:")
         st.dataframe(table, hide_index=True, width="stretch")
         left, right = st.columns(2)
@@ -219,7 +219,7 @@ with widgets.shown_errors():
             widgets.show_chart(charts["mass"], "same batch mass reallocation")
         with right:
             widgets.show_chart(charts["shift"], "same batch probability shift")
-        st.markdown("**The same completions under each measure**: which tokens each one masks, and how far it "
+        st.markdown("**The same completions under each objective**: which tokens each one masks, and how far it "
                     "moved them (hover a token for its facts).")
         left, right = st.columns(2)
         colour_by = left.selectbox("Colour tokens by", list(token_view.COLOUR_BY), key="lab:compare_colour")

@@ -29,7 +29,7 @@ import torch
 from divviz.catalogue.aggregation import group_advantages
 from divviz.engine.config import RunConfig
 from divviz.engine.grpo import grpo_step, make_trainer
-from divviz.engine.model import builtin_policy
+from divviz.engine.policy import builtin_policy
 from divviz.engine.rollout import completion_logps, decode_completions, encode_prompts, sample
 from divviz.engine.tasks import get_task
 

@@ -41,7 +41,7 @@ from divviz.catalogue.aggregation import group_advantages
 from divviz.engine.config import RunConfig
 from divviz.engine.grpo import grpo_step, make_trainer
 from divviz.engine.minibatch import minibatch_rows
-from divviz.engine.model import cpu_has_bf16, load_policy, pick_device, pick_dtype, train_last_blocks
+from divviz.engine.policy import cpu_has_bf16, load_policy, pick_device, pick_dtype, train_last_blocks
 from divviz.engine.prompts import prompt_ids
 from divviz.engine.rollout import completion_logps, decode_completions, encode_prompts, sample
 from divviz.engine.smollm2 import NAME

@@ -31,7 +31,7 @@ from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from divviz.catalogue.divergences import clip_test
-from divviz.engine.model import builtin_policy
+from divviz.engine.policy import builtin_policy
 from divviz.engine.tasks import get_task
 from divviz.losses import Objective
 from divviz.trl import DivvizGRPOTrainer, DivvizRunCallback

@@ -1,20 +1,21 @@
 """`divviz` on the command line: the same catalogue and engine as the app, headless.
 
-    divviz measures [--json]
+    divviz catalogue [--json]
     divviz models [--json]
-    divviz bounds --measure NAME[:k=v...] [--measure …]... [--param k=v]... [--pi-old P] [--json]
+    divviz bounds --clip-test NAME[:k=v...] [--clip-test …]... [--param k=v]... [--pi-old P] [--json]
     divviz bounds --formula "w - 1 - log(w)" --param delta=0.05 [--json]
-    divviz train [--measure NAME[:k=v...] | --formula TEXT] [--param k=v]... [--penalty NAME --beta B] [--task T] ...
+    divviz train [--clip-test NAME[:k=v...] | --formula TEXT] [--param k=v]... [--penalty NAME --beta B] [--task T] ...
                  [--backend divviz|trl]
     accelerate launch --multi_gpu --num_processes N -m divviz train --backend trl ...
     divviz runs [--runs-dir DIR] [--json]
-    divviz rescore RUN --step N [--measure NAME[:k=v...]]... [--json]
+    divviz rescore RUN --step N [--clip-test NAME[:k=v...]]... [--json]
     divviz import FILE|FOLDER [--format unipo|trl|verl|jsonl] [--runs-dir DIR]
     divviz claims [--quick] [--seeds N] [--lm [--lm-model M] [--lm-setting S] [--lm-seeds N] [--lm-steps N]
                   [--lm-pilot-extra N] [--no-wait | --no-train]] [--real [--batches N]] [--json]
                   [--out report.html]
 
-Bad input exits with code 2 and one line on stderr, never a traceback.
+Bad input exits with code 2 and one line on stderr, never a traceback. `--measure` and `divviz measures`, the
+earlier names of `--clip-test` and `divviz catalogue`, are still read.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 
@@ -30,7 +32,7 @@ import numpy as np
 from divviz.catalogue.divergences import CATALOGUE, DUAL_CLIP
 from divviz.catalogue.params import DivvizInputError, Param
 from divviz.catalogue.rollout_correction import CORRECTIONS
-from divviz.cli_train import add_train_parser, clip_measure, formula_measure
+from divviz.cli_train import add_train_parser, clip_test_of, formula_clip_test
 from divviz.safetext import shorten
 
 
@@ -44,7 +46,7 @@ def _param_json(p: Param) -> dict:
             "doc": p.doc, "trl_name": p.trl_name}
 
 
-def cmd_measures(args) -> int:
+def cmd_catalogue(args) -> int:
     rows = [
         {"name": e.name, "family": e.family, "title": e.title, "latex": e.latex, "doc": e.doc,
          "params": [_param_json(p) for p in e.params]}
@@ -87,17 +89,17 @@ def cmd_models(args) -> int:
 
 
 def cmd_bounds(args) -> int:
-    specs = args.measure or []
+    specs = args.clip_test or []
     count = len(specs) + (args.formula is not None)
     if not count:
-        raise DivvizInputError("give a clip test: --measure NAME (see `divviz measures`), e.g. --measure kl3:delta=0.05, "
-                               "or your own: --formula \"w - 1 - log(w)\" --param delta=0.05")
+        raise DivvizInputError("give a clip test: --clip-test NAME (see `divviz catalogue`), e.g. --clip-test "
+                               "kl3:delta=0.05, or your own: --formula \"w - 1 - log(w)\" --param delta=0.05")
     if args.param and count > 1:
-        raise DivvizInputError("--param belongs to a single --measure; with several, write NAME:k=v, "
-                               "e.g. --measure kl3:delta=0.0177 --measure kl3:delta=0.05")
-    tests = [clip_measure(spec, args.param) for spec in specs]
+        raise DivvizInputError("--param belongs to a single --clip-test; with several, write NAME:k=v, "
+                               "e.g. --clip-test kl3:delta=0.0177 --clip-test kl3:delta=0.05")
+    tests = [clip_test_of(spec, args.param) for spec in specs]
     if args.formula is not None:
-        tests.append(formula_measure(args.formula, args.param))
+        tests.append(formula_clip_test(args.formula, args.param))
     pi_old = None
     if args.pi_old is not None:
         pi_old = Param("pi_old", 0.5, 0.0, 1.0, low_open=True, high_open=False).check(args.pi_old, "bounds")
@@ -111,7 +113,7 @@ def cmd_bounds(args) -> int:
         if not args.json:
             where = f" at π_old = {pi_old:g}" if pi_old is not None else ""
             print(f"{test.name} {test.params}{where}: {lower:.10g} <= w <= {upper:.10g}")
-    if args.json:  # one object for one measure, a list for several
+    if args.json:  # one object for one clip test, a list for several
         print_json(rows[0] if len(rows) == 1 else rows)
     return 0
 
@@ -157,7 +159,7 @@ def cmd_rescore(args) -> int:
     if not folder.is_dir():
         raise DivvizInputError(f"no run {given!r}: give a run folder, or a run's name in {runs_dir(args.runs_dir)}")
     step = Param("step", 1, 1, 10**9, high_open=False, kind="int").check(args.step, "rescore")
-    rows = rescore_step(folder, step, args.measure or [])
+    rows = rescore_step(folder, step, args.clip_test or [])
     if args.json:
         return print_json(rows, indent=1)
     print(f"run {folder.name}, step {step}: {rows[0]['tokens']} tokens the loss saw, in "
@@ -215,7 +217,7 @@ def cmd_claims(args) -> int:
         bar.set_postfix_str(text)
         bar.update(round(100 * fraction) - bar.n)
 
-    report = claims_report.evaluate(seeds, progress=progress)
+    report = claims_report.build(seeds, progress=progress)
     bar.close()
     if plan is not None:
         if args.no_wait or args.no_train:
@@ -327,45 +329,46 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="divviz", description="See what a policy-divergence constraint does to GRPO.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    p = sub.add_parser("measures", help="list the catalogue of divergence measures")
+    p = sub.add_parser("catalogue", aliases=["measures"],
+                       help="list the catalogue: clip tests with their intervals, penalties and surrogates")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(run=cmd_measures)
+    p.set_defaults(run=cmd_catalogue)
 
     p = sub.add_parser("models", help="list the built-in models (divviz train --model NAME)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(run=cmd_models)
 
     p = sub.add_parser("bounds", help="feasible ratio interval [l, u] of a clip test")
-    p.add_argument("--measure", action="append", metavar="NAME[:K=V…]",
-                   help="clip test, e.g. kl3 or kl3:delta=0.0177 (see `divviz measures`); repeat to compare several")
+    p.add_argument("--clip-test", "--measure", dest="clip_test", action="append", metavar="NAME[:K=V…]",
+                   help="clip test, e.g. kl3 or kl3:delta=0.0177 (see `divviz catalogue`); repeat to compare several")
     p.add_argument("--param", action="append", default=[], metavar="K=V",
-                   help="a parameter of a single --measure, e.g. delta=0.05")
+                   help="a parameter of a single --clip-test, e.g. delta=0.05")
     p.add_argument("--formula", metavar="TEXT",
-                   help='your own measure f(w) ≤ δ, e.g. "w - 1 - log(w)" or "abs(log(w))" (with --param delta=…)')
+                   help='your own clip test f(w) ≤ δ, e.g. "w - 1 - log(w)" or "abs(log(w))" (with --param delta=…)')
     p.add_argument("--pi-old", help="π_old of the token, for tests that depend on it (prob_tv, a formula in pi_old)")
     p.add_argument("--json", action="store_true",
-                   help='print {"measure", "params", "lower", "upper"} (a list of them for several measures)')
+                   help='print {"measure", "params", "lower", "upper"} (a list of them for several clip tests)')
     p.set_defaults(run=cmd_bounds)
 
     add_train_parser(sub)
 
     p = sub.add_parser("claims", help="test the seed papers' claims on a fixed grid, with computed verdicts")
     p.add_argument("--quick", action="store_true", help="fewer seeds (20 instead of 64): well under 2 minutes on 2 cores")
-    p.add_argument("--seeds", default=None, help="seeds per measure (2 to 256), instead of the default")
+    p.add_argument("--seeds", default=None, help="seeds per objective (2 to 256), instead of the default")
     p.add_argument("--json", action="store_true",
                    help="print every cell: claim, condition, metric, mean, low, high, n, verdict, …")
     p.add_argument("--out", metavar="FILE", help="also write the report as one self-contained HTML page")
     p.add_argument("--lm", action="store_true",
                    help="add the built-in LM's cells: runs queued to the runs folder's pool (about 5 minutes on 2 "
                         "cores at the defaults), and read from there the next time")
-    p.add_argument("--lm-seeds", default=None, help="runs per measure on the LM (2 to 64; default 8, or the declared "
+    p.add_argument("--lm-seeds", default=None, help="runs per objective on the LM (2 to 64; default 8, or the declared "
                                                     "grid's 4 for smollm2-135m)")
     p.add_argument("--lm-steps", default=None,
                    help="GRPO steps per LM run (2 to 1000; default 60, or the SmolLM2 setting's 30)")
     p.add_argument("--lm-pilot-extra", default=None,
                    help="seeds the pilot pair, PPO ε = 0.2 and KL3 δ = 0.05, trains beyond --lm-seeds (0 to 56; "
                         "default 0, or the declared grid's: 4 at learn, 8 at stress): the headline's comparison at "
-                        "more seeds than the other measures'")
+                        "more seeds than the other objectives'")
     p.add_argument("--lm-model", default="builtin",
                    help="the model of the LM cells: builtin (default) or smollm2-135m (its own task, held-out set and "
                         "settings; about 13 minutes per run on 2 cores, so a grid takes hours: it resumes)")
@@ -381,7 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --lm: read only the runs folder, not the published runs (published/, which hold "
                         "SmolLM2's grids: a cell the runs folder has not finished is read from there by default)")
     p.add_argument("--real", action="store_true",
-                   help="add SmolLM2-135M's cells: one update per rollout batch under each measure, from the same "
+                   help="add SmolLM2-135M's cells: one update per rollout batch under each objective, from the same "
                         "weights (about 55 s a batch on 2 cores), cached: a second call trains nothing")
     p.add_argument("--batches", default=None, help="rollout batches for --real (2 to 256; default 16)")
     p.set_defaults(run=cmd_claims)
@@ -395,12 +398,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs-dir", help="runs folder (default: $DIVVIZ_RUNS_DIR, else ./runs)")
     p.set_defaults(run=cmd_import)
 
-    p = sub.add_parser("rescore", help="a recorded step's tokens under other measures: what each would have masked")
+    p = sub.add_parser("rescore", help="a recorded step's tokens under other clip tests: what each would have masked")
     p.add_argument("run_folder", metavar="RUN", help="a run folder, or a run's name in the runs folder")
     p.add_argument("--step", required=True, help="a step whose completions the run kept (the step inspector's)")
-    p.add_argument("--measure", action="append", metavar="NAME[:K=V…]",
+    p.add_argument("--clip-test", "--measure", dest="clip_test", action="append", metavar="NAME[:K=V…]",
                    help="a clip test, e.g. kl3:delta=0.02 or clip_higher (repeat to compare several); the run's own "
-                        "measure always comes first")
+                        "objective always comes first")
     p.add_argument("--runs-dir", help="runs folder (default: $DIVVIZ_RUNS_DIR, else ./runs)")
     p.add_argument("--json", action="store_true",
                    help="print a list: measure, tokens, masked_low, masked_high, outside, gradient_kept, changed, "
@@ -421,6 +424,9 @@ def main(argv: list[str] | None = None) -> int:
     except DivvizInputError as err:
         print(f"divviz: error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader stopped reading (`divviz catalogue --json | head`): nothing went wrong
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that exiting flushes nowhere, quietly
+        return 0
 
 
 if __name__ == "__main__":

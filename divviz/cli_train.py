@@ -1,5 +1,5 @@
 """`divviz train`: its options read into one checked `RunConfig`, and the run trained with a progress bar (divviz's
-engine, or TRL's GRPOTrainer). `divviz bounds` reads its measures the same way (`clip_measure`, `formula_measure`)."""
+engine, or TRL's GRPOTrainer). `divviz bounds` reads its clip tests the same way (`clip_test_of`, `formula_clip_test`)."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ from divviz.safetext import quoted
 
 def add_train_parser(sub) -> None:
     p = sub.add_parser("train", help="run GRPO on the built-in model (or --model) and write a run folder")
-    p.add_argument("--measure", metavar="NAME[:K=V…]",
-                   help="clip test, e.g. kl3:delta=0.0231 (see `divviz measures`), or none (default: ratio)")
+    p.add_argument("--clip-test", "--measure", dest="clip_test", metavar="NAME[:K=V…]",
+                   help="clip test, e.g. kl3:delta=0.0231 (see `divviz catalogue`), or none (default: ratio)")
     p.add_argument("--param", action="append", default=[], metavar="K=V", help="a clip-test parameter")
     p.add_argument("--formula", metavar="TEXT", help='your own clip test f(w) ≤ δ, e.g. "abs(log(w))" (instead of '
-                                                     "--measure; with --param delta=…)")
+                                                     "--clip-test; with --param delta=…)")
     p.add_argument("--penalty", help="penalty toward the start policy, e.g. k3, prob_l2, ufkl_rf")
     p.add_argument("--penalty-param", action="append", default=[], metavar="K=V", help="a penalty parameter")
     p.add_argument("--beta", default=None, help="penalty coefficient β (with --penalty; default 0.04)")
@@ -84,15 +84,15 @@ def add_train_parser(sub) -> None:
     p.set_defaults(run=cmd_train)
 
 
-def clip_measure(spec: str, params: list[str]):
-    """A `--measure NAME[:k=v…]` with its `--param k=v`s, as a configured clip test."""
+def clip_test_of(spec: str, params: list[str]):
+    """A `--clip-test NAME[:k=v…]` with its `--param k=v`s, as a configured clip test."""
     test_name = spec.split(":")[0]
     if get_entry(test_name).family != "clip":
         raise DivvizInputError(f"'{test_name}' is a penalty; only clip tests have a feasible ratio interval")
     return instances.parse(":".join([spec, *params]))
 
 
-def formula_measure(text: str, params: list[str]):
+def formula_clip_test(text: str, params: list[str]):
     """`--formula TEXT` with its `--param k=v`s (delta): the catalogue's `formula` clip test, f(w) ≤ δ."""
     return clip_test("formula", **{**parse_assignments(params), "f": text})
 
@@ -115,7 +115,7 @@ def cmd_train(args) -> int:
            **given(task=args.task, **{p.name: getattr(args, p.name) for p in RUN_PARAMS})},
         backend=args.backend, model=args.model, device=args.device, dtype=args.dtype, prompt_format=args.prompt_format,
         reward=args.reward,
-        **measure_settings(args.measure, args.param, args.formula,
+        **clip_test_settings(args.clip_test, args.param, args.formula,
                            default="none" if soft["surrogate"] and get_entry(soft["surrogate"]).clip == "none"
                            else "ratio"),
         **soft, importance_sampling_level=args.importance_sampling_level, ratio_cap=args.ratio_cap,
@@ -190,15 +190,16 @@ def surrogate_settings(spec: str | None) -> dict:
     return {"surrogate": chosen.name, "surrogate_params": chosen.params}
 
 
-def measure_settings(spec: str | None, params: list[str], formula: str | None = None, default: str = "ratio") -> dict:
-    """`--measure NAME[:k=v…]` (default `default`: ratio, or none with a surrogate that has no clip test), or
+def clip_test_settings(spec: str | None, params: list[str], formula: str | None = None,
+                       default: str = "ratio") -> dict:
+    """`--clip-test NAME[:k=v…]` (default `default`: ratio, or none with a surrogate that has no clip test), or
     `--formula TEXT`, and `--param k=v`s as a run config's clip and clip_params."""
     if formula is not None and spec is not None:
-        raise DivvizInputError("give --measure or --formula, not both")
+        raise DivvizInputError("give --clip-test or --formula, not both")
     spec = spec or default
     if spec == "none":
         return {"clip": None, "clip_params": parse_assignments(params)}
-    test = formula_measure(formula, params) if formula is not None else clip_measure(spec, params)
+    test = formula_clip_test(formula, params) if formula is not None else clip_test_of(spec, params)
     return {"clip": test.name, "clip_params": test.params}
 
 

@@ -11,7 +11,7 @@ from contextlib import nullcontext
 
 import torch
 
-from divviz.engine.model import SHIPPED, _fingerprint, _warm_start, save_builtin
+from divviz.engine.policy import SHIPPED, _fingerprint, _warm_start, save_builtin
 from divviz.engine.rollout import decode_completions, encode_prompts, sample
 from divviz.engine.tasks import TASKS
 

@@ -20,7 +20,7 @@ import torch
 import transformers
 
 from divviz.engine import published
-from divviz.engine.model import pick_dtype
+from divviz.engine.policy import pick_dtype
 from divviz.engine.models import evaluated_settings
 from divviz.evidence import claims_lm
 
@@ -28,7 +28,7 @@ MODEL = "smollm2-135m"
 
 
 def precision_of(run) -> str:
-    """The precision a run's forward passes took on this machine (its config's dtype, `model.pick_dtype`)."""
+    """The precision a run's forward passes took on this machine (its config's dtype, `policy.pick_dtype`)."""
     dtype = pick_dtype(run.config.get("dtype", "auto"), torch.device(run.status.get("device") or "cpu"), MODEL)
     return "float32" if dtype is None else f"{str(dtype).removeprefix('torch.')} autocast"
 

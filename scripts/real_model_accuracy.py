@@ -15,7 +15,7 @@ from contextlib import nullcontext
 
 import torch
 
-from divviz.engine.model import load_policy, pick_device
+from divviz.engine.policy import load_policy, pick_device
 from divviz.engine.prompts import prompt_ids, resolve_format
 from divviz.engine.rollout import decode_completions, encode_prompts, sample
 from divviz.engine.smollm2 import NAME

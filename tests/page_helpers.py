@@ -68,5 +68,5 @@ def click(at, label, nth=0):
 
 
 def add_measure(at, name):
-    next(s for s in at.selectbox if s.label == "Add a measure").set_value(name).run()
+    next(s for s in at.selectbox if s.label == "Add a clip test").set_value(name).run()
     assert not at.exception, at.exception

@@ -5,7 +5,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYER = {"safetext": 0, "catalogue": 1, "losses": 2, "metrics": 2, "explore": 2, "bandit": 3, "engine": 3,
+LAYER = {"safetext": 0, "catalogue": 1, "losses": 2, "metrics": 2, "loss_grids": 2, "bandit": 3, "engine": 3,
          "trl": 3.5, "importers": 3.5, "verl": 3.5,  # beside the engine, importing it
          "evidence": 4, "views": 5, "app": 6, "cli": 7, "cli_train": 7, "__main__": 7}
 ALLOWED_UPWARD = {("divviz.engine.worker", "divviz.trl.run")}  # the worker runs a queued TRL run; lazy, TRL optional

@@ -25,7 +25,7 @@ from divviz.catalogue.params import DivvizInputError
 from divviz.catalogue.surrogates import surrogate
 from divviz.engine.config import RunConfig
 from divviz.engine.grpo import grpo_step, make_trainer
-from divviz.explore import random_token_batch
+from divviz.loss_grids import random_token_batch
 from divviz.losses import Objective, policy_loss
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")

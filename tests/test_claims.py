@@ -24,7 +24,7 @@ SMALL_GRID = (claims.Condition("likely", 50, "sgd"), claims.Condition("random", 
 
 @pytest.fixture(scope="module")
 def report():
-    return claims_report.evaluate(seeds=4, grid=SMALL_GRID)
+    return claims_report.build(seeds=4, grid=SMALL_GRID)
 
 
 def test_identities_are_exact(report):
@@ -66,7 +66,7 @@ def test_an_identical_cell_is_two_equal_runs_on_every_seed():
     """One rare correct action, K = 50, SGD, early: where KL3's box and PPO's never bind differently, the two runs
     are the same run — "identical", not "not resolved"."""
     rare = claims.Condition("rare", 50, "sgd")
-    same = next(r for r in claims_report.evaluate(seeds=4, grid=(rare,)).rows
+    same = next(r for r in claims_report.build(seeds=4, grid=(rare,)).rows
                 if r["verdict"] == intervals.IDENTICAL and r["claim_key"] == "kl3_entropy"
                 and "early" in r["condition"])
     cfg = rare.config(claims.EARLY).to_dict()
@@ -188,7 +188,7 @@ def test_claims_page_renders(tmp_path, monkeypatch):
     assert headers == ["Every claim at a glance", literal(claims.CLAIMS[0].text), "On a language model, over training",
                        "On a real model, one update at a time", "Not testable here"]
     at.slider[0].set_value(3).run()
-    report = claims_report.evaluate(3)
+    report = claims_report.build(3)
     overview = at.table[0].value  # every claim, its cells and each verdict's count, static: nothing cut
     assert list(overview.claim) == [literal(c.text) for c in claims.CLAIMS] and overview.cells.sum() == len(report.rows)
     assert (overview[[v for v in claims_report.VERDICTS if v in overview]].sum(axis=1) == overview.cells).all()

@@ -42,7 +42,7 @@ def test_lm_cells_equal_their_runs_metrics(lm_plan):
                         [entropy(claims.PPO, s) for s in range(LM_SEEDS)])
     assert (row["mean"], row["low"], row["high"], row["n"]) == pytest.approx((d.mean, d.low, d.high, LM_SEEDS))
     assert row["verdict"] == intervals.verdict(d.low, d.high, +1)
-    lm_report = LMEvidence(lm_plan).report(claims_report.evaluate(seeds=2, grid=SMALL_GRID[:1]))
+    lm_report = LMEvidence(lm_plan).report(claims_report.build(seeds=2, grid=SMALL_GRID[:1]))
     assert "built-in LM" in lm_report.scope and any(s["setting"] == claims.LM for s in lm_report.summary())
     assert len(lm_report.lm_details) == len(claims_lm.measures()) - 2 + 1  # a collapse line per measure, the pilot
     assert all(line in claims_export.to_text(lm_report) for line in lm_report.lm_details)

@@ -55,7 +55,7 @@ def test_every_cell_is_the_paired_difference_of_the_cached_updates(cached):
     ppo = json.loads(claims_real.cache_file(0, "task").read_text())[claims.PPO]
     assert ppo["clip_ratio/low_mean"] + ppo["clip_ratio/high_mean"] > 0  # one update at these settings clips
     assert all(np.isfinite(ppo[key]) for key in ("entropy/change", "entropy/change_predicted", "top1_change"))
-    report = plan.report(claims_report.evaluate(seeds=2, grid=()))
+    report = plan.report(claims_report.build(seeds=2, grid=()))
     assert "SmolLM2-135M-Instruct, one update per batch" in report.scope and "<svg" in claims_export.to_html(report)
 
 

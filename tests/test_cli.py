@@ -1,4 +1,5 @@
-"""`divviz measures` and `divviz bounds`: output, JSON contract, and bad input (exit 2, one line)."""
+"""`divviz catalogue` and `divviz bounds`: output, JSON contract, the earlier spellings still read, and bad input (exit 2,
+one line)."""
 
 import argparse
 import json
@@ -17,8 +18,8 @@ def run(capsys, *argv):
     return code, out, err
 
 
-def test_measures_lists_the_catalogue(capsys):
-    code, out, _ = run(capsys, "measures")
+def test_catalogue_lists_every_entry(capsys):
+    code, out, _ = run(capsys, "catalogue")
     assert code == 0
     for name in ("ratio", "clip_higher", "kl1", "kl2", "kl3", "prob_tv", "k3", "prob_l2", "mirror",
                  "fkl", "urkl_rf", "dual_clip", "TIS_token", "IcePop_sequence", "rejection", "bypass"):
@@ -26,8 +27,8 @@ def test_measures_lists_the_catalogue(capsys):
     assert "(divviz train --rollout-is token --rollout-is-threshold U)" in out  # a rollout correction's flags
 
 
-def test_measures_json(capsys):
-    code, out, _ = run(capsys, "measures", "--json")
+def test_catalogue_json(capsys):
+    code, out, _ = run(capsys, "catalogue", "--json")
     rows = {r["name"]: r for r in json.loads(out)}
     assert code == 0 and rows["kl3"]["family"] == "clip"
     assert rows["kl3"]["params"][0] == {"name": "delta", "default": 0.05, "kind": "float",
@@ -36,6 +37,25 @@ def test_measures_json(capsys):
     assert rows["clip_higher"]["params"][1]["trl_name"] == "epsilon_high"
     assert rows["IcePop_token"]["family"] == "rollout" and [p["name"] for p in rows["IcePop_token"]["params"]] == [
         "icepop_l", "icepop_u"] and rows["bypass"]["flags"] == "--bypass-mode"
+
+
+def test_the_earlier_spellings_are_still_read(capsys):
+    """`divviz measures` is `divviz catalogue`, `--measure` is `--clip-test` (bounds, train's parser, rescore)."""
+    assert run(capsys, "measures", "--json") == run(capsys, "catalogue", "--json")
+    assert run(capsys, "bounds", "--measure", "kl3:delta=0.02", "--json") == \
+        run(capsys, "bounds", "--clip-test", "kl3:delta=0.02", "--json")
+    parser = build_parser()
+    for words in (["train"], ["rescore", "RUN", "--step", "1"]):
+        assert parser.parse_args([*words, "--measure", "kl3"]).clip_test in ("kl3", ["kl3"])
+        assert parser.parse_args([*words, "--clip-test", "kl3"]).clip_test in ("kl3", ["kl3"])
+
+
+def test_a_reader_that_stops_reading_is_not_an_error():
+    """`divviz catalogue --json | head`: the reader is gone before divviz writes (`true` reads nothing and exits
+    while Python starts); exit 0, nothing on stderr."""
+    piped = subprocess.run(f"{sys.executable} -m divviz catalogue --json | true; exit ${{PIPESTATUS[0]}}",
+                           shell=True, executable="/bin/bash", capture_output=True, text=True, timeout=120)
+    assert piped.returncode == 0 and piped.stderr == ""
 
 
 def test_bounds_json_kl3(capsys):
@@ -77,10 +97,10 @@ def test_bounds_unbounded_and_pi_old(capsys):
     (["bounds", "--measure", "k3"], "'k3' is a penalty; only clip tests have a feasible ratio interval"),
     (["bounds", "--measure", "prob_tv"], "pass --pi-old P with P in (0, 1]"),
     (["bounds", "--measure", "prob_tv", "--pi-old", "0"], "parameter 'pi_old' must be a finite number in (0, 1]"),
-    (["bounds"], "give a clip test: --measure NAME"),
+    (["bounds"], "give a clip test: --clip-test NAME"),
     (["bounds", "--measure", "kl3:delta=7e9"], "kl3: parameter 'delta' must be a finite number in (0, 50]"),
     (["bounds", "--measure", "kl3:delta=0.1", "--measure", "ratio", "--param", "eps=0.1"],
-     "--param belongs to a single --measure"),
+     "--param belongs to a single --clip-test"),
     (["train", "--measure", "kl3:eps=0.2"], "kl3: unknown parameter 'eps'"),
     (["train", "--penalty2", "prob_l2"], "--penalty2 needs its own coefficient --beta2"),
     (["train", "--beta2", "0.1"], "--beta2 was given without a penalty (--penalty2)"),

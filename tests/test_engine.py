@@ -18,8 +18,8 @@ from divviz.catalogue.divergences import CLIP_TESTS
 from divviz.engine import runner, store
 from divviz.engine.config import RunConfig
 from divviz.engine.grpo import make_trainer
-from divviz.engine.model import char_tokenizer, load_policy
-from divviz.engine.tasks import TASKS, evaluate, get_task
+from divviz.engine.policy import char_tokenizer, load_policy
+from divviz.engine.tasks import TASKS, countdown_value, get_task
 from divviz.engine.train import train
 from divviz.catalogue.params import DivvizInputError
 from divviz.catalogue.penalties import PENALTIES
@@ -240,8 +240,8 @@ def test_tasks_and_exact_checkers():
     cd = get_task("countdown")
     assert cd.reward("cd:3,5,7>22=", "3*5+7", "7+5*3") == 1.0  # any correct expression counts
     assert cd.reward("cd:3,5,7>22=", "3*5+7", "3*5+7+0") == 0.0  # 0 is not one of the numbers
-    assert evaluate("(3+5)*7", [3, 5, 7]) == 56 and evaluate("3*3", [3, 5]) is None
-    assert evaluate("__import__('os')", [1]) is None
+    assert countdown_value("(3+5)*7", [3, 5, 7]) == 56 and countdown_value("3*3", [3, 5]) is None
+    assert countdown_value("__import__('os')", [1]) is None
     assert get_task("add").reward("2+2=", "4", "5", format_reward=0.1) == 0.1
 
 

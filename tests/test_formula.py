@@ -164,7 +164,7 @@ from divviz.catalogue import divergences as dv  # noqa: E402
 from divviz.bandit.grpo import run_bandit  # noqa: E402
 from divviz.bandit.setting import BanditConfig  # noqa: E402
 from divviz.engine import store  # noqa: E402
-from divviz.explore import random_token_batch  # noqa: E402
+from divviz.loss_grids import random_token_batch  # noqa: E402
 from divviz.catalogue.instances import parse as parse_measure, spell  # noqa: E402
 from divviz.losses import Objective, policy_loss  # noqa: E402
 

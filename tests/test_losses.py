@@ -11,7 +11,7 @@ import torch
 
 from divviz.catalogue import divergences as dv, penalties as pn
 from divviz.catalogue.aggregation import aggregation_weights
-from divviz.explore import random_token_batch
+from divviz.loss_grids import random_token_batch
 from divviz.bandit.loss_gradient import PolicyLossGradient
 from divviz.losses import Objective, policy_loss
 from divviz.catalogue.theory import kl3_bounds
@@ -70,7 +70,7 @@ def test_trl_clip_fraction_convention():
 
 
 def random_batch(seed, B=16, T=12, spread=0.6):
-    """explore.random_token_batch (float64, mixed-sign advantages, padding) plus reference log-probs."""
+    """loss_grids.random_token_batch (float64, mixed-sign advantages, padding) plus reference log-probs."""
     logp_new, logp_old, adv, mask = random_token_batch(seed, B, T, spread)
     logp_ref = logp_old + 0.2 * torch.randn(B, T, generator=torch.Generator().manual_seed(seed + 1), dtype=F64)
     return logp_new.requires_grad_(), logp_old, adv, mask, logp_ref

@@ -50,7 +50,7 @@ def test_mass_reallocation_the_same_measure_twice_and_one_seed():
     table = at.dataframe[0].value
     assert list(table.measure.unique()) == ["kl3 δ=0.05"] and (table.n == 3).all()
     assert [m.label for m in at.metric] == ["kl3 δ=0.0177", "kl3 δ=0.05"]
-    slider(at, "Seeds per measure").set_value(1).run()
+    slider(at, "Seeds per objective").set_value(1).run()
     assert not at.exception and "n = 1" in at.metric[0].delta
 
 

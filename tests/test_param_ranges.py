@@ -12,7 +12,7 @@ import torch
 from divviz.catalogue.divergences import BETA, DUAL_CLIP, FAMILIES
 from divviz.catalogue.instances import configure
 from divviz.catalogue.params import DivvizInputError
-from divviz.explore import random_token_batch
+from divviz.loss_grids import random_token_batch
 from divviz.losses import OFF_POLICY_MASK, RATIO_CAP, Objective
 
 PI_OLD = np.array([1e-12, 1e-4, 0.3, 0.999, 1.0])

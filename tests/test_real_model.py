@@ -14,7 +14,7 @@ import torch
 from streamlit.testing.v1 import AppTest
 
 from divviz.engine import smollm2, store
-from divviz.engine.model import cache_dir, cpu_has_bf16
+from divviz.engine.policy import cache_dir, cpu_has_bf16
 from divviz.engine.prompts import prompt_ids, resolve_format
 from divviz.engine.tasks import TASKS
 from divviz.views import token_view
@@ -156,7 +156,7 @@ def test_divviz_models_lists_both_built_in_models(capsys):
     rows = {row["name"]: row for row in json.loads(capsys.readouterr().out)}
     assert set(rows) == {"builtin", smollm2.NAME}
     assert rows[smollm2.NAME]["vocabulary"] == 49_152 and rows[smollm2.NAME]["defaults"]["task"] == "add"
-    from divviz.engine.model import builtin_policy
+    from divviz.engine.policy import builtin_policy
 
     model, tokenizer = builtin_policy(TASKS["add"])
     assert rows["builtin"]["parameters"] == sum(p.numel() for p in model.parameters())

@@ -129,7 +129,7 @@ def test_adjust_applies_holm_within_a_family_and_bh_across_the_report():
 def test_the_64_seed_bandit_cell_whose_mean_and_median_disagree():
     """DAPO − PPO entropy, likely correct actions, K = 50, SGD, iteration 80, 64 seeds: the mean is +0.0045 and not
     resolved, while 46 of the 64 seeds are negative (sign test p ≈ 1e-4): one seed at about +0.65 carries the mean."""
-    report = claims_report.evaluate(64, grid=(claims.Condition("likely", 50, "sgd"),))
+    report = claims_report.build(64, grid=(claims.Condition("likely", 50, "sgd"),))
     cell = next(r for r in report.rows if r["candidate"] == claims.DAPO and "late" in r["condition"])
     assert cell["n"] == 64 and cell["mean"] == pytest.approx(0.0045, abs=5e-4) and cell["low"] < 0 < cell["high"]
     assert (cell["seeds_down"], cell["seeds_up"]) == (46, 15) and cell["p_median"] < 1e-3 and cell["median"] < 0

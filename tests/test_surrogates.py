@@ -9,7 +9,7 @@ import torch
 from divviz.catalogue import divergences as dv
 from divviz.catalogue.aggregation import aggregation_weights
 from divviz.cli import main
-from divviz.explore import gradient_weight
+from divviz.loss_grids import gradient_weight
 from divviz.bandit.loss_gradient import PolicyLossGradient
 from divviz.losses import Objective, policy_loss
 from divviz.catalogue.params import DivvizInputError

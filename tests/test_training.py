@@ -12,7 +12,7 @@ from divviz.engine.config import RunConfig
 from divviz.engine.evaluate import evaluate
 from divviz.engine.grpo import make_batch, make_trainer, update
 from divviz.engine.minibatch import minibatch_rows
-from divviz.engine.model import cpu_has_bf16, pick_dtype
+from divviz.engine.policy import cpu_has_bf16, pick_dtype
 from divviz.engine.rollout import completion_logps
 from divviz.engine.stability import KL_COLLAPSE, WINDOW, Stability
 from divviz.engine.tasks import HELD_OUT, TASKS

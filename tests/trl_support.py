@@ -5,7 +5,7 @@ from pathlib import Path
 
 from trl import GRPOConfig
 
-from divviz.engine.model import builtin_policy
+from divviz.engine.policy import builtin_policy
 from divviz.engine.tasks import get_task
 
 APP = Path(__file__).resolve().parents[1] / "app.py"

@@ -14,7 +14,7 @@ PAGES = (  # (page script, title, icon, what it is for, in a line)
     ("app_pages/claims.py", "Claims", ":material/fact_check:",
      "The papers' statements put to paired tests over seeds, with computed verdicts, on published runs."),
     ("app_pages/training_lab.py", "Training lab", ":material/model_training:",
-     "GRPO runs on the built-in model, SmolLM2-135M or yours, one per measure, live; same-batch comparison."),
+     "GRPO runs on the built-in model, SmolLM2-135M or yours, one per objective, live; same-batch comparison."),
     ("app_pages/runs.py", "Runs", ":material/folder_open:",
      "Every saved run (yours, `divviz train`'s, the published ones): overlay, export, delete."),
     ("app_pages/step_inspector.py", "Step inspector", ":material/text_select_start:",

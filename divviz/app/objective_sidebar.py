@@ -22,7 +22,7 @@ from divviz.views import explorer
 
 
 def _edit_measures(page: str, name: str, action: str, index: int | None = None) -> None:
-    """Add (from the "Add a measure" box), duplicate or remove one measure of the list (a widget callback)."""
+    """Add (from the "Add a clip test" box), duplicate or remove one entry of the list (a widget callback)."""
     specs = list(st.session_state[key(page, name)])
     if action == "add":
         added = st.session_state.pop(key(page, f"{name}_add"), None)
@@ -71,7 +71,7 @@ def measure_list(page: str, control: Control, title: str) -> list:
                        on_click=_edit_measures, args=(page, name, "duplicate", i))
             row.button("Remove", key=f"{page}:{name}{version}.{i}:del", icon=":material/close:",
                        on_click=_edit_measures, args=(page, name, "remove", i))
-    noun = "surrogate" if control.family == "surrogate" else "measure"
+    noun = "surrogate" if control.family == "surrogate" else "clip test"
     st.selectbox(f"Add a {noun}", list(FAMILIES[control.family]),
                  index=None, key=key(page, f"{name}_add"), placeholder=f"add a {noun}…", on_change=_edit_measures,
                  args=(page, name, "add"), help="the same entry may be added again with other parameters")

@@ -39,7 +39,7 @@ import torch
 
 from divviz.catalogue.aggregation import aggregation_weights, group_advantages
 from divviz.bandit.rollout import BanditRollout
-from divviz.bandit.setting import BanditConfig, coin_rewards, initial_logits, reward_vector, softmax
+from divviz.bandit.setting import BanditConfig, coins_per_seed, initial_logits, reward_vector, softmax
 from divviz.bandit.entropy import ATTRIBUTION, ENTROPY_HISTORY, attribute, predicted_change
 from divviz.bandit.loss_gradient import LossGradient, PolicyLossGradient
 from divviz.losses import Objective
@@ -66,7 +66,7 @@ class BanditRun:
 
 
 @dataclass
-class Batch:
+class BanditBatch:
     """One iteration's samples for R runs stepped together: actions (R, n) and their indices into θ.ravel(),
     (R, n, 1); advantages (R, n); log-probs under π_old and π_0, (R, n, 1) (each action is a one-token
     completion); the mask (n, 1); the runs' loss gradient, prepared for these samples; and from a sampler unlike the
@@ -84,7 +84,7 @@ class Batch:
     kept: np.ndarray | None = None
 
 
-def sampled_logp(theta: np.ndarray, batch: Batch) -> np.ndarray:
+def sampled_logp(theta: np.ndarray, batch: BanditBatch) -> np.ndarray:
     """log π_θ of each run's sampled actions, (R, n, 1)."""
     top = theta.max(axis=1, keepdims=True)
     log_z = np.log(np.exp(theta - top).sum(axis=1)) + top[:, 0]
@@ -92,7 +92,7 @@ def sampled_logp(theta: np.ndarray, batch: Batch) -> np.ndarray:
 
 
 def closed_form_gradient(objectives: list[Objective], theta: np.ndarray,
-                         batch: Batch) -> tuple[np.ndarray, LossGradient, tuple[np.ndarray, np.ndarray]]:
+                         batch: BanditBatch) -> tuple[np.ndarray, LossGradient, tuple[np.ndarray, np.ndarray]]:
     """∂loss/∂θ of every run, (R, K): Σ_i g_ri (e_{a_ri} − π_r) with g = `batch.gradient` at log π_r(a_ri) (which
     holds the objectives; the argument is `autograd_gradient`'s). Also each sample's slope g and TRL's clip flags
     (low, high), (R, n, 1) each, and the policy it was taken at, (log π, π), (R, K) each.
@@ -115,7 +115,7 @@ def closed_form_gradient(objectives: list[Objective], theta: np.ndarray,
 
 
 def autograd_gradient(objectives: list[Objective], theta: np.ndarray,
-                      batch: Batch) -> tuple[np.ndarray, LossGradient, tuple[np.ndarray, np.ndarray]]:
+                      batch: BanditBatch) -> tuple[np.ndarray, LossGradient, tuple[np.ndarray, np.ndarray]]:
     """The same gradient by torch autograd through log-softmax and `policy_loss`, as in training, one run at a
     time (the slopes g = ∂loss/∂log π(a) first, then through the softmax)."""
     grads, slopes, outs = [], [], []
@@ -175,7 +175,7 @@ class SGD:
 
 def sample_batch(cfg: BanditConfig, u: np.ndarray, gradient: PolicyLossGradient, logp_old: np.ndarray,
                  p_old: np.ndarray, logp_ref: np.ndarray, rewards: np.ndarray, mask: np.ndarray,
-                 rollout: "BanditRollout | None" = None, coins: np.ndarray | None = None) -> tuple[Batch, np.ndarray]:
+                 rollout: "BanditRollout | None" = None, coins: np.ndarray | None = None) -> tuple[BanditBatch, np.ndarray]:
     """`groups` × G actions from each run's π_old (R, K), or from the `rollout`'s sampler, by inverse CDF of its
     uniform numbers u (R, n), with their group-relative advantages; also the rewards (R, n): each action's, or the
     `coins` (R, n) where given. The runs' `gradient` is set to this batch, with the rollout's corrections where it
@@ -190,10 +190,10 @@ def sample_batch(cfg: BanditConfig, u: np.ndarray, gradient: PolicyLossGradient,
     adv = group_advantages(r.reshape(runs, cfg.groups, cfg.group_size), cfg.scale_rewards, cfg.baseline).reshape(runs, n)
     old, ref = logp_old.reshape(-1)[flat_actions], np.take_along_axis(logp_ref, actions, 1)[..., None]
     if rollout is None:
-        return Batch(actions, flat_actions, adv, old, ref, mask, gradient.batch(old, adv, ref)), r
+        return BanditBatch(actions, flat_actions, adv, old, ref, mask, gradient.batch(old, adv, ref)), r
     roll = logp_roll.reshape(-1)[flat_actions]
     old, weight, kept = rollout.correct(old, roll, mask)
-    return Batch(actions, flat_actions, adv, old, ref, mask,
+    return BanditBatch(actions, flat_actions, adv, old, ref, mask,
                  gradient.batch(old, adv, ref, weight=weight, mask=kept, logp_sampling=roll), roll, weight, kept), r
 
 
@@ -231,7 +231,7 @@ def run_bandits(cfg: BanditConfig, objectives: list[Objective], seeds: list[int]
     history = {name: np.full((runs, cfg.iterations), np.nan) for name in kept}
     for it in range(cfg.iterations):
         u = np.repeat(np.stack([g.random(n) for g in generators]), each, axis=0)
-        coins = None if coin_generators is None else coin_rewards(coin_generators, n, each)
+        coins = None if coin_generators is None else coins_per_seed(coin_generators, n, each)
         batch, sampled = sample_batch(cfg, u, gradient, logp, p, logp_ref, rewards, mask, rollout, coins)
         theta = logp.copy()
         low_count, high_count = np.zeros(batch.logp_old.shape, dtype=int), np.zeros(batch.logp_old.shape, dtype=int)
@@ -285,7 +285,7 @@ ROLLOUT_HISTORY = ("rollout_corr/kl", "rollout_corr/rollout_is_mean", "rollout_c
 
 
 def record_rollout(history: dict[str, np.ndarray], it: int, rollout: BanditRollout, logp_old: np.ndarray,
-                   batch: Batch) -> None:
+                   batch: BanditBatch) -> None:
     """Iteration `it`'s sampler against the policy: the exact KL(π_roll ‖ π_old) over actions (verl logs its sample
     estimate under this name), the mean weight of the runs that weigh (NaN for the others) and the share of samples
     the rejection took out (0 where nothing rejects)."""

@@ -113,7 +113,7 @@ def initial_logits(cfg: BanditConfig, seed: int | None = None) -> np.ndarray:
 
 def reward_vector(cfg: BanditConfig, seed: int | None = None) -> np.ndarray:
     """r(a) for each action (actions are indexed by their rank under π_0); the random rewards are the seed's; with
-    `coin` (a random reward per sample, `coin_rewards`) its expectation, 0.5."""
+    `coin` (a random reward per sample, `coins_per_seed`) its expectation, 0.5."""
     ranks = np.arange(cfg.k, dtype=np.float64)
     rng = np.random.default_rng((cfg.seed if seed is None else seed) + 2)
     if cfg.reward == "one_correct":
@@ -122,7 +122,7 @@ def reward_vector(cfg: BanditConfig, seed: int | None = None) -> np.ndarray:
         return (ranks <= cfg.correct_rank).astype(np.float64)
     if cfg.reward == "graded":
         return 1.0 - ranks / max(cfg.k - 1, 1)
-    if cfg.reward == "coin":  # a fair coin per sample, whatever the action (`coin_rewards`): 0.5 expected
+    if cfg.reward == "coin":  # a fair coin per sample, whatever the action (`coins_per_seed`): 0.5 expected
         return np.full(cfg.k, 0.5)
     if cfg.reward == "random_correct":
         correct = rng.choice(cfg.k, size=max(1, round(cfg.k * cfg.correct_percent / 100)), replace=False)
@@ -130,7 +130,7 @@ def reward_vector(cfg: BanditConfig, seed: int | None = None) -> np.ndarray:
     return rng.random(cfg.k)
 
 
-def coin_rewards(generators: list[np.random.Generator], n: int, repeat: int) -> np.ndarray:
+def coins_per_seed(generators: list[np.random.Generator], n: int, repeat: int) -> np.ndarray:
     """The random-reward control (Park et al. 2025, arXiv 2509.26114): a fair coin per sample, 0 or 1, drawn from
     each seed's own generator (not the sampler's: the actions drawn are those of any other reward), independent of
     the action; each seed's coins repeated for its `repeat` measures, so they are compared on the same coins."""

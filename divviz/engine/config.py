@@ -10,7 +10,7 @@ from divviz.catalogue.aggregation import AGGREGATIONS, BASELINES, check_scale_re
 from divviz.catalogue.divergences import clip_test
 from divviz.engine.completions import BYTE_CAP, MAX_BYTES
 from divviz.engine.models import model_defaults, model_settings
-from divviz.engine.model import DTYPES
+from divviz.engine.policy import DTYPES
 from divviz.engine.prompts import PROMPT_FORMATS
 from divviz.engine.tasks import TASKS
 from divviz.losses import Objective
@@ -152,7 +152,7 @@ class RunConfig:
     model: str = "builtin"
     prompt_format: str = "auto"  # `engine/prompts.py`: compact, chat (the tokenizer's template), or auto
     device: str = "auto"
-    dtype: str = "auto"  # the forward passes' precision (`model.pick_dtype`): auto, float32 or bfloat16
+    dtype: str = "auto"  # the forward passes' precision (`policy.pick_dtype`): auto, float32 or bfloat16
     clip: str | None = "ratio"
     clip_params: dict = field(default_factory=dict)
     surrogate: str | None = None

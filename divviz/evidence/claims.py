@@ -22,7 +22,7 @@ from typing import Callable
 
 import torch
 
-from divviz import explore
+from divviz import loss_grids
 from divviz.catalogue import theory
 from divviz.bandit.setting import DEFAULT_LR, BanditConfig
 from divviz.catalogue.divergences import clip_test
@@ -128,7 +128,7 @@ def _kl3_identity_cells() -> list[dict]:
     cells = []
     for delta in (DELTA_HIGH_EDGE, DELTA_LOW_EDGE, DELTA_WIDE, 0.2):
         for seed in range(5):
-            check = explore.kl3_equivalence_check(delta, seed=seed)
+            check = loss_grids.kl3_equivalence_check(delta, seed=seed)
             cells.append({"condition": f"δ = {delta:.4f}, random batch {seed} ({check.tokens} tokens, "
                                        f"{check.outside} outside)", "candidate": f"KL3 δ={delta:.4f}",
                           "baseline": "ratio box [l_δ, u_δ]",
@@ -140,7 +140,7 @@ def _rpg_identity_cells() -> list[dict]:
     cells = []
     for name in (n.removesuffix("_rf") for n in PENALTIES if n.endswith("_rf")):  # RPG's four KL losses
         for seed in range(5):
-            logp_new, logp_old, adv, mask = explore.random_token_batch(seed)
+            logp_new, logp_old, adv, mask = loss_grids.random_token_batch(seed)
             grads = []
             for form in (name, f"{name}_rf"):
                 x = logp_new.clone().requires_grad_()

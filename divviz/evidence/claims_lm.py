@@ -32,7 +32,7 @@ from pathlib import Path
 from divviz.evidence import claims
 from divviz.engine import published, runner, store
 from divviz.engine.config import KEPT_ONLY, RunConfig, objective_settings
-from divviz.engine.model import pick_device
+from divviz.engine.policy import pick_device
 from divviz.engine.models import BUILTIN, evaluated_settings, model_defaults, model_settings
 from divviz.engine.pool import max_runs
 from divviz.catalogue.params import DivvizInputError, Param

@@ -54,7 +54,7 @@ def config(batch: int, reward: str) -> RunConfig:
 
 
 def cache_folder() -> Path:
-    from divviz.engine.model import cache_dir
+    from divviz.engine.policy import cache_dir
 
     return cache_dir() / "claims_real"
 

@@ -172,7 +172,7 @@ def adjust(rows: list[dict]) -> list[dict]:
     return out
 
 
-def evaluate(seeds: int = 20, grid=GRID + RANDOM_GRID, progress: Callable[[float, str], None] | None = None) -> Report:
+def build(seeds: int = 20, grid=GRID + RANDOM_GRID, progress: Callable[[float, str], None] | None = None) -> Report:
     """Every claim on every cell: identities on random batches, the bandit claims on the grid with `seeds` seeds
     (a claim of the random-reward control on the grid's coin conditions, the others on the rest)."""
     rows = []

@@ -24,7 +24,7 @@ from trl import GRPOConfig
 from divviz.engine.config import RunConfig
 from divviz.engine.grpo import NonFiniteLoss
 from divviz.engine.evaluate import evaluate
-from divviz.engine.model import load_policy, pick_device, pick_dtype, train_last_blocks
+from divviz.engine.policy import load_policy, pick_device, pick_dtype, train_last_blocks
 from divviz.engine.prompts import prompting, resolve_format
 from divviz.engine.tasks import Task, get_task
 from divviz.engine.train import StopRequested, eval_steps
@@ -62,7 +62,7 @@ def task_rewards(task: Task, format_reward: float, chat: bool) -> list:
 
 def grpo_config(cfg: RunConfig, processes: int, device: torch.device, output_dir: str) -> GRPOConfig:
     """TRL's settings for `cfg`, with 1/`processes` of each step's completions per process, in K = `minibatches`
-    optimiser steps per pass (`steps_per_generation`), at the run's precision (`model.pick_dtype`)."""
+    optimiser steps per pass (`steps_per_generation`), at the run's precision (`policy.pick_dtype`)."""
     completions = cfg.prompts * cfg.group_size
     if completions % (processes * cfg.minibatches):
         raise DivvizInputError(f"prompts × group_size = {completions} completions per step do not split evenly over "

@@ -1,5 +1,5 @@
 """Every figure of each explorer page (Clipping regions, KL3, Mass reallocation), from the page's control values:
-compute (explore, theory, bandit) then draw (plots). Pages call these and lay the results out; `bench/explorer.py`
+compute (loss_grids, theory, bandit) then draw (plots). Pages call these and lay the results out; `bench/explorer.py`
 times them. The run pages' are in `run_views.py`."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
-from divviz import explore
+from divviz import loss_grids
 
 from divviz.catalogue import theory
 
@@ -73,10 +73,10 @@ def weight_curves(objectives: list[Objective], pi_old: float) -> list[tuple[str,
     curves = []
     for label, o in zip(unique_labels([o.label for o in objectives]), objectives):
         if o.surrogate is not None and o.surrogate.entry.select is not None:
-            curves += [(f"{label}: tokens it picks", explore.gradient_weight(o, RATIO_GRID, pi_old, picked=True)),
-                       (f"{label}: the others", explore.gradient_weight(o, RATIO_GRID, pi_old))]
+            curves += [(f"{label}: tokens it picks", loss_grids.gradient_weight(o, RATIO_GRID, pi_old, picked=True)),
+                       (f"{label}: the others", loss_grids.gradient_weight(o, RATIO_GRID, pi_old))]
         else:
-            curves.append((label, explore.gradient_weight(o, RATIO_GRID, pi_old)))
+            curves.append((label, loss_grids.gradient_weight(o, RATIO_GRID, pi_old)))
     return curves
 
 
@@ -100,7 +100,7 @@ def clipping_regions(tests: list[ClipTest], pi_old: float, dual_clip_c: float | 
             param = test.entry.params[-1]
             low, high, _ = param.slider_range()
             values = np.linspace(low, high, 120)
-            lower, upper = explore.interval_sweep(test, param.name, values, pi_old)
+            lower, upper = loss_grids.interval_sweep(test, param.name, values, pi_old)
             found.append({"label": label, "param": param.name, "values": values, "lower": lower,
                           "upper": upper, "current": test.params[param.name]})
         return found
@@ -113,16 +113,16 @@ def clipping_regions(tests: list[ClipTest], pi_old: float, dual_clip_c: float | 
                                                    for label, t in labelled]),
         "sweeps": lambda: plots.sweep_chart(sweeps()),
         "surrogate": lambda: plots.surrogate_chart(
-            [(label, explore.ratio_curves(t, RATIO_GRID, pi_old, dual_clip_c)) for label, t in labelled]),
+            [(label, loss_grids.ratio_curves(t, RATIO_GRID, pi_old, dual_clip_c)) for label, t in labelled]),
         "weight": lambda: plots.gradient_weight_chart(RATIO_GRID, weight_curves(weighed(), pi_old)),
-        "penalty": lambda: plots.penalty_chart(PENALTY_GRID, [(p.label, *explore.penalty_curves(p, PENALTY_GRID, pi_old))
+        "penalty": lambda: plots.penalty_chart(PENALTY_GRID, [(p.label, *loss_grids.penalty_curves(p, PENALTY_GRID, pi_old))
                                                               for p in penalties], pi_old),
         "correction": lambda: plots.correction_chart(RHO_GRID, [
-            (rollout_label(v) or "none", explore.correction_curve(correction_from(v), RHO_GRID))
+            (rollout_label(v) or "none", loss_grids.correction_curve(correction_from(v), RHO_GRID))
             for v in corrections if not v.get("bypass_mode")]),
-        "region": lambda: plots.region_chart(PI_OLD_GRID, [(label, *explore.feasible_region(t, PI_OLD_GRID))
+        "region": lambda: plots.region_chart(PI_OLD_GRID, [(label, *loss_grids.feasible_region(t, PI_OLD_GRID))
                                                            for label, t in labelled]),
-        "logit": lambda: plots.logit_chart(PI_OLD_GRID, [(label, *explore.logit_room(t, PI_OLD_GRID))
+        "logit": lambda: plots.logit_chart(PI_OLD_GRID, [(label, *loss_grids.logit_room(t, PI_OLD_GRID))
                                                          for label, t in labelled]),
     }
     return {name: build[name]() for name in charts}
@@ -137,7 +137,7 @@ class KL3Facts:
     inverse: tuple[float, float]  # the wrong-direction interval
     ppo: dict
     dapo: dict
-    check: explore.EquivalenceCheck
+    check: loss_grids.EquivalenceCheck
 
 
 def kl3_equivalence(delta: float, eps: float, eps_low: float, eps_high: float, seed: int,
@@ -149,7 +149,7 @@ def kl3_equivalence(delta: float, eps: float, eps_low: float, eps_high: float, s
         delta=delta, bounds=bounds, series=theory.kl3_bounds_series(delta), box=theory.kl3_equivalent_box(delta),
         inverse=theory.kl3_inverse_bounds(delta), ppo=theory.match_box_to_kl3(eps, eps),
         dapo=theory.match_box_to_kl3(eps_low, eps_high),
-        check=explore.kl3_equivalence_check(delta, seed, completions=completions),
+        check=loss_grids.kl3_equivalence_check(delta, seed, completions=completions),
     )
     ratio = np.linspace(0.3, 2.5, 500)
     charts = {
@@ -180,7 +180,7 @@ def matching_table(facts: KL3Facts, eps: float, eps_low: float, eps_high: float)
 BANDIT_CACHE_RUNS = 4096  # a run keeps two distributions and its metrics: at most ~0.2 MB at K = 1000
 _bandit_cache: OrderedDict[str, BanditRun] = OrderedDict()  # the latest runs, by their plain values (JSON)
 _bandit_cache_lock = threading.Lock()  # Streamlit runs each session's page in its own thread
-BANDIT_MEASURES = ("expected_reward", "entropy", "top1_mass", "initial_top_mass")
+BANDIT_METRICS = ("expected_reward", "entropy", "top1_mass", "initial_top_mass")
 ENTROPY_CHANGE = ("entropy/change", "entropy/change_predicted")
 BANDIT_CLIPPING = ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/overshoot_mean",
                    "clip_ratio/first_step_past_high", "kl")
@@ -261,7 +261,7 @@ def mass_reallocation(groups: list[list[BanditRun]]) -> dict[str, Chart]:
         "mass": run_plots.mass_shift_chart([(label, summarize([mass_shift_by_bin(run.initial, run.final) for run in runs],
                                                                bounds=(-1, 1)))
                                         for label, runs in zip(labels, groups)]),
-        "history": run_plots.history_chart(series(BANDIT_MEASURES), BANDIT_MEASURES, "iteration",
+        "history": run_plots.history_chart(series(BANDIT_METRICS), BANDIT_METRICS, "iteration",
                                        "Expected reward, entropy, and where the mass sits"),
         "clipping": run_plots.history_chart(series(BANDIT_CLIPPING), BANDIT_CLIPPING, "iteration",
                                         "How often each clip binds, how many samples end past it (after the update, "
@@ -281,7 +281,7 @@ def mass_reallocation(groups: list[list[BanditRun]]) -> dict[str, Chart]:
     }
 
 
-def paired_differences(groups: list[list[BanditRun]], baseline: int, metrics=BANDIT_MEASURES,
+def paired_differences(groups: list[list[BanditRun]], baseline: int, metrics=BANDIT_METRICS,
                        iteration: int = -1) -> pd.DataFrame:
     """Each measure minus the baseline measure, seed by seed, at one iteration (default the last): the mean
     difference, its 95% interval, n, and in how many seeds the order is reversed."""

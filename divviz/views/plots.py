@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from divviz.explore import RatioCurves, masked_spans
+from divviz.loss_grids import RatioCurves, masked_spans
 from divviz.views.figures import Chart, color, figure, fmt, hline, panels, rgba, vline, vrect
 
 def interval_chart(items: list[tuple[str, float, float]]) -> Chart:

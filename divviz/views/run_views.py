@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 
-from divviz import explore
+from divviz import loss_grids
 
 from divviz.views import plots, run_plots
 from divviz.catalogue.divergences import ClipTest, clip_test
@@ -259,7 +259,7 @@ def token_region(objectives: list[tuple[str, Objective]], pi_old: float, ratio: 
     marks = [] if ratio is None else [("token at the last inner step", pi_old, pi_old * ratio)]
     if pi_after is not None:
         marks.append(("token after the update", pi_old, pi_after))
-    return plots.region_chart(PI_OLD_GRID, [(label, *explore.feasible_region(t, PI_OLD_GRID)) for label, t in tests],
+    return plots.region_chart(PI_OLD_GRID, [(label, *loss_grids.feasible_region(t, PI_OLD_GRID)) for label, t in tests],
                               marks)
 
 

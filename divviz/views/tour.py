@@ -74,7 +74,7 @@ def _kl3_numbers(delta: float) -> dict[str, Number]:
                             ("metric", "max |Δ loss|"))}
 
 
-BANDIT_MEASURES = ("ratio", "clip_higher", "kl3")
+TOUR_CLIP_TESTS = ("ratio", "clip_higher", "kl3")
 SEEDS = 8
 
 
@@ -82,12 +82,12 @@ SEEDS = 8
 def _bandit_numbers(iteration: int) -> dict[str, Number]:
     """The Mass reallocation page at its defaults (PPO, DAPO, KL3; 8 seeds), paired differences in entropy at
     `iteration` (1-based), each measure minus PPO."""
-    groups = explorer.bandit_runs(BanditConfig().to_dict(), [Objective(clip=clip_test(n)) for n in BANDIT_MEASURES],
+    groups = explorer.bandit_runs(BanditConfig().to_dict(), [Objective(clip=clip_test(n)) for n in TOUR_CLIP_TESTS],
                                   SEEDS)
     table = explorer.paired_differences(groups, 0, iteration=iteration - 1)
     query = {"diff_at": str(iteration)} if iteration != BanditConfig().iterations else {}
     out = {}
-    for name, runs in zip(BANDIT_MEASURES[1:], groups[1:]):
+    for name, runs in zip(TOUR_CLIP_TESTS[1:], groups[1:]):
         row = table[(table["measure"] == runs[0].label) & (table["metric"] == "entropy")].iloc[0]
         for column, key, sign in (("difference", "d", "+"), ("95% low", "lo", ""), ("95% high", "hi", "")):
             out[f"{name}_{key}"] = Number(f"{row[column]:{sign}.3f}", "mass_reallocation", query,
@@ -110,10 +110,10 @@ STEPS = (
          "l_δ = {l}, but the top edge is u_δ = {u}, not 1.2: KL3 is PPO's box only below. The numeric check at the "
          "bottom runs `policy_loss` with both and finds max |Δ loss| = {dloss}.", lambda: _kl3_numbers(0.0231)),
     Step("Mass reallocation", "mass_reallocation", {"diff_at": "10"},
-         "The default: the three most likely of 50 actions are correct, 8 seeds per measure, SGD at lr 0.5; each "
+         "The default: the three most likely of 50 actions are correct, 8 seeds per objective, SGD at lr 0.5; each "
          "curve is the mean over the seeds with its 95% band. In *Paired differences* the link sets *At iteration* "
          "to 10.",
-         "Each measure minus PPO in entropy, seed by seed: DAPO {clip_higher_d} [{clip_higher_lo}, "
+         "Each objective minus PPO in entropy, seed by seed: DAPO {clip_higher_d} [{clip_higher_lo}, "
          "{clip_higher_hi}], {clip_higher_rev} seeds reversed; KL3 δ = 0.05 {kl3_d} [{kl3_lo}, {kl3_hi}], {kl3_rev} "
          "reversed: their wider upper edges let the correct actions rise faster, and entropy falls sooner.",
          lambda: _bandit_numbers(10)),
@@ -124,10 +124,10 @@ STEPS = (
          "the verdict is *not resolved*: one seed on the projector would be a coin toss. The **Claims** page puts "
          "the papers' statements through the same test on a grid.", lambda: _bandit_numbers(80)),
     Step("Training lab", "training_lab", {"m": "ratio,kl3:delta=0.0177", "seeds": "3", "steps": "200"},
-         "Press Start: two measures, three seeds each, 200 steps (the default 60-step run takes 17–18 s here, so "
+         "Press Start: two objectives, three seeds each, 200 steps (the default 60-step run takes 17–18 s here, so "
          "there is time to watch). "
          "Watch entropy and the clip fractions; move *Step for the token scatter*; press Stop. Then *Compare on "
-         "the same batch* with μ = 4 to see the measures diverge on identical rollouts.",
+         "the same batch* with μ = 4 to see the objectives diverge on identical rollouts.",
          "KL3 δ = 0.0177 is the level through PPO's upper edge: its interval is [{l}, {u}], tighter than PPO's "
          "below 1.", lambda: _kl3_numbers(0.0177)),
     Step("Step inspector", "step_inspector", {},
@@ -137,9 +137,9 @@ STEPS = (
          "[0.8, 1.2]: the explainer shows KL3's clipped term winning the min and PPO's not.",
          lambda: {"l": _kl3_numbers(0.0177)["l"]}),
     Step("Runs", "runs", {},
-         "Overlay the lab's runs (the list names each by measure, task and seed), group them by measure, download "
-         "the metrics CSV; meanwhile run `divviz train --measure kl3` in a terminal and watch it appear.",
-         "Grouped, each measure is a mean with its band: the seeds' range with fewer than 4 seeds, a 95% interval "
+         "Overlay the lab's runs (the list names each by objective, task and seed), group them by objective, download "
+         "the metrics CSV; meanwhile run `divviz train --clip-test kl3` in a terminal and watch it appear.",
+         "Grouped, each objective is a mean with its band: the seeds' range with fewer than 4 seeds, a 95% interval "
          "cut to the quantity's range with more."),
     Step("When the sampler is not the policy", "training_lab",
          {"m": "ratio", "rollout_dtype": "bfloat16", "rollout_lag": "2", "rc": "none,TIS token,bypass", "seeds": "3"},
