@@ -9,7 +9,7 @@ different control value each repetition so that nothing is served from a cache. 
 what Streamlit then does with each figure (`to_dict` and plotly's JSON encoding, the page's message to the
 browser). The named baselines, for the bandit: its runs stepped one at a time instead of side by side as one (R, K) array
 (`bandit.run_bandits`), and its step taken by autograd through `policy_loss` instead of the loss's
-closed-form gradient (`losses.PolicyLossGradient`); all give the same runs (tests/test_bandit.py).
+closed-form gradient (`losses.PolicyLossGradient`); all give the same runs (tests/bandit/test_bandit.py).
 
     python bench/explorer.py [--repeats N]
 """

@@ -11,7 +11,7 @@
     divviz rescore RUN --step N [--clip-test NAME[:k=v...]]... [--json]
     divviz import FILE|FOLDER [--format unipo|trl|verl|jsonl] [--runs-dir DIR]
     divviz claims [--quick] [--seeds N] [--lm [--lm-model M] [--lm-setting S] [--lm-seeds N] [--lm-steps N]
-                  [--lm-pilot-extra N] [--no-wait | --no-train]] [--real [--batches N]] [--json]
+                  [--lm-pilot-extra N] [--no-wait | --no-train] [--ray [ADDRESS]]] [--real [--batches N]] [--json]
                   [--out report.html]
 
 Bad input exits with code 2 and one line on stderr, never a traceback. `--measure` and `divviz measures`, the
@@ -200,9 +200,15 @@ def cmd_claims(args) -> int:
         seeds = claims.SEEDS_PARAM.check(args.seeds, "claims")
     if not args.lm and (args.lm_seeds or args.lm_steps or args.lm_pilot_extra or args.runs_dir
                         or args.lm_model != "builtin" or args.lm_setting or args.no_wait or args.no_train
-                        or args.no_published):
+                        or args.no_published or args.ray):
         raise DivvizInputError("--lm-seeds, --lm-steps, --lm-pilot-extra, --lm-model, --lm-setting, --no-wait, "
-                               "--no-train, --no-published and --runs-dir are for the LM's cells: add --lm")
+                               "--no-train, --no-published, --ray and --runs-dir are for the LM's cells: add --lm")
+    if args.ray:
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise DivvizInputError("--ray needs Ray, which is not installed: pip install 'divviz[ray]' 'torch==2.13.0'")
+        os.environ["DIVVIZ_RAY"] = args.ray  # the runs folder's pool is Ray's (`runner.pool_command`)
     if args.batches is not None and not args.real:
         raise DivvizInputError("--batches is for the real model's cells: add --real")
     quiet = args.json and not sys.stderr.isatty()
@@ -380,6 +386,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --lm: report the runs already in the runs folder and queue nothing (e.g. a grid trained "
                         "on another machine and copied here)")
     p.add_argument("--runs-dir", help="runs folder for --lm (default: $DIVVIZ_RUNS_DIR, else ./runs)")
+    p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
+                   help="with --lm: train the missing runs on a Ray cluster (ray://HOST:PORT, auto, or none given: one "
+                        "of this machine's own) instead of this machine's pool; they land in the runs folder as the "
+                        "pool's do (docs/scale.md; pip install 'divviz[ray]')")
     p.add_argument("--no-published", action="store_true",
                    help="with --lm: read only the runs folder, not the published runs (published/, which hold "
                         "SmolLM2's grids: a cell the runs folder has not finished is read from there by default)")

@@ -17,7 +17,7 @@ first term of the min.
 
 C_t is the clip test's own predicate on its own measure (e.g. k3(w_t) ≤ δ for ATR-GRPO), which
 docs/theory.md §1.2 calls J_general; for every test in the catalogue the feasible set is an interval [l, u]
-∋ 1, so the result equals PPO's clamp on that interval, value and gradient (tests/test_losses.py).
+∋ 1, so the result equals PPO's clamp on that interval, value and gradient (tests/loss/test_losses.py).
 With no clip test the surrogate is the plain −w_t A_i.
 
 Which tokens lose their gradient (docs/theory.md §1.4): A > 0 above u, A < 0 below l, and with dual-clip

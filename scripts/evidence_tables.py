@@ -4,7 +4,7 @@
 docs/claims.md holds, between its markers, the bandit grid's summary (`claims_export.bandit_markdown`) and one block
 per SmolLM2 setting (`claims_export.published_markdown`: where the runs come from, the headline cells, the collapses,
 the pilot); README's two claims rows quote the same (`bandit_sentence`, `headline_sentence`).
-tests/test_evidence_tables.py regenerates them and fails on any difference: publish runs, then run this.
+tests/evidence/test_evidence_tables.py regenerates them and fails on any difference: publish runs, then run this.
 """
 
 from pathlib import Path

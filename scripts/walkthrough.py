@@ -1,6 +1,6 @@
 """Write README's "Workshop walkthrough" from `divviz.views.tour` (the Tour page's source), its numbers computed
 now: `python scripts/walkthrough.py` replaces the block between README's two walkthrough markers.
-tests/test_walkthrough.py fails when README holds anything else there."""
+tests/pages/test_walkthrough.py fails when README holds anything else there."""
 
 from pathlib import Path
 

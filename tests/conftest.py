@@ -52,7 +52,7 @@ def browser():
 @pytest.fixture(scope="session")
 def lm_plan(tmp_path_factory):
     """The built-in LM's claims grid at `lm_grid`'s seeds and steps, queued to a pool and trained once per session
-    (tests/test_claims_lm.py reads it as the claims' cells, tests/test_published.py publishes it)."""
+    (tests/evidence/test_claims_lm.py reads it as the claims' cells, tests/engine/test_published.py publishes it)."""
     from divviz.evidence import claims_lm
     from tests.lm_grid import LM_SEEDS, LM_STEPS, wait_until_finished
 
@@ -92,7 +92,7 @@ def no_process_left_behind(request):
 # leaves them out (the marker `slow`); CI runs everything.
 SLOW_MODULES = {"test_browser", "test_claims_lm", "test_claims_real", "test_evidence_tables", "test_grpo_step",
                 "test_import_trainers", "test_inspector", "test_lab_pages", "test_published", "test_real_model",
-                "test_room", "test_training", "test_trl_minibatch", "test_trl_runs", "test_walkthrough"}
+                "test_ray", "test_room", "test_training", "test_trl_minibatch", "test_trl_runs", "test_walkthrough"}
 
 
 def pytest_collection_modifyitems(items):

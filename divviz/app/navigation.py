@@ -1,5 +1,5 @@
 """The app's pages, in their one order: the sidebar, the Home page's guide and README's table of pages list them so
-(tests/test_pages.py checks README's)."""
+(tests/pages/test_pages.py checks README's)."""
 
 PAGES = (  # (page script, title, icon, what it is for, in a line)
     ("app_pages/home.py", "Home", ":material/home:", "What divviz is, and the way to each page."),

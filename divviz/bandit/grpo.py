@@ -26,7 +26,7 @@ The step's gradient is the chain rule through the softmax, ∂/∂θ Σ_i g_i lo
 with g = ∂loss/∂log π(a_i) from `PolicyLossGradient`, the loss's closed-form gradient. Several objectives
 and seeds run side by side as one (R, K) array of logits (`run_bandits`), so a step of all the page's runs
 costs far less than one step per run (bench/explorer.py prints the figures). With `autograd` the same step
-goes through `policy_loss` and torch autograd, as training does (about 10× slower); tests/test_bandit.py
+goes through `policy_loss` and torch autograd, as training does (about 10× slower); tests/bandit/test_bandit.py
 checks that all give the same runs.
 """
 
@@ -141,7 +141,7 @@ ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8  # torch.optim.Adam's defaults
 
 class Adam:
     """torch.optim.Adam's update on the logits (β = (0.9, 0.999), ε = 1e-8, no weight decay), its moments kept
-    across iterations as a GRPO trainer keeps them (tests/test_bandit.py checks it against torch's):
+    across iterations as a GRPO trainer keeps them (tests/bandit/test_bandit.py checks it against torch's):
 
         m ← β1 m + (1−β1) g,  v ← β2 v + (1−β2) g²,  θ ← θ − lr · (m / (1−β1^t)) / (√(v / (1−β2^t)) + ε)
 

@@ -1,5 +1,5 @@
 """The closed-form gradient of `losses.policy_loss` in numpy, for many objectives at once: the softmax bandit's step.
-tests/test_losses.py and tests/test_surrogates.py check it against autograd through `policy_loss`."""
+tests/loss/test_losses.py and tests/loss/test_surrogates.py check it against autograd through `policy_loss`."""
 
 from __future__ import annotations
 
@@ -41,11 +41,11 @@ class PolicyLossGradient:
     (module docstring). The aggregation is linear in ℓ, so ∂loss/∂ℓ_t is a fixed weight per token:
     grpo 1/(B·|o_i|), bnpo and dapo 1/Σmask, dr_grpo 1/(B·T),
     luspo 1/B, token_sum 1. Which tokens keep their gradient is read
-    off the clip test's interval [l, u] (equal to its predicate, tests/test_catalogue.py); no test is
+    off the clip test's interval [l, u] (equal to its predicate, tests/catalogue/test_catalogue.py); no test is
     [0, ∞). Dual-clip caps ℓ = |A| max(w, l) at c|A| for A < 0; since l ≤ 1 < c, the cap binds exactly
     where w > c.
 
-    tests/test_losses.py checks it against autograd through `policy_loss` for every catalogue entry, with
+    tests/loss/test_losses.py checks it against autograd through `policy_loss` for every catalogue entry, with
     and without dual-clip, under every aggregation, alone and stacked; it is ~10× faster on tiny tensors.
     """
 

@@ -100,6 +100,20 @@ def _at_most_delta(value, p):
     return value <= p["delta"]
 
 
+def _within_low_high(value, p):
+    """The signed measure within [−δ_low, δ_high] (verl's DPPO tests)."""
+    return (value >= -p["delta_low"]) & (value <= p["delta_high"])
+
+
+def _dppo_test(name: str, title: str, latex: str, doc: str, high: float, meanings: tuple[str, str], value,
+               bounds) -> ClipTestEntry:
+    """One of verl's DPPO tests: a signed measure of the token's change (`value`) within [−δ_low, δ_high], each
+    δ in (0, `high`] and meaning what `meanings` say; its ratio interval `bounds(params, π_old)`."""
+    return ClipTestEntry(name, title, latex, doc, (_dppo_delta("delta_low", 0.2, high, meanings[0]),
+                                                   _dppo_delta("delta_high", 0.2, high, meanings[1])),
+                         value, _within_low_high, bounds, needs_pi_old=True)
+
+
 def _log_ratio(logp_new, logp_old):
     return logp_new - logp_old
 
@@ -172,6 +186,13 @@ def _dppo_delta(name: str, default: float, high: float, doc: str) -> Param:
     return Param(name, default, 0.0, high, low_open=True, high_open=False, doc=doc, typical=(0.005, high / 2, 0.005))
 
 
+def _estimator_test(name: str, title: str, estimator, bounds, level: Param, latex: str, doc: str) -> ClipTestEntry:
+    """A KL test: Schulman's `estimator` (k1, k2 or k3) of the log-ratio at most δ (`level`), whose feasible ratios are
+    the interval `bounds(δ)` (docs/theory.md §1.3)."""
+    return ClipTestEntry(name, title, latex, doc, (level,), lambda new, old, p: estimator(_log_ratio(new, old)),
+                         _at_most_delta, lambda p, pi_old: bounds(p["delta"]))
+
+
 CLIP_TESTS: dict[str, ClipTestEntry] = by_name(
     ClipTestEntry(
         "ratio", "PPO/GRPO ratio clipping",
@@ -192,36 +213,23 @@ CLIP_TESTS: dict[str, ClipTestEntry] = by_name(
         lambda w, p: (w >= 1 - p["eps_low"]) & (w <= 1 + p["eps_high"]),
         lambda p, pi_old: (1.0 - p["eps_low"], 1.0 + p["eps_high"]),
     ),
-    ClipTestEntry(
-        "kl1", "KL1 test (one-sided)",
+    _estimator_test(
+        "kl1", "KL1 test (one-sided)", k1, lambda delta: (np.exp(-np.asarray(delta)), np.full(np.shape(delta), np.inf)),
+        _delta(0.2, 50.0, "KL1 level", (0.001, 1.0, 0.001)),
         r"\mathrm{k1}_t=-\log w_t \le \delta \;\Leftrightarrow\; w_t \ge e^{-\delta}",
-        "k1 can be negative, so the test bounds the ratio from below only: u = ∞ (docs/theory.md §1.3).",
-        (_delta(0.2, 50.0, "KL1 level", (0.001, 1.0, 0.001)),),
-        lambda new, old, p: k1(_log_ratio(new, old)),
-        _at_most_delta,
-        lambda p, pi_old: (np.exp(-np.asarray(p["delta"])), np.full(np.shape(p["delta"]), np.inf)),
-    ),
-    ClipTestEntry(
-        "kl2", "KL2 test",
+        "k1 can be negative, so the test bounds the ratio from below only: u = ∞ (docs/theory.md §1.3)."),
+    _estimator_test(
+        "kl2", "KL2 test", k2, theory.kl2_bounds, _delta(0.05, 50.0, "KL2 level", (0.0005, 0.5, 0.0005)),
         r"\mathrm{k2}_t=\tfrac12(\log w_t)^2 \le \delta \;\Leftrightarrow\; "
         r"e^{-\sqrt{2\delta}} \le w_t \le e^{\sqrt{2\delta}}",
-        "Symmetric in log-ratio, so slightly tighter above 1 than KL3 at the same δ (docs/theory.md §5.4).",
-        (_delta(0.05, 50.0, "KL2 level", (0.0005, 0.5, 0.0005)),),
-        lambda new, old, p: k2(_log_ratio(new, old)),
-        _at_most_delta,
-        lambda p, pi_old: theory.kl2_bounds(p["delta"]),
-    ),
-    ClipTestEntry(
-        "kl3", "KL3 test = ATR-GRPO asymmetric clipping",
+        "Symmetric in log-ratio, so slightly tighter above 1 than KL3 at the same δ (docs/theory.md §5.4)."),
+    _estimator_test(
+        "kl3", "KL3 test = ATR-GRPO asymmetric clipping", k3, theory.kl3_bounds,
+        _delta(0.05, 50.0, "KL3 level δ", (0.0001, 0.5, 0.0001)),
         r"\mathrm{k3}_t=w_t-1-\log w_t \le \delta \;\Leftrightarrow\; "
         r"-W_0(-e^{-1-\delta}) \le w_t \le -W_{-1}(-e^{-1-\delta})",
         "Wu et al. 2026 (ATR-GRPO): k3 of w = π_θ/π_old, i.e. KL(π_old‖π_θ). Not GRPO's k3 penalty, "
-        "which flips the ratio (π_ref/π_θ) and would give [1/u_δ, 1/l_δ].",
-        (_delta(0.05, 50.0, "KL3 level δ", (0.0001, 0.5, 0.0001)),),
-        lambda new, old, p: k3(_log_ratio(new, old)),
-        _at_most_delta,
-        lambda p, pi_old: theory.kl3_bounds(p["delta"]),
-    ),
+        "which flips the ratio (π_ref/π_θ) and would give [1/u_δ, 1/l_δ]."),
     ClipTestEntry(
         "prob_tv", "probability-space test",
         r"|\pi_\theta(a_t|s_t)-\pi_{\mathrm{old}}(a_t|s_t)| \le \delta",
@@ -233,33 +241,24 @@ CLIP_TESTS: dict[str, ClipTestEntry] = by_name(
         _prob_tv_bounds,
         needs_pi_old=True,
     ),
-    ClipTestEntry(
+    _dppo_test(
         "dppo_tv", "DPPO binary TV: asymmetric probability box",
         r"-\delta_{\mathrm{low}} \le \pi_\theta(a_t|s_t)-\pi_{\mathrm{old}}(a_t|s_t) \le \delta_{\mathrm{high}}",
         "verl 0.9.1's dppo_tv test (core_algos.py compute_policy_loss_dppo_tv, thresholds clip_ratio_low/high): "
         "prob_tv with its own room on each side, w ∈ [1 − δ_low/π_old, 1 + δ_high/π_old]. verl trains it with "
         "the dppo surrogate.",
-        (_dppo_delta("delta_low", 0.2, 1.0, "largest fall of the token's probability"),
-         _dppo_delta("delta_high", 0.2, 1.0, "largest rise of the token's probability")),
+        1.0, ("largest fall of the token's probability", "largest rise of the token's probability"),
         lambda new, old, p: new.exp() - old.exp(),
-        lambda v, p: (v >= -p["delta_low"]) & (v <= p["delta_high"]),
-        lambda p, pi_old: ((1.0 - p["delta_low"] / pi_old).clip(min=0.0), 1.0 + p["delta_high"] / pi_old),
-        needs_pi_old=True,
-    ),
-    ClipTestEntry(
+        lambda p, pi_old: ((1.0 - p["delta_low"] / pi_old).clip(min=0.0), 1.0 + p["delta_high"] / pi_old)),
+    _dppo_test(
         "dppo_kl", "DPPO binary KL: the token's Bernoulli trust region",
         r"\mathrm{KL}(\mathrm{Bern}(\pi_{\mathrm{old}})\|\mathrm{Bern}(\pi_\theta)) \le "
         r"\delta_{\mathrm{low}}\ (\pi_\theta<\pi_{\mathrm{old}}),\ \delta_{\mathrm{high}}\ (\pi_\theta>\pi_{\mathrm{old}})",
         "verl 0.9.1's dppo_kl test (compute_policy_loss_dppo_kl): the KL between the sampled token's "
         "yes/no distributions under π_old and π_θ, one threshold for each direction. Its measure is that KL "
         "signed by the direction of the change; [l, u] by bisection. verl trains it with the dppo surrogate.",
-        (_dppo_delta("delta_low", 0.2, 50.0, "largest binary KL when the probability falls"),
-         _dppo_delta("delta_high", 0.2, 50.0, "largest binary KL when the probability rises")),
-        lambda new, old, p: _binary_kl(new, old),
-        lambda v, p: (v >= -p["delta_low"]) & (v <= p["delta_high"]),
-        _binary_kl_bounds,
-        needs_pi_old=True,
-    ),
+        50.0, ("largest binary KL when the probability falls", "largest binary KL when the probability rises"),
+        lambda new, old, p: _binary_kl(new, old), _binary_kl_bounds),
     ClipTestEntry(
         "formula", "your own measure f(w) ≤ δ",
         r"f(w_t) \le \delta,\quad f \text{ typed: in } w_t=\pi_\theta/\pi_{\mathrm{old}} "

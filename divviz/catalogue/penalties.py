@@ -24,7 +24,7 @@ class PenaltyEntry(CatalogueEntry):
     """A per-token penalty. `value` is the divergence estimate shown to the user; `loss_term`, when
     given, is what enters the loss instead (REINFORCE-style forms: a stop-gradient weight × log π).
     `slope` is the loss term's derivative in log π_θ, in closed form, for numpy arrays (the bandit's
-    fast gradient; tests/test_losses.py checks it against autograd of `loss_term`)."""
+    fast gradient; tests/loss/test_losses.py checks it against autograd of `loss_term`)."""
 
     params: tuple[Param, ...]
     value: Callable  # (logp_new, logp_old, logp_ref, params) -> per-token value

@@ -20,7 +20,7 @@ which enter `losses.policy_loss` as its `weight` (detached), the mask, which rep
 leaves the loss and its normaliser), and verl's diagnostics under its "rollout_corr/" names. divviz's engine has a
 π_roll ≠ π_old when its sampler runs in lower precision or some steps behind (`engine/sampler.py`). verl's bypass
 mode, where π_old is π_roll, makes token TIS and IcePop the surrogates `cispo` (lo = 0) and `icepop`.
-tests/test_verl.py checks the weights, masks and metrics against verl's own vectors.
+tests/loss/test_verl.py checks the weights, masks and metrics against verl's own vectors.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ A few add a term that A does not scale, so the primitive is the slope ∂ℓ/∂
 Soft surrogates (cispo, sapo, vespo, gpg, icepop, dro, kl_cov) have no clip test: γ is the constraint. dppo, geo_mean,
 clip_cov and rpg_<kl> take the objective's clip test (its interval [l, u]) and mask with it as PPO does. Formulas are
 TRL 1.16's `_compute_loss`, verl 0.9.1's `core_algos.compute_policy_loss_*` and RPG's
-`compute_policy_loss_reinforce`; tests/test_trl.py, tests/test_verl.py and tests/test_rpg.py check them against that
+`compute_policy_loss_reinforce`; tests/loss/test_trl.py, tests/loss/test_verl.py and tests/loss/test_rpg.py check them against that
 code.
 """
 

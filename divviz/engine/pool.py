@@ -222,17 +222,27 @@ def preload() -> None:
     import divviz.engine.worker  # noqa: F401
 
 
-def main(argv: list[str]) -> None:
-    root = Path(argv[0])
-    app_pid = int(argv[1]) if len(argv) > 1 else None
+def claim(root: Path, **about):
+    """Become the runs folder's one pool: its lock, held (the open file), and pool.json saying who holds it (with
+    `about`); None when another pool serves the folder."""
     lock = open(control_dir(root) / "pool.lock", "a")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
+        lock.close()
+        return None
+    (control_dir(root) / "pool.json").write_text(json.dumps({"pid": os.getpid(), "started": time.time(), **about}))
+    return lock
+
+
+def main(argv: list[str]) -> None:
+    root = Path(argv[0])
+    app_pid = int(argv[1]) if len(argv) > 1 else None
+    lock = claim(root)
+    if lock is None:
         return  # another pool serves this runs folder
     lower_priority()
     os.environ["OMP_NUM_THREADS"] = os.environ.get("DIVVIZ_WORKER_THREADS", "1")
-    (control_dir(root) / "pool.json").write_text(json.dumps({"pid": os.getpid(), "started": time.time()}))
     preload()
 
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)

@@ -7,7 +7,7 @@ had never stopped, in `resume.pt` in its folder (replaced atomically; removed on
 
 Everything else a step depends on is drawn from the run's seed and the step (`grpo.py`: the prompts, the sampling
 generator, the mini-batch shuffle), the reference policy is the start policy made again, and the stability record is
-replayed from metrics.jsonl, so a resumed run writes the rows an unbroken run would have (tests/test_training.py).
+replayed from metrics.jsonl, so a resumed run writes the rows an unbroken run would have (tests/engine/test_training.py).
 A sampler that lags behind the trained model (`rollout_lag` > 0) holds weights this file does not keep: such a run
 starts again from step 0 instead.
 """

@@ -76,9 +76,18 @@ def ensure_pool(root: Path) -> None:
             return  # a pool is serving
         fcntl.flock(lock, fcntl.LOCK_UN)
     log = open(control_dir(root) / "pool.log", "a")
-    _children.append(subprocess.Popen([sys.executable, "-m", "divviz.engine.pool", str(root), str(os.getpid())],
-                                      stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=os.getcwd()))
+    _children.append(subprocess.Popen([sys.executable, "-m", *pool_command(root)], stdout=log, stderr=subprocess.STDOUT,
+                                      start_new_session=True, cwd=os.getcwd()))
     reap()
+
+
+def pool_command(root: Path) -> list[str]:
+    """The pool that trains a runs folder: this machine's (`pool.py`), or a Ray cluster's (`divviz.ray.pool`, by
+    name: the engine imports nothing of it) when $DIVVIZ_RAY names one ("local": a cluster of this machine's own).
+    Either is told this process's pid, and leaves once idle after it ends."""
+    cluster = os.environ.get("DIVVIZ_RAY")
+    return [*(("divviz.ray.pool", str(root), cluster) if cluster else ("divviz.engine.pool", str(root))),
+            str(os.getpid())]
 
 
 def reap() -> None:
@@ -102,6 +111,8 @@ def stop_run(folder: Path, viewer: Viewer | None = None, wait_s: float = STOP_GR
     if status["state"] != "running" or not pid:
         return status["state"]
     (folder / ".stop").write_text(str(time.time()))  # the pool reads it: a child that dies now was stopped
+    if status.get("executor"):  # Ray's pool trains it under its own pid (divviz/ray/pool.py): .stop cancels it
+        return "stopping"
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:

@@ -2,7 +2,7 @@
 
 A view of one seed is an anecdote; these turn n seeds into a statement with its uncertainty. Intervals are
 Student-t intervals of the mean, mean ± t_{(1+level)/2, n−1} · s / √n with the sample standard deviation s
-(ddof = 1; a chart's band also respects the quantity's range, `summarize`'s `bounds`), the interval `scipy.stats.ttest_1samp(x).confidence_interval()` gives (tests/test_evidence.py
+(ddof = 1; a chart's band also respects the quantity's range, `summarize`'s `bounds`), the interval `scipy.stats.ttest_1samp(x).confidence_interval()` gives (tests/evidence/test_evidence.py
 checks both against each other and against a textbook case). A comparison of two measures is *paired*: both
 ran with the same seeds, so the difference is taken seed by seed before averaging, and the share of seeds whose
 difference has the other sign says how often one seed alone would have told the opposite story. A reading that is
@@ -108,7 +108,7 @@ def paired_binary(candidate, baseline, level: float = LEVEL) -> Paired:
     of the product of the four margins (ψ = 0 when a margin is empty):
         low  = (p1 − p2) − √((p1 − l1)² + (u2 − p2)² − 2ψ (p1 − l1)(u2 − p2))
         high = (p1 − p2) + √((p2 − l2)² + (u1 − p1)² − 2ψ (p2 − l2)(u1 − p1))
-    (tests/test_evidence.py checks it against the R package contingencytables, Fagerland, Lydersen & Laake)."""
+    (tests/evidence/test_evidence.py checks it against the R package contingencytables, Fagerland, Lydersen & Laake)."""
     a = np.asarray(candidate, dtype=np.float64)
     b = np.asarray(baseline, dtype=np.float64)
     if not np.isin(np.concatenate([a, b]), (0.0, 1.0)).all():

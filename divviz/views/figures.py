@@ -4,7 +4,7 @@ with the table behind it (`Chart`), the palette, and layout helpers (panels, lin
 Figures are written as plain dicts and kept as they are: plotly's own objects, even built without validation, cost
 ~3 ms a figure to build and ~7 ms to turn back into a dict for the browser, and the incremental API (`add_trace`,
 `add_vrect`, `make_subplots`) re-validates on every call, 10–100× more; either would break the explorer's 50 ms
-budget per control change (bench/explorer.py). tests/test_plots.py validates every figure instead. The template is
+budget per control change (bench/explorer.py). tests/pages/test_plots.py validates every figure instead. The template is
 left empty so that Streamlit's theme applies.
 """
 
@@ -133,7 +133,7 @@ def fmt(x: float) -> str:
 def figure(traces: list[dict], layout: dict, shapes: list[dict] = (), annotations: list[dict] = ()) -> Figure:
     full = {**BASE_LAYOUT, **layout, "shapes": list(shapes), "annotations": [*layout.get("annotations", []),
                                                                            *annotations]}
-    return Figure({"data": traces, "layout": full})  # tests/test_plots.py validates them
+    return Figure({"data": traces, "layout": full})  # tests/pages/test_plots.py validates them
 
 
 def concat(frames: list[pd.DataFrame]) -> pd.DataFrame:

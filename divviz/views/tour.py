@@ -2,7 +2,7 @@
 quotes, computed by the same functions the pages call, formatted as the pages show them.
 
 One source for three things: the Tour page (`app_pages/tour.py`), README's "Workshop walkthrough" (between its two
-`walkthrough` markers; `python scripts/walkthrough.py` writes it, tests/test_walkthrough.py checks that README holds
+`walkthrough` markers; `python scripts/walkthrough.py` writes it, tests/pages/test_walkthrough.py checks that README holds
 it), and the walkthrough test, which opens each number's page at its link and finds the number where `Number.where`
 says it is.
 """

@@ -1,0 +1,104 @@
+"""The layers of docs/architecture.md hold in the import graph: nothing imports a layer below it (one named
+exception), there is no module-level import cycle, only the app layer imports streamlit, and no source file is long."""
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+LAYER = {"safetext": 0, "catalogue": 1, "losses": 2, "metrics": 2, "loss_grids": 2, "bandit": 3, "engine": 3,
+         "trl": 3.5, "importers": 3.5, "verl": 3.5, "ray": 3.5,  # beside the engine, importing it
+         "evidence": 4, "views": 5, "app": 6, "cli": 7, "cli_train": 7, "__main__": 7}
+ALLOWED_UPWARD = {("divviz.engine.worker", "divviz.trl.run")}  # the worker runs a queued TRL run; lazy, TRL optional
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for path in (ROOT / "divviz").rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def imports(path: Path, module_level_only: bool) -> set[str]:
+    """The divviz modules `path` imports (`from divviz.x import y` counts y when y is a module)."""
+    tree = ast.parse(path.read_text())
+    nodes = tree.body if module_level_only else ast.walk(tree)
+    names = set()
+    for node in nodes:
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("divviz"):
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names if alias.name.startswith("divviz"))
+    return names & set(modules())
+
+
+def layer(module: str) -> int:
+    parts = module.split(".")
+    return LAYER[parts[1]] if len(parts) > 1 else -1  # `divviz` itself holds only __version__
+
+
+def test_every_module_belongs_to_a_layer():
+    assert all(m == "divviz" or m.split(".")[1] in LAYER for m in modules()), sorted(modules())
+
+
+def test_nothing_imports_a_layer_below_it():
+    upward = {(m, target) for m, path in modules().items() for target in imports(path, module_level_only=False)
+              if layer(target) > layer(m)}
+    assert upward == ALLOWED_UPWARD
+
+
+def test_no_module_level_import_cycle():
+    graph = {m: imports(path, module_level_only=True) - {m} for m, path in modules().items()}
+    state: dict[str, int] = {}
+
+    def visit(m, trail):
+        state[m] = 1
+        for n in graph[m]:
+            assert state.get(n) != 1, " -> ".join([*trail, m, n])
+            if n not in state:
+                visit(n, [*trail, m])
+        state[m] = 2
+
+    for m in graph:
+        if m not in state:
+            visit(m, [])
+
+
+def test_only_the_app_layer_imports_streamlit():
+    importers = {str(p.relative_to(ROOT)) for p in (ROOT / "divviz").rglob("*.py") if "import streamlit" in p.read_text()}
+    assert importers and all(p.startswith("divviz/app/") for p in importers), importers
+
+
+def test_each_layer_package_is_its_docstring_and_no_file_is_long():
+    for package in ("catalogue", "bandit", "evidence", "views", "app"):
+        tree = ast.parse((ROOT / "divviz" / package / "__init__.py").read_text())
+        assert len(tree.body) == 1 and isinstance(tree.body[0].value, ast.Constant), package
+    long = {str(p.relative_to(ROOT)): n for p in [*(ROOT / "divviz").rglob("*.py"), *(ROOT / "app_pages").glob("*.py")]
+            if (n := len(p.read_text().splitlines())) > 450}
+    assert not long
+
+
+def test_docs_and_code_say_what_is_true_now_not_when_it_was_done():
+    """No numbered work period, issue or finding in docs/, README or the code's comments and docstrings: those say
+    what is true now and how to reproduce it (dates label measurements)."""
+    import re
+
+    numbered = re.compile(r"\b(" + "|".join(("session", "issue", "finding")) + r") #?\d+", re.I)
+    files = [*ROOT.glob("docs/*.md"), ROOT / "README.md",
+             *(p for folder in ("divviz", "app_pages", "bench", "scripts", "tests") for p in (ROOT / folder).rglob("*.py"))]
+    found = {str(p.relative_to(ROOT)): m[0] for p in files if (m := numbered.search(p.read_text()))}
+    assert len(files) > 100 and not found
+
+
+def test_every_test_is_in_a_folder_of_the_map_and_every_test_path_the_docs_name_exists():
+    """docs/tests.md's map names one folder per layer: every test module is in one of them, and a path to a test in
+    README, docs/ or a docstring names a file that is there."""
+    rows = [line for line in (ROOT / "docs" / "tests.md").read_text().splitlines() if line.startswith("| ")]
+    mapped = {folder for row in rows for folder in re.findall(r"`tests/(\w+)/`", row)}
+    folders = {p.parent.name for p in (ROOT / "tests").rglob("test_*.py")}
+    assert not list((ROOT / "tests").glob("test_*.py")) and folders == mapped
+    texts = [*ROOT.glob("docs/*.md"), ROOT / "README.md", *(ROOT / "divviz").rglob("*.py"), *(ROOT / "scripts").glob("*.py")]
+    named = {m for path in texts for m in re.findall(r"tests/[\w/]+\.py", path.read_text())}
+    assert named and all((ROOT / path).is_file() for path in named), sorted(p for p in named if not (ROOT / p).is_file())

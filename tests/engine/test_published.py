@@ -1,0 +1,109 @@
+"""The published runs (`engine/published.py`): a grid published run by run, compact and readable with gzip and
+json alone, opened as a runs folder — holding every cell a user's folder lacks, listed read-only on the Runs page,
+opened by the Step inspector — and a broken manifest hiding only its own grid."""
+
+import gzip
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from divviz.engine import published, store
+from divviz.evidence import claims, claims_lm
+from divviz.evidence.lm_evidence import LMEvidence
+from tests.lm_grid import LM_SEEDS, LM_STEPS
+
+
+
+TRAINED_BY = {"model": "builtin", "setting": "", "device": "cpu", "precision": "float32", "torch": "t",
+              "transformers": "x", "python": "3", "commit": "abc1234", "seeds": LM_SEEDS, "pilot_seeds": LM_SEEDS}
+
+
+@pytest.fixture
+def published_grid(lm_plan, tmp_path, monkeypatch):
+    """The fixture's grid published (`engine/published.py`) into a folder of its own, read as divviz reads
+    published/ (its unpacked copy in a cache of this test's)."""
+    where = tmp_path / "published"
+    for (measure, reward, seed), run in lm_plan.runs.items():
+        published.publish(run.folder, where / "builtin-grid", {"measure": measure, "reward": reward, "seed": seed},
+                          TRAINED_BY)
+    monkeypatch.setenv("DIVVIZ_PUBLISHED", str(where))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return where / "builtin-grid"
+
+
+def test_published_runs_hold_every_cell_a_runs_folder_lacks(lm_plan, published_grid, tmp_path):
+    empty = tmp_path / "mine"
+    plan = claims_lm.LMPlan.read(empty, LM_SEEDS, LM_STEPS)
+    assert plan.finished and not plan.missing and all(plan.is_published(run) for run in plan.runs.values())
+    assert "0 are your own" in plan.provenance and "builtin-grid" in plan.provenance and "commit abc1234" in plan.provenance
+    keys = ("condition", "candidate", "metric", "mean", "low", "high", "n", "p", "verdict")
+    assert ([{k: r[k] for k in keys} for r in LMEvidence(plan).rows()]
+            == [{k: r[k] for k in keys} for r in LMEvidence(lm_plan).rows()])  # the same cells as the runs trained
+    alone = claims_lm.LMPlan.read(empty, LM_SEEDS, LM_STEPS, with_published=False)
+    assert not alone.done and alone.provenance == ""
+    mine = lm_plan.runs[(claims.PPO, "task", 0)]  # a run of the user's own of a published cell: it holds the cell
+    shutil.copytree(mine.folder, empty / mine.name)
+    plan = claims_lm.LMPlan.read(empty, LM_SEEDS, LM_STEPS)
+    assert not plan.is_published(plan.runs[(claims.PPO, "task", 0)]) and "1 are your own" in plan.provenance
+
+
+def test_a_published_run_is_compact_and_read_with_gzip_and_json_alone(lm_plan, published_grid):
+    manifest = json.loads((published_grid / "manifest.json").read_text())
+    run = lm_plan.runs[(claims.KL3_WIDE, "task", 1)]
+    entry = manifest["runs"][run.name]
+    assert (entry["measure"], entry["seed"], entry["state"], manifest["commit"]) == (claims.KL3_WIDE, 1, "done",
+                                                                                    "abc1234")
+    folder = published_grid / run.name
+    assert not (folder / "metrics.jsonl").exists() and not (folder / "resume.pt").exists()
+    rows = [json.loads(line) for line in gzip.decompress((folder / "metrics.jsonl.gz").read_bytes()).splitlines()]
+    assert rows == [json.loads(line) for line in (run.folder / "metrics.jsonl").read_text().splitlines()]
+    assert sorted(p.name for p in (folder / "tokens").iterdir()) == [f"step_{s:06d}.npz"
+                                                                    for s in published.kept_steps(LM_STEPS)]
+    for name, digest in entry["sha256"].items():
+        assert hashlib.sha256((folder / name).read_bytes()).hexdigest() == digest
+    with pytest.raises(ValueError, match="not trained as"):  # one grid, one way of training
+        published.publish(run.folder, published_grid, {"measure": "x", "reward": "task", "seed": 0},
+                          {**TRAINED_BY, "commit": "other"})
+
+
+def test_a_broken_manifest_hides_its_grid_and_nothing_else(published_grid, tmp_path):
+    (published_grid.parent / "broken").mkdir()
+    (published_grid.parent / "broken" / "manifest.json").write_text("{not json")
+    (published_grid.parent / "odd").mkdir()
+    (published_grid.parent / "odd" / "manifest.json").write_text(json.dumps({"runs": {"../../escape": {}}}))
+    assert list(published.manifests()) == ["builtin-grid"]
+    assert len(store.list_runs(published.folder())) == len(json.loads((published_grid / "manifest.json").read_text())
+                                                            ["runs"])
+
+
+def test_the_runs_page_and_the_step_inspector_list_published_runs_read_only(lm_plan, published_grid, tmp_path,
+                                                                            monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("DIVVIZ_RUNS_DIR", str(tmp_path / "mine"))
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "app_pages" / "runs.py"), default_timeout=120)
+    at.run()
+    assert not at.exception
+    table = at.dataframe[0].value
+    assert len(table) == len(lm_plan.runs) and set(table.owner) == {"published: builtin-grid"}
+    assert at.selectbox(key="runs:delete").options == []  # nothing published can be stopped or deleted
+    assert "one user" in at.markdown[0].value  # a local app: any browser manages any run, and says so
+
+
+def test_the_step_inspector_opens_a_published_run_at_its_last_kept_step(lm_plan, published_grid, tmp_path,
+                                                                        monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("DIVVIZ_RUNS_DIR", str(tmp_path / "mine"))
+    run = lm_plan.runs[(claims.KL3_WIDE, "task", 0)]
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "app_pages" / "step_inspector.py"),
+                           default_timeout=120)
+    at.session_state["inspector:run"] = run.name
+    at.run()
+    assert not at.exception and at.selectbox(key="inspector:run").value == run.name
+    kept = store.completion_steps(published.folder() / run.name)
+    assert kept and set(kept) <= set(published.kept_steps(LM_STEPS)) and at.subheader[0].value.endswith(
+        f"step {kept[-1]}")

@@ -1,0 +1,90 @@
+"""The claims on SmolLM2-135M, one update per batch (`evidence/claims_real.py`): computed once and cached (a second
+call trains nothing), Ctrl-C keeps what is done, every cell is the paired difference of the cached numbers with the
+verdict its interval gives, and the CLI and the Claims page include them."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from divviz.cli import main
+from divviz.engine import compare
+from divviz.evidence import claims, claims_export, claims_real, claims_report, intervals
+
+BATCHES = 2
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("claims_real")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(claims_real, "cache_folder", lambda: folder)
+        plan = claims_real.RealPlan(BATCHES)
+        assert len(plan.missing) == 2 * BATCHES
+        seen = []
+        plan.compute(lambda done, total, text: seen.append((done, total)))
+        assert seen[0] == (0, 2 * BATCHES) and seen[-1] == (2 * BATCHES, 2 * BATCHES) and not plan.missing
+    return folder
+
+
+@pytest.fixture
+def cached(cache, monkeypatch):
+    monkeypatch.setattr(claims_real, "cache_folder", lambda: cache)
+    return cache
+
+
+def test_a_second_call_trains_nothing(cached, monkeypatch):
+    monkeypatch.setattr(compare, "same_batch", lambda *a, **k: pytest.fail("a cached batch was computed again"))
+    plan = claims_real.RealPlan(BATCHES)
+    plan.compute()
+    assert len(plan.rows()) == sum(len(c.real_comparisons) for c in claims.CLAIMS)
+
+
+def test_every_cell_is_the_paired_difference_of_the_cached_updates(cached):
+    plan = claims_real.RealPlan(BATCHES)
+    rows = plan.rows()
+    assert {r["setting"] for r in rows} == {claims.REAL} and all(r["n"] == BATCHES for r in rows)
+    for r in rows:
+        claim = next(c for c in claims.CLAIMS if c.key == r["claim_key"])
+        results = [json.loads(claims_real.cache_file(b, claim.reward).read_text()) for b in range(BATCHES)]
+        base = [0.0 if r["baseline"] == claims.ZERO else res[r["baseline"]][r["metric"]] for res in results]
+        d = intervals.paired([res[r["candidate"]][r["metric"]] for res in results], base)
+        assert (r["mean"], r["low"], r["high"]) == pytest.approx((d.mean, d.low, d.high))
+        assert r["verdict"] == intervals.verdict(d.low, d.high, +1 if r["predicted_sign"] == "+" else -1)
+    ppo = json.loads(claims_real.cache_file(0, "task").read_text())[claims.PPO]
+    assert ppo["clip_ratio/low_mean"] + ppo["clip_ratio/high_mean"] > 0  # one update at these settings clips
+    assert all(np.isfinite(ppo[key]) for key in ("entropy/change", "entropy/change_predicted", "top1_change"))
+    report = plan.report(claims_report.build(seeds=2, grid=()))
+    assert "SmolLM2-135M-Instruct, one update per batch" in report.scope and "<svg" in claims_export.to_html(report)
+
+
+def test_ctrl_c_keeps_the_batches_done(cached, tmp_path, monkeypatch, capsys):
+    for job in claims_real.RealPlan(BATCHES).jobs[:2]:  # the first batch, both rewards, already done
+        target = tmp_path / claims_real.cache_file(*job).name
+        target.write_text(claims_real.cache_file(*job).read_text())
+    monkeypatch.setattr(claims_real, "cache_folder", lambda: tmp_path)
+    monkeypatch.setattr(compare, "same_batch", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+    assert main(["claims", "--seeds", "2", "--real", "--batches", str(BATCHES)]) == 2
+    err = capsys.readouterr().err
+    assert "stopped: 2 of 4 batches are kept" in err and "2 of 4 batches already" in err
+    assert sorted(p.suffix for p in tmp_path.iterdir()) == [".json", ".json"]  # nothing half-written left
+
+
+def test_the_cli_and_the_page_include_the_real_cells(cached, capsys, monkeypatch):
+    assert main(["claims", "--seeds", "2", "--real", "--batches", str(BATCHES), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert sum(r["setting"] == claims.REAL for r in rows) == sum(len(c.real_comparisons) for c in claims.CLAIMS)
+    assert main(["claims", "--batches", "3"]) == 2 and "add --real" in capsys.readouterr().err
+
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "app.py"), default_timeout=300).run()
+    at.switch_page("app_pages/claims.py").run()
+    at.slider(key="claims:seeds").set_value(2).run()
+    at.slider(key="claims:real_batches").set_value(BATCHES).run()
+    assert not at.exception
+    assert any("SmolLM2-135M-Instruct, one update per batch" in s.value.replace("\\", "") for s in at.success)
+    at.selectbox(key="claims:claim").set_value(next(c for c in claims.CLAIMS if c.real_comparisons).key).run()
+    cells = [d.value for d in at.dataframe if "setting" in d.value.columns]
+    assert any((table["setting"] == claims.REAL).any() for table in cells)

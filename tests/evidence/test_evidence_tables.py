@@ -1,0 +1,86 @@
+"""README's over-training row and docs/claims.md's generated blocks are what the published runs say now
+(scripts/evidence_tables.py writes them), and docs/claims.md's few lines that recompute a cell with numpy alone give
+divviz's own cell."""
+
+import contextlib
+import json
+import importlib.util
+import io
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from divviz.evidence import claims, claims_export
+
+ROOT = Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location("evidence_tables", ROOT / "scripts" / "evidence_tables.py")
+evidence_tables = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(evidence_tables)
+
+
+def test_readme_and_claims_md_hold_what_the_bandit_grid_and_the_published_runs_say(repository_published):
+    claims_md = (ROOT / "docs" / "claims.md").read_text()
+    stale = "is stale: run python scripts/evidence_tables.py"
+    grids = evidence_tables.published()
+    assert claims_md.split(evidence_tables.START)[1].split(evidence_tables.END)[0] == evidence_tables.block(grids), \
+        f"docs/claims.md's over-training block {stale}"
+    readme = (ROOT / "README.md").read_text().splitlines(keepends=True)
+    assert [line for line in readme if line.startswith(evidence_tables.ROW)] == [evidence_tables.readme_row(grids)], \
+        f"README's over-training row {stale}"
+    bandit = evidence_tables.bandit_report()
+    assert claims_md.split(evidence_tables.BANDIT_START)[1].split(evidence_tables.BANDIT_END)[0] == \
+        claims_export.bandit_markdown(bandit), f"docs/claims.md's bandit table {stale}"
+    assert [line for line in readme if line.startswith(evidence_tables.BANDIT_ROW)] == \
+        [evidence_tables.bandit_row(bandit)], f"README's bandit row {stale}"
+
+
+def test_the_numpy_recipe_in_claims_md_recomputes_divvizs_cell(repository_published):
+    recipe = re.search(r"```python\n(# recompute a cell.*?)```", (ROOT / "docs" / "claims.md").read_text(), re.S)[1]
+    assert len(recipe.strip().splitlines()) <= 10
+    scope = {}
+    with contextlib.chdir(ROOT), contextlib.redirect_stdout(io.StringIO()):
+        exec(compile(recipe, "docs/claims.md", "exec"), scope)  # our own documentation's code, not user text
+    d = scope["d"]
+    _, _, report = claims_export.published_evidence("smollm2-135m", "stress")
+    cell = claims_export.headline_cell(report)
+    assert cell["n"] == d.size >= 2 and cell["differences"] == pytest.approx(d.tolist(), abs=1e-12)
+    half = stats.t.ppf(0.975, d.size - 1) * scope["se"]
+    assert (cell["mean"], cell["low"], cell["high"]) == pytest.approx((d.mean(), d.mean() - half, d.mean() + half))
+
+
+def test_divviz_claims_json_carries_each_cells_per_seed_values_from_the_published_runs(capsys, tmp_path,
+                                                                                     repository_published):
+    from divviz.cli import main
+
+    assert main(["claims", "--seeds", "2", "--lm", "--lm-model", "smollm2-135m", "--lm-setting", "stress", "--no-train",
+                 "--runs-dir", str(tmp_path), "--json"]) == 0
+    out = capsys.readouterr()
+    assert "runs are published: smollm2-135m-stress-cpu" in out.err  # the provenance, in one line
+    cells = [r for r in json.loads(out.out) if r["setting"] == claims.LM_TRAINING and r["n"] >= 1]
+    assert cells
+    for cell in cells:
+        assert len(cell["seeds"]) == len(cell["candidate_values"]) == len(cell["baseline_values"]) == cell["n"]
+        assert cell["differences"] == pytest.approx(np.subtract(cell["candidate_values"], cell["baseline_values"]))
+        assert {"p", "p_holm", "q_bh", "median", "p_median", "verdict", "verdict_adjusted"} <= set(cell)
+
+
+def test_a_fresh_clones_claims_page_opens_on_the_published_grid(repository_published, tmp_path, monkeypatch):
+    """Nothing trained: the Claims page opens on SmolLM2's published stress grid, says so in one line, and its
+    over-training cells are the published runs' (raw and Holm-adjusted verdicts side by side)."""
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("DIVVIZ_RUNS_DIR", str(tmp_path / "runs"))
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300)
+    at.run()
+    at.switch_page("app_pages/claims.py").run()
+    assert not at.exception
+    said = " ".join(i.value for i in at.info)
+    assert "Published runs" in said and "smollm2\\-135m\\-stress\\-cpu" in said
+    at.selectbox(key="claims:claim").set_value("kl3_training").run()
+    cells = next(d.value for d in at.dataframe if "verdict (Holm)" in d.value.columns)
+    _, _, report = claims_export.published_evidence("smollm2-135m", "stress")
+    assert len(cells) == sum(r["claim_key"] == "kl3_training" for r in report.rows)
+    assert "verdict (raw)" in cells and "sign-flip p" in cells

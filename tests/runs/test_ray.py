@@ -1,0 +1,74 @@
+"""The runs folder's queue on a real local Ray cluster (`divviz/ray/pool.py`, this machine's cores, no dashboard): the
+claims grid through `divviz claims --lm --ray` gives the pool's runs metric for metric; a worker killed mid-run
+fails only its run, which resumes from its last resume state and ends as an unbroken run would; Stop cancels a run;
+the workers train in folders of their own and the runs land in the app's runs folder."""
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from divviz.cli import main
+from divviz.engine import runner, store
+from divviz.engine.config import RunConfig
+from divviz.evidence import claims_lm
+from tests.lm_grid import LM_SEEDS, LM_STEPS
+
+pytest.importorskip("ray")
+TIMINGS = ("step_time", "tokens_per_s")
+
+
+def same_metrics(a: Path, b: Path) -> bool:
+    strip = lambda rows: [{k: v for k, v in row.items() if k not in TIMINGS} for row in rows]  # noqa: E731
+    return strip(store.read_metrics(a)) == strip(store.read_metrics(b))
+
+
+def wait_for(condition, what: str, timeout: float = 600):
+    deadline = time.time() + timeout
+    while not condition():
+        assert time.time() < deadline, what
+        time.sleep(0.2)
+
+
+def test_the_claims_grid_on_ray_is_the_pools_run_for_run(lm_plan, tmp_path, capsys):
+    assert main(["claims", "--seeds", "2", "--lm", "--lm-seeds", str(LM_SEEDS), "--lm-steps", str(LM_STEPS),
+                 "--runs-dir", str(tmp_path), "--no-published", "--ray", "--json"]) == 0
+    capsys.readouterr()
+    on_ray = claims_lm.LMPlan.read(tmp_path, LM_SEEDS, LM_STEPS, with_published=False)
+    assert on_ray.finished and set(on_ray.runs) == set(lm_plan.runs)
+    for cell, run in on_ray.runs.items():
+        assert run.status["executor"] == "ray" and run.state == "done"
+        assert same_metrics(run.folder, lm_plan.runs[cell].folder), cell
+
+
+def small_run(steps: int, seed: int = 0) -> RunConfig:
+    return RunConfig.make(task="reverse", prompts=4, group_size=4, steps=steps, seed=seed, checkpoint_every=5)
+
+
+def test_a_killed_worker_fails_only_its_run_which_resumes_and_stop_cancels(tmp_path, monkeypatch):
+    alone = tmp_path / "pool"
+    alone.mkdir()
+    unbroken = runner.start_run(small_run(40), alone)  # the pool's run: what the resumed one must equal
+    monkeypatch.setenv("DIVVIZ_RAY", "local")
+    monkeypatch.setenv("DIVVIZ_RAY_WORKDIR", str(tmp_path / "workers"))  # the workers' own folders
+    (tmp_path / "workers").mkdir()
+    root = tmp_path / "runs"
+    root.mkdir()
+    killed, stopped = runner.start_run(small_run(40), root), runner.start_run(small_run(40, seed=1), root)
+    wait_for(lambda: store.read_status(killed).get("step", 0) >= 7 and store.read_status(stopped).get("step", 0) >= 2,
+             "both Ray runs reach their steps")
+    status = store.read_status(killed)
+    assert status["executor"] == "ray" and status["pid"] != status["worker"]
+    os.kill(status["worker"], signal.SIGKILL)
+    assert runner.stop_run(stopped) == "stopping"
+    wait_for(lambda: store.read_status(killed)["state"] == "done" and store.read_status(stopped)["state"] == "stopped"
+             and store.read_status(unbroken)["state"] == "done", "the runs end")
+    assert same_metrics(killed, unbroken)  # resumed from its step-5 state, as an unbroken run goes on
+    assert not (killed / "resume.pt").exists()  # a done run forgets it, on the worker and here
+    assert store.read_status(stopped)["step"] < 40
+    crashed = list((tmp_path / "workers").rglob(killed.name))  # the killed worker's own folder stays behind
+    assert len(crashed) == 1 and (crashed[0] / "metrics.jsonl").is_file() and root not in crashed[0].parents
+    assert json.loads((killed / "config.json").read_text()) == json.loads((unbroken / "config.json").read_text())
