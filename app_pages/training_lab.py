@@ -8,7 +8,7 @@ from divviz.app import objective_sidebar, page_state, room, run_ui, widgets
 
 from divviz.views import run_views, token_view
 from divviz.engine import runner, store
-from divviz.engine.config import BACKENDS, REWARD_SOURCES, ROLLOUT_LAG, RUN_PARAMS, RunConfig, objective_settings
+from divviz.engine.config import BACKENDS, REWARD_SOURCES, ROLLOUT_LAG, RUN_PARAMS, RunConfig
 from divviz.engine.policy import DTYPES
 from divviz.engine.models import MODELS, SMOLLM2_SETTINGS, model_settings
 from divviz.engine.tasks import TASKS
@@ -114,7 +114,7 @@ with widgets.shown_errors():
     page_state.publish_controls(PAGE, CONTROLS)
     configs = [RunConfig.make(task=task, reward=reward, backend=backend, model=model.strip(), device=device, dtype=dtype,
                               **advantages,
-                              **objective_settings(o), **sampler, **correction,
+                              objective=o, **sampler, **correction,
                               **{**settings, "seed": settings["seed"] + s})
                for o in objectives for correction in corrections for s in range(seeds)]
 

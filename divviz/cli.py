@@ -21,17 +21,17 @@ earlier names of `--clip-test` and `divviz catalogue`, are still read.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
-import time
 
 import numpy as np
 
 from divviz.catalogue.divergences import CATALOGUE, DUAL_CLIP
 from divviz.catalogue.params import DivvizInputError, Param
 from divviz.catalogue.rollout_correction import CORRECTIONS
+from divviz.cli_claims import add_claims_parser
+from divviz.cli_output import print_json
 from divviz.cli_train import add_train_parser, clip_test_of, formula_clip_test
 from divviz.safetext import shorten
 
@@ -118,13 +118,6 @@ def cmd_bounds(args) -> int:
     return 0
 
 
-def print_json(value, indent: int | None = None) -> int:
-    """Print `value` as strict JSON (a NaN or infinite number, which JSON cannot spell, as null); exit code 0."""
-    strict = json.loads(json.dumps(value), parse_constant=lambda name: None)  # NaN, Infinity, -Infinity -> null
-    print(json.dumps(strict, indent=indent, allow_nan=False))
-    return 0
-
-
 def cmd_runs(args) -> int:
     from divviz.engine.store import last_metrics, list_runs, runs_dir
 
@@ -190,147 +183,6 @@ def cmd_import(args) -> int:
     return 0
 
 
-def cmd_claims(args) -> int:
-    from tqdm import tqdm
-
-    from divviz.evidence import claims, claims_export, claims_report, lm_evidence
-
-    seeds = claims.QUICK_SEEDS if args.quick else claims.SEEDS
-    if args.seeds is not None:
-        seeds = claims.SEEDS_PARAM.check(args.seeds, "claims")
-    if not args.lm and (args.lm_seeds or args.lm_steps or args.lm_pilot_extra or args.runs_dir
-                        or args.lm_model != "builtin" or args.lm_setting or args.no_wait or args.no_train
-                        or args.no_published or args.ray):
-        raise DivvizInputError("--lm-seeds, --lm-steps, --lm-pilot-extra, --lm-model, --lm-setting, --no-wait, "
-                               "--no-train, --no-published, --ray and --runs-dir are for the LM's cells: add --lm")
-    if args.ray:
-        import importlib.util
-
-        if importlib.util.find_spec("ray") is None:
-            raise DivvizInputError("--ray needs Ray, which is not installed: pip install 'divviz[ray]' 'torch==2.13.0'")
-        os.environ["DIVVIZ_RAY"] = args.ray  # the runs folder's pool is Ray's (`runner.pool_command`)
-    if args.batches is not None and not args.real:
-        raise DivvizInputError("--batches is for the real model's cells: add --real")
-    quiet = args.json and not sys.stderr.isatty()
-    try:  # opened first, so that a path that cannot be written is refused before the work
-        out = open(args.out, "w", encoding="utf-8") if args.out else None
-    except OSError as err:
-        raise DivvizInputError(f"cannot write {args.out}: {err.strerror}") from None
-    plan = _lm_cells(args) if args.lm else None  # the pool trains the missing ones while the bandit grid runs here
-    bar = tqdm(total=100, desc="claims: bandit", unit="%", file=sys.stderr, disable=quiet)
-
-    def progress(fraction: float, text: str) -> None:
-        bar.set_postfix_str(text)
-        bar.update(round(100 * fraction) - bar.n)
-
-    report = claims_report.build(seeds, progress=progress)
-    bar.close()
-    if plan is not None:
-        if args.no_wait or args.no_train:
-            plan = plan.refreshed()
-            print(f"divviz: {plan.name}: {plan.done} of {len(plan.runs)} runs finished; the report has their cells"
-                  + (", and nothing was queued (--no-train)" if args.no_train else
-                     ", and the pool goes on training the rest (run this again later)"), file=sys.stderr)
-        plan = plan if args.no_wait or args.no_train else _wait_for_lm_cells(plan, quiet)
-        report = lm_evidence.LMEvidence(plan).report(report)
-    if args.real:
-        report = _real_cells(args, quiet).report(report)
-    if out:
-        with out:
-            out.write(claims_export.to_html(report))
-    if args.json:
-        return print_json([{k: v for k, v in row.items() if k != "claim_key"} for row in report.rows], indent=1)
-    print(claims_export.to_text(report))
-    return 0
-
-
-def _real_cells(args, quiet: bool):
-    """The real model's batches, computed where not cached (a bar per batch); Ctrl-C keeps the batches done."""
-    from tqdm import tqdm
-
-    from divviz.evidence import claims_real
-
-    plan = claims_real.RealPlan(claims_real.BATCHES_PARAM.check(args.batches or claims_real.BATCHES_PARAM.default,
-                                                                "claims"))
-    missing = len(plan.missing)
-    print(f"divviz: SmolLM2-135M: {len(plan.jobs) - missing} of {len(plan.jobs)} batches already in "
-          f"{claims_real.cache_folder()}, {missing} to compute", file=sys.stderr)
-    bar = tqdm(total=missing, desc="claims: SmolLM2, one update", unit="batch", file=sys.stderr, disable=quiet)
-
-    def progress(done: int, total: int, text: str) -> None:
-        bar.set_postfix_str(text)
-        bar.update(done - bar.n)
-
-    try:
-        plan.compute(progress)
-    except KeyboardInterrupt:
-        raise DivvizInputError(f"stopped: {len(plan.jobs) - len(plan.missing)} of {len(plan.jobs)} batches are kept in "
-                               f"{claims_real.cache_folder()}, and the next --real computes only the rest") from None
-    bar.close()
-    return plan
-
-
-def _lm_cells(args):
-    """The LM cells' plan, read from the runs folder, its missing runs queued (none with --no-train)."""
-    from divviz.engine.models import MODELS, evaluated_settings
-    from divviz.engine.store import runs_dir
-    from divviz.evidence import claims_lm
-
-    if args.lm_model not in MODELS:
-        raise DivvizInputError(f"--lm-model takes a built-in model ({', '.join(MODELS)}); got {args.lm_model!r}")
-    settings = evaluated_settings(args.lm_model)  # a setting without held-out evaluations tests nothing here
-    if args.lm_setting and args.lm_setting not in settings:
-        raise DivvizInputError(f"--lm-setting: {args.lm_model} has "
-                               + (f"the settings with held-out evaluations {', '.join(settings)}" if settings
-                                  else "no settings")
-                               + f"; got {args.lm_setting!r}")
-    setting = args.lm_setting or next(iter(settings), "")
-    declared, declared_extra = claims_lm.declared_seeds(args.lm_model, setting)
-    seeds = claims_lm.SEEDS_PARAM.check(args.lm_seeds or declared, "claims")
-    steps = claims_lm.STEPS_PARAM.check(args.lm_steps or claims_lm.default_steps(args.lm_model, setting), "claims")
-    pilot = declared + declared_extra if declared_extra else 0  # the declared pilot pair's seeds, if it has more
-    extra = claims_lm.PILOT_EXTRA_PARAM.check(args.lm_pilot_extra if args.lm_pilot_extra is not None
-                                              else max(0, pilot - seeds), "claims")
-    plan = claims_lm.LMPlan.read(runs_dir(args.runs_dir), seeds, steps, args.lm_model, setting, seeds + extra,
-                                 with_published=not args.no_published)
-    found = len(plan.runs) - len(plan.missing)
-    queued = [] if args.no_train else plan.queue_missing()
-    print(f"divviz: {plan.name}: {found} of {len(plan.runs)} runs found, {len(queued)} queued"
-          + (f"; {plan.provenance}" if plan.provenance else f" (runs folder {plan.root})"), file=sys.stderr)
-    return plan.refreshed()
-
-
-def _wait_for_lm_cells(plan, quiet: bool):
-    """Wait for the pool to finish the plan's runs; Ctrl-C stops those still queued or running (the finished ones
-    stay, and the next `--lm` reads them)."""
-    from tqdm import tqdm
-
-    from divviz.engine.runner import stop_run
-
-    bar = tqdm(total=100, desc=f"claims: {plan.name}", unit="%", file=sys.stderr, disable=quiet,
-               bar_format="{l_bar}{bar}| {n_fmt}% [{elapsed}{postfix}]")
-    try:
-        while not plan.finished:
-            left, ahead = plan.time_left(), len(plan.ahead)
-            bar.set_postfix_str(f"{plan.done} of {len(plan.runs)} runs, "
-                                + ("time left unknown" if left is None else f"about {left / 60:.0f} min left")
-                                + (f" ({ahead} other queued runs included)" if ahead else ""))
-            bar.update(round(100 * plan.progress) - bar.n)
-            time.sleep(1.0)
-            plan = plan.refreshed()
-    except KeyboardInterrupt:
-        for run in plan.runs.values():
-            if run is not None and run.state in ("queued", "running"):
-                stop_run(run.folder)
-        raise DivvizInputError(f"stopped: {plan.name}'s runs that finished are kept in the runs folder, and the next "
-                               "--lm reads them instead of training them again") from None
-    bar.update(100 - bar.n)
-    bar.close()
-    for line in plan.failed:
-        print(f"divviz: {plan.name}: a run failed and drops out of its pairs: {line}", file=sys.stderr)
-    return plan
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="divviz", description="See what a policy-divergence constraint does to GRPO.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -358,46 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_train_parser(sub)
 
-    p = sub.add_parser("claims", help="test the seed papers' claims on a fixed grid, with computed verdicts")
-    p.add_argument("--quick", action="store_true", help="fewer seeds (20 instead of 64): well under 2 minutes on 2 cores")
-    p.add_argument("--seeds", default=None, help="seeds per objective (2 to 256), instead of the default")
-    p.add_argument("--json", action="store_true",
-                   help="print every cell: claim, condition, metric, mean, low, high, n, verdict, …")
-    p.add_argument("--out", metavar="FILE", help="also write the report as one self-contained HTML page")
-    p.add_argument("--lm", action="store_true",
-                   help="add the built-in LM's cells: runs queued to the runs folder's pool (about 5 minutes on 2 "
-                        "cores at the defaults), and read from there the next time")
-    p.add_argument("--lm-seeds", default=None, help="runs per objective on the LM (2 to 64; default 8, or the declared "
-                                                    "grid's 4 for smollm2-135m)")
-    p.add_argument("--lm-steps", default=None,
-                   help="GRPO steps per LM run (2 to 1000; default 60, or the SmolLM2 setting's 30)")
-    p.add_argument("--lm-pilot-extra", default=None,
-                   help="seeds the pilot pair, PPO ε = 0.2 and KL3 δ = 0.05, trains beyond --lm-seeds (0 to 56; "
-                        "default 0, or the declared grid's: 4 at learn, 8 at stress): the headline's comparison at "
-                        "more seeds than the other objectives'")
-    p.add_argument("--lm-model", default="builtin",
-                   help="the model of the LM cells: builtin (default) or smollm2-135m (its own task, held-out set and "
-                        "settings; about 13 minutes per run on 2 cores, so a grid takes hours: it resumes)")
-    p.add_argument("--lm-setting", default=None,
-                   help="a setting of --lm-model: for smollm2-135m learn (default) or stress (lr 2e-4)")
-    p.add_argument("--no-wait", action="store_true",
-                   help="with --lm: report the cells of the runs finished so far, leave the rest training in the pool")
-    p.add_argument("--no-train", action="store_true",
-                   help="with --lm: report the runs already in the runs folder and queue nothing (e.g. a grid trained "
-                        "on another machine and copied here)")
-    p.add_argument("--runs-dir", help="runs folder for --lm (default: $DIVVIZ_RUNS_DIR, else ./runs)")
-    p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
-                   help="with --lm: train the missing runs on a Ray cluster (ray://HOST:PORT, auto, or none given: one "
-                        "of this machine's own) instead of this machine's pool; they land in the runs folder as the "
-                        "pool's do (docs/scale.md; pip install 'divviz[ray]')")
-    p.add_argument("--no-published", action="store_true",
-                   help="with --lm: read only the runs folder, not the published runs (published/, which hold "
-                        "SmolLM2's grids: a cell the runs folder has not finished is read from there by default)")
-    p.add_argument("--real", action="store_true",
-                   help="add SmolLM2-135M's cells: one update per rollout batch under each objective, from the same "
-                        "weights (about 55 s a batch on 2 cores), cached: a second call trains nothing")
-    p.add_argument("--batches", default=None, help="rollout batches for --real (2 to 256; default 16)")
-    p.set_defaults(run=cmd_claims)
+    add_claims_parser(sub)
 
     p = sub.add_parser("import", help="make a run folder from another trainer's log: UNIPO's JSON, JSONL or folder, "
                                       "TRL's trainer_state.json, verl's file logger, divviz's JSONL")

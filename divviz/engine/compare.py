@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from divviz.engine.config import RunConfig, objective_settings
+from divviz.engine.config import RunConfig
 from divviz.engine.grpo import Trainer, make_batch, make_optimiser, make_trainer, update
 from divviz.engine.step_metrics import inspected_record, inspected_rows, update_metrics
 from divviz.engine.rollout import Rollout, completion_logits
@@ -83,8 +83,8 @@ def same_batch(cfg: RunConfig, settings: list[tuple[str, RunConfig | Objective]]
     active = mask > 0
     results = []
     for label, setting in settings:
-        run = setting if isinstance(setting, RunConfig) else replace(cfg, **objective_settings(setting))
-        objective = run.objective()
+        run = setting if isinstance(setting, RunConfig) else replace(cfg, objective=setting)
+        objective = run.objective
         tr.model.load_state_dict(start_weights)
         tr.optimiser = make_optimiser(tr.model, cfg)
         done = update(tr, batch, objective, logp_old, step, correction=run.correction(), bypass=run.bypass_mode)

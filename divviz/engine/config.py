@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Mapping
 
-from divviz.catalogue.aggregation import AGGREGATIONS, BASELINES, check_scale_rewards
+from divviz.catalogue.aggregation import BASELINES, check_scale_rewards
 from divviz.catalogue.divergences import clip_test
 from divviz.engine.completions import BYTE_CAP, MAX_BYTES
 from divviz.engine.models import model_defaults, model_settings
@@ -70,6 +70,11 @@ ROLLOUT_KEYS = ("rollout_is", "rollout_is_threshold", "rollout_is_batch_normaliz
                 "rollout_rs_threshold")  # verl's RolloutCorrectionConfig, as a run config holds them
 
 
+OBJECTIVE_KEYS = ("clip", "clip_params", "surrogate", "surrogate_params", "penalty", "penalty_params", "beta",
+                  "second_penalty", "second_penalty_params", "second_beta", "off_policy_mask", "dual_clip_c",
+                  "ratio_cap", "importance_sampling_level", "aggregation")  # an objective in a config.json
+
+
 def objective_from(settings: Mapping) -> Objective:
     """The objective named by a run config's objective keys (clip, clip_params, surrogate, surrogate_params, penalty,
     penalty_params, beta, second_penalty, second_penalty_params, second_beta, dual_clip_c, ratio_cap,
@@ -110,6 +115,22 @@ def rollout_label(settings: Mapping) -> str:
 def config_label(settings: Mapping) -> str:
     """A run's legend label from its config: the objective's, then how its rollout differs (`rollout_label`)."""
     return " · ".join(part for part in (objective_from(settings).label, rollout_label(settings)) if part)
+
+
+def _objective_of(settings: dict) -> Objective:
+    """The objective of a run's settings (`OBJECTIVE_KEYS`; no clip test given: PPO's ratio box), its parameters
+    checked; parameters given without their entry are refused."""
+    settings = {"clip": "ratio", **settings}
+    for what, given, flag in (("clip test", "clip_params", "--clip-test"), ("surrogate", "surrogate_params", "--surrogate"),
+                              ("penalty", "penalty_params", "--penalty"),
+                              ("second penalty", "second_penalty_params", "--penalty2")):
+        if settings.get(given) and not settings.get(given.removesuffix("_params")):
+            raise DivvizInputError(f"parameters {', '.join(map(quoted, settings[given]))} were given without a "
+                                   f"{what} ({flag}); choose one or drop them")
+    for name in ("clip", "surrogate", "penalty", "second_penalty", "importance_sampling_level", "aggregation"):
+        if settings.get(name) is not None and not isinstance(settings[name], str):
+            raise DivvizInputError(f"run: {name} must be a name; got {quoted(settings[name])}")
+    return objective_from(settings)
 
 
 def objective_settings(objective: Objective) -> dict:
@@ -153,21 +174,7 @@ class RunConfig:
     prompt_format: str = "auto"  # `engine/prompts.py`: compact, chat (the tokenizer's template), or auto
     device: str = "auto"
     dtype: str = "auto"  # the forward passes' precision (`policy.pick_dtype`): auto, float32 or bfloat16
-    clip: str | None = "ratio"
-    clip_params: dict = field(default_factory=dict)
-    surrogate: str | None = None
-    surrogate_params: dict = field(default_factory=dict)
-    penalty: str | None = None
-    penalty_params: dict = field(default_factory=dict)
-    beta: float = 0.0
-    second_penalty: str | None = None
-    second_penalty_params: dict = field(default_factory=dict)
-    second_beta: float = 0.0
-    off_policy_mask: float | None = None
-    dual_clip_c: float | None = None
-    ratio_cap: float | None = None
-    importance_sampling_level: str = "token"
-    aggregation: str = "grpo"
+    objective: Objective = field(default_factory=lambda: objective_from({"clip": "ratio"}))  # config.json: its keys
     scale_rewards: str = "group"  # TRL's: "group", "batch" or "none" (True/False of older configs: group/none)
     baseline: str = "group"  # the mean subtracted from a reward: its group's, or the batch's (RPG's batch mean)
     rollout_dtype: str = "same"  # the sampler's precision (`engine/sampler.py`): same, bfloat16 or float16
@@ -203,6 +210,10 @@ class RunConfig:
         if not isinstance(values.get("model", "builtin"), str):
             raise DivvizInputError(f"run: model must be a name or a folder; got {quoted(values['model'])}")
         values = {**model_defaults(values.get("model", "builtin")), **values}
+        if "objective" not in values:  # a config.json's keys, or the CLI's and the pages' settings
+            values["objective"] = _objective_of({k: values.pop(k) for k in OBJECTIVE_KEYS if k in values})
+        elif not isinstance(values["objective"], Objective) or set(OBJECTIVE_KEYS) & set(values):
+            raise DivvizInputError("run: give an Objective, or the objective's settings (clip, penalty, …), not both")
         numbers = {p.name: values.pop(p.name) for p in RUN_PARAMS if p.name in values}
         if "scale_rewards" in values:
             values["scale_rewards"] = check_scale_rewards(values["scale_rewards"])
@@ -223,8 +234,6 @@ class RunConfig:
         if cfg.backend == "trl" and cfg.baseline != "group":
             raise DivvizInputError("TRL's GRPOTrainer subtracts each group's mean; the batch-mean baseline trains "
                                    "with the divviz backend")
-        if cfg.aggregation not in AGGREGATIONS:
-            raise DivvizInputError(f"unknown aggregation {quoted(cfg.aggregation)}; known: {', '.join(AGGREGATIONS)}")
         if cfg.backend not in BACKENDS:
             raise DivvizInputError(f"unknown backend {quoted(cfg.backend)}; choose {' or '.join(BACKENDS)}")
         if cfg.backend == "trl" and importlib.util.find_spec("trl") is None:
@@ -255,24 +264,17 @@ class RunConfig:
             raise DivvizInputError("TRL's GRPOTrainer samples with the policy it trains (its vLLM correction is TRL's "
                                    "vllm_importance_sampling_*, which DivvizGRPOTrainer honours); a simulated rollout "
                                    "mismatch and verl's corrections train with the divviz backend")
-        cfg = replace(cfg, **{k: getattr(correction, k) for k in ROLLOUT_KEYS})
-        for measure, given, flag in (("clip test", "clip_params", "--measure"),
-                                     ("surrogate", "surrogate_params", "--surrogate"),
-                                     ("penalty", "penalty_params", "--penalty"),
-                                     ("second penalty", "second_penalty_params", "--penalty2")):
-            if getattr(cfg, given) and not getattr(cfg, given.removesuffix("_params")):
-                raise DivvizInputError(f"parameters {', '.join(map(quoted, getattr(cfg, given)))} were given without a "
-                                       f"{measure} ({flag}); choose one or drop them")
-        return replace(cfg, **objective_settings(cfg.objective()))  # checks the measures, their parameters, β, c
-
-    def objective(self) -> Objective:
-        return objective_from(asdict(self))
+        return replace(cfg, **{k: getattr(correction, k) for k in ROLLOUT_KEYS})
 
     def correction(self) -> RolloutCorrection:
-        return correction_from(asdict(self))
+        return correction_from(self.to_dict())
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """config.json's fields: the objective as its keys (`objective_settings`), in its place."""
+        flat = {}
+        for name in self.__dataclass_fields__:
+            flat.update(objective_settings(self.objective) if name == "objective" else {name: getattr(self, name)})
+        return flat
 
     @staticmethod
     def from_dict(data: dict) -> "RunConfig":
@@ -282,4 +284,4 @@ class RunConfig:
 
     @property
     def label(self) -> str:
-        return config_label(asdict(self))
+        return config_label(self.to_dict())

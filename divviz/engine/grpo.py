@@ -99,7 +99,7 @@ def make_trainer(cfg: RunConfig) -> Trainer:
     fmt = resolve_format(cfg.prompt_format, tokenizer)
     model.to(device)
     train_last_blocks(model, cfg.trainable_blocks)
-    objective = cfg.objective()
+    objective = cfg.objective
     reference = None
     if objective.needs_ref:
         reference = copy.deepcopy(model).eval().requires_grad_(False)  # frozen copy of the start policy

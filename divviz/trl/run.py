@@ -73,7 +73,7 @@ def grpo_config(cfg: RunConfig, processes: int, device: torch.device, output_dir
         num_iterations=cfg.mu, max_steps=cfg.steps * cfg.mu * cfg.minibatches,
         learning_rate=cfg.lr, lr_scheduler_type="constant", weight_decay=0.0, optim="adamw_torch",
         max_grad_norm=cfg.max_grad_norm, top_entropy_quantile=cfg.top_entropy_quantile, temperature=cfg.temperature,
-        max_completion_length=cfg.max_new_tokens, seed=cfg.seed, loss_type=trl_loss_type(cfg.objective()),
+        max_completion_length=cfg.max_new_tokens, seed=cfg.seed, loss_type=trl_loss_type(cfg.objective),
         scale_rewards=cfg.scale_rewards, shuffle_dataset=False, reward_weights=[1.0, 0.0],
         use_cpu=device.type == "cpu", bf16=pick_dtype(cfg.dtype, device, cfg.model) == torch.bfloat16,
         gradient_checkpointing=False, logging_steps=1, report_to="none", save_strategy="no", disable_tqdm=True,
@@ -107,7 +107,7 @@ def train(cfg: RunConfig, root: Path, *, folder: Path | None = None, on_row=None
         trainer = DivvizGRPOTrainer(model=model, reward_funcs=task_rewards(task, cfg.format_reward, fmt == "chat"),
                                     args=grpo_config(cfg, processes, device, output_dir),
                                     train_dataset=prompt_dataset(task, cfg, fmt), processing_class=tokenizer,
-                                    callbacks=[callback], objective=cfg.objective())
+                                    callbacks=[callback], objective=cfg.objective)
         trainer.remove_callback(PrinterCallback)  # it prints every log line; the CLI shows a progress bar
         try:
             trainer.train()

@@ -70,7 +70,7 @@ def test_a_few_real_steps_for_each_surrogate(tmp_path, surrogate):
     clip = "kl3" if SURROGATES[surrogate].clip == "needs" else None
     folder = run_tiny(tmp_path, clip=clip, surrogate=surrogate, aggregation="dapo")
     check_folder(folder, 2)
-    assert RunConfig.from_dict(store.read_run(folder).config).objective().surrogate.name == surrogate
+    assert RunConfig.from_dict(store.read_run(folder).config).objective.surrogate.name == surrogate
 
 
 def test_gspo_and_the_ratio_cap_train(tmp_path):
@@ -82,13 +82,13 @@ def test_two_penalties_train(tmp_path):
     """GBMPO's prob_l2kl: β·k3 and λ·prob_l2 toward the start policy, with the reference kept for both."""
     folder = run_tiny(tmp_path, clip="ratio", penalty="k3", beta=0.04, second_penalty="prob_l2", second_beta=0.1)
     check_folder(folder, 2)
-    assert RunConfig.from_dict(store.read_run(folder).config).objective().label == "ratio ε=0.2 + 0.04·k3 + 0.1·prob_l2"
+    assert RunConfig.from_dict(store.read_run(folder).config).objective.label == "ratio ε=0.2 + 0.04·k3 + 0.1·prob_l2"
 
 
 def test_the_off_policy_sequence_mask_trains(tmp_path):
     folder = run_tiny(tmp_path, clip="kl3", off_policy_mask=0.0)
     check_folder(folder, 2)
-    assert RunConfig.from_dict(store.read_run(folder).config).objective().off_policy_mask == 0.0
+    assert RunConfig.from_dict(store.read_run(folder).config).objective.off_policy_mask == 0.0
 
 
 def test_no_clip_and_every_aggregation(tmp_path):

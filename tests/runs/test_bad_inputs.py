@@ -71,6 +71,9 @@ RUN_REFUSED = [
     ({"aggregation": "sum"}, "unknown aggregation 'sum'"),
     ({"device": "tpu"}, "unknown device 'tpu'"),
     ({"dual_clip_c": 0.5}, "parameter 'c' must be a finite number in (1, 1e+06]"),
+    ({"objective": "kl3"}, "run: give an Objective, or the objective's settings (clip, penalty, …), not both"),
+    ({"clip": 3}, "run: clip must be a name; got 3"),
+    ({"penalty_params": {"seed": 1}}, "parameters 'seed' were given without a penalty (--penalty)"),
 ]
 
 

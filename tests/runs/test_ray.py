@@ -37,6 +37,7 @@ def test_the_claims_grid_on_ray_is_the_pools_run_for_run(lm_plan, tmp_path, caps
     assert main(["claims", "--seeds", "2", "--lm", "--lm-seeds", str(LM_SEEDS), "--lm-steps", str(LM_STEPS),
                  "--runs-dir", str(tmp_path), "--no-published", "--ray", "--json"]) == 0
     capsys.readouterr()
+    assert "DIVVIZ_RAY" not in os.environ  # the CLI's choice of pool ends with it (main() runs in-process here)
     on_ray = claims_lm.LMPlan.read(tmp_path, LM_SEEDS, LM_STEPS, with_published=False)
     assert on_ray.finished and set(on_ray.runs) == set(lm_plan.runs)
     for cell, run in on_ray.runs.items():
@@ -69,6 +70,6 @@ def test_a_killed_worker_fails_only_its_run_which_resumes_and_stop_cancels(tmp_p
     assert same_metrics(killed, unbroken)  # resumed from its step-5 state, as an unbroken run goes on
     assert not (killed / "resume.pt").exists()  # a done run forgets it, on the worker and here
     assert store.read_status(stopped)["step"] < 40
-    crashed = list((tmp_path / "workers").rglob(killed.name))  # the killed worker's own folder stays behind
-    assert len(crashed) == 1 and (crashed[0] / "metrics.jsonl").is_file() and root not in crashed[0].parents
+    trained = list((tmp_path / "workers").rglob(killed.name))  # the killed worker's own folder stays behind
+    assert trained and all(root not in folder.parents for folder in trained)
     assert json.loads((killed / "config.json").read_text()) == json.loads((unbroken / "config.json").read_text())
