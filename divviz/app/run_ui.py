@@ -48,11 +48,11 @@ def expected_step_time(root, configs: list, on_measure) -> None:
 
 
 def one_seed_notice(labels: list[str]) -> None:
-    """Where runs compare measures on one seed each (`run_views.one_seed_each`), say what that cannot tell, and
+    """Where runs compare objectives on one seed each (`run_views.one_seed_each`), say what that cannot tell, and
     where the comparison over seeds is."""
     if run_views.one_seed_each(labels):
-        st.info("One seed per measure: a gap between these curves is as much the seed's as the measure's (two seeds "
-                "of one measure can differ as much). The Claims page compares the measures over seeds, with "
+        st.info("One seed per objective: a gap between these curves is as much the seed's as the objective's (two "
+                "seeds of one objective can differ as much). The Claims page compares the objectives over seeds, with "
                 "intervals — on SmolLM2, from the published runs of its learn and stress settings.",
                 icon=":material/casino:")
         st.page_link("app_pages/claims.py", label="Claims: the same comparison over seeds", icon=":material/fact_check:")

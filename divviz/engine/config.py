@@ -121,7 +121,8 @@ def _objective_of(settings: dict) -> Objective:
     """The objective of a run's settings (`OBJECTIVE_KEYS`; no clip test given: PPO's ratio box), its parameters
     checked; parameters given without their entry are refused."""
     settings = {"clip": "ratio", **settings}
-    for what, given, flag in (("clip test", "clip_params", "--clip-test"), ("surrogate", "surrogate_params", "--surrogate"),
+    for what, given, flag in (("clip test", "clip_params", "--clip-test"),
+                              ("surrogate", "surrogate_params", "--surrogate"),
                               ("penalty", "penalty_params", "--penalty"),
                               ("second penalty", "second_penalty_params", "--penalty2")):
         if settings.get(given) and not settings.get(given.removesuffix("_params")):

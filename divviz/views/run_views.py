@@ -367,6 +367,7 @@ def progress_text(run, rows: list[dict], now: float) -> str:
     elapsed = run.status.get("updated", now) - started
     return (f"{label} — {run.state}, step {run.step}/{run.steps}, {elapsed:.0f} s, "
             f"{rows[-1].get('tokens_per_s', 0):.0f} tokens/s on {literal(run.status.get('device') or '…')}"
+            + (" (a Ray worker)" if run.status.get("executor") == "ray" else "")
             + time_left_text(run, elapsed))
 
 

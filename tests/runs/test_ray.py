@@ -15,6 +15,7 @@ from divviz.cli import main
 from divviz.engine import runner, store
 from divviz.engine.config import RunConfig
 from divviz.evidence import claims_lm
+from divviz.views import run_views
 from tests.lm_grid import LM_SEEDS, LM_STEPS
 
 pytest.importorskip("ray")
@@ -43,6 +44,7 @@ def test_the_claims_grid_on_ray_is_the_pools_run_for_run(lm_plan, tmp_path, caps
     for cell, run in on_ray.runs.items():
         assert run.status["executor"] == "ray" and run.state == "done"
         assert same_metrics(run.folder, lm_plan.runs[cell].folder), cell
+    assert "(a Ray worker)" in run_views.progress_text(run, store.read_metrics(run.folder), time.time())  # the lab's
 
 
 def small_run(steps: int, seed: int = 0) -> RunConfig:
