@@ -167,6 +167,7 @@ class Pool:
                     return True  # a run would exceed the cap: it waits, queued, until one ends
                 folder = queue[0][1]
                 status = read_status(folder)
+                status.pop("executor", None)  # a run Ray's pool once trained: this pool's are stopped by their pid
                 pid = os.fork()
                 if pid == 0:  # the child trains this one run, then leaves; the pool's locks are not its to hold
                     self.lock.close()
