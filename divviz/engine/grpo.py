@@ -281,9 +281,9 @@ def grpo_step(tr: Trainer, step: int) -> StepResult:
     if not torch.isfinite(logp_after).all():
         raise NonFiniteLoss(f"the policy's log-probs became NaN/inf after step {step + 1}; "
                             f"try a smaller learning rate (now {cfg.lr:g})")
-    metrics = step_metrics(cfg, tr.objective, batch, done, seen, logp_after, logp_ref, changed, step,
+    metrics = step_metrics(cfg, tr.objective, batch, done, seen, rescored, logp_after, logp_ref, changed, step,
                            time.perf_counter() - start)
     shown = [(batch.prompts[i], batch.texts[i], float(batch.rewards[i]))
              for i in range(0, len(batch.rewards), cfg.group_size)][:8]
-    return StepResult(metrics, token_sample(batch, done, seen, logp_after, seed=cfg.seed * 31 + step), shown,
+    return StepResult(metrics, token_sample(batch, done, seen, rescored, logp_after, seed=cfg.seed * 31 + step), shown,
                       inspected_record(cfg, tr.tokenizer, tr.objective, batch, done, logp_after, logp_ref, step))

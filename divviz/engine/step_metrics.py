@@ -70,15 +70,14 @@ def after_rows(n: int, inspected: int, step: int) -> torch.Tensor:
     return torch.cat([torch.arange(inspected), inspected + others[:max(AFTER_ROWS - inspected, 0)].sort().values])
 
 
-def step_metrics(cfg: RunConfig, objective: Objective, batch: Batch, done: Update, seen: torch.Tensor,
+def step_metrics(cfg: RunConfig, objective: Objective, batch: Batch, done: Update, seen: torch.Tensor, kept: Rollout,
                  logp_after: torch.Tensor, logp_ref: torch.Tensor | None, changed: dict[str, float], step: int,
                  elapsed: float) -> dict[str, float]:
-    """Step `step`'s (0-based) metrics row: rewards, the update's clip fractions and rollout correction, the KL and mass shift
-    of the update on the completions `seen` (re-scored after it: `logp_after`), the entropy, its change
-    (`changed`) and its covariance, loss, gradient norm and time."""
+    """Step `step`'s (0-based) metrics row: rewards, the update's clip fractions and rollout correction, the KL and
+    mass shift of the update on the completions `seen` (their rollout `kept`, re-scored after it: `logp_after`), the
+    entropy, its change (`changed`) and its covariance, loss, gradient norm and time."""
     rollout, rewards, logp_old = batch.rollout, batch.rewards, done.logp_old
     grouped = rewards.view(cfg.prompts, cfg.group_size)
-    kept = rollout.rows(seen)
     return {
         "step": step + 1,
         "reward": float(rewards.mean()),
@@ -126,12 +125,12 @@ def update_metrics(rollout: Rollout, logp_old, logp_after, logp_ref) -> dict[str
     return metrics
 
 
-def token_sample(batch: Batch, done: Update, seen: torch.Tensor, logp_after: torch.Tensor,
+def token_sample(batch: Batch, done: Update, seen: torch.Tensor, kept: Rollout, logp_after: torch.Tensor,
                  seed: int) -> dict[str, np.ndarray]:
     """Up to TOKEN_SAMPLE of the tokens of the completions `seen` that the loss kept (a rollout correction may have
     rejected some): π_old, the ratio at the last inner step, π after the update, the advantage and the clip state
     (0 inside, 1 clipped low, 2 clipped high, 3 dual-clipped)."""
-    rollout, out, logp_old = batch.rollout.rows(seen), done.out.rows(seen), done.logp_old[seen]
+    rollout, out, logp_old = kept, done.out.rows(seen), done.logp_old[seen]
     rows, cols = (done.mask[seen] > 0).nonzero(as_tuple=True)
     keep = torch.randperm(len(rows), generator=torch.Generator().manual_seed(seed))[:TOKEN_SAMPLE].sort().values
     rows, cols = rows[keep.to(rows.device)], cols[keep.to(rows.device)]

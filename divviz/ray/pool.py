@@ -69,9 +69,8 @@ class Mirror:
 
 
 def folder_files(folder: Path) -> dict[str, bytes]:
-    """Every file of a run folder, by its path inside it (hidden ones, such as .stop, left out)."""
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
-            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts)}
+    """Every file of a run folder, by its path inside it (hidden ones, such as .stop, left out): all are new."""
+    return Changes(folder)()
 
 
 class Changes:
