@@ -1,8 +1,8 @@
 """The published runs: the claims grids trained for divviz's own evidence, kept in the repository as data.
 
     published/<grid>/manifest.json      the grid: model, setting, device, CPU kernels, precision, versions, the
-                                        commit that trained it, and per run its cell, state, wall time and files'
-                                        SHA-256
+                                        commit that trained it, and per run its cell, state, times (`wall_s`,
+                                        `steps_s`: see `publish`) and files' SHA-256
     published/<grid>/<run id>/          one run, the run store's layout (`store.py`) made compact:
         config.json, status.json        as the run wrote them (status without its process id)
         metrics.jsonl.gz, eval.jsonl.gz, samples.jsonl.gz   the run's JSONL files, gzip-compressed
@@ -139,11 +139,20 @@ def kept_steps(steps: int) -> tuple[int, ...]:
     return tuple(sorted({1, max(1, steps // 2), steps}))
 
 
+def steps_seconds(metrics: Path) -> float:
+    """The seconds a run's training steps took, summed from its metrics rows' `step_time` (0 without rows)."""
+    if not metrics.exists():
+        return 0.0
+    return sum(json.loads(line).get("step_time", 0.0) for line in metrics.read_text().splitlines() if line.strip())
+
+
 def publish(run: Path, grid: Path, cell: dict, trained_by: dict) -> dict:
     """Copy the finished run folder `run` into the grid folder `grid` (compact, as above) and record it in the
-    grid's manifest under its name, with `cell` (measure, reward, seed), its state and wall time; `trained_by`
-    (model, setting, device, precision, versions, commit) is the grid's and must agree with what it already holds.
-    Returns the manifest."""
+    grid's manifest under its name, with `cell` (measure, reward, seed), its state and two times: `wall_s`, from the
+    status's start to its end (model load and evaluations included, but only since the last start: a run resumed
+    after an interruption counts its last stretch), and `steps_s`, its training steps' own times summed (the metrics'
+    `step_time`, which a resume keeps). `trained_by` (model, setting, device, precision, versions, commit) is the
+    grid's and must agree with what it already holds. Returns the manifest."""
     status = json.loads((run / "status.json").read_text())
     if status["state"] not in ("done", "failed"):
         raise ValueError(f"{run.name} is {status['state']}: only a finished run is published")
@@ -171,8 +180,10 @@ def publish(run: Path, grid: Path, cell: dict, trained_by: dict) -> dict:
         (target / name).write_bytes(data)
     manifest["runs"][run.name] = {**cell, "state": status["state"], "steps": status["step"],
                                   "wall_s": round(status["updated"] - status["started"], 1),
+                                  "steps_s": round(steps_seconds(run / "metrics.jsonl"), 1),
                                   "sha256": {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}}
     manifest["runs"] = dict(sorted(manifest["runs"].items()))
-    manifest["wall_s"] = round(sum(r["wall_s"] for r in manifest["runs"].values()), 1)
+    for total in ("wall_s", "steps_s"):
+        manifest[total] = round(sum(r[total] for r in manifest["runs"].values()), 1)
     manifest_path.write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest

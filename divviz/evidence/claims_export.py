@@ -123,7 +123,8 @@ HEADLINE = (*((claims.KL3_WIDE, m, r) for m, r in (("eval/accuracy", "end"), ("e
 def headline_markdown(report: Report) -> str:
     """The over-training cells of `HEADLINE` as a Markdown table: mean and interval, n, the seeds each way, the
     sign-flip p and its Holm adjustment, the verdict raw and adjusted, the seeds 80% power needs and the gain ruled
-    out — what README and docs/claims.md quote, made from the report's own rows."""
+    out — what README and docs/claims.md quote, made from the report's own rows; a line saying so while no headline
+    cell has two paired seeds."""
     header = ("candidate − baseline", "metric", "reading", "mean [95%]", "n", "seeds +/−", "sign-flip p (Holm)",
               "median (sign-test p)", "verdict (raw → Holm)", "seeds for 80% power", "rules out")
     rows = []
@@ -139,7 +140,7 @@ def headline_markdown(report: Report) -> str:
                      f"{row['seeds_up']}/{row['seeds_down']}", f"{row['p']:.3g} ({row['p_holm']:.3g})",
                      f"{row['median']:+.3f} ({number(row['p_median'])})", verdict, power_text(row) or "—",
                      effect_text(row).removeprefix("rules out ") or "—"))
-    return markdown_table(header, rows)
+    return markdown_table(header, rows) if rows else "No headline cell has two paired seeds yet.\n"
 
 
 def markdown_table(header, rows) -> str:
@@ -183,7 +184,7 @@ def headline_sentence(plan, report: Report) -> str:
     seeds: +0.012 [−0.030, +0.054], sign-flip p 0.62: not resolved"."""
     row, setting = headline_cell(report), plan.setting
     if row["n"] < 2:
-        return f"{setting}, {plan.done} of {len(plan.runs)} runs published: no paired seed yet"
+        return f"{setting}, {plan.done} of {len(plan.runs)} runs published: fewer than two paired seeds"
     return (f"{setting}, {row['n']} seeds: {row['mean']:+.3f} [{row['low']:+.3f}, {row['high']:+.3f}], sign-flip p "
             f"{row['p']:.3g}: {row['verdict_adjusted']}" + (f", {effect_text(row)}" if row["rules_out"] else ""))
 

@@ -60,6 +60,8 @@ def test_a_published_run_is_compact_and_read_with_gzip_and_json_alone(lm_plan, p
     assert not (folder / "metrics.jsonl").exists() and not (folder / "resume.pt").exists()
     rows = [json.loads(line) for line in gzip.decompress((folder / "metrics.jsonl.gz").read_bytes()).splitlines()]
     assert rows == [json.loads(line) for line in (run.folder / "metrics.jsonl").read_text().splitlines()]
+    assert entry["steps_s"] == round(sum(row["step_time"] for row in rows), 1) > 0  # a resume does not reset it
+    assert manifest["steps_s"] == round(sum(r["steps_s"] for r in manifest["runs"].values()), 1)
     assert sorted(p.name for p in (folder / "tokens").iterdir()) == [f"step_{s:06d}.npz"
                                                                     for s in published.kept_steps(LM_STEPS)]
     for name, digest in entry["sha256"].items():
