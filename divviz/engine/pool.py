@@ -225,14 +225,17 @@ def preload() -> None:
 
 def claim(root: Path, **about):
     """Become the runs folder's one pool: its lock, held (the open file), and pool.json saying who holds it (with
-    `about`); None when another pool serves the folder."""
+    `about`) and the divviz code it trains with (the package's folder: a grid trained from a checkout of one commit
+    names that checkout); None when another pool serves the folder."""
     lock = open(control_dir(root) / "pool.lock", "a")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         lock.close()
         return None
-    (control_dir(root) / "pool.json").write_text(json.dumps({"pid": os.getpid(), "started": time.time(), **about}))
+    code = str(Path(__file__).resolve().parents[1])
+    (control_dir(root) / "pool.json").write_text(json.dumps({"pid": os.getpid(), "started": time.time(), "code": code,
+                                                             **about}))
     return lock
 
 

@@ -88,17 +88,19 @@ class RunWriter:
 
     def __init__(self, folder: Path, config: dict, steps: int, resume_step: int = 0):
         """Start writing `folder`; with `resume_step` (`resume.py`), go on after the rows of steps ≤ it, the
-        files' later rows dropped; without, any rows of an earlier start are dropped (a stopped run queued again)."""
+        files' later rows dropped, and start the clock as far back as those steps took (their `step_time`, so that
+        `updated − started` stays the run's time, however long it waited in between); without, any rows of an
+        earlier start are dropped (a stopped run queued again)."""
         self.folder = folder
         (folder / "tokens").mkdir(parents=True, exist_ok=True)
         queued = read_status(folder) if (folder / "status.json").exists() else {}
         self.config = config
         _write_atomic(folder / "config.json", json.dumps(config, indent=2))
-        trained = queued.get("updated", 0.0) - queued.get("started", 0.0) if resume_step else 0.0
-        self.status = {"state": "running", "message": "", "pid": os.getpid(), "step": resume_step, "steps": steps,
-                       "device": "", "started": time.time() - max(0.0, trained), "updated": time.time(),
-                       **{k: queued[k] for k in ("owner", "queued_at", "kind") if k in queued}}  # who, when, why
         self._keep_until(resume_step if resume_step else -1)  # from step 0: not even step 0's evaluation stays
+        trained = sum(row.get("step_time", 0.0) for row in read_metrics(folder))
+        self.status = {"state": "running", "message": "", "pid": os.getpid(), "step": resume_step, "steps": steps,
+                       "device": "", "started": time.time() - trained, "updated": time.time(),
+                       **{k: queued[k] for k in ("owner", "queued_at", "kind") if k in queued}}  # who, when, why
         self._write_status()
         self._metrics = open(folder / "metrics.jsonl", "a", buffering=1)
         self._samples = open(folder / "samples.jsonl", "a", buffering=1)

@@ -3,6 +3,7 @@ mini-batch is on-policy to the bit and the later ones are not, K × μ optimiser
 trained on) and its evaluation, the stability metrics and their collapse flag on crafted series, and bf16's choice."""
 
 import copy
+import time
 
 import pytest
 import torch
@@ -210,8 +211,12 @@ def test_a_stopped_run_resumes_from_its_resume_state_as_if_never_stopped(tmp_pat
     broken = train(cfg, tmp_path / "broken", on_step=stop_after(5))
     assert store.read_run(broken).state == "stopped" and resume.saved_step(broken) == 4
     assert len(store.read_metrics(broken)) == 5 and not (whole / resume.FILE).exists()
+    claimed = time.time()  # the pool claims it again an hour later: its status's clock is the claim's
+    store.write_status(broken, {**store.read_status(broken), "started": claimed + 3600, "updated": claimed + 3600})
     train(cfg, tmp_path / "broken", folder=broken)
     assert store.read_run(broken).state == "done" and not (broken / resume.FILE).exists()
+    status = store.read_status(broken)  # its time is its steps' (all 8), not the last stretch's, nor the wait's
+    assert sum(r["step_time"] for r in store.read_metrics(broken)) <= status["updated"] - status["started"] < 3600
 
     def same(rows):
         return [{k: v for k, v in row.items() if k not in RESUME_VARIES} for row in rows]

@@ -75,8 +75,9 @@ def test_the_queue_survives_a_restart(tmp_path, monkeypatch):
     first = runner.start_run(RunConfig.make(steps=5000, **SMALL), tmp_path)
     later = runner.start_run(RunConfig.make(steps=3, **SMALL), tmp_path)
     wait(lambda: store.read_run(first).step >= 1)
-    pool = json.loads((tmp_path / ".divviz" / "pool.json").read_text())["pid"]
-    os.kill(pool, signal.SIGKILL)  # the app's machine restarts the app; the queue is in the runs folder
+    about = json.loads((tmp_path / ".divviz" / "pool.json").read_text())
+    assert about["code"] == str(Path(runner.__file__).resolve().parents[1])  # the divviz it trains with
+    os.kill(about["pid"], signal.SIGKILL)  # the app's machine restarts the app; the queue is in the runs folder
     os.kill(store.read_run(first).status["pid"], signal.SIGTERM)
     wait(lambda: states([first]) in (["stopped"], ["interrupted"]))
     assert states([later]) == ["queued"]
