@@ -15,7 +15,8 @@ A reader needs nothing of divviz to use them: `gzip` and `json` read every metri
 Claims page, the Runs page and the Step inspector read them as they read any run — never written, never queued.
 
 `publish` is the maintainer's half (`scripts/publish_runs.py`): it copies a finished run into its grid and records it
-in the manifest, so a grid is published run by run while it trains.
+in the manifest, so a grid is published run by run while it trains. `differences` is a reader's check: a run
+trained again from a published run's config.json against the published run (`scripts/retrain_published.py`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import numpy as np
+
 import divviz
+from divviz.engine import store
 
 ROOT = Path(divviz.__file__).resolve().parent.parent / "published"  # beside the package in a checkout
 JSONL = ("metrics.jsonl", "eval.jsonl", "samples.jsonl")
@@ -187,3 +191,42 @@ def publish(run: Path, grid: Path, cell: dict, trained_by: dict) -> dict:
         manifest[total] = round(sum(r[total] for r in manifest["runs"].values()), 1)
     manifest_path.write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
+
+
+def differences(published_run: Path, retrained: Path) -> list[str]:
+    """What a run trained again from a published run's config.json (`retrained`, a run folder) has that the published
+    run does not: for each JSONL file its first step that differs (the wall clock's figures, `store.CLOCK_KEYS`,
+    left out), and each kept step's per-token and inspector record that is not the same to the bit. Empty: the same
+    run (scripts/retrain_published.py)."""
+    found = []
+    for name in JSONL:
+        want, got = _rows(published_run / f"{name}.gz"), _rows(retrained / name)
+        wrong = next((w.get("step") for w, g in zip(want, got) if w != g), None)
+        if wrong is not None or len(want) != len(got):
+            found.append(f"{name}: step {wrong} differs" if wrong is not None else
+                         f"{name}: {len(got)} rows, {len(want)} published")
+    for path in sorted((published_run / "tokens").glob("step_*.npz")):
+        again = retrained / "tokens" / path.name
+        with np.load(path) as want:
+            same = again.exists() and _same_arrays(want, again)
+        if not same:
+            found.append(f"tokens/{path.name} differs")
+    for path in sorted((published_run / "completions").glob("step_*.json.gz")):
+        again = retrained / "completions" / path.with_suffix("").name
+        if not again.exists() or json.loads(gzip.decompress(path.read_bytes())) != json.loads(again.read_text()):
+            found.append(f"completions/{path.with_suffix('').name} differs")
+    return found
+
+
+def _rows(path: Path) -> list[dict]:
+    """A JSONL file's rows (gzip-compressed if its name says so) without the wall clock's figures."""
+    if not path.exists():
+        return []
+    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    return [{k: v for k, v in json.loads(line).items() if k not in store.CLOCK_KEYS}
+            for line in text.splitlines() if line.strip()]
+
+
+def _same_arrays(want, path: Path) -> bool:
+    with np.load(path) as got:
+        return set(want.files) == set(got.files) and all(np.array_equal(want[k], got[k]) for k in want.files)

@@ -42,6 +42,10 @@ from divviz.engine.completions import MAX_BYTES, check_record
 from divviz.catalogue.params import DivvizInputError
 from divviz.safetext import quoted, shorten
 
+CLOCK_KEYS = ("step_time", "tokens_per_s", "eval/time")  # the wall clock's figures in a run's rows: every other
+                                                        # value comes back to the bit when the run is trained again
+
+
 def _step_of(line: str) -> int | None:
     """The step of one line of a run's JSONL files (None for a torn or foreign line)."""
     try:

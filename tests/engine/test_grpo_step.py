@@ -11,13 +11,12 @@ import pytest
 import torch
 
 from divviz.engine import published
+from divviz.engine.store import CLOCK_KEYS
 from divviz.engine.config import RunConfig
 from divviz.engine.grpo import grpo_step, make_trainer
 from divviz.evidence import claims
 
 GRID = published.ROOT / "smollm2-135m-stress-cpu"
-TIMINGS = ("step_time", "tokens_per_s")  # the clock's, not the step's
-RECORDED = ("prompting", "precision")  # what a run adds to its config.json once started
 
 
 def first_run_of(measure: str) -> str:
@@ -41,13 +40,13 @@ def test_step_one_of_a_published_run_comes_back_to_the_bit(measure, one_thread):
         pytest.skip(f"this CPU's kernels ({published.cpu_kernels()}) are not the grid's ({manifest['cpu']})")
     run = GRID / first_run_of(measure)
     config = json.loads((run / "config.json").read_text())
-    result = grpo_step(make_trainer(RunConfig.from_dict({k: v for k, v in config.items() if k not in RECORDED})), 0)
+    result = grpo_step(make_trainer(RunConfig.from_dict(config)), 0)  # from_dict drops what the run recorded
 
     with gzip.open(run / "metrics.jsonl.gz", "rt") as handle:
         want = json.loads(handle.readline())
     stability = [key for key in want if key.startswith("stability/")]  # the run's record so far, added by train()
-    assert {k: v for k, v in result.metrics.items() if k not in TIMINGS} == \
-        {k: v for k, v in want.items() if k not in (*TIMINGS, *stability)}
+    assert {k: v for k, v in result.metrics.items() if k not in CLOCK_KEYS} == \
+        {k: v for k, v in want.items() if k not in (*CLOCK_KEYS, *stability)}
     with np.load(run / "tokens" / "step_000001.npz") as tokens:
         assert set(tokens.files) == set(result.tokens)
         assert all(np.array_equal(tokens[name], result.tokens[name]) for name in tokens.files)

@@ -1,22 +1,24 @@
 """The published runs (`engine/published.py`): a grid published run by run, compact and readable with gzip and
 json alone, opened as a runs folder — holding every cell a user's folder lacks, listed read-only on the Runs page,
-opened by the Step inspector — and a broken manifest hiding only its own grid."""
+opened by the Step inspector — a broken manifest hiding only its own grid, and a published run trained again from its
+config.json coming back to the bit (`scripts/retrain_published.py`)."""
 
 import gzip
 import hashlib
+import importlib.util
 import json
 import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from divviz.engine import published, store
 from divviz.evidence import claims, claims_lm
 from divviz.evidence.lm_evidence import LMEvidence
 from tests.lm_grid import LM_SEEDS, LM_STEPS
 
-
-
+ROOT = Path(__file__).resolve().parents[2]
 TRAINED_BY = {"model": "builtin", "setting": "", "device": "cpu", "precision": "float32", "torch": "t",
               "transformers": "x", "python": "3", "commit": "abc1234", "seeds": LM_SEEDS, "pilot_seeds": LM_SEEDS}
 
@@ -109,3 +111,27 @@ def test_the_step_inspector_opens_a_published_run_at_its_last_kept_step(lm_plan,
     kept = store.completion_steps(published.folder() / run.name)
     assert kept and set(kept) <= set(published.kept_steps(LM_STEPS)) and at.subheader[0].value.endswith(
         f"step {kept[-1]}")
+
+
+def test_a_published_run_trained_again_is_the_same_run_and_a_change_is_named(lm_plan, published_grid, tmp_path,
+                                                                            capsys):
+    spec = importlib.util.spec_from_file_location("retrain", ROOT / "scripts" / "retrain_published.py")
+    retrain = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(retrain)
+    run = published_grid / lm_plan.runs[(claims.KL3_WIDE, "task", 1)].name
+    threads = torch.get_num_threads()
+    try:
+        assert retrain.main([str(run), "--runs-dir", str(tmp_path / "again")]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    assert f"{run.name}: the same run, to the bit" in capsys.readouterr().out
+    again = next(p for p in (tmp_path / "again").iterdir() if p.is_dir())
+    assert published.differences(run, again) == []
+    rows = (again / "metrics.jsonl").read_text().splitlines()
+    rows[1] = json.dumps({**json.loads(rows[1]), "loss": 1.0, "step_time": 99.0})
+    (again / "metrics.jsonl").write_text("\n".join(rows) + "\n")
+    kept = sorted((again / "tokens").iterdir())[-1]
+    kept.unlink()
+    assert published.differences(run, again) == ["metrics.jsonl: step 2 differs", f"tokens/{kept.name} differs"]
+    assert retrain.main([str(tmp_path / "again" / again.name)]) == 2
+    assert "not a run of a published grid" in capsys.readouterr().out

@@ -19,11 +19,10 @@ from divviz.views import run_views
 from tests.lm_grid import LM_SEEDS, LM_STEPS
 
 pytest.importorskip("ray")
-TIMINGS = ("step_time", "tokens_per_s")
 
 
 def same_metrics(a: Path, b: Path) -> bool:
-    strip = lambda rows: [{k: v for k, v in row.items() if k not in TIMINGS} for row in rows]  # noqa: E731
+    strip = lambda rows: [{k: v for k, v in row.items() if k not in store.CLOCK_KEYS} for row in rows]  # noqa: E731
     return strip(store.read_metrics(a)) == strip(store.read_metrics(b))
 
 
