@@ -70,7 +70,7 @@ st.write("What the three seed papers claim and divviz can test, tested on a grid
          "Each cell is then adjusted for how many were tested: Holm within a claim's readings at one setting (the "
          "counts and colours use this adjusted verdict, the raw one beside it), and Benjamini–Hochberg's q across "
          "the report. Over training, accuracy cells also give the seeds 80% power needs and whether the effect the "
-         "papers report is ruled out. Nothing here is typed by hand: `divviz claims` prints the same report. The "
+         "papers report is ruled out (both tests, one-sided, at that margin: not below 5 seeds). Nothing here is typed by hand: `divviz claims` prints the same report. The "
          "verdicts come first; the [language-model sections](#on-a-language-model-over-training) under them choose "
          "the model, its setting and seeds.")
 page_state.bind_controls(PAGE, CONTROLS)

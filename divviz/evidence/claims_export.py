@@ -138,7 +138,7 @@ def headline_markdown(report: Report) -> str:
         rows.append((f"{candidate} − {row['baseline']}", metric, reading,
                      f"{row['mean']:+.3f} [{row['low']:+.3f}, {row['high']:+.3f}]", row["n"],
                      f"{row['seeds_up']}/{row['seeds_down']}", f"{row['p']:.3g} ({row['p_holm']:.3g})",
-                     f"{row['median']:+.3f} ({number(row['p_median'])})", verdict, power_text(row) or "—",
+                     f"{row['median']:+.3f} ({number(row['p_median']) or '—'})", verdict, power_text(row) or "—",
                      effect_text(row).removeprefix("rules out ") or "—"))
     return markdown_table(header, rows) if rows else "No headline cell has two paired seeds yet.\n"
 

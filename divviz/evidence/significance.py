@@ -15,9 +15,10 @@ Every statistic is scipy's; this module chooses them and reads their results:
     power              of the two-sided paired t-test at n seeds for a true mean difference δ when the differences'
                        standard deviation is σ: P(|T| > t_{1−α/2, n−1}) with T noncentral t, df n − 1, noncentrality
                        δ√n/σ (`scipy.stats.nct`); the seeds for 80% power are the smallest such n.
-    rules out a gain   one side of the two one-sided tests (TOST) at the margin X: H0 mean ≥ X rejected by the one-sided
-                       t-test (`scipy.stats.ttest_1samp(alternative="less")`) at α — the 90% interval's upper end
-                       below X.
+    rules out a gain   one side of the two one-sided tests (TOST) at the margin X: H0 mean ≥ X rejected at α by the
+                       one-sided t-test (`scipy.stats.ttest_1samp(alternative="less")`: the 90% interval's upper end
+                       below X) and by the one-sided sign-flip test of the differences less X — as a verdict needs
+                       both, so no normality: the smallest one-sided p is 1/2^n, so fewer than 5 seeds rule out nothing.
 
 A verdict needs the t interval and the sign-flip test to agree (`verdict`); where the mean and the median point
 opposite ways the cell says so instead of a verdict from the mean alone.
@@ -41,11 +42,11 @@ DISAGREE = "mean and median disagree"  # the mean and the median difference have
 
 
 @lru_cache(maxsize=65_536)
-def _sign_flip_p(differences: tuple[float, ...]) -> float:
+def _sign_flip_p(differences: tuple[float, ...], alternative: str = "two-sided") -> float:
     d = np.asarray(differences)
     exact = d.size <= EXACT_UP_TO
     result = stats.permutation_test((d,), np.mean, permutation_type="samples", vectorized=True,
-                                    n_resamples=np.inf if exact else RESAMPLES, alternative="two-sided",
+                                    n_resamples=np.inf if exact else RESAMPLES, alternative=alternative,
                                     rng=np.random.default_rng(0))
     return float(result.pvalue)
 
@@ -126,12 +127,14 @@ def seeds_needed(differences, effect: float) -> tuple[int | None, int | None, in
 
 
 def rules_out_gain(differences, margin: float, alpha: float = ALPHA) -> bool:
-    """Whether the differences reject "the mean gain is at least `margin`" (the upper one-sided t-test at α, the
-    TOST half that bounds a gain); False below 2 seeds or with no spread."""
+    """Whether the differences reject "the mean gain is at least `margin`" (the TOST half that bounds a gain) by
+    both the one-sided t-test and the one-sided sign-flip test of d − margin, each at α; False below 2 seeds or with
+    no spread."""
     d = np.asarray(differences, dtype=np.float64)
     if d.size < 2 or not d.std() > 0:
         return False
-    return bool(stats.ttest_1samp(d, margin, alternative="less").pvalue < alpha)
+    return bool(stats.ttest_1samp(d, margin, alternative="less").pvalue < alpha
+                and _sign_flip_p(tuple((d - margin).tolist()), "less") < alpha)
 
 
 def verdict(low: float, high: float, p: float, mean: float, median: float, predicted_sign: int) -> str:

@@ -1,7 +1,7 @@
 """The robust statistics of a cell against exact enumerations and textbook values: the sign-flip p (every flip
 enumerated here), the sign test (binomial sums), Holm and Benjamini–Hochberg (their step procedures written out),
-power (a textbook value and a simulation), the gain a cell rules out (the 90% interval), the verdict's rules, and the
-64-seed bandit cell whose mean and median disagree."""
+power (a textbook value and a simulation), the gain a cell rules out (the 90% interval and every sign flip), the
+verdict's rules, and the 64-seed bandit cell whose mean and median disagree."""
 
 import itertools
 import math
@@ -91,12 +91,23 @@ def test_power_against_a_textbook_value_and_a_simulation():
     assert significance.seeds_for_power(1e-4, 1.0) is None and significance.seeds_for_power(0.05, np.nan) is None
 
 
-def test_a_gain_is_ruled_out_when_the_90_percent_interval_ends_below_it():
+def enumerated_one_sided_p(d, margin: float) -> float:
+    """Every one of the 2^n sign flips of d − margin: the share whose mean is at most the observed one."""
+    e = np.asarray(d, dtype=np.float64) - margin
+    signs = np.array(list(itertools.product((1.0, -1.0), repeat=e.size)))
+    return float(np.mean(signs @ e / e.size <= e.mean() + 1e-12 * abs(e.mean())))
+
+
+def test_a_gain_is_ruled_out_when_the_90_percent_interval_and_every_sign_flip_put_it_out_of_reach():
     rng = np.random.default_rng(1)
     for _ in range(40):
         d = rng.normal(rng.uniform(-0.05, 0.05), 0.03, size=rng.integers(3, 12))
         upper = stats.ttest_1samp(d, 0.0).confidence_interval(0.90).high
-        assert significance.rules_out_gain(d, 0.055) == (upper < 0.055)
+        assert significance.rules_out_gain(d, 0.055) == (upper < 0.055 and enumerated_one_sided_p(d, 0.055) < 0.05)
+    tight = [0.004, 0.0045, 0.0035, 0.004]  # the 90% interval ends far below 0.05, but 4 seeds give p ≥ 1/16
+    assert stats.ttest_1samp(tight, 0.0).confidence_interval(0.90).high < 0.05
+    assert enumerated_one_sided_p(tight, 0.05) == 1 / 16 and not significance.rules_out_gain(tight, 0.05)
+    assert significance.rules_out_gain([*tight, 0.004], 0.05)  # five seeds can: p = 1/32
 
 
 def test_the_verdict_needs_the_interval_and_the_permutation_test_to_agree():
