@@ -7,7 +7,7 @@ then every metric, evaluation and sample row (the wall clock's figures left out)
 inspector record is compared with the published files (`published.differences`). A SmolLM2 run takes 10–25 minutes
 on a 2-core CPU. Bits are a function of the config, the code and the CPU's kernels: on a CPU whose kernels are not
 the grid's (its manifest's `cpu`, `published.cpu_kernels`), expect the same run only to rounding. Exit status 0: the
-same run; 1: it differs (each difference on a line); 2: not a published run.
+same run; 1: it differs (each difference on a line); 2: not a published run, or its config.json unreadable.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import torch
 from divviz.engine import published
 from divviz.engine.config import RunConfig
 from divviz.engine.train import train
+from divviz.safetext import quoted, shorten
 
 
 def main(argv: list[str]) -> int:
@@ -31,16 +32,19 @@ def main(argv: list[str]) -> int:
     parser.add_argument("run", type=Path, help="a published run's folder: published/<grid>/<run id>")
     parser.add_argument("--runs-dir", type=Path, help="where the run trains again (default: a temporary folder)")
     args = parser.parse_args(argv)
-    manifest_path = args.run.parent / "manifest.json"
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
-    if args.run.name not in manifest.get("runs", {}):
-        print(f"{args.run} is not a run of a published grid (no manifest beside it names it)")
+    grid = published.manifests(args.run.parent.parent).get(args.run.parent.name, {})  # {}: no readable manifest
+    if args.run.name not in grid.get("runs", {}):
+        print(f"{quoted(str(args.run))} is not a run of a published grid (no readable manifest beside it names it)")
         return 2
-    if manifest.get("cpu") != published.cpu_kernels():
-        print(f"note: this CPU's kernels ({published.cpu_kernels()}) are not the grid's ({manifest.get('cpu')}): "
+    try:
+        cfg = RunConfig.from_dict(json.loads((args.run / "config.json").read_text()))
+    except (OSError, ValueError) as err:  # a DivvizInputError is a ValueError: a setting the code no longer takes
+        print(f"{quoted(str(args.run))}: its config.json cannot be read as a run's ({shorten(str(err), 200)})")
+        return 2
+    if grid.get("cpu") != published.cpu_kernels():
+        print(f"note: this CPU's kernels ({published.cpu_kernels()}) are not the grid's ({grid.get('cpu')}): "
               "expect the same run only to rounding")
     torch.set_num_threads(1)  # as the pool trains a run
-    cfg = RunConfig.from_dict(json.loads((args.run / "config.json").read_text()))
     with tempfile.TemporaryDirectory() as scratch:
         start = time.time()
         folder = train(cfg, args.runs_dir or Path(scratch))

@@ -136,11 +136,12 @@ def linear_weights_cast(model, autocast):
 
     Autocast casts a linear layer's float32 weight to bfloat16 at every call and caches the cast only for weights
     that require grad, and only until its region ends: a decoded token re-cast every frozen block, 0.8 GB of memory
-    traffic a token for SmolLM2-135M, about a third of the sampler's time on this CPU (bench/sampler.py). `Tensor.to` rounds as
-    autocast does, and a linear layer under autocast given bfloat16 weights casts nothing more, so every logit is the
-    same to the bit (tests/engine/test_sampling.py). Only the layers' own references change, for the duration: an
-    embedding tied to the output layer keeps its float32 weight, and the trained parameters are the same objects
-    after. Without autocast (float32, or a sampler already in its own precision) nothing changes."""
+    traffic a token for SmolLM2-135M, about a third of the sampler's time on this CPU (bench/sampler.py).
+    `Tensor.to` rounds as autocast does, and a linear layer under autocast given bfloat16 weights casts nothing
+    more, so every logit is the same to the bit (tests/engine/test_sampling.py). Only the layers' own references
+    change, for the duration: an embedding tied to the output layer keeps its float32 weight, and the trained
+    parameters are the same objects after. Without autocast (float32, or a sampler already in its own precision)
+    nothing changes."""
     with autocast():
         device = next(model.parameters()).device.type
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None

@@ -135,3 +135,5 @@ def test_a_published_run_trained_again_is_the_same_run_and_a_change_is_named(lm_
     assert published.differences(run, again) == ["metrics.jsonl: step 2 differs", f"tokens/{kept.name} differs"]
     assert retrain.main([str(tmp_path / "again" / again.name)]) == 2
     assert "not a run of a published grid" in capsys.readouterr().out
+    (run / "config.json").write_text('{"clip": "no such test"}')  # a config the code does not take: one line
+    assert retrain.main([str(run)]) == 2 and "cannot be read as a run's" in capsys.readouterr().out
