@@ -16,6 +16,13 @@ def page(browser):
     context.close()
 
 
+def wait_until_idle(page, timeout: float = 90_000) -> None:
+    """Until the app's script run is over: a widget changed while a slow run still draws can be redrawn with that
+    run's older value, so a click waits for the event, not for a time."""
+    page.locator('[data-testid="stApp"][data-test-script-state="notRunning"]').wait_for(state="attached",
+                                                                                       timeout=timeout)
+
+
 @pytest.mark.parametrize("path, charts", PAGES.items())
 def test_each_page_draws_its_plotly_charts(page, app_url, path, charts):
     page.goto(f"{app_url}/{path}")
@@ -31,6 +38,7 @@ def test_moving_a_slider_redraws_and_updates_the_link(page, app_url):
     interval_text.wait_for(timeout=30_000)
     delta = page.locator('[data-testid="stSidebar"] [data-testid="stSlider"]', has_text="delta")
     thumb = delta.get_by_role("slider")
+    wait_until_idle(page)
     thumb.focus()
     for _ in range(10):  # 10 steps of 0.0001: δ 0.05 → 0.051
         thumb.press("ArrowRight")
@@ -131,6 +139,7 @@ def test_step_inspector_colours_tokens_and_explains_one(page, app_url, app_runs_
         json.dumps(hostile_record(store.read_completions(folder, 1))))
     page.goto(f"{app_url}/step_inspector")
     page.get_by_text("step 2").first.wait_for(timeout=90_000)
+    wait_until_idle(page)
     page.get_by_role("slider").first.press("Home")  # step 1
     page.get_by_text("step 1").first.wait_for(timeout=30_000)
 
@@ -194,6 +203,7 @@ def test_the_bandit_compares_rollout_corrections_in_the_browser(page, app_url):
     block = page.locator('[data-testid="stSidebar"] [data-testid="stExpander"]', has_text="Sampler precision")
     for name in ("none", "TIS token"):  # the link's corrections, as the multiselect's tags
         block.get_by_role("button", name=f"Remove {name}").wait_for(timeout=30_000)
+    wait_until_idle(page)
     block.get_by_role("button", name="Remove bypass").click()
     page.wait_for_function(f"({ROLLOUT_TRACES})().length === 2", timeout=90_000)
     page.wait_for_url(lambda url: "rc=none,TIS+token" in url.replace("%2C", ",").replace("%20", "+"), timeout=30_000)
@@ -211,6 +221,7 @@ def test_step_inspector_shows_a_real_model_completion(page, app_url, app_runs_di
                          minibatches=1, eval_every=0), app_runs_dir)
     page.goto(f"{app_url}/step_inspector")
     page.get_by_text("What is", exact=False).first.wait_for(timeout=90_000)
+    wait_until_idle(page)
     pieces = page.locator(".dv-c .dv-t").all_inner_texts()
     assert len(pieces) >= 4 and any(p.startswith(" ") and len(p) > 1 for p in pieces), pieces
     page.locator('[data-testid="stSelectbox"]').filter(
@@ -320,6 +331,8 @@ def test_every_token_stays_readable_on_its_colour(page, app_url, app_runs_dir):
     tokens["special"][i] = True
     (folder / "completions" / "step_000001.json").write_text(json.dumps(record))
     page.goto(f"{app_url}/step_inspector?run={quote(folder.name)}")
+    page.locator(".dv-c .dv-t").first.wait_for(timeout=90_000)
+    wait_until_idle(page)
     page.locator('[data-testid="stSelectbox"]').filter(
         has=page.get_by_text("Colour tokens by", exact=True)).first.click(timeout=90_000)
     page.get_by_role("option", name="Δπ").first.click()
