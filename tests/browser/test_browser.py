@@ -17,8 +17,8 @@ def page(browser):
 
 
 def wait_until_idle(page, timeout: float = 90_000) -> None:
-    """Until the app's script run is over: a widget changed while a slow run still draws can be redrawn with that
-    run's older value, so a click waits for the event, not for a time."""
+    """Until the app's script run is over: a widget changed while a slow run still draws may be redrawn with that
+    run's older value (a click lost on a busy machine), so an interaction waits for this event, not for a time."""
     page.locator('[data-testid="stApp"][data-test-script-state="notRunning"]').wait_for(state="attached",
                                                                                        timeout=timeout)
 
