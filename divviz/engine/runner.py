@@ -111,7 +111,7 @@ def stop_run(folder: Path, viewer: Viewer | None = None, wait_s: float = STOP_GR
     if status["state"] != "running" or not pid:
         return status["state"]
     (folder / ".stop").write_text(str(time.time()))  # the pool reads it: a child that dies now was stopped
-    if status.get("executor"):  # Ray's pool trains it under its own pid (divviz/ray/pool.py): .stop cancels it
+    if status.get("executor"):  # Ray's pool trains it under its own pid (divviz/ray/pool.py): .stop stops it
         return "stopping"
     try:
         os.kill(pid, signal.SIGTERM)

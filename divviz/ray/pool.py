@@ -11,7 +11,9 @@
         trains the run with the engine's own `train`, one thread, in a folder of its own, and after every step sends
         the files that changed to `Mirror`, an actor on the driver's node that writes them into the run's folder:
         the Claims and Runs pages see a Ray run as they see a pool run
-    Stop (`runner.stop_run` writes the run's .stop)  →  `ray.cancel`: the run ends as stopped after its step
+    Stop (`runner.stop_run` writes the run's .stop)  →  `Mirror.write` answers the worker's next send with it:
+        the run ends as stopped after its step (a run no worker has reported yet is `ray.cancel`led; Ray's
+        cancel of a running task is best effort and lands anywhere, a file write included, so it is not relied on)
     a worker that dies  →  the run is queued again and resumes from its last resume.pt (`MAX_RETRIES` times)
 
 Ray core's tasks, not Ray Tune: a run's folder, its resume state, its queue and Stop are divviz's already (the
@@ -51,7 +53,8 @@ class Mirror:
     def __init__(self, root: str, driver_pid: int):
         self.root, self.driver_pid = Path(root), driver_pid
 
-    def write(self, name: str, files: dict[str, bytes | None]) -> None:
+    def write(self, name: str, files: dict[str, bytes | None]) -> bool:
+        """Write `files` into the run `name`'s folder; return whether the run has been asked to stop."""
         folder = self.root / name
         for relative, data in files.items():
             if data is None:
@@ -66,6 +69,7 @@ class Mirror:
             temporary = target.with_name(f".{target.name}.ray")
             temporary.write_bytes(data)
             os.replace(temporary, target)
+        return (folder / ".stop").exists()
 
 
 def folder_files(folder: Path) -> dict[str, bytes]:
@@ -100,7 +104,7 @@ def train_remote(name: str, files: dict[str, bytes], mirror, threads: int, workd
     to `mirror`."""
     import torch
 
-    from divviz.engine.train import train
+    from divviz.engine.train import StopRequested, train
 
     torch.set_num_threads(threads)
     folder = Path(tempfile.mkdtemp(prefix="divviz-ray-", dir=workdir)) / name
@@ -109,10 +113,15 @@ def train_remote(name: str, files: dict[str, bytes], mirror, threads: int, workd
         (folder / relative).write_bytes(data)
     changes = Changes(folder)
     changes()  # what the driver holds already is not sent back
-    send = lambda: ray.get(mirror.write.remote(name, changes()))  # noqa: E731
+    send = lambda: ray.get(mirror.write.remote(name, changes()))  # noqa: E731 — True once the run is asked to stop
+
+    def after_step(result) -> None:
+        if send():
+            raise StopRequested  # `train` ends the run as stopped after this step, as SIGTERM would
+
     try:
         train(RunConfig.from_dict(json.loads(files["config.json"])), folder.parent, folder=folder,
-              on_step=lambda result: send())
+              on_step=after_step)
     finally:
         send()  # how it ended: done, failed or stopped
         shutil.rmtree(folder.parent, ignore_errors=True)  # the driver holds the run now
@@ -160,15 +169,19 @@ class RayPool:
                     return
                 folder = queue[0][1]
                 status = read_status(folder)
+                status.pop("worker", None)  # a worker of an earlier try: this one has reported nothing yet
                 write_status(folder, {**status, "state": "running", "message": "starting on Ray", "pid": os.getpid(),
                                       "executor": EXECUTOR, "started": time.time(), "updated": time.time()})
             self.live[train_remote.options(num_cpus=RUN_CPUS, num_gpus=RUN_GPUS).remote(
                 folder.name, folder_files(folder), self.mirror, max(1, int(RUN_CPUS)), WORKDIR)] = folder
 
     def cancel_stopped(self) -> None:
+        """Cancel the tasks of stopped runs that no worker has reported yet (waiting for a worker, or loading its
+        model); a run that reports stops itself at its next step (`train_remote`)."""
         for ref, folder in self.live.items():
             if ref not in self.cancelled and (folder / ".stop").exists():
-                ray.cancel(ref)  # a KeyboardInterrupt in the task: `train` ends the run as stopped
+                if "worker" not in read_status(folder):
+                    ray.cancel(ref)
                 self.cancelled.add(ref)
 
     def ended(self, ref: ray.ObjectRef) -> None:
@@ -190,12 +203,13 @@ class RayPool:
         if status["state"] not in ("running", "interrupted"):
             return  # the run said how it ended before its task did
         tries = self.retries[folder.name] = self.retries.get(folder.name, 0) + 1
-        if again and tries <= MAX_RETRIES:
+        asked_to_stop = (folder / ".stop").exists()
+        if again and tries <= MAX_RETRIES and not asked_to_stop:
             write_status(folder, {**status, "state": "queued", "pid": None, "updated": time.time(),
                                   "message": f"{how} after step {status.get('step', 0)}: queued to resume "
                                              f"(try {tries + 1} of {MAX_RETRIES + 1})"})
             return
-        state = "stopped" if how == "stopped" else "failed"
+        state = "stopped" if how == "stopped" or asked_to_stop else "failed"
         write_status(folder, {**status, "state": state, "updated": time.time(),
                               "message": f"{how} after step {status.get('step', 0)}"})
 

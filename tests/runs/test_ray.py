@@ -1,6 +1,6 @@
 """The runs folder's queue on a real local Ray cluster (`divviz/ray/pool.py`, this machine's cores, no dashboard): the
 claims grid through `divviz claims --lm --ray` gives the pool's runs metric for metric; a worker killed mid-run
-fails only its run, which resumes from its last resume state and ends as an unbroken run would; Stop cancels a run;
+fails only its run, which resumes from its last resume state and ends as an unbroken run would; Stop ends a run after its step;
 the workers train in folders of their own and the runs land in the app's runs folder."""
 
 import json
@@ -50,9 +50,7 @@ def small_run(steps: int, seed: int = 0) -> RunConfig:
     return RunConfig.make(task="reverse", prompts=4, group_size=4, steps=steps, seed=seed, checkpoint_every=5)
 
 
-@pytest.mark.xfail(reason="known bug, to fix first: Stop sometimes does not reach a Ray run (seen in a fresh-clone CI: "
-                          "the stopped run trained on)", strict=False)
-def test_a_killed_worker_fails_only_its_run_which_resumes_and_stop_cancels(tmp_path, monkeypatch):
+def test_a_killed_worker_fails_only_its_run_which_resumes_and_stop_ends_a_run_after_its_step(tmp_path, monkeypatch):
     alone = tmp_path / "pool"
     alone.mkdir()
     unbroken = runner.start_run(small_run(40), alone)  # the pool's run: what the resumed one must equal
@@ -68,12 +66,14 @@ def test_a_killed_worker_fails_only_its_run_which_resumes_and_stop_cancels(tmp_p
     status = store.read_status(killed)
     assert status["executor"] == "ray" and status["pid"] != status["worker"]
     os.kill(status["worker"], signal.SIGKILL)
+    asked_at = store.read_status(stopped)["step"]  # the worker may be a step further on, not more
     assert runner.stop_run(stopped) == "stopping"
     wait_for(lambda: store.read_status(killed)["state"] == "done" and store.read_status(stopped)["state"] == "stopped"
              and store.read_status(unbroken)["state"] == "done", "the runs end")
     assert same_metrics(killed, unbroken)  # resumed from its step-5 state, as an unbroken run goes on
     assert not (killed / "resume.pt").exists()  # a done run forgets it, on the worker and here
-    assert store.read_status(stopped)["step"] < 100_000
+    assert asked_at <= store.read_status(stopped)["step"] <= asked_at + 2
+    assert store.read_status(stopped)["message"].startswith("stopped after step")
     trained = list((tmp_path / "workers").rglob(killed.name))  # the killed worker's own folder stays behind
     assert trained and all(root not in folder.parents for folder in trained)
     assert json.loads((killed / "config.json").read_text()) == json.loads((unbroken / "config.json").read_text())
