@@ -31,3 +31,9 @@ def literal(text: str) -> str:
     """Markdown that Streamlit renders as exactly `text` (plus invisible word joiners in URLs)."""
     joined = _AUTOLINK.sub(WORD_JOINER, str(text))
     return _PUNCTUATION.sub(r"\\\1", joined).replace("\n", "  \n")
+
+
+def one_of(names) -> str:
+    """The choices `names` as a sentence's list: 'a, b or c'."""
+    names = [str(name) for name in names]
+    return " or ".join([", ".join(names[:-1]), names[-1]]) if len(names) > 1 else names[0]

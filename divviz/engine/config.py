@@ -10,14 +10,14 @@ from divviz.catalogue.aggregation import BASELINES, check_scale_rewards
 from divviz.catalogue.divergences import clip_test
 from divviz.engine.completions import BYTE_CAP, MAX_BYTES
 from divviz.engine.models import model_defaults, model_settings
-from divviz.engine.policy import DTYPES
+from divviz.engine.policy import DEVICES, DTYPES
 from divviz.engine.prompts import PROMPT_FORMATS
 from divviz.engine.tasks import TASKS
 from divviz.losses import Objective
 from divviz.catalogue.params import DivvizInputError, Param, check_params
 from divviz.catalogue.penalties import penalty
 from divviz.catalogue.rollout_correction import SAMPLER_DTYPES, RolloutCorrection
-from divviz.safetext import quoted
+from divviz.safetext import one_of, quoted
 from divviz.catalogue.surrogates import surrogate
 
 ROLLOUT_LAG = Param("rollout_lag", 0, 0, 64, high_open=False, kind="int", typical=(0, 16, 1),
@@ -164,6 +164,44 @@ def setting_of(config: Mapping) -> str:
     return max(matches)[1] if matches else ""
 
 
+def check_choices(cfg: "RunConfig") -> None:
+    """Each named setting is one divviz knows (else `DivvizInputError`, naming the choices)."""
+    choices = {"task": TASKS, "reward": REWARD_SOURCES, "baseline": BASELINES, "backend": BACKENDS,
+               "prompt format": PROMPT_FORMATS, "device": DEVICES, "dtype": DTYPES, "rollout_dtype": SAMPLER_DTYPES}
+    for name, known in choices.items():
+        value = getattr(cfg, name.replace(" ", "_"))
+        if not isinstance(value, str) or value not in known:
+            raise DivvizInputError(f"unknown {name} {quoted(value)}; choose {one_of(known)}")
+    if not isinstance(cfg.bypass_mode, bool):
+        raise DivvizInputError(f"bypass_mode must be true or false; got {quoted(cfg.bypass_mode)}")
+
+
+def check_combination(cfg: "RunConfig", correction: RolloutCorrection) -> None:
+    """The settings train together: mini-batches split the step's completions, and what the TRL backend and verl's
+    bypass mode cannot do is asked of neither."""
+    completions = cfg.prompts * cfg.group_size
+    if completions % cfg.minibatches:
+        raise DivvizInputError(f"{completions} completions per step (prompts × group_size) do not split into "
+                               f"{cfg.minibatches} equal mini-batches; choose K dividing {completions}")
+    if cfg.bypass_mode and correction.active:
+        raise DivvizInputError("in bypass mode π_old is the sampler's, so the loss's own ratio corrects: verl's token "
+                               "TIS is the surrogate cispo:lo=0:hi=u, IcePop the surrogate icepop; drop rollout_is "
+                               "and rollout_rs")
+    if cfg.backend != "trl":
+        return
+    if importlib.util.find_spec("trl") is None:
+        raise DivvizInputError("the TRL backend needs TRL, which is not installed: pip install 'divviz[trl]'")
+    if cfg.reward == "random":
+        raise DivvizInputError("the random-reward control trains with the divviz backend")
+    if cfg.baseline != "group":
+        raise DivvizInputError("TRL's GRPOTrainer subtracts each group's mean; the batch-mean baseline trains "
+                               "with the divviz backend")
+    if cfg.rollout_dtype != "same" or cfg.rollout_lag or correction.active or cfg.bypass_mode:
+        raise DivvizInputError("TRL's GRPOTrainer samples with the policy it trains (its vLLM correction is TRL's "
+                               "vllm_importance_sampling_*, which DivvizGRPOTrainer honours); a simulated rollout "
+                               "mismatch and verl's corrections train with the divviz backend")
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """Everything that defines a run. Build with `RunConfig.make(...)`, which checks every field."""
@@ -224,47 +262,9 @@ class RunConfig:
         if unknown:
             raise DivvizInputError(f"run: unknown setting {quoted(unknown[0])}")
         cfg = RunConfig(**values, **checked)
-        if cfg.task not in TASKS:
-            raise DivvizInputError(f"unknown task {quoted(cfg.task)}; known: {', '.join(TASKS)}")
-        if cfg.reward not in REWARD_SOURCES:
-            raise DivvizInputError(f"unknown reward {quoted(cfg.reward)}; choose {' or '.join(REWARD_SOURCES)}")
-        if cfg.reward == "random" and cfg.backend == "trl":
-            raise DivvizInputError("the random-reward control trains with the divviz backend")
-        if cfg.baseline not in BASELINES:
-            raise DivvizInputError(f"unknown baseline {quoted(cfg.baseline)}; choose {' or '.join(BASELINES)}")
-        if cfg.backend == "trl" and cfg.baseline != "group":
-            raise DivvizInputError("TRL's GRPOTrainer subtracts each group's mean; the batch-mean baseline trains "
-                                   "with the divviz backend")
-        if cfg.backend not in BACKENDS:
-            raise DivvizInputError(f"unknown backend {quoted(cfg.backend)}; choose {' or '.join(BACKENDS)}")
-        if cfg.backend == "trl" and importlib.util.find_spec("trl") is None:
-            raise DivvizInputError("the TRL backend needs TRL, which is not installed: pip install 'divviz[trl]'")
-        if cfg.prompt_format not in PROMPT_FORMATS:
-            raise DivvizInputError(f"unknown prompt format {quoted(cfg.prompt_format)}; choose "
-                                   f"{', '.join(PROMPT_FORMATS)}")
-        if cfg.device not in ("auto", "cpu", "cuda", "mps"):
-            raise DivvizInputError(f"unknown device {quoted(cfg.device)}; choose auto, cpu, cuda or mps")
-        if cfg.dtype not in DTYPES:
-            raise DivvizInputError(f"unknown dtype {quoted(cfg.dtype)}; choose {', '.join(DTYPES)}")
-        completions = cfg.prompts * cfg.group_size
-        if completions % cfg.minibatches:
-            raise DivvizInputError(f"{completions} completions per step (prompts × group_size) do not split into "
-                                   f"{cfg.minibatches} equal mini-batches; choose K dividing {completions}")
-        if not isinstance(cfg.rollout_dtype, str) or cfg.rollout_dtype not in SAMPLER_DTYPES:
-            raise DivvizInputError(f"unknown rollout_dtype {quoted(cfg.rollout_dtype)}; choose "
-                                   f"{', '.join(SAMPLER_DTYPES)}")
-        if not isinstance(cfg.bypass_mode, bool):
-            raise DivvizInputError(f"bypass_mode must be true or false; got {quoted(cfg.bypass_mode)}")
+        check_choices(cfg)
         correction = cfg.correction()
-        if cfg.bypass_mode and correction.active:
-            raise DivvizInputError("in bypass mode π_old is the sampler's, so the loss's own ratio corrects: verl's token "
-                                   "TIS is the surrogate cispo:lo=0:hi=u, IcePop the surrogate icepop; drop rollout_is "
-                                   "and rollout_rs")
-        if cfg.backend == "trl" and (cfg.rollout_dtype != "same" or cfg.rollout_lag or correction.active
-                                     or cfg.bypass_mode):
-            raise DivvizInputError("TRL's GRPOTrainer samples with the policy it trains (its vLLM correction is TRL's "
-                                   "vllm_importance_sampling_*, which DivvizGRPOTrainer honours); a simulated rollout "
-                                   "mismatch and verl's corrections train with the divviz backend")
+        check_combination(cfg, correction)
         return replace(cfg, **{k: getattr(correction, k) for k in ROLLOUT_KEYS})
 
     def correction(self) -> RolloutCorrection:

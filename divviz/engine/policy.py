@@ -24,7 +24,7 @@ from divviz.engine import smollm2
 from divviz.engine.models import BUILTIN
 from divviz.engine.tasks import ALPHABET, Task
 from divviz.catalogue.params import DivvizInputError
-from divviz.safetext import quoted, shorten
+from divviz.safetext import one_of, quoted, shorten
 
 SPECIAL = ("<pad>", "<bos>", "<eos>")
 WARM_START = {  # supervised steps that take each task's tiny model to roughly 10–50% sampled accuracy
@@ -174,6 +174,7 @@ def _first_line(err: Exception) -> str:
 
 
 DTYPES = ("auto", "float32", "bfloat16")
+DEVICES = ("auto", "cpu", "cuda", "mps")
 
 
 def cpu_has_bf16() -> bool:
@@ -210,6 +211,6 @@ def pick_device(name: str = "auto") -> torch.device:
         raise DivvizInputError("device 'cuda' was asked for but no CUDA device is available; use --device auto")
     if name == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
         raise DivvizInputError("device 'mps' was asked for but this machine has no Apple GPU; use --device auto")
-    if name not in ("cpu", "cuda", "mps"):
-        raise DivvizInputError(f"unknown device {quoted(name)}; choose auto, cpu, cuda or mps")
+    if name not in DEVICES:
+        raise DivvizInputError(f"unknown device {quoted(name)}; choose {one_of(DEVICES)}")
     return torch.device(name)
