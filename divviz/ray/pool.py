@@ -136,7 +136,7 @@ class RayPool:
         self.slots = max(1, int(min(resources.get("CPU", 1) / RUN_CPUS,
                                     resources.get("GPU", 0) / RUN_GPUS if RUN_GPUS else float("inf"))))
         self.live: dict[ray.ObjectRef, Path] = {}
-        self.cancelled: set[ray.ObjectRef] = set()
+        self.stopping: set[ray.ObjectRef] = set()  # the tasks of runs asked to stop, cancelled or not
         self.retries: dict[str, int] = {}
         self.idle_since = time.time()
 
@@ -179,16 +179,16 @@ class RayPool:
         """Cancel the tasks of stopped runs that no worker has reported yet (waiting for a worker, or loading its
         model); a run that reports stops itself at its next step (`train_remote`)."""
         for ref, folder in self.live.items():
-            if ref not in self.cancelled and (folder / ".stop").exists():
+            if ref not in self.stopping and (folder / ".stop").exists():
                 if "worker" not in read_status(folder):
                     ray.cancel(ref)
-                self.cancelled.add(ref)
+                self.stopping.add(ref)
 
     def ended(self, ref: ray.ObjectRef) -> None:
         """A task ended: trained to its end (the mirror holds how), cancelled, or its worker died (queued again to
         resume, while retries are left)."""
         folder = self.live.pop(ref)
-        self.cancelled.discard(ref)
+        self.stopping.discard(ref)
         try:
             ray.get(ref)
             return
