@@ -86,7 +86,8 @@ def prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, autocast
     first = torch.ones(len(rows), dtype=torch.bool, device=rows.device)  # row i starts a run of equal rows
     first[1:] = (rows[1:] != rows[:-1]).any(dim=1)
     inverse = first.cumsum(0) - 1  # row i's run
-    ids, mask = prompt_ids[first], prompt_mask[first]
+    distinct = first.nonzero().squeeze(1)  # one host sync: how many distinct prompts
+    ids, mask = prompt_ids[distinct], prompt_mask[distinct]
     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # left padding is invisible to the model
     with autocast():
         out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
@@ -102,8 +103,8 @@ def sample(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, eos_id
     likely token each time instead: greedy decoding, the generator unused).
 
     Rows that have produced <eos> leave the batch (their cache rows are dropped), so each decoding step runs
-    only the completions still being written; their later columns are padding (mask 0). One host sync per decoded
-    token (how many rows go on), and one more at a token where some row ends. Under autocast the linear layers'
+    only the completions still being written; their later columns are padding (mask 0). The loop itself syncs with
+    the host once per decoded token: which rows go on, as indices, which also drop the finished rows. Under autocast the linear layers'
     weights are cast once for the whole call (`linear_weights_cast`) rather than at every model call."""
     n, device = prompt_ids.shape[0], prompt_ids.device
     out = _Columns(n, max_new_tokens, pad_id, device)  # made outside inference mode: the loss indexes with them
@@ -115,13 +116,12 @@ def sample(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, eos_id
         for t in range(max_new_tokens):
             logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
             token = out.write(live, t, logp_all, generator, greedy)
-            going = token != eos_id
-            alive = int(going.sum())
-            if t + 1 == max_new_tokens or alive == 0:
+            going = (token != eos_id).nonzero().squeeze(1)  # the one host sync: how many rows go on
+            if t + 1 == max_new_tokens or len(going) == 0:
                 break
-            if alive < len(live):
+            if len(going) < len(live):
                 live, token, attention, position = live[going], token[going], attention[going], position[going]
-                cache.reorder_cache(going.nonzero().squeeze(1))
+                cache.reorder_cache(going)
             attention = torch.cat([attention, attention.new_ones((len(live), 1))], dim=1)
             with autocast():
                 step = model(input_ids=token[:, None], attention_mask=attention, position_ids=position,

@@ -1,11 +1,13 @@
 """The KV-cached sampler (`engine/rollout.py`): under bfloat16 autocast its linear layers' weights are cast once per
-call instead of at every model call, and every sampled token and per-token fact stays the same to the bit."""
+call instead of at every model call, and every sampled token and per-token fact stays the same to the bit; its decode
+loop waits for the device once per decoded token. (Each published run's step 1 and the whole learn run checked
+against their published bits: tests/engine/test_grpo_step.py, scripts/retrain_published.py.)"""
 
 import contextlib
 
 import torch
 
-from divviz.engine import rollout
+from divviz.engine import grpo, rollout
 from divviz.engine.config import RunConfig
 from divviz.engine.grpo import make_batch, make_trainer
 
@@ -40,3 +42,29 @@ def test_without_autocast_the_sampler_casts_nothing():
     weight = linear.weight
     with rollout.linear_weights_cast(tr.model, tr.autocast):
         assert linear.weight is weight
+
+
+def host_syncs_asked(profiler) -> int:
+    """The syncs the code itself asks for: a `nonzero` (its size is read on the host) or a tensor read as a number,
+    called from Python or by an index (not those inside an operator, such as multinomial's own checks on a CPU, or
+    transformers' mask, which the sampler does not control)."""
+    return sum(1 for event in profiler.events() if event.name in ("aten::nonzero", "aten::item")
+               and (event.cpu_parent is None or event.cpu_parent.name == "aten::index"))
+
+
+def test_the_decode_loop_waits_for_the_device_once_per_decoded_token(monkeypatch):
+    tr = make_trainer(RunConfig.make(seed=1, **SMALL))
+    asked = []
+
+    def counted(*args, **kwargs):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+            result = rollout.sample(*args, **kwargs)
+        asked.append(host_syncs_asked(profiler))
+        return result
+
+    monkeypatch.setattr(grpo, "sample", counted)
+    batch = make_batch(tr, 0)
+    lengths = batch.rollout.completion_mask.sum(dim=1)
+    width = batch.rollout.completion_ids.shape[1]
+    assert len(set(lengths.tolist())) > 2  # rows ended at different tokens: the loop dropped rows more than once
+    assert asked == [width + 1]  # one a decoded token (which rows go on), one in the prefill (the distinct prompts)
