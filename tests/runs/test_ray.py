@@ -68,8 +68,9 @@ def test_a_killed_worker_fails_only_its_run_which_resumes_and_stop_ends_a_run_af
     os.kill(status["worker"], signal.SIGKILL)
     asked_at = store.read_status(stopped)["step"]  # the worker may be a step further on, not more
     assert runner.stop_run(stopped) == "stopping"
-    wait_for(lambda: store.read_status(killed)["state"] == "done" and store.read_status(stopped)["state"] == "stopped"
-             and store.read_status(unbroken)["state"] == "done", "the runs end")
+    wait_for(lambda: store.read_status(stopped)["state"] == "stopped", "the stopped run ends", timeout=300)
+    wait_for(lambda: store.read_status(killed)["state"] == "done" and store.read_status(unbroken)["state"] == "done",
+             "the killed run resumes and ends, as the unbroken one")
     assert same_metrics(killed, unbroken)  # resumed from its step-5 state, as an unbroken run goes on
     assert not (killed / "resume.pt").exists()  # a done run forgets it, on the worker and here
     assert asked_at <= store.read_status(stopped)["step"] <= asked_at + 2
