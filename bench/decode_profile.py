@@ -5,7 +5,8 @@ one warm-up call, then one profiled call. Prints, per decoded token, the host sy
 tensor read on the host, `.item()` or `int()`; `aten::nonzero`, whose size the host must wait for), the kernels
 launched and the wall time; on CUDA also the device's busy time, whose share of the wall time says whether the loop
 keeps the GPU fed or leaves it waiting on Python and launches. Then the ten operators with the most time of their
-own. No baseline: it is the profile a change to the sampler starts from; docs/benchmarks.md holds its runs.
+own, each as a share of the whole call (its baseline): the profile a change to the sampler starts from;
+docs/benchmarks.md holds its runs.
 
     python bench/decode_profile.py [--device cpu|cuda]
 """

@@ -103,9 +103,10 @@ def sample(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, eos_id
     likely token each time instead: greedy decoding, the generator unused).
 
     Rows that have produced <eos> leave the batch (their cache rows are dropped), so each decoding step runs
-    only the completions still being written; their later columns are padding (mask 0). The loop itself syncs with
-    the host once per decoded token: which rows go on, as indices, which also drop the finished rows. Under autocast the linear layers'
-    weights are cast once for the whole call (`linear_weights_cast`) rather than at every model call."""
+    only the completions still being written; their later columns are padding (mask 0). The loop waits for the
+    device once per decoded token: for the rows that go on, as indices, which also drop the finished ones. Under
+    autocast the linear layers' weights are cast once for the whole call (`linear_weights_cast`) rather than at every
+    model call."""
     n, device = prompt_ids.shape[0], prompt_ids.device
     out = _Columns(n, max_new_tokens, pad_id, device)  # made outside inference mode: the loss indexes with them
     autocast = autocast or contextlib.nullcontext
