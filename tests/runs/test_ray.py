@@ -1,7 +1,7 @@
 """The runs folder's queue on a real local Ray cluster (`divviz/ray/pool.py`, this machine's cores, no dashboard): the
-claims grid through `divviz claims --lm --ray` gives the pool's runs metric for metric; a worker killed mid-run
-fails only its run, which resumes from its last resume state and ends as an unbroken run would; Stop ends a run after its step;
-the workers train in folders of their own and the runs land in the app's runs folder."""
+claims grid through `divviz claims --lm --ray` gives the pool's runs metric for metric; a worker killed mid-run fails
+only its run, which resumes from its last resume state and ends as an unbroken run would; Stop ends a run after its
+step; the workers train in folders of their own and the runs land in the app's runs folder."""
 
 import json
 import os
