@@ -74,6 +74,10 @@ st.write("What the three seed papers claim and divviz can test, tested on a grid
          "verdicts come first; the [language-model sections](#on-a-language-model-over-training) under them choose "
          "the model, its setting and seeds.")
 page_state.bind_controls(PAGE, CONTROLS)
+if "claims:_design_read" not in st.session_state:  # a link naming a setting but not its seeds: that grid's declared ones
+    st.session_state["claims:_design_read"] = True
+    if not {"lm_seeds", "lm_pilot_extra"} & set(st.query_params.to_dict()):
+        declared_design()
 low, high, _ = claims.SEEDS_PARAM.slider_range()
 seeds = st.slider("Seeds per objective (bandit grid)", int(low), int(high), key="claims:seeds",
                   help=claims.SEEDS_PARAM.doc)

@@ -230,6 +230,17 @@ def test_the_paired_iteration_and_the_claims_settings_are_in_the_link():
     assert at.selectbox(key="claims:lm_setting").options == ["learn", "stress"]  # not "look only": no evaluations
 
 
+def test_a_link_to_a_setting_opens_its_declared_grid(repository_published):
+    """A link naming SmolLM2's learn setting and no seeds opens the learn grid as declared (4 seeds, the pilot pair 4
+    more: 44 runs, of which the published ones are read), not the stress grid's seeds; seeds the link names win."""
+    at = open_page("app_pages/claims.py", {"lm_setting": "learn", "claim": "kl3_training"})
+    assert not at.exception and at.selectbox(key="claims:lm_setting").value == "learn"
+    assert (at.slider(key="claims:lm_seeds").value, at.number_input(key="claims:lm_pilot_extra").value) == (4, 4)
+    assert any("of the 44 runs are published" in info.value for info in at.info)
+    at = open_page("app_pages/claims.py", {"lm_setting": "learn", "lm_pilot_extra": "2"})
+    assert at.number_input(key="claims:lm_pilot_extra").value == 2
+
+
 def test_the_lab_shows_a_real_models_learning_rate_and_offers_its_settings():
     """SmolLM2's learning rate 5e-5 reads 5.00e-05, not 0.0000 (a slider's fixed decimals); choosing its stress setting
     puts the stress learning rate into the widgets, and the mini-batch and precision controls are there."""
