@@ -74,7 +74,7 @@ st.write("What the three seed papers claim and divviz can test, tested on a grid
          "verdicts come first; the [language-model sections](#on-a-language-model-over-training) under them choose "
          "the model, its setting and seeds.")
 page_state.bind_controls(PAGE, CONTROLS)
-if "claims:_design_read" not in st.session_state:  # a link naming a setting but not its seeds: that grid's declared ones
+if "claims:_design_read" not in st.session_state:  # a link naming a setting, not its seeds: that grid's declared
     st.session_state["claims:_design_read"] = True
     if not {"lm_seeds", "lm_pilot_extra"} & set(st.query_params.to_dict()):
         declared_design()
@@ -86,7 +86,7 @@ verdicts = st.container()  # shown first; the model sections below add their cel
 
 st.subheader("On a language model, over training")
 st.write("Several of the claims are also tested by training a language model — the built-in one, or SmolLM2-135M at "
-         "its *learn* setting (it learns within 15 minutes a run and its clip binds) or its *stress* setting (four "
+         "its *learn* setting (it learns in a run of 30 steps and its clip binds) or its *stress* setting (four "
          "times the learning rate, where an objective may collapse): PPO, KL3 at two δ, the two one-edge boxes of "
          "δ = 0.05, DAPO, PPO + ProbL2, and a tighter lower clip with random rewards, several seeds each, on the same "
          "seeds (the same prompts at every step). Final performance is the held-out accuracy; stability the collapse "
@@ -102,7 +102,8 @@ with widgets.shown_errors():
     lm_model = model_column.selectbox("Model", list(MODELS), key="claims:lm_model", on_change=declared_design,
                                       help="the built-in LM (reverse, 60 steps: about 5 minutes for every cell on 2 "
                                            "cores) or SmolLM2-135M-Instruct (its own task, held-out set and settings: "
-                                           "about 13 minutes per run on 2 cores, so a grid takes hours)")
+                                           "13 minutes for a run alone on 2 cores, 15–35 with two side by side, so a "
+                                           "grid takes hours)")
     settings = list(evaluated_settings(lm_model))  # the settings the claims can be tested at
     lm_setting = setting_column.selectbox("Setting", settings or ["the lab's defaults"], key="claims:lm_setting",
                                           disabled=not settings, on_change=declared_design,

@@ -32,7 +32,8 @@ def add_claims_parser(sub) -> None:
                         "more seeds than the other objectives'")
     p.add_argument("--lm-model", default="builtin",
                    help="the model of the LM cells: builtin (default) or smollm2-135m (its own task, held-out set and "
-                        "settings; about 13 minutes per run on 2 cores, so a grid takes hours: it resumes)")
+                        "settings; 13 minutes for a run alone on 2 cores, 15–35 with two side by side, so a "
+                        "grid takes hours: it resumes)")
     p.add_argument("--lm-setting", default=None,
                    help="a setting of --lm-model: for smollm2-135m learn (default) or stress (lr 2e-4)")
     p.add_argument("--no-wait", action="store_true",

@@ -71,7 +71,7 @@ GLOSSARY = {
     "kl/k3_by_minibatch": "mean k3 of w = π_θ/π_old at each optimiser step of an update, before it: how far the "
                           "earlier steps already moved the policy",
     "eval/accuracy": "share of the task's held-out problems answered correctly, sampled at the run's τ "
-                     "(Wilson 95% interval)",
+                     "(a run's own with its Wilson 95% interval)",
     "eval/accuracy_greedy": "the same, answering greedily (the most likely token each time)",
     "stability/max_kl": "largest kl/k3 of one update so far",
     "stability/max_clip": "largest clip_ratio/region_mean of one step so far",

@@ -40,7 +40,7 @@ def variants() -> dict[str, dict]:
 def line(name: str, base: str, d: intervals.Paired, sign: int = +1) -> str:
     verdict = intervals.verdict(d.low, d.high, sign)
     return (f"  {name:<14} − {base:<10} {d.mean:+.4f} [{d.low:+.4f}, {d.high:+.4f}]  n = {d.n}, "
-            f"{d.reversed} reversed · {verdict}")
+            f"{d.against_mean} against the mean · {verdict}")
 
 
 def bandit(seeds: int, lag: int) -> None:

@@ -16,7 +16,7 @@ from divviz.evidence.claims_report import (BY_CONSTRUCTION_VERDICT, CELL_KEYS, H
 
 def to_text(report: Report) -> str:
     """The summary per claim and compared measure; over training, each cell with data (its difference, interval, n,
-    seeds reversed and verdict), the collapses and the pilot; then what could not be tested."""
+    seeds against the mean and verdict), the collapses and the pilot; then what could not be tested."""
     lines = [f"divviz claims: {report.scope}", f"({VERDICT_RULE})", ""]
     summary = report.summary()
     for claim in report.claims:
@@ -45,7 +45,7 @@ def cell_text(row: dict) -> str:
     """A compared cell in a line: "KL3 … − PPO … · condition · metric: −0.023 [−0.063, 0.016], n = 4, 0 of 4 seeds
     reversed, sign-flip p 0.25 (Holm 1), median −0.021: not resolved"."""
     value = lambda key: math.nan if row[key] is None else row[key]  # noqa: E731
-    d = intervals.Paired(value("mean"), value("low"), value("high"), row["n"], row["seeds_reversed"])
+    d = intervals.Paired(value("mean"), value("low"), value("high"), row["n"], row["seeds_against_mean"])
     tested = "" if row["p"] is None else (f", sign-flip p {row['p']:.3g} (Holm {row['p_holm']:.3g}), "
                                           f"median {row['median']:+.3f}")
     adjusted = "" if row["verdict_adjusted"] == row["verdict"] else f" ({row['verdict_adjusted']} after Holm)"

@@ -77,11 +77,11 @@ class Report:
 
 
 CELL_KEYS = ("claim", "setting", "condition", "metric", "candidate", "baseline", "predicted_sign", "verdict",
-             "verdict_adjusted", "mean", "low", "high", "n", "seeds_reversed", "p", "p_holm", "q_bh", "median",
+             "verdict_adjusted", "mean", "low", "high", "n", "seeds_against_mean", "p", "p_holm", "q_bh", "median",
              "p_median", "seeds_for_power", "rules_out", "by_construction")  # a cell's columns, in the order shown
 HEADERS = {**{k: k for k in CELL_KEYS}, "predicted_sign": "predicted", "verdict": "verdict (raw)",
            "verdict_adjusted": "verdict (Holm)", "low": "95% low", "high": "95% high",
-           "seeds_reversed": "seeds reversed", "p": "sign-flip p", "p_holm": "p (Holm, claim × setting)",
+           "seeds_against_mean": "seeds against the mean", "p": "sign-flip p", "p_holm": "p (Holm, claim × setting)",
            "q_bh": "q (BH, report)", "median": "median", "p_median": "sign-test p",
            "seeds_for_power": "seeds for 80% power", "rules_out": "rules out the effect",
            "by_construction": "by construction", "cells": "cells",
@@ -94,9 +94,9 @@ def cell_table(rows: list[dict], shared: dict) -> list[dict]:
     (`shared`, said once above it) or that say nothing for these cells (an identity's interval, predicted sign, n
     and tests; its mean is the largest |difference|)."""
     identity = all(intervals.is_identity(row["verdict"]) for row in rows)
-    said_by_mean = ("predicted_sign", "verdict_adjusted", "low", "high", "n", "seeds_reversed", "p", "p_holm", "q_bh",
+    said_by_mean = ("predicted_sign", "verdict_adjusted", "low", "high", "n", "seeds_against_mean", "p", "p_holm", "q_bh",
                     "median", "p_median", "seeds_for_power", "rules_out", "by_construction")
-    first = ("candidate", "metric", "verdict_adjusted", "verdict", "mean", "low", "high", "n", "seeds_reversed")
+    first = ("candidate", "metric", "verdict_adjusted", "verdict", "mean", "low", "high", "n", "seeds_against_mean")
     keys = [k for k in dict.fromkeys((*first, *CELL_KEYS[1:]))
             if k not in shared and not (identity and k in said_by_mean)]
     headers = {**HEADERS, **({"mean": HEADERS["largest"]} if identity else {})}
@@ -239,7 +239,7 @@ def comparison_row(claim: Claim, setting: str, condition: str, c: Comparison, ca
     verdict = (intervals.NO_DATA if d.n == 0 else
                significance.verdict(d.low, d.high, p, d.mean, median, c.sign))
     row = _row(claim, setting, condition, c.metric, c.candidate, c.baseline, "+" if c.sign > 0 else "−", d.mean,
-               d.low, d.high, d.n, d.reversed, verdict)
+               d.low, d.high, d.n, d.against_mean, verdict)
     effect = effect_of(claim, c)
     needed = significance.seeds_needed(difference, effect.size) if effect else (None, None, None)
     row.update(p=_finite(p), median=_finite(median), p_median=_finite(p_median), seeds_up=up, seeds_down=down,
@@ -260,11 +260,11 @@ def _finite(x: float | None) -> float | None:
 
 
 def _row(claim: Claim, setting: str, condition: str, metric: str, candidate: str, baseline: str, predicted: str,
-         mean: float, low: float, high: float, n: int, reversed_seeds: int, verdict: str) -> dict:
+         mean: float, low: float, high: float, n: int, against_mean: int, verdict: str) -> dict:
     return {"claim": claim.text, "claim_key": claim.key, "source": claim.source, "provenance": claim.provenance,
             "setting": setting, "condition": condition, "metric": metric, "candidate": candidate,
             "baseline": baseline, "predicted_sign": predicted, "mean": _finite(mean), "low": _finite(low),
-            "high": _finite(high), "n": n, "seeds_reversed": reversed_seeds, "verdict": verdict,
+            "high": _finite(high), "n": n, "seeds_against_mean": against_mean, "verdict": verdict,
             **dict.fromkeys(("p", "median", "p_median", "seeds_up", "seeds_down", "family", "reading",
                              "by_construction", "effect", "effect_source", "seeds_for_power", "seeds_for_power_range",
                              "rules_out", "seeds", "candidate_values", "baseline_values", "differences"))}  # a compared cell's (below)

@@ -99,8 +99,8 @@ def svg(cells: list[dict], title: str, meaning: str = "") -> str:
                     else "no interval from one seed")
         tested = (f", sign-flip p {cell['p']:.3g} (Holm {cell['p_holm']:.3g}), median {cell['median']:.4g}"
                   if cell["p"] is not None else "")
-        numbers = (f"{whole}: mean {cell['mean']:.4g}, {interval}, n = {cell['n']}, {cell['seeds_reversed']} of "
-                   f"{cell['n']} seeds reversed{tested}: {cell['verdict']}"
+        numbers = (f"{whole}: mean {cell['mean']:.4g}, {interval}, n = {cell['n']}, {cell['seeds_against_mean']} of "
+                   f"{cell['n']} seeds against the mean{tested}: {cell['verdict']}"
                    + (f", {cell['verdict_adjusted']} after Holm" if cell["verdict_adjusted"] != cell["verdict"] else "")
                    + (" (every seed's difference exactly 0)" if cell["verdict"] == intervals.IDENTICAL else "")
                    if cell["mean"] is not None else f"{whole}: no value")
@@ -137,7 +137,8 @@ def _header(cells: list[dict], title: str, meaning: str) -> tuple[list[tuple[str
     shared = len({c["candidate"] for c in cells}) == 1
     common, texts = row_labels([label(cell, shared) for cell in cells])
     pair = (f"{cells[0]['candidate'] if shared and cells else 'each candidate'} − "
-            f"{cells[0]['baseline'] if cells else ''}, paired over seeds; the predicted side is shaded")
+            f"{cells[0]['baseline'] if cells else ''}, paired over seeds: the mean difference and its 95% interval "
+            "(Student-t; Newcombe's for a 0/1 reading); the predicted side is shaded")
     width = LABEL_WIDTH + PLOT_WIDTH + 20
     return ([(line, True) for line in textwrap.wrap(title, int(width / (1.3 * CHAR_WIDTH)))]
             + [(line, False) for text in (meaning, pair, f"every row: {' · '.join(common)}" if common else "")

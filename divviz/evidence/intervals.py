@@ -68,22 +68,23 @@ def summarize(values, level: float = LEVEL, bounds: tuple[float, float] | None =
 
 @dataclass(frozen=True)
 class Paired:
-    """candidate − baseline, seed by seed: its mean, interval, n, and in how many seeds its sign is the other one."""
+    """candidate − baseline, seed by seed: its mean, interval, n, and in how many seeds the difference has the sign
+    opposite to the mean's (`against_mean`; not "reversed", which a verdict says of the prediction)."""
 
     mean: float
     low: float
     high: float
     n: int
-    reversed: int
+    against_mean: int
 
     def text(self, digits: int = 4) -> str:
-        """"+0.0123 [0.0051, 0.0195], n = 20, 2 of 20 seeds reversed"."""
+        """"+0.0123 [0.0051, 0.0195], n = 20, 2 of 20 seeds against the mean"."""
         interval = "" if np.isnan(self.low) else f" [{self.low:.{digits}f}, {self.high:.{digits}f}]"
         return (f"{self.mean:+.{digits}f}{interval}, n = {self.n}, "
-                f"{self.reversed} of {self.n} seed{'s' if self.n != 1 else ''} reversed")
+                f"{self.against_mean} of {self.n} seed{'s' if self.n != 1 else ''} against the mean")
 
 
-def _reversed(differences, mean: float) -> int:
+def _against_mean(differences, mean: float) -> int:
     """How many seeds' differences have the sign opposite to the mean's (none when the mean is 0)."""
     sign = np.sign(mean)
     return int((np.sign(differences) == -sign).sum()) if sign != 0 else 0
@@ -93,7 +94,7 @@ def paired(candidate, baseline, level: float = LEVEL) -> Paired:
     """The paired difference of two measures' values over the same seeds (1-D arrays, seed i in both)."""
     diff = np.asarray(candidate, dtype=np.float64) - np.asarray(baseline, dtype=np.float64)
     s = summarize(diff, level)
-    return Paired(float(s.mean), float(s.low), float(s.high), s.n, _reversed(diff, s.mean))
+    return Paired(float(s.mean), float(s.low), float(s.high), s.n, _against_mean(diff, s.mean))
 
 
 def paired_binary(candidate, baseline, level: float = LEVEL) -> Paired:
@@ -125,7 +126,7 @@ def paired_binary(candidate, baseline, level: float = LEVEL) -> Paired:
     psi = 0.0 if margins == 0 else (cross - n / 2 if cross > n / 2 else min(cross, 0)) / np.sqrt(margins)
     low = (p1 - p2) - np.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2 - 2 * psi * (p1 - l1) * (u2 - p2))
     high = (p1 - p2) + np.sqrt((p2 - l2) ** 2 + (u1 - p1) ** 2 - 2 * psi * (p2 - l2) * (u1 - p1))
-    return Paired(float(p1 - p2), float(low), float(high), n, _reversed(a - b, p1 - p2))
+    return Paired(float(p1 - p2), float(low), float(high), n, _against_mean(a - b, p1 - p2))
 
 
 def half_width(sd: float, n: int, level: float = LEVEL) -> float:

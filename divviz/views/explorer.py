@@ -293,7 +293,7 @@ def paired_differences(groups: list[list[BanditRun]], baseline: int, metrics=BAN
             d = paired([run.history[name][iteration] for run in runs],
                        [run.history[name][iteration] for run in groups[baseline]])
             rows.append({"measure": runs[0].label, "metric": name, "difference": d.mean, "95% low": d.low,
-                         "95% high": d.high, "n": d.n, "seeds reversed": f"{d.reversed} of {d.n}"})
+                         "95% high": d.high, "n": d.n, "seeds against the mean": f"{d.against_mean} of {d.n}"})
     return pd.DataFrame(rows)
 
 

@@ -288,9 +288,9 @@ def overview_row(run, viewer) -> dict:
     """A run's line in the Runs page's table: its status, its config's main fields and its last metrics row (read
     from the end of metrics.jsonl alone: the table needs no history)."""
     last, evals = store.last_metrics(run.folder), store.read_evals(run.folder)
-    collapsed = last.get("stability/collapse_step")
+    collapsed, grid = last.get("stability/collapse_step"), published_grid(run)
     return {"run": run.name, "state": run.state, "step": f"{run.step}/{run.steps}",
-            "owner": owner_label(run.status, viewer, published_grid(run)), "model": run.config.get("model", ""),
+            "owner": owner_label(run.status, viewer, grid), "model": run.config.get("model", ""),
             "setting": setting_of(run.config),  # the model's named setting it trains at (learn, stress), if any
             "device": run.status.get("device") or "",  # where it trained (a runs folder may come from a GPU machine)
             "task": task_label(run.config), "objective": run_label(run), "seed": run.config.get("seed"),
@@ -300,6 +300,7 @@ def overview_row(run, viewer) -> dict:
             "entropy": last.get("entropy", float("nan")), "max KL": last.get("stability/max_kl", float("nan")),
             "collapsed": "" if collapsed is None else f"at step {collapsed:.0f}",
             "source": ("timing run (Measure one step)" if run.status.get("kind") == TIMING
+                       else f"published: trained by commit {published.manifests()[grid].get('commit', '?')}" if grid
                        else source_of(run.config) or "trained here"), "message": run.message or ""}
 
 

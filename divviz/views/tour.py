@@ -92,8 +92,8 @@ def _bandit_numbers(iteration: int) -> dict[str, Number]:
         for column, key, sign in (("difference", "d", "+"), ("95% low", "lo", ""), ("95% high", "hi", "")):
             out[f"{name}_{key}"] = Number(f"{row[column]:{sign}.3f}", "mass_reallocation", query,
                                           ("table", f"{runs[0].label}|entropy|{column}"))
-        out[f"{name}_rev"] = Number(row["seeds reversed"], "mass_reallocation", query,
-                                    ("table", f"{runs[0].label}|entropy|seeds reversed"))
+        out[f"{name}_rev"] = Number(row["seeds against the mean"], "mass_reallocation", query,
+                                    ("table", f"{runs[0].label}|entropy|seeds against the mean"))
     return out
 
 
@@ -114,15 +114,16 @@ STEPS = (
          "curve is the mean over the seeds with its 95% band. In *Paired differences* the link sets *At iteration* "
          "to 10.",
          "Each objective minus PPO in entropy, seed by seed: DAPO {clip_higher_d} [{clip_higher_lo}, "
-         "{clip_higher_hi}], {clip_higher_rev} seeds reversed; KL3 δ = 0.05 {kl3_d} [{kl3_lo}, {kl3_hi}], {kl3_rev} "
-         "reversed: their wider upper edges let the correct actions rise faster, and entropy falls sooner.",
+         "{clip_higher_hi}], {clip_higher_rev} seeds against the mean; KL3 δ = 0.05 {kl3_d} [{kl3_lo}, "
+         "{kl3_hi}], {kl3_rev} against it: their wider upper edges let the correct actions rise faster, and "
+         "entropy falls sooner.",
          lambda: _bandit_numbers(10)),
     Step("Mass reallocation, at the end", "mass_reallocation", {},
          "Move *At iteration* to 80 (or open this link).",
          "At iteration 80: DAPO minus PPO {clip_higher_d} [{clip_higher_lo}, {clip_higher_hi}], {clip_higher_rev} "
-         "seeds reversed; KL3 minus PPO {kl3_d} [{kl3_lo}, {kl3_hi}], {kl3_rev} reversed. Where an interval holds 0 "
-         "the verdict is *not resolved*: one seed on the projector would be a coin toss. The **Claims** page puts "
-         "the papers' statements through the same test on a grid.", lambda: _bandit_numbers(80)),
+         "seeds against the mean; KL3 minus PPO {kl3_d} [{kl3_lo}, {kl3_hi}], {kl3_rev} against it. Where an "
+         "interval holds 0 the verdict is *not resolved*: one seed on the projector would be a coin toss. The "
+         "**Claims** page puts the papers' statements through the same test on a grid.", lambda: _bandit_numbers(80)),
     Step("Training lab", "training_lab", {"m": "ratio,kl3:delta=0.0177", "seeds": "3", "steps": "200"},
          "Press Start: two objectives, three seeds each, 200 steps (the default 60-step run takes 17–18 s here, so "
          "there is time to watch). "

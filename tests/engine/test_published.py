@@ -93,6 +93,7 @@ def test_the_runs_page_and_the_step_inspector_list_published_runs_read_only(lm_p
     assert not at.exception
     table = at.dataframe[0].value
     assert len(table) == len(lm_plan.runs) and set(table.owner) == {"published: builtin-grid"}
+    assert set(table.source) == {"published: trained by commit abc1234"}  # not "trained here"
     assert at.selectbox(key="runs:delete").options == []  # nothing published can be stopped or deleted
     assert "one user" in at.markdown[0].value  # a local app: any browser manages any run, and says so
 

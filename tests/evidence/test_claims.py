@@ -46,7 +46,7 @@ def test_every_verdict_follows_from_its_interval_and_its_tests(report):
         assert r["verdict"] == significance.verdict(low, high, r["p"], r["mean"], r["median"], sign)
         assert r["p"] == significance.sign_flip_p(r["differences"]) and r["p"] >= 0.125
         assert r["verdict"] not in (intervals.HOLDS, intervals.REVERSED)
-        assert r["n"] == 4 and 0 <= r["seeds_reversed"] <= 4
+        assert r["n"] == 4 and 0 <= r["seeds_against_mean"] <= 4
         assert r["differences"] == pytest.approx(np.subtract(r["candidate_values"], r["baseline_values"]).tolist())
 
 
@@ -73,7 +73,7 @@ def test_an_identical_cell_is_two_equal_runs_on_every_seed():
     entropy = lambda name, seed: run_bandit(BanditConfig.make(**{**cfg, "seed": seed}),  # noqa: E731
                                             claims.OBJECTIVES[name]).history["entropy"][-1]
     assert all(entropy(same["candidate"], s) == entropy(claims.PPO, s) for s in range(4))
-    assert (same["mean"], same["low"], same["high"], same["seeds_reversed"]) == (0, 0, 0, 0)
+    assert (same["mean"], same["low"], same["high"], same["seeds_against_mean"]) == (0, 0, 0, 0)
 
 
 def test_the_random_reward_cells_read_the_runs_own_start_zero_and_a_window_of_updates(report):
@@ -157,7 +157,7 @@ def test_a_few_wide_intervals_do_not_squeeze_the_forest_plot():
     """Nineteen narrow cells and one seed far out: the axis is set by the many (its ends run past with an arrowhead),
     every mean stays on it, and a one-seed cell is drawn hollow."""
     cell = {"candidate": "KL3", "baseline": "PPO", "setting": "bandit", "predicted_sign": "+", "n": 4,
-            "seeds_reversed": 0, "verdict": intervals.HOLDS, "verdict_adjusted": intervals.HOLDS, "p": None}
+            "seeds_against_mean": 0, "verdict": intervals.HOLDS, "verdict_adjusted": intervals.HOLDS, "p": None}
     cells = [{**cell, "condition": f"c{i}", "mean": 0.03, "low": 0.01, "high": 0.05} for i in range(19)]
     wide = {**cell, "condition": "far", "mean": 0.2, "low": -3.0, "high": 3.4, "verdict": intervals.NOT_RESOLVED,
             "verdict_adjusted": intervals.NOT_RESOLVED}
@@ -202,7 +202,7 @@ def test_claims_page_renders(tmp_path, monkeypatch):
         assert len(at.table) == 1 and len(at.dataframe) == 2 and summary.cells.sum() == len(cells) == sum(
             row["claim_key"] == claim.key for row in report.rows)
         assert at.query_params.get("claim") == (None if claim == claims.CLAIMS[0] else claim.key)  # in the link
-        assert not {"seeds_reversed", "predicted_sign", "claim"} & (set(summary) | set(cells))  # read as headers
+        assert not {"seeds_against_mean", "predicted_sign", "claim"} & (set(summary) | set(cells))  # read as headers
         outcome = (["verdict (Holm)", "verdict (raw)", "mean"] if claim.comparisons
                    else ["verdict (raw)", "largest |difference|"])  # in view: before the long text
         assert list(cells)[list(cells).index(outcome[0]):][:len(outcome)] == outcome

@@ -31,13 +31,13 @@ def test_interval_per_iteration_and_one_seed():
     assert one.n == 1 and np.isnan(one.low).all() and np.array_equal(one.mean, x[0])
 
 
-def test_paired_difference_counts_reversed_seeds():
+def test_paired_difference_counts_the_seeds_against_its_mean():
     base = np.array([1.0, 2.0, 3.0, 4.0, 5.0])
     p = intervals.paired(base + np.array([0.5, 0.4, -0.1, 0.6, 0.5]), base)
-    assert p.mean == pytest.approx(0.38) and p.n == 5 and p.reversed == 1
+    assert p.mean == pytest.approx(0.38) and p.n == 5 and p.against_mean == 1
     ci = stats.ttest_1samp([0.5, 0.4, -0.1, 0.6, 0.5], 0.0).confidence_interval(0.95)
     assert (p.low, p.high) == (pytest.approx(ci.low), pytest.approx(ci.high))
-    assert p.text().endswith("n = 5, 1 of 5 seeds reversed")
+    assert p.text().endswith("n = 5, 1 of 5 seeds against the mean")
 
 
 @pytest.mark.parametrize("diff, sign, want", [
@@ -112,7 +112,7 @@ def test_a_paired_flags_interval_is_newcombes_and_stays_in_minus_1_1():
     −0.0621 [−0.1186, −0.0046]); and at 4 seeds, where the t-interval of the differences says [0, 0] when no seed
     differs and [−1.84, +1.84] when two seeds collapse under each measure, on other seeds."""
     d = intervals.paired_binary(*flags(59, 6, 16, 80))
-    assert (round(d.mean, 4), round(d.low, 4), round(d.high, 4), d.n, d.reversed) == (-0.0621, -0.1186, -0.0046, 161, 6)
+    assert (round(d.mean, 4), round(d.low, 4), round(d.high, 4), d.n, d.against_mean) == (-0.0621, -0.1186, -0.0046, 161, 6)
     none = intervals.paired_binary(*flags(0, 0, 0, 4))
     assert none.mean == 0 and none.low == pytest.approx(-proportion(0, 4)[2]) and none.high == -none.low
     assert intervals.paired(*flags(0, 0, 0, 4)).low == 0  # the t-interval: degenerate

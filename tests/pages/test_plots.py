@@ -95,7 +95,7 @@ def test_the_same_measure_twice_gets_two_labels_and_paired_differences():
     assert [runs[0].label for runs in groups] == ["kl3 δ=0.05", "kl3 δ=0.05 (2)", "ratio ε=0.2"]
     table = explorer.paired_differences(groups, 0)
     same = table[table.measure == "kl3 δ=0.05 (2)"]
-    assert (same.difference == 0).all() and (same["seeds reversed"] == "0 of 5").all()
+    assert (same.difference == 0).all() and (same["seeds against the mean"] == "0 of 5").all()
     other = table[(table.measure == "ratio ε=0.2") & (table.metric == "entropy")].iloc[0]
     diffs = [r.history["entropy"][-1] - b.history["entropy"][-1] for r, b in zip(groups[2], groups[0])]
     assert other.difference == pytest.approx(np.mean(diffs)) and other.n == 5
