@@ -55,7 +55,8 @@ def declared_design() -> None:
 
 CELL_COLUMNS = {claims_report.HEADERS["verdict"]: st.column_config.TextColumn(width=100),  # "not resolved" in full
                 claims_report.HEADERS["verdict_adjusted"]: st.column_config.TextColumn(width=100),
-                claims_report.HEADERS["largest"]: st.column_config.NumberColumn(format="%.1e")}  # 1.0e-18, not 0.000…01
+                claims_report.HEADERS["largest"]: st.column_config.NumberColumn(format="%.1e"),  # 1.0e-18, not 0.000…01
+                claims_report.HEADERS["rules_out"]: st.column_config.TextColumn(width="large")}  # its bound in full
 
 st.title("Claims")
 st.write("What the three seed papers claim and divviz can test, tested on a grid of conditions declared before "

@@ -126,6 +126,13 @@ def seeds_needed(differences, effect: float) -> tuple[int | None, int | None, in
     return tuple(seeds_for_power(effect, sd) for sd in (s, s_low, s_high))
 
 
+def gain_bound(differences, alpha: float = ALPHA) -> float:
+    """The one-sided (1 − α) upper confidence bound of the mean difference (the 90% t interval's upper end at α =
+    0.05): the t-test half of `rules_out_gain` rejects a gain ≥ X exactly when this bound is below X."""
+    d = np.asarray(differences, dtype=np.float64)
+    return float(stats.ttest_1samp(d, 0.0, alternative="less").confidence_interval(1 - alpha).high)
+
+
 def rules_out_gain(differences, margin: float, alpha: float = ALPHA) -> bool:
     """Whether the differences reject "the mean gain is at least `margin`" (the TOST half that bounds a gain) by
     both the one-sided t-test and the one-sided sign-flip test of d − margin, each at α; False below 2 seeds or with

@@ -153,3 +153,14 @@ def test_the_largest_clip_fraction_against_a_wider_box_is_labelled_by_constructi
                                   "by_construction": claims.BY_CONSTRUCTION[(claims.KL3_WIDE, "stability/max_clip")]}])
     assert rows[0]["verdict_adjusted"] == claims_report.BY_CONSTRUCTION_VERDICT
     assert (claims.KL3_HIGH_EDGE, "stability/max_clip") not in claims.BY_CONSTRUCTION  # narrower below: not wider
+
+
+def test_the_gain_bound_is_where_the_t_half_of_ruling_out_flips():
+    """The bound the cells print beside "rules out a gain ≥ X": the one-sided t-test rejects a gain ≥ X exactly when
+    X lies above it (checked at margins just either side), and it is the 90% two-sided t interval's upper end."""
+    d = np.random.default_rng(7).normal(-0.01, 0.04, 8)
+    bound = significance.gain_bound(d)
+    interval = stats.t.interval(0.90, len(d) - 1, loc=d.mean(), scale=stats.sem(d))
+    assert bound == pytest.approx(interval[1], rel=1e-12)
+    for margin, rejected in ((bound + 1e-9, True), (bound - 1e-9, False)):
+        assert bool(stats.ttest_1samp(d, margin, alternative="less").pvalue < significance.ALPHA) is rejected
