@@ -25,6 +25,8 @@ def bandit_report() -> claims_report.Report:
 
 def bandit_row(report: claims_report.Report) -> str:
     return (f"{BANDIT_ROW} \"KL3 keeps entropy higher than PPO\", {claims_export.bandit_sentence(report)} "
+            f"(the Claims page opens at {claims.QUICK_SEEDS} seeds for speed: "
+            f"[open it at {claims.SEEDS}](http://localhost:8501/claims?seeds={claims.SEEDS})) "
             "| [docs/claims.md](docs/claims.md) |\n")
 
 
