@@ -202,8 +202,8 @@ with widgets.shown_errors():
         st.success(literal(f"Included: {real_plan.text}."), icon=":material/check:")
     else:
         done = len(real_plan.jobs) - len(real_plan.missing)
-        st.caption(f"{done} of {len(real_plan.jobs)} batch results are cached; computing the rest takes about "
-                   f"{len(real_plan.missing) * 30 // 60 + 1} min on 2 cores, in this page.")
+        st.caption(f"{done} of {len(real_plan.jobs)} batch results are here (published or cached); computing the "
+                   f"rest takes about {len(real_plan.missing) * 30 // 60 + 1} min on 2 cores, in this page.")
         teacher = room.viewer().teacher  # in room mode, a quarter of an hour of the machine is the teacher's call
         if st.button(f"Compute the {len(real_plan.missing)} missing batches", icon=":material/play_arrow:",
                      key="claims:real_start", disabled=not teacher,

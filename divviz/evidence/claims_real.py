@@ -12,7 +12,9 @@ clipped under PPO; at lr 1e-5 and μ = 2 none is, and every measure would make t
 training use the learning setting instead (`claims_lm`).
 
 Each batch's results are cached on disk as computed (`cache_folder`): a second call trains nothing, and Ctrl-C keeps
-every batch already done.
+every batch already done. The batches divviz's own report reads are published with the repository
+(`published/smollm2-135m-one-update/`, the same files; `scripts/publish_one_update.py`): a fresh clone reads them
+instead of computing them, and a batch computed here is read before a published one.
 
     plan = RealPlan(batches=16)
     plan.compute(progress)      # the batches not cached yet
@@ -40,6 +42,7 @@ SETTINGS = {**{k: v for k, v in SMOLLM2_LOOK.items() if k not in ("steps", "chec
 BATCHES_PARAM = Param("batches", 16, 2, 256, high_open=False, kind="int", typical=(2, 64, 1),
                       doc="rollout batches of SmolLM2-135M, each updated once by every measure from the same weights")
 DESIGN = 1  # bumped when what a cached batch holds changes: older files are then computed again
+PUBLISHED = "smollm2-135m-one-update"  # the published batches' folder in `published.root()`
 
 
 def measures() -> dict[str, list[str]]:
@@ -65,6 +68,16 @@ def cache_file(batch: int, reward: str) -> Path:
     return cache_folder() / f"batch{batch:03d}-{reward}-{_cache_key(batch, reward)}.json"
 
 
+def result_file(batch: int, reward: str) -> Path | None:
+    """Batch `batch`'s results under `reward`: computed here (`cache_file`), else published with the repository (the
+    same file name, so the same config, measures, checkpoint and design), else None."""
+    from divviz.engine import published
+
+    here = cache_file(batch, reward)
+    shared = published.root() / PUBLISHED / here.name
+    return here if here.is_file() else shared if shared.is_file() else None
+
+
 @lru_cache(maxsize=1024)
 def _cache_key(batch: int, reward: str) -> str:
     """The hash of what decides a batch's results: made once per batch (a page rerun asks for every batch's file)."""
@@ -86,7 +99,7 @@ class RealPlan:
 
     @property
     def missing(self) -> list[tuple[int, str]]:
-        return [job for job in self.jobs if not cache_file(*job).is_file()]
+        return [job for job in self.jobs if result_file(*job) is None]
 
     @property
     def text(self) -> str:
@@ -110,7 +123,7 @@ class RealPlan:
 
     def rows(self) -> list[dict]:
         """The report's cells: per claim and comparison, the paired difference over the cached batches."""
-        found = {job: json.loads(cache_file(*job).read_text()) for job in self.jobs if cache_file(*job).is_file()}
+        found = {job: json.loads(path.read_text()) for job in self.jobs if (path := result_file(*job)) is not None}
         out = []
         for claim in claims.CLAIMS:
             for c in claim.real_comparisons:

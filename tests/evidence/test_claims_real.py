@@ -88,3 +88,21 @@ def test_the_cli_and_the_page_include_the_real_cells(cached, capsys, monkeypatch
     at.selectbox(key="claims:claim").set_value(next(c for c in claims.CLAIMS if c.real_comparisons).key).run()
     cells = [d.value for d in at.dataframe if "setting" in d.value.columns]
     assert any((table["setting"] == claims.REAL).any() for table in cells)
+
+
+def test_a_fresh_clone_reads_the_published_batches_and_a_batch_computed_here_wins(cache, tmp_path, monkeypatch):
+    """The batches published with the repository (`published/smollm2-135m-one-update/`, the cache's own files) are
+    read where nothing is cached: nothing is missing and every cell is the same; a batch computed here is read first."""
+    computed = claims_real.RealPlan(BATCHES)
+    monkeypatch.setattr(claims_real, "cache_folder", lambda: cache)
+    rows = computed.rows()
+    (tmp_path / "published" / claims_real.PUBLISHED).mkdir(parents=True)
+    for path in cache.glob("*.json"):
+        (tmp_path / "published" / claims_real.PUBLISHED / path.name).write_bytes(path.read_bytes())
+    monkeypatch.setenv("DIVVIZ_PUBLISHED", str(tmp_path / "published"))
+    monkeypatch.setattr(claims_real, "cache_folder", lambda: tmp_path / "nothing cached")
+    fresh = claims_real.RealPlan(BATCHES)
+    assert not fresh.missing and fresh.rows() == rows
+    assert claims_real.result_file(0, "task").parent == tmp_path / "published" / claims_real.PUBLISHED
+    monkeypatch.setattr(claims_real, "cache_folder", lambda: cache)
+    assert claims_real.result_file(0, "task").parent == cache
