@@ -191,7 +191,8 @@ st.write("SmolLM2-135M-Instruct cannot be trained for many steps on a CPU while 
          "each of N rollout batches, every objective takes its update from the same weights on the same completions, "
          "and what it did to the full distribution at each sampled position is read exactly — the entropy, the top-1 "
          "mass, the mass gained by argmax tokens, the covariance shares by clip state — then paired over the "
-         "batches. Each batch is cached once computed (`divviz claims --real` fills the same cache).")
+         "batches. The 16 batches divviz's own report reads are published with the repository; a batch computed "
+         "here is cached and read first (`divviz claims --real` fills the same cache).")
 with widgets.shown_errors():
     real_batches = st.slider("Batches", *map(int, claims_real.BATCHES_PARAM.slider_range()[:2]),
                              value=claims_real.BATCHES_PARAM.default, key="claims:real_batches",
