@@ -94,8 +94,8 @@ def cell_table(rows: list[dict], shared: dict) -> list[dict]:
     (`shared`, said once above it) or that say nothing for these cells (an identity's interval, predicted sign, n
     and tests; its mean is the largest |difference|)."""
     identity = all(intervals.is_identity(row["verdict"]) for row in rows)
-    said_by_mean = ("predicted_sign", "verdict_adjusted", "low", "high", "n", "seeds_against_mean", "p", "p_holm", "q_bh",
-                    "median", "p_median", "seeds_for_power", "rules_out", "by_construction")
+    said_by_mean = ("predicted_sign", "verdict_adjusted", "low", "high", "n", "seeds_against_mean", "p", "p_holm",
+                    "q_bh", "median", "p_median", "seeds_for_power", "rules_out", "by_construction")
     first = ("candidate", "metric", "verdict_adjusted", "verdict", "mean", "low", "high", "n", "seeds_against_mean")
     keys = [k for k in dict.fromkeys((*first, *CELL_KEYS[1:]))
             if k not in shared and not (identity and k in said_by_mean)]
