@@ -74,11 +74,10 @@ st.write("What the three seed papers claim and divviz can test, tested on a grid
          "papers report is ruled out (both tests, one-sided, at that margin: not below 5 seeds). Nothing here is typed by hand: `divviz claims` prints the same report. The "
          "verdicts come first; the [language-model sections](#on-a-language-model-over-training) under them choose "
          "the model, its setting and seeds.")
+first_visit = not page_state.visited(PAGE)
 page_state.bind_controls(PAGE, CONTROLS)
-if "claims:_design_read" not in st.session_state:  # a link naming a setting, not its seeds: that grid's declared
-    st.session_state["claims:_design_read"] = True
-    if not {"lm_seeds", "lm_pilot_extra"} & set(st.query_params.to_dict()):
-        declared_design()
+if first_visit and not {"lm_seeds", "lm_pilot_extra"} & set(st.query_params.to_dict()):
+    declared_design()  # a link naming a setting, not its seeds: that setting's declared grid
 low, high, _ = claims.SEEDS_PARAM.slider_range()
 seeds = st.slider("Seeds per objective (bandit grid)", int(low), int(high), key="claims:seeds",
                   help=claims.SEEDS_PARAM.doc)

@@ -16,13 +16,18 @@ def key(page: str, name: str) -> str:
     return f"{page}:{name}"
 
 
+def visited(page: str) -> bool:
+    """Whether the page has read its link in this session (`bind_controls` does on the first visit)."""
+    return f"_linked:{page}" in st.session_state
+
+
 def bind_controls(page: str, controls: list[Control]) -> None:
     """Before the widgets are drawn: give each control's widget its value — from the link on the page's
     first run in this session, else the value it last had here, else its default: the chosen model's setting's
     (`suited_settings`) where the page has a model control, so that a link naming SmolLM2 and nothing else runs
     SmolLM2's own settings."""
     saved = st.session_state.setdefault(f"_saved:{page}", {})
-    first_visit = f"_linked:{page}" not in st.session_state
+    first_visit = not visited(page)
     if first_visit:
         from_link, problems = read_query(controls, st.query_params.to_dict(),
                                          lambda values: suited_settings(controls, {**saved, **values}))
