@@ -71,8 +71,8 @@ st.write("What the three seed papers claim and divviz can test, tested on a grid
          "Each cell is then adjusted for how many were tested: Holm within a claim's readings at one setting (the "
          "counts and colours use this adjusted verdict, the raw one beside it), and Benjamini–Hochberg's q across "
          "the report. Over training, accuracy cells also give the seeds 80% power needs and whether the effect the "
-         "papers report is ruled out (both tests, one-sided, at that margin: not below 5 seeds). Nothing here is typed by hand: `divviz claims` prints the same report. The "
-         "verdicts come first; the [language-model sections](#on-a-language-model-over-training) under them choose "
+         "papers report is ruled out (both tests, one-sided, at that margin: not below 5 seeds). Nothing here is "
+         "typed by hand: `divviz claims` prints the same report. The verdicts come first; the [language-model sections](#on-a-language-model-over-training) under them choose "
          "the model, its setting and seeds.")
 first_visit = not page_state.visited(PAGE)
 page_state.bind_controls(PAGE, CONTROLS)
@@ -180,7 +180,7 @@ if lm_plan is not None and lm_plan.done:
                    "(`engine/stability.py`), or when it stopped on a non-finite value; the share with its Wilson 95% "
                    "interval; and the reward curve's spread over seeds, the standard deviation of each run's mean "
                    "reward with its 95% interval.")
-        st.dataframe(lm_evidence.collapse_table(collapses), hide_index=True, width="stretch")
+        widgets.show_table(lm_evidence.collapse_table(collapses), width="stretch")
         pilot = evidence.pilot()
         if pilot is not None:
             st.caption(literal(lm_evidence.pilot_text(pilot)))
@@ -224,7 +224,7 @@ with verdicts:
                "greedy and the sampled accuracy, two δ of KL3 against one PPO), so several cells holding is not as "
                "many confirmations. A claim's source carries docs/theory.md's tag: [PAPER] read in the paper's own text, "
                "[3P] read only in a third-party summary, [INF] divviz's own derivation or reading.")
-    st.table(claims_tables.overview(result), hide_index=True)  # static: every claim and setting in full
+    st.table(claims_tables.overview(result))  # static: every claim and setting in full
     texts = {c.key: c.text for c in result.claims}
     chosen = st.selectbox("Claim", list(texts), format_func=texts.get, key="claims:claim",
                           help="the claim whose tables and forest plots show below; it travels in the link")
@@ -244,8 +244,8 @@ with verdicts:
         meanings = claims_tables.metric_meanings(its_rows)
         if meanings:  # the metrics keep TRL's names in the tables; here is what each one is
             st.caption(meanings)
-        st.dataframe(claims_tables.claim_cells(result, claim, shared), hide_index=True, width="stretch",
-                     column_config=CELL_COLUMNS)  # up to 20 rows:
+        widgets.show_table(claims_tables.claim_cells(result, claim, shared), width="stretch",
+                           column_config=CELL_COLUMNS)  # up to 20 rows:
         # st.table renders each cell as Markdown, 0.1–0.2 s more per change in chromium (docs/benchmarks.md run 12)
         for _, metric, compared in forest.panels(result, [claim]):
             drawn, tall = forest.panel(claim, metric, compared)
@@ -253,7 +253,7 @@ with verdicts:
                 st.markdown(drawn, unsafe_allow_html=True)  # its text is escaped inside
         with st.expander("Every cell of this claim"):
             shown = pd.DataFrame(claims_report.cell_table(its_rows, shared))
-            st.dataframe(shown, hide_index=True, width="stretch", column_config=CELL_COLUMNS)
+            widgets.show_table(shown, width="stretch", column_config=CELL_COLUMNS)
     row = st.container(horizontal=True)
     row.download_button("Report (HTML)", lambda: claims_export.to_html(result), file_name="divviz_claims.html",
                         mime="text/html", icon=":material/download:", on_click="ignore", key="claims:html")

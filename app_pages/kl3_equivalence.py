@@ -59,7 +59,7 @@ with widgets.shown_errors():
 
     widgets.show_chart(charts["level"], "k3 level set")
     st.subheader("Matching boxes and KL3 levels")
-    st.dataframe(explorer.matching_table(facts, eps, eps_low, eps_high), hide_index=True)
+    widgets.show_table(explorer.matching_table(facts, eps, eps_low, eps_high))
     st.caption("A box is a KL3 level set only when both edges give the same δ. PPO's top edge is tighter than KL3 "
                "implies for its bottom edge; DAPO's is looser.")
     widgets.show_chart(charts["bounds"], "kl3 bounds vs delta")

@@ -153,6 +153,6 @@ with widgets.shown_errors():
         st.write(f"Each objective minus {literal(labels[baseline])} on the same seeds, at iteration {min(at, iterations)}: "
                  "the mean difference, its 95% interval (Student t), n, and in how many seeds one run alone would have "
                  "shown the opposite order.")
-        st.dataframe(explorer.paired_differences(groups, baseline, iteration=min(at, iterations) - 1), hide_index=True,
-                     width="stretch")
+        widgets.show_table(explorer.paired_differences(groups, baseline, iteration=min(at, iterations) - 1),
+                           width="stretch")
         widgets.show_chart(explorer.paired_difference_chart(groups, baseline, metric), "paired difference")

@@ -6,7 +6,7 @@ import streamlit as st
 
 from divviz.app import room, run_ui, widgets
 
-from divviz.views import run_views
+from divviz.views import run_views, runs_table
 from divviz.engine import runner, store
 from divviz.safetext import literal
 
@@ -29,16 +29,17 @@ def overview() -> None:
         else:
             query = st.text_input("Filter runs", key="runs:filter", placeholder="part of an objective, task, model, state, "
                                   "seed, folder name or source (imported, UNIPO, TRL, verl)")
-            matching = run_views.matching(runs, query)
-            pages = max(1, -(-len(matching) // run_views.PAGE_SIZE))
+            matching = runs_table.matching(runs, query)
+            pages = max(1, -(-len(matching) // runs_table.PAGE_SIZE))
             if st.session_state.get("runs:page", 1) > pages:  # a narrower filter: its last page
                 st.session_state["runs:page"] = pages
             page = st.number_input(f"Page (of {pages})", 1, pages, 1, key="runs:page") if pages > 1 else 1
-            shown = matching[(page - 1) * run_views.PAGE_SIZE:page * run_views.PAGE_SIZE]
+            shown = matching[(page - 1) * runs_table.PAGE_SIZE:page * runs_table.PAGE_SIZE]
             st.caption(f"{len(matching)} of {len(runs)} runs" + (f", {len(shown)} on this page" if pages > 1 else ""))
-            st.dataframe(pd.DataFrame([run_views.overview_row(run, me) for run in shown]), hide_index=True,
-                         width="stretch")
-        if st.session_state.get("runs:seen", ()) != run_views.seen(runs):
+            widgets.show_table(pd.DataFrame(runs_table.overview_rows(shown, me)), width="stretch", column_config={
+                "objective": st.column_config.TextColumn(width=250),  # whole: its parameters tell the runs apart
+                "claims measure": st.column_config.TextColumn(width=330)})
+        if st.session_state.get("runs:seen", ()) != runs_table.seen(runs):
             st.rerun()  # a run came, went, started or ended: the page's list and live charts follow
 
 
@@ -64,7 +65,7 @@ def charts(names: list[str], group: bool) -> None:
 
 with widgets.shown_errors():
     runs = run_views.every_run(root)
-    st.session_state["runs:seen"] = run_views.seen(runs)  # before the table: it compares against this
+    st.session_state["runs:seen"] = runs_table.seen(runs)  # before the table: it compares against this
     overview()
     if runs:
         names = {run.name: run for run in runs}
@@ -77,7 +78,7 @@ with widgets.shown_errors():
         group = right.toggle("Group by objective", key="runs:group",
                              help="runs of the same objective and task (e.g. several seeds) drawn thinly, under their "
                                   "mean and its 95% band")
-        live = any(names[name].state in run_views.ACTIVE for name in chosen)
+        live = any(names[name].state in runs_table.ACTIVE for name in chosen)
         st.fragment(charts, run_every=2.0 if live else None)(chosen, group)
 
 st.subheader("Stop or delete a run")

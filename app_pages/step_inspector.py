@@ -81,8 +81,8 @@ with widgets.shown_errors():
         name = st.selectbox("Run", list(names), key=page_state.key(PAGE, "run"), on_change=forget,
                             args=("step", "completion", "token"), format_func=lambda n: run_views.run_choice(names[n]))
         run = names[name]
-        step = st.select_slider("Step", steps, key=page_state.key(PAGE, "step"), on_change=forget, args=("token",)) \
-            if len(steps) > 1 else steps[0]
+        step = st.select_slider(run_views.kept_steps_label(steps), steps, key=page_state.key(PAGE, "step"),
+                                on_change=forget, args=("token",)) if len(steps) > 1 else steps[0]
         colour_by = widgets.choice(PAGE, BY_NAME["colour"], "Colour tokens by")
         extra = objective_sidebar.measure_list(PAGE, BY_NAME["m"], "Explain the token also under these clip tests (the run's "
                                                     "penalty, β, dual-clip and aggregation kept)")
@@ -133,12 +133,12 @@ with widgets.shown_errors():
                 "(colour by *re-score* to see them). `divviz rescore` prints the same.")
     if rescored:
         st.caption(literal(f"Counted: the tokens the loss saw in {rescore.coverage(record, run.config)}."))
-        st.dataframe(pd.DataFrame([{k: v for k, v in r.items() if k != "changed_tokens"} for r in rescored]),
-                     hide_index=True, width="stretch", key="inspector:rescored",
-                     column_config={k: st.column_config.NumberColumn(format="percent") for k in
-                                    ("masked_low", "masked_high", "outside")})
+        widgets.show_table(pd.DataFrame([{k: v for k, v in r.items() if k != "changed_tokens"} for r in rescored]),
+                           width="stretch", key="inspector:rescored",
+                           column_config={k: st.column_config.NumberColumn(format="percent") for k in
+                                          ("masked_low", "masked_high", "outside")})
         if any(math.isnan(r["gradient_kept"]) for r in rescored):
-            st.caption("gradient_kept is blank: every advantage in this step's record is 0, so no token has a "
+            st.caption("gradient_kept has no value (—): every advantage in this step's record is 0, so no token has a "
                        "gradient for a clip test to keep or mask.")
     else:
         st.caption(literal(why))

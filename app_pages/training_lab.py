@@ -213,7 +213,7 @@ with widgets.shown_errors():
             st.warning("These results are for the settings of the last comparison, not the ones now in the sidebar "
                        "(objectives, settings, batch or starting weights changed): press *Compare on the same batch* "
                        "to redo it.", icon=":material/history:")
-        st.dataframe(table, hide_index=True, width="stretch")
+        widgets.show_table(table, width="stretch")
         left, right = st.columns(2)
         with left:
             widgets.show_chart(charts["mass"], "same batch mass reallocation")

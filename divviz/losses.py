@@ -36,7 +36,7 @@ from divviz.catalogue.aggregation import aggregate, check_aggregation
 from divviz.catalogue.divergences import ClipTest, check_beta, check_dual_clip
 from divviz.catalogue.params import DivvizInputError, Param
 from divviz.catalogue.penalties import Penalty
-from divviz.safetext import quoted
+from divviz.safetext import quoted, unknown
 from divviz.catalogue.surrogates import LEVELS, Surrogate, SurrogateInputs
 
 
@@ -150,7 +150,7 @@ def check_combination(clip: ClipTest | None, surrogate: Surrogate | None, level:
     the constraint), dppo/geo_mean without one, dual-clip or the ratio cap with a surrogate (they act on PPO's
     surrogate), the sequence level with a test in π_old or with a surrogate that has its own level."""
     if level not in LEVELS:
-        raise DivvizInputError(f"unknown importance-sampling level {quoted(level)}; choose {' or '.join(LEVELS)}")
+        raise DivvizInputError(unknown("importance-sampling level", level, LEVELS))
     check_measure("clip", clip, ClipTest, "clip_test")
     check_measure("surrogate", surrogate, Surrogate, "surrogate")
     if surrogate is not None:

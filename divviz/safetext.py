@@ -37,3 +37,9 @@ def one_of(names) -> str:
     """The choices `names` as a sentence's list: 'a, b or c'."""
     names = [str(name) for name in names]
     return " or ".join([", ".join(names[:-1]), names[-1]]) if len(names) > 1 else names[0]
+
+
+def unknown(what: str, value, choices) -> str:
+    """The one message for a value that is not one of its choices: "unknown task 'chess'; choose add, sort or
+    reverse"."""
+    return f"unknown {what} {quoted(value)}; choose {one_of(choices)}"

@@ -17,7 +17,7 @@ from typing import Callable, Mapping
 from divviz.catalogue import instances
 from divviz.catalogue.divergences import FAMILIES
 from divviz.catalogue.params import DivvizInputError, Param
-from divviz.safetext import quoted
+from divviz.safetext import one_of, quoted
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class Control:
         unknown = [t for t in items if t not in self.options]
         if unknown:
             raise DivvizInputError(f"link: '{self.name}' has unknown value {quoted(unknown[0], 40)}; "
-                                   f"known: {', '.join(self.options)}")
+                                   f"choose {one_of(self.options)}")
         return items if self.multi else items[0]
 
     def encode(self, value) -> str:

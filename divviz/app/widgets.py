@@ -114,6 +114,14 @@ def upload_for(p: Param, widget_key: str, where=st) -> str:
     return text
 
 
+MISSING = "—"  # how a table shows a value that does not exist (an interval at n = 1), instead of a grey "None"
+
+
+def show_table(data, **options) -> None:
+    """A data table (sortable, scrolling) without its index, missing values shown as `MISSING`."""
+    st.dataframe(data, hide_index=True, placeholder=MISSING, **options)
+
+
 def show_chart(chart: Chart, name: str, key: str | None = None) -> None:
     """The figure (its toolbar saves a PNG), plus its HTML and the CSV of the numbers drawn. `key`, where the chart's
     name changes with a control: with the same key, the browser updates the chart in place instead of drawing anew."""

@@ -10,7 +10,7 @@ import numpy as np
 from divviz.catalogue.aggregation import BASELINES, SCALE_REWARDS, check_scale_rewards
 from divviz.catalogue.params import DivvizInputError, Param, check_params
 from divviz.catalogue.rollout_correction import SAMPLER_DTYPES
-from divviz.safetext import quoted
+from divviz.safetext import quoted, unknown
 
 INIT_SHAPES = ("zipf", "uniform", "random")
 REWARDS = ("one_correct", "top_k", "graded", "random", "random_correct", "coin")
@@ -76,7 +76,7 @@ class BanditConfig:
                    "baseline": ("baseline", BASELINES), "rollout_dtype": ("rollout_dtype", tuple(SAMPLER_DTYPES))}
         for name, (what, known) in choices.items():
             if not isinstance(getattr(self, name), str) or getattr(self, name) not in known:
-                raise DivvizInputError(f"bandit: unknown {what} {quoted(getattr(self, name))}; known: {', '.join(known)}")
+                raise DivvizInputError(f"bandit: {unknown(what, getattr(self, name), known)}")
         checked = check_params("bandit", BANDIT_PARAMS, {p.name: getattr(self, p.name) for p in BANDIT_PARAMS})
         if checked["correct_rank"] >= checked["k"]:
             raise DivvizInputError(f"bandit: parameter 'correct_rank' must be below k = {checked['k']}; "

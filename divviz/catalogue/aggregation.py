@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from divviz.catalogue.params import DivvizInputError
-from divviz.safetext import quoted
+from divviz.safetext import quoted, unknown
 
 AGGREGATIONS = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo", "token_sum")
 TRL_AGGREGATIONS = AGGREGATIONS[:5]  # TRL loss types that aggregate (token_sum is verl's)
@@ -15,7 +15,7 @@ TRL_AGGREGATIONS = AGGREGATIONS[:5]  # TRL loss types that aggregate (token_sum 
 
 def check_aggregation(name: str) -> str:
     if name not in AGGREGATIONS:
-        raise DivvizInputError(f"unknown aggregation {quoted(name)}; known: {', '.join(AGGREGATIONS)}")
+        raise DivvizInputError(unknown("aggregation", name, AGGREGATIONS))
     return name
 
 
@@ -47,7 +47,7 @@ def check_scale_rewards(value) -> str:
     if isinstance(value, bool):
         return "group" if value else "none"
     if value not in SCALE_REWARDS:
-        raise DivvizInputError(f"unknown scale_rewards {quoted(str(value))}; choose {', '.join(SCALE_REWARDS)}")
+        raise DivvizInputError(unknown("scale_rewards", str(value), SCALE_REWARDS))
     return value
 
 
@@ -66,7 +66,7 @@ def group_advantages(rewards, scale="group", baseline="group"):
         raise DivvizInputError("group_advantages takes rewards as a torch tensor or numpy array shaped (…, groups, G) "
                                f"with G ≥ 2; got {quoted(rewards, 60)}")
     if baseline not in BASELINES:
-        raise DivvizInputError(f"unknown baseline {quoted(str(baseline))}; choose {' or '.join(BASELINES)}")
+        raise DivvizInputError(unknown("baseline", str(baseline), BASELINES))
     size, count = rewards.shape[-1], rewards.shape[-2] * rewards.shape[-1]
     in_group = rewards - (rewards.sum(-1) / size)[..., None] if "group" in (baseline, scale) else None
     in_batch = rewards - (rewards.sum((-2, -1)) / count)[..., None, None] if "batch" in (baseline, scale) else None

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from divviz.safetext import quoted
+from divviz.safetext import quoted, unknown
 
 
 class DivvizInputError(ValueError):
@@ -112,7 +112,7 @@ def check_name(name, what: str, known) -> str:
     if not isinstance(name, str):
         raise DivvizInputError(f"a {what} is named by its catalogue name, e.g. 'kl3'; got a {type(name).__name__}")
     if name not in known:
-        raise DivvizInputError(f"unknown {what} {quoted(name)}; known: {', '.join(known)}")
+        raise DivvizInputError(unknown(what, name, known))
     return name
 
 

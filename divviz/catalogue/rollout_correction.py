@@ -32,7 +32,7 @@ import torch
 
 from divviz.catalogue.estimators import ESTIMATORS
 from divviz.catalogue.params import CatalogueEntry, DivvizInputError, Param, by_name
-from divviz.safetext import quoted
+from divviz.safetext import quoted, unknown
 
 LEVELS = ("token", "sequence")
 REDUCTIONS = ("token", "seq_sum", "seq_mean", "seq_max")
@@ -141,7 +141,7 @@ def rs_options(options: str, thresholds) -> list[tuple[str, float, float]]:
     names = list(dict.fromkeys(o.strip() for o in str(options).split(",") if o.strip()))
     for name in names:
         if name not in OPTIONS:
-            raise DivvizInputError(f"unknown rejection option {quoted(name)}; choose among {', '.join(OPTIONS)}")
+            raise DivvizInputError(unknown("rejection option", name, OPTIONS))
     if not names:
         raise DivvizInputError("rollout_rs names no rejection option; e.g. token_k1 or seq_mean_k3")
     limits = [t.strip() for t in str(thresholds).split(",") if t.strip()] if thresholds is not None else []

@@ -17,7 +17,7 @@ from divviz.losses import Objective
 from divviz.catalogue.params import DivvizInputError, Param, check_params
 from divviz.catalogue.penalties import penalty
 from divviz.catalogue.rollout_correction import SAMPLER_DTYPES, RolloutCorrection
-from divviz.safetext import one_of, quoted
+from divviz.safetext import quoted, unknown
 from divviz.catalogue.surrogates import surrogate
 
 ROLLOUT_LAG = Param("rollout_lag", 0, 0, 64, high_open=False, kind="int", typical=(0, 16, 1),
@@ -171,7 +171,7 @@ def check_choices(cfg: "RunConfig") -> None:
     for name, known in choices.items():
         value = getattr(cfg, name.replace(" ", "_"))
         if not isinstance(value, str) or value not in known:
-            raise DivvizInputError(f"unknown {name} {quoted(value)}; choose {one_of(known)}")
+            raise DivvizInputError(unknown(name, value, known))
     if not isinstance(cfg.bypass_mode, bool):
         raise DivvizInputError(f"bypass_mode must be true or false; got {quoted(cfg.bypass_mode)}")
 

@@ -24,7 +24,7 @@ from divviz.engine import smollm2
 from divviz.engine.models import BUILTIN
 from divviz.engine.tasks import ALPHABET, Task
 from divviz.catalogue.params import DivvizInputError
-from divviz.safetext import one_of, quoted, shorten
+from divviz.safetext import quoted, shorten, unknown
 
 SPECIAL = ("<pad>", "<bos>", "<eos>")
 WARM_START = {  # supervised steps that take each task's tiny model to roughly 10–50% sampled accuracy
@@ -212,5 +212,5 @@ def pick_device(name: str = "auto") -> torch.device:
     if name == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
         raise DivvizInputError("device 'mps' was asked for but this machine has no Apple GPU; use --device auto")
     if name not in DEVICES:
-        raise DivvizInputError(f"unknown device {quoted(name)}; choose {one_of(DEVICES)}")
+        raise DivvizInputError(unknown("device", name, DEVICES))
     return torch.device(name)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from divviz.catalogue.params import DivvizInputError
 from divviz.engine.tasks import Task
-from divviz.safetext import quoted
+from divviz.safetext import unknown
 
 PROMPT_FORMATS = ("auto", "compact", "chat")
 
@@ -20,7 +20,7 @@ PROMPT_FORMATS = ("auto", "compact", "chat")
 def resolve_format(requested: str, tokenizer) -> str:
     """"compact" or "chat" for `requested` with this tokenizer; "chat" without a template is refused."""
     if requested not in PROMPT_FORMATS:
-        raise DivvizInputError(f"unknown prompt format {quoted(requested)}; choose {', '.join(PROMPT_FORMATS)}")
+        raise DivvizInputError(unknown("prompt format", requested, PROMPT_FORMATS))
     has_template = bool(getattr(tokenizer, "chat_template", None))
     if requested == "chat" and not has_template:
         raise DivvizInputError("prompt format 'chat' needs a tokenizer with a chat template; this one has none "

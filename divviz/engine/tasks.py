@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from divviz.catalogue.params import DivvizInputError
+from divviz.safetext import unknown
 
 ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz+-*=:,>() "
 
@@ -249,7 +250,7 @@ def held_out_prompts(name: str) -> frozenset[str]:
 
 def get_task(name: str) -> Task:
     if name not in TASKS:
-        raise DivvizInputError(f"unknown task '{name}'; known: {', '.join(TASKS)}")
+        raise DivvizInputError(unknown("task", name, TASKS))
     return TASKS[name]
 
 

@@ -59,6 +59,14 @@ START, ZERO = "its own value at the start", "0"  # baselines that are not a meas
 
 
 OBJECTIVES = _objectives()
+
+
+def measure_of(objective: Objective) -> str | None:
+    """The claims' name for `objective` ("box [0.716, 1.2] (KL3 δ=0.05's lower edge only)" for clip_higher with
+    ε_low 0.2838, ε_high 0.2), None for an objective the claims do not compare."""
+    return next((name for name, known in OBJECTIVES.items() if known == objective), None)
+
+
 PPO, DAPO, PROBL2, K3 = "PPO ε=0.2", "DAPO clip-higher (0.2, 0.28)", f"PPO + {BETA:g}·ProbL2", f"PPO + {BETA:g}·k3"
 KL3_AND_ABLATIONS = [name for name in OBJECTIVES if name.startswith(("KL3", "box"))]
 KL3_HIGH_EDGE, KL3_WIDE, BOX_LOW_ONLY, BOX_HIGH_ONLY = KL3_AND_ABLATIONS[1:5]

@@ -74,13 +74,15 @@ def region_chart(pi_old: np.ndarray, regions: list[tuple[str, np.ndarray, np.nda
         data[f"{label} lower"], data[f"{label} upper"] = lo, hi
     traces.append({"type": "scatter", "x": [0, 1], "y": [0, 1], "mode": "lines", "name": "π_new = π_old",
                    "line": {"color": "grey", "dash": "dash"}})
-    for j, (label, x, y) in enumerate(marks):
-        traces.append({"type": "scatter", "x": [x], "y": [y], "mode": "markers", "name": label,
-                       "marker": {"symbol": ("star", "circle-open")[j % 2], "size": 14, "color": "black"},
+    for j, (label, x, y) in enumerate(marks):  # named with where they are: a confident token sits in the (1, 1) corner
+        traces.append({"type": "scatter", "x": [x], "y": [y], "mode": "markers", "name": f"{label} ({x:.4g}, {y:.4g})",
+                       "cliponaxis": False, "marker": {"symbol": ("star", "circle-open")[j % 2], "size": 14,
+                                                       "color": "black", "line": {"color": "white", "width": 1}},
                        "hovertemplate": f"{label}<br>π_old = %{{x:.4g}}<br>π_new = %{{y:.4g}}<extra></extra>"})
+    edges = [-0.02, 1.02]  # a little past [0, 1], so that a mark on an edge or corner shows whole
     layout = {"title": {"text": "Feasible region in probability space"}, "height": 520,
-              "xaxis": {"title": {"text": "π_old(a|s)"}, "range": [0, 1], "constrain": "domain"},
-              "yaxis": {"title": {"text": "π_new(a|s)"}, "range": [0, 1], "scaleanchor": "x", "constrain": "domain"}}
+              "xaxis": {"title": {"text": "π_old(a|s)"}, "range": edges, "constrain": "domain"},
+              "yaxis": {"title": {"text": "π_new(a|s)"}, "range": edges, "scaleanchor": "x", "constrain": "domain"}}
     # square, shrinking the plot in a wide column rather than stretching the probability axis past [0, 1]
     return Chart(figure(traces, layout), pd.DataFrame(data))
 

@@ -18,7 +18,6 @@ from divviz.engine import runner
 from divviz.engine.runner import TIMING
 from divviz.engine.config import RunConfig, config_label, correction_from, objective_from, setting_of
 from divviz.evidence.intervals import summarize
-from divviz.importers.source import source_of
 from divviz.views.figures import Chart
 from divviz.catalogue.instances import unique_labels
 from divviz.losses import Objective
@@ -280,44 +279,6 @@ def metrics_csv(runs) -> str:
     return pd.concat(frames).to_csv(index=False) if frames else ""
 
 
-ACTIVE = ("queued", "running")  # states whose files still change
-PAGE_SIZE = 50  # the Runs page's table shows this many runs at a time
-
-
-def overview_row(run, viewer) -> dict:
-    """A run's line in the Runs page's table: its status, its config's main fields and its last metrics row (read
-    from the end of metrics.jsonl alone: the table needs no history)."""
-    last, evals = store.last_metrics(run.folder), store.read_evals(run.folder)
-    collapsed, grid = last.get("stability/collapse_step"), published_grid(run)
-    return {"run": run.name, "state": run.state, "step": f"{run.step}/{run.steps}",
-            "owner": owner_label(run.status, viewer, grid), "model": run.config.get("model", ""),
-            "setting": setting_of(run.config),  # the model's named setting it trains at (learn, stress), if any
-            "device": run.status.get("device") or "",  # where it trained (a runs folder may come from a GPU machine)
-            "task": task_label(run.config), "objective": run_label(run), "seed": run.config.get("seed"),
-            "reward": last.get("reward", float("nan")), "accuracy": last.get("accuracy", float("nan")),
-            "held-out": (f"{evals[0]['eval/accuracy']:.2f} → {evals[-1]['eval/accuracy']:.2f}" if len(evals) > 1 else
-                         f"{evals[0]['eval/accuracy']:.2f}" if evals else ""),
-            "entropy": last.get("entropy", float("nan")), "max KL": last.get("stability/max_kl", float("nan")),
-            "collapsed": "" if collapsed is None else f"at step {collapsed:.0f}",
-            "source": ("timing run (Measure one step)" if run.status.get("kind") == TIMING
-                       else f"published: trained by commit {published.manifests()[grid].get('commit', '?')}" if grid
-                       else source_of(run.config) or "trained here"), "message": run.message or ""}
-
-
-def matching(runs: list, query: str) -> list:
-    """The runs whose description (`run_choice`: measure, model, task, seed, state, folder; an imported run's source,
-    `importers.source.source_of`) contains every word of `query`, case aside; all of them for an empty query."""
-    words = (query or "").lower().split()
-    return [run for run in runs if all(word in f"{run_choice(run)} {run.name} {source_of(run.config)}".lower()
-                                       for word in words)]
-
-
-def seen(runs: list) -> tuple:
-    """What the Runs page was drawn from: the runs' names and which of them were still active. When it changes (a
-    run came, went, started or ended), the page is drawn again."""
-    return tuple((run.name, run.state in ACTIVE) for run in runs)
-
-
 def task_label(config: dict) -> str:
     """A run's task as lists show it, with "random reward" where the task's checker did not give the rewards ("task
     not given" where its config names none, as an imported file may not)."""
@@ -372,6 +333,13 @@ def progress_text(run, rows: list[dict], now: float) -> str:
             + time_left_text(run, elapsed))
 
 
+def kept_steps_label(steps: list[int]) -> str:
+    """The Step inspector's step slider's label: which steps the run kept, "Step (3 kept: 1, 15, 30)", so that a
+    slider between 1 and 30 does not read as 30 steps to choose from."""
+    kept = ", ".join(map(str, steps)) if len(steps) <= 8 else f"{steps[0]}, {steps[1]}, …, {steps[-1]}"
+    return f"Step ({len(steps)} kept: {kept})"
+
+
 def binding_minibatches(completions: int) -> int:
     """The mini-batches that make a clip test bind, as the lab offers them: 4, else the first of 2 and 3 that splits
     a batch of `completions` into equal parts (every mini-batch after the first is off-policy)."""
@@ -412,22 +380,3 @@ def every_run(root) -> list:
     Runs page and the Step inspector list. A published run's folder is in the published runs' folder."""
     shared = published.folder()
     return [*store.list_runs(root), *(store.list_runs(shared) if shared else ())]
-
-
-def published_grid(run) -> str | None:
-    """The published grid a run belongs to (None for a run of the runs folder)."""
-    shared = published.folder()
-    return published.grids_of_runs().get(run.name) if shared is not None and run.folder.parent == shared else None
-
-
-def owner_label(status: dict, viewer, grid: str | None = None) -> str:
-    """Whose run it is, as the Runs page says it: published (read-only, with its grid), you, another browser, or the
-    terminal (identities stay hidden but for the teacher, who sees their first characters)."""
-    if grid:
-        return f"published: {grid}"
-    owner = status.get("owner") or ""
-    if not owner:
-        return "terminal"
-    if owner == viewer.who:
-        return "you"
-    return f"browser {owner[:6]}" if viewer.teacher else "another browser"

@@ -74,6 +74,14 @@ def test_only_the_app_layer_imports_streamlit():
     assert importers and all(p.startswith("divviz/app/") for p in importers), importers
 
 
+def test_every_table_is_shown_by_one_widget():
+    """A page shows a data table through `widgets.show_table`, so a missing value reads the same (a dash, not
+    Streamlit's grey "None") on every page."""
+    direct = {str(p.relative_to(ROOT)) for p in [*(ROOT / "app_pages").glob("*.py"), *(ROOT / "divviz").rglob("*.py")]
+              if "st.dataframe(" in p.read_text()}
+    assert direct == {"divviz/app/widgets.py"}
+
+
 def test_each_layer_package_is_its_docstring_and_no_file_is_long():
     for package in ("catalogue", "bandit", "evidence", "views", "app"):
         tree = ast.parse((ROOT / "divviz" / package / "__init__.py").read_text())

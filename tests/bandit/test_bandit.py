@@ -48,7 +48,7 @@ def test_batch_scaled_advantages_like_trl():
     assert not torch.allclose(group_advantages(r, "batch"), group_advantages(r, "group"))
     assert torch.equal(group_advantages(r, True), group_advantages(r, "group"))
     assert torch.equal(group_advantages(r, False), group_advantages(r, "none"))
-    with pytest.raises(DivvizInputError, match="unknown scale_rewards 'batches'; choose group, batch, none"):
+    with pytest.raises(DivvizInputError, match="unknown scale_rewards 'batches'; choose group, batch or none"):
         group_advantages(r, "batches")
 
 

@@ -94,6 +94,9 @@ def test_the_runs_page_and_the_step_inspector_list_published_runs_read_only(lm_p
     table = at.dataframe[0].value
     assert len(table) == len(lm_plan.runs) and set(table.owner) == {"published: builtin-grid"}
     assert set(table.source) == {"published: trained by commit abc1234"}  # not "trained here"
+    measures = {measure for measure, _, _ in lm_plan.runs}  # each run under its claims name, beside its label
+    assert set(table["claims measure"]) == measures and claims.BOX_LOW_ONLY in measures
+    assert at.dataframe[0].proto.placeholder == "—"  # a missing value is a dash, not a grey "None"
     assert at.selectbox(key="runs:delete").options == []  # nothing published can be stopped or deleted
     assert "one user" in at.markdown[0].value  # a local app: any browser manages any run, and says so
 

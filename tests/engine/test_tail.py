@@ -225,7 +225,7 @@ def test_status_and_config_are_parsed_once_per_change(tmp_path, monkeypatch):
 def test_a_folder_of_hundreds_of_runs_is_paged_and_filtered(tmp_path, monkeypatch):
     from streamlit.testing.v1 import AppTest
 
-    from divviz.views.run_views import PAGE_SIZE
+    from divviz.views.runs_table import PAGE_SIZE
 
     long_runs(tmp_path, 120, 3)
     monkeypatch.setenv("DIVVIZ_RUNS_DIR", str(tmp_path))

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from divviz.views import explain, token_view
+from divviz.views import explain, run_views, token_view
 from divviz.catalogue.aggregation import aggregation_weights
 from divviz.catalogue.divergences import clip_test
 from divviz.engine import store
@@ -374,6 +374,8 @@ def test_the_link_holds_the_run_step_colouring_completion_and_token(tmp_path, mo
     link = lambda: {k: v if isinstance(v, str) else v[-1] for k, v in at.query_params.items()}  # noqa: E731
     assert link()["run"] == newest and link()["step"] == "2"
     at.selectbox(key="inspector:run").set_value(older).run()
+    assert at.select_slider(key="inspector:step").label == "Step (2 kept: 1, 2)"  # which steps there are to pick
+    assert run_views.kept_steps_label(list(range(5, 55, 5))) == "Step (10 kept: 5, 10, …, 50)"
     at.select_slider(key="inspector:step").set_value(1).run()
     next(sb for sb in at.selectbox if sb.label == "Colour tokens by").set_value("ratio").run()
     at.selectbox(key="inspector:completion").set_value("2.3").run()

@@ -10,7 +10,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import pytest
 
-from divviz.views import explorer, run_plots, run_views
+from divviz.views import explorer, run_plots, run_views, runs_table
 from divviz.bandit.grpo import run_bandit
 from divviz.bandit.setting import BanditConfig
 from divviz.catalogue.divergences import clip_test
@@ -50,6 +50,19 @@ def test_clipping_region_figures_validate():
     labels = {s.name: s.label if s.entry.clip == "none" else f"{s.label} with ratio ε=0.2" for s in surrogates}
     assert names == {f"{t.label} c=3" for t in tests} | {labels[s.name] for s in surrogates if not s.entry.select} | {
         f"{labels[s.name]}: {which}" for s in surrogates if s.entry.select for which in ("tokens it picks", "the others")}
+
+
+def test_a_confident_token_shows_whole_in_the_regions_corner_and_says_where_it_is():
+    """The Step inspector's token on the clipping regions: at π_old ≈ 1 its star sat half outside the plot, in the
+    corner where the bands meet; now the axes run a little past [0, 1], the star is drawn over the edge, and its
+    legend entry gives its coordinates."""
+    chart = run_views.token_region([("PPO", Objective(clip=clip_test("ratio")))], 0.9991, 1.0004, 0.9996)
+    fig = validated(chart)
+    marks = [t for t in fig.data if t.mode == "markers"]
+    assert [t.name for t in marks] == ["token at the last inner step (0.9991, 0.9995)",
+                                       "token after the update (0.9991, 0.9996)"]
+    assert all(t.cliponaxis is False for t in marks)
+    assert all(low < 0 and high > 1 for low, high in (fig.layout.xaxis.range, fig.layout.yaxis.range))
 
 
 def test_kl3_page_figures_and_table():
@@ -283,7 +296,7 @@ def test_a_timing_run_is_listed_as_one(tmp_path):
 
     timing = a_run(tmp_path, state="done", step=1, steps=1, status={"kind": runner.TIMING})
     assert run_views.run_choice(timing).startswith("timing run · ")
-    assert run_views.overview_row(timing, Viewer("x", teacher=True))["source"] == "timing run (Measure one step)"
+    assert runs_table.overview_rows([timing], Viewer("x", teacher=True))[0]["source"] == "timing run (Measure one step)"
     assert not run_views.run_choice(a_run(tmp_path, state="done", step=3)).startswith("timing")
 
 

@@ -28,7 +28,7 @@ def test_round_trip_and_short_links():
     ({"kl3.delta": "7"}, "link: 'kl3.delta' must be a number in [0.0001, 0.5] (the control's range; divviz takes "
                          "(0, 50] where it is typed"),  # one range per message: the control's, then why another
     ({"m": "ratio,kl9"}, "'m' has unknown value 'kl9'"),
-    ({"agg": "mean"}, "'agg' has unknown value 'mean'; known: grpo, bnpo"),
+    ({"agg": "mean"}, "'agg' has unknown value 'mean'; choose grpo or bnpo"),
     ({"dual": "maybe"}, "link: 'dual' must be 0 or 1 (false/true); got 'maybe'"),
 ])
 def test_bad_values_are_reported(query, problem):

@@ -56,10 +56,10 @@ BANDIT_REFUSED = [
     ({"k": 1}, "bandit: parameter 'k' must be an integer in [2, 1000]; got 1"),
     ({"lr": float("nan")}, "parameter 'lr' must be a finite number in (0, 100]"),
     ({"k": 10, "correct_rank": 10}, "'correct_rank' must be below k = 10"),
-    ({"init": "gaussian"}, "unknown initial shape 'gaussian'; known: zipf, uniform, random"),
+    ({"init": "gaussian"}, "unknown initial shape 'gaussian'; choose zipf, uniform or random"),
     ({"reward": "bonus"}, "unknown reward 'bonus'"),
     ({"momentum": 0.9}, "bandit: unknown parameter 'momentum'"),
-    ({"optimizer": "rmsprop"}, "bandit: unknown optimizer 'rmsprop'; known: sgd, adam"),
+    ({"optimizer": "rmsprop"}, "bandit: unknown optimizer 'rmsprop'; choose sgd or adam"),
     ({"correct_percent": 0}, "parameter 'correct_percent' must be an integer in [1, 100]"),
 ]
 RUN_REFUSED = [

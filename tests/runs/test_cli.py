@@ -104,7 +104,7 @@ def test_bounds_unbounded_and_pi_old(capsys):
     (["train", "--measure", "kl3:eps=0.2"], "kl3: unknown parameter 'eps'"),
     (["train", "--penalty2", "prob_l2"], "--penalty2 needs its own coefficient --beta2"),
     (["train", "--beta2", "0.1"], "--beta2 was given without a penalty (--penalty2)"),
-    (["train", "--scale-rewards", "std"], "unknown scale_rewards 'std'; choose group, batch, none"),
+    (["train", "--scale-rewards", "std"], "unknown scale_rewards 'std'; choose group, batch or none"),
     (["train", "--baseline", "prompt"], "unknown baseline 'prompt'; choose group or batch"),
     (["train", "--off-policy-mask", "-1"], "parameter 'off_policy_mask' must be a finite number in [0, 1e+06]"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
