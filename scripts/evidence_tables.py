@@ -1,9 +1,10 @@
 """Write what the bandit grid and the published runs say into docs/claims.md and README.md:
 `python scripts/evidence_tables.py` (about 40 s: the bandit grid at 64 seeds).
 
-docs/claims.md holds, between its markers, the bandit grid's summary (`claims_export.bandit_markdown`) and one block
-per SmolLM2 setting (`claims_export.published_markdown`: where the runs come from, the headline cells, the collapses,
-the pilot); README's two claims rows quote the same (`bandit_sentence`, `headline_sentence`).
+docs/claims.md holds, between its markers, the bandit grid's summary (`claims_export.bandit_markdown`), the built-in
+LM's published grid and one block per SmolLM2 setting (`claims_export.published_markdown`: where the runs come from,
+the headline cells, the collapses, the pilot); README's two claims rows quote the same (`bandit_sentence`,
+`headline_sentence`).
 tests/evidence/test_evidence_tables.py regenerates them and fails on any difference: publish runs, then run this.
 """
 
@@ -15,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MODEL = "smollm2-135m"
 START, END = "<!-- over training: made by scripts/evidence_tables.py -->\n", "<!-- over training end -->\n"
 BANDIT_START, BANDIT_END = "<!-- bandit: made by scripts/evidence_tables.py -->\n", "<!-- bandit end -->\n"
+BUILTIN_START, BUILTIN_END = "<!-- built-in LM: made by scripts/evidence_tables.py -->\n", "<!-- built-in LM end -->\n"
 ROW = "| claims over training (SmolLM2-135M, published runs) |"
 BANDIT_ROW = "| claims on the bandit |"
 
@@ -55,6 +57,8 @@ def main() -> None:
     bandit = bandit_report()
     claims_md = ROOT / "docs" / "claims.md"
     text = between(claims_md.read_text(), BANDIT_START, BANDIT_END, claims_export.bandit_markdown(bandit))
+    builtin = claims_export.published_markdown(*claims_export.published_evidence(claims_lm.BUILTIN, ""))
+    text = between(text, BUILTIN_START, BUILTIN_END, builtin)
     grids = published()
     claims_md.write_text(between(text, START, END, block(grids)))
     readme = ROOT / "README.md"

@@ -1,12 +1,13 @@
-"""Publish the finished runs of SmolLM2's claims grids from a runs folder into published/ (`engine/published.py`).
+"""Publish the finished runs of a model's claims grids from a runs folder into published/ (`engine/published.py`).
 
-    python scripts/publish_runs.py --runs-dir runs-grid --commit 6facbc5 [--grid-suffix cpu]
+    python scripts/publish_runs.py --runs-dir runs-grid --commit 6facbc5 [--model smollm2-135m] [--grid-suffix cpu]
 
-For each setting with held-out evaluations (learn, stress), the grid as declared (`claims_lm.DECLARED`: seeds per
-measure and the pilot pair's seeds) is read from the runs folder; every cell whose run finished is published into
-published/smollm2-135m-<setting>-<suffix>/, and the manifest records how it was trained: the device and precision
-the run reports, this Python's torch and transformers, and `--commit`, the commit whose code trained the runs. A run
-already published with the same files is left as it is. Run it again as runs finish: a grid is published run by run.
+For each of the model's settings with held-out evaluations (SmolLM2's learn and stress; the built-in LM's defaults),
+the grid as declared (`claims_lm.declared_seeds`: seeds per measure and the pilot pair's seeds) is read from the runs
+folder; every cell whose run finished is published into published/<model>[-<setting>]-<suffix>/, and the manifest
+records how it was trained: the device and precision the run reports, this Python's torch and transformers, and
+`--commit`, the commit whose code trained the runs. A run already published with the same files is left as it is.
+Run it again as runs finish: a grid is published run by run.
 """
 
 from __future__ import annotations
@@ -21,15 +22,13 @@ import transformers
 
 from divviz.engine import published
 from divviz.engine.policy import pick_dtype
-from divviz.engine.models import evaluated_settings
+from divviz.engine.models import MODELS, evaluated_settings
 from divviz.evidence import claims_lm
-
-MODEL = "smollm2-135m"
-
 
 def precision_of(run) -> str:
     """The precision a run's forward passes took on this machine (its config's dtype, `policy.pick_dtype`)."""
-    dtype = pick_dtype(run.config.get("dtype", "auto"), torch.device(run.status.get("device") or "cpu"), MODEL)
+    dtype = pick_dtype(run.config.get("dtype", "auto"), torch.device(run.status.get("device") or "cpu"),
+                       run.config["model"])
     return "float32" if dtype is None else f"{str(dtype).removeprefix('torch.')} autocast"
 
 
@@ -37,19 +36,21 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs-dir", required=True, type=Path)
     parser.add_argument("--commit", required=True, help="the commit whose code trained the runs")
+    parser.add_argument("--model", default="smollm2-135m", choices=MODELS)
     parser.add_argument("--grid-suffix", default="cpu", help="the device's part of the grid's name")
     parser.add_argument("--out", type=Path, default=published.root())
     args = parser.parse_args(argv)
-    for setting in evaluated_settings(MODEL):
-        seeds, pilot_seeds = claims_lm.DECLARED[setting]
-        plan = claims_lm.LMPlan.read(args.runs_dir, seeds, model=MODEL, setting=setting, pilot_seeds=pilot_seeds,
+    for setting in evaluated_settings(args.model) or [""]:  # the built-in LM: its defaults, which evaluate
+        seeds, extra = claims_lm.declared_seeds(args.model, setting)
+        pilot_seeds = seeds + extra
+        plan = claims_lm.LMPlan.read(args.runs_dir, seeds, model=args.model, setting=setting, pilot_seeds=pilot_seeds,
                                      with_published=False)
-        grid = args.out / f"{MODEL}-{setting}-{args.grid_suffix}"
+        grid = args.out / "-".join(part for part in (args.model, setting, args.grid_suffix) if part)
         count = 0
         for (measure, reward, seed), run in plan.runs.items():
             if run is None or run.state not in claims_lm.FINAL:
                 continue
-            trained_by = {"model": MODEL, "setting": setting, "device": run.status.get("device") or "cpu",
+            trained_by = {"model": args.model, "setting": setting, "device": run.status.get("device") or "cpu",
                           "cpu": published.cpu_kernels(), "precision": precision_of(run), "torch": torch.__version__,
                           "transformers": transformers.__version__, "python": platform.python_version(),
                           "commit": args.commit, "seeds": seeds, "pilot_seeds": pilot_seeds}

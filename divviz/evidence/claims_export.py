@@ -113,7 +113,8 @@ def to_html(report: Report) -> str:
 HEADLINE = (*((claims.KL3_WIDE, m, r) for m, r in (("eval/accuracy", "end"), ("eval/accuracy_greedy", "end"),
                                                    ("eval/accuracy", "over the run"), ("stability/collapsed", "whole run"),
                                                    ("stability/max_kl", "whole run"), ("stability/max_clip", "whole run"),
-                                                   ("entropy", "late"))),
+                                                   ("entropy", "late"), ("top1_mass", "late"),
+                                                   ("mass_to_argmax", "late"))),
             (claims.KL3_HIGH_EDGE, "eval/accuracy", "end"), (claims.BOX_LOW_ONLY, "eval/accuracy", "end"),
             (claims.BOX_HIGH_ONLY, "eval/accuracy", "end"), (claims.DAPO, "entropy", "late"),
             (claims.PROBL2, "eval/accuracy", "end"), (claims.PROBL2, "eval/accuracy_greedy", "end"),
@@ -129,7 +130,7 @@ def headline_markdown(report: Report) -> str:
               "median (sign-test p)", "verdict (raw → Holm)", "seeds for 80% power", "rules out")
     rows = []
     for candidate, metric, reading in HEADLINE:
-        row = next((r for r in report.rows if r["setting"] == LM_TRAINING and r["candidate"] == candidate
+        row = next((r for r in report.rows if r["setting"] in (LM, LM_TRAINING) and r["candidate"] == candidate
                     and r["metric"] == metric and r["reading"] == reading
                     and (r["baseline"] == claims.START) == (candidate == claims.PPO)), None)
         if row is None or row["n"] < 2:
@@ -153,9 +154,9 @@ def markdown_table(header, rows) -> str:
 def published_evidence(model: str, setting: str):
     """The published runs of `model` at `setting` alone (an empty runs folder beside them), at the grid's declared
     seeds: (the plan, its evidence, a report of its cells)."""
-    seeds, pilot_seeds = claims_lm.DECLARED[setting]
+    seeds, extra = claims_lm.declared_seeds(model, setting)
     with tempfile.TemporaryDirectory() as nothing:
-        plan = claims_lm.LMPlan.read(Path(nothing), seeds, model=model, setting=setting, pilot_seeds=pilot_seeds)
+        plan = claims_lm.LMPlan.read(Path(nothing), seeds, model=model, setting=setting, pilot_seeds=seeds + extra)
         evidence = lm_evidence.LMEvidence(plan)
         return plan, evidence, evidence.report(Report([], 0))
 

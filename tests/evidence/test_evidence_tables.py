@@ -27,6 +27,10 @@ def test_readme_and_claims_md_hold_what_the_bandit_grid_and_the_published_runs_s
     grids = evidence_tables.published()
     assert claims_md.split(evidence_tables.START)[1].split(evidence_tables.END)[0] == evidence_tables.block(grids), \
         f"docs/claims.md's over-training block {stale}"
+    builtin = claims_export.published_evidence("builtin", "")
+    assert builtin[0].done == len(builtin[0].runs) == 72  # the built-in LM's grid is published whole
+    assert claims_md.split(evidence_tables.BUILTIN_START)[1].split(evidence_tables.BUILTIN_END)[0] == \
+        claims_export.published_markdown(*builtin), f"docs/claims.md's built-in LM block {stale}"
     readme = (ROOT / "README.md").read_text().splitlines(keepends=True)
     assert [line for line in readme if line.startswith(evidence_tables.ROW)] == [evidence_tables.readme_row(grids)], \
         f"README's over-training row {stale}"
