@@ -90,12 +90,11 @@ st.write("Several of the claims are also tested by training a language model —
          "times the learning rate, where an objective may collapse): PPO, KL3 at two δ, the two one-edge boxes of "
          "δ = 0.05, DAPO, PPO + ProbL2, and a tighter lower clip with random rewards, several seeds each, on the same "
          "seeds (the same prompts at every step). Final performance is the held-out accuracy; stability the collapse "
-         "flag, the largest update KL and clip fraction. SmolLM2's runs at both settings are published with divviz "
-         "(`published/`): a fresh clone reads them, and says so below. Runs you train queue with everyone's in the "
-         "runs folder (they show "
-         "on the Runs page), a finished run is kept, and a stopped one resumes from its last resume state: the next "
-         "time, this page reads them instead of training them again. Cells show as soon as both runs of a pair are "
-         "done; n says how many seeds each has.")
+         "flag, the largest update KL and clip fraction. The built-in LM's runs and SmolLM2's at both settings are "
+         "published with divviz (`published/`): a fresh clone reads them, and says so below. Runs you train queue "
+         "with everyone's in the runs folder (they show on the Runs page), a finished run is kept, and a stopped one "
+         "resumes from its last resume state: the next time, this page reads them instead of training them again. "
+         "Cells show as soon as both runs of a pair are done; n says how many seeds each has.")
 lm_plan = None
 with widgets.shown_errors():
     model_column, setting_column, left, pilot_column, right = st.columns(5)
