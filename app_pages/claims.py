@@ -150,8 +150,13 @@ elif lm_plan is not None:
             plan = lm_plan if fresh else lm_plan.refreshed()
             left_s = plan.time_left()
             ahead = len(plan.ahead)
-            eta = ("" if left_s is None else f", about {run_views.duration(left_s)} left at the pace so far"
-                   + (f", {ahead} other queued run{'s' if ahead != 1 else ''} included" if ahead else ""))
+            if plan.pending:  # something trains or waits in the queue
+                eta = ("" if left_s is None else f", about {run_views.duration(left_s)} left at the pace so far"
+                       + (f", {ahead} other queued run{'s' if ahead != 1 else ''} included" if ahead else ""))
+            else:  # nothing is training: what Train would cost, not a countdown
+                eta = (f"; the other {len(plan.missing)} are not queued" + (
+                    "" if left_s is None else f" (about {run_views.duration(left_s)} to train them here, at the pace "
+                                              "of the runs so far)"))
             st.progress(plan.progress, text=literal(f"{plan.done} of {len(plan.runs)} runs finished{eta} "
                                                     f"({plan.text})"))
             if plan.done != lm_plan.done:

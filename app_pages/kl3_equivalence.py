@@ -59,7 +59,8 @@ with widgets.shown_errors():
 
     widgets.show_chart(charts["level"], "k3 level set")
     st.subheader("Matching boxes and KL3 levels")
-    widgets.show_table(explorer.matching_table(facts, eps, eps_low, eps_high))
+    widgets.show_table(explorer.matching_table(facts, eps, eps_low, eps_high), column_config={  # δ to 7 digits: a
+        "KL3 δ through this edge": st.column_config.NumberColumn(format="%.7f")})  # rounded one has another box
     st.caption("A box is a KL3 level set only when both edges give the same δ. PPO's top edge is tighter than KL3 "
                "implies for its bottom edge; DAPO's is looser.")
     widgets.show_chart(charts["bounds"], "kl3 bounds vs delta")

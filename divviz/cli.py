@@ -144,13 +144,16 @@ def cmd_runs(args) -> int:
 def cmd_rescore(args) -> int:
     from pathlib import Path
 
+    from divviz.engine import published
     from divviz.engine.store import runs_dir
     from divviz.evidence.rescore import rescore_step, step_coverage
 
-    given = args.run_folder
-    folder = Path(given) if Path(given).is_dir() else runs_dir(args.runs_dir) / given
+    given, shared = args.run_folder, published.folder()
+    folder = (published.unpacked(Path(given)) if Path(given).is_dir() else runs_dir(args.runs_dir) / given
+              if (runs_dir(args.runs_dir) / given).is_dir() or shared is None else shared / given)
     if not folder.is_dir():
-        raise DivvizInputError(f"no run {given!r}: give a run folder, or a run's name in {runs_dir(args.runs_dir)}")
+        raise DivvizInputError(f"no run {given!r}: give a run folder, or a run's name in {runs_dir(args.runs_dir)} "
+                               "or among the published runs")
     step = Param("step", 1, 1, 10**9, high_open=False, kind="int").check(args.step, "rescore")
     rows = rescore_step(folder, step, args.clip_test or [])
     if args.json:

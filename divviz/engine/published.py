@@ -128,6 +128,16 @@ def folder(where: Path | None = None) -> Path | None:
     return cache
 
 
+def unpacked(run: Path) -> Path:
+    """The folder to read a run from: for a published run given as its place in a published folder
+    (published/<grid>/<run>, whose files are compressed), the same run unpacked (`folder`); any other folder as
+    given."""
+    grid = run.resolve().parent
+    if run.name in _read_manifests(grid.parent)[0].get(grid.name, {}).get("runs", {}):
+        return folder(grid.parent) / run.name
+    return run
+
+
 def _unpack(source: Path, target: Path) -> None:
     for path in source.rglob("*"):
         if path.is_dir():

@@ -168,7 +168,7 @@ def published_markdown(plan, evidence, report: Report) -> str:
         return f"No run of {plan.name} is published yet ({len(plan.runs)} declared).\n"
     collapses = lm_evidence.collapse_table(evidence.collapses())
     pilot = evidence.pilot()
-    table = markdown_table(list(collapses[0]), [[str(v) or "—" for v in row.values()] for row in collapses])
+    table = markdown_table(list(collapses[0]), [list(row.values()) for row in collapses])
     return "\n".join([f"{plan.done} of the {len(plan.runs)} declared runs published: {plan.published_grids}.",
                       "", headline_markdown(report).rstrip(), "", table.rstrip(), "",
                       lm_evidence.pilot_text(pilot) if pilot else "No pilot pair has two seeds yet.", ""])

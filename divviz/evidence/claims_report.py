@@ -84,7 +84,7 @@ HEADERS = {**{k: k for k in CELL_KEYS}, "predicted_sign": "predicted", "verdict"
            "seeds_against_mean": "seeds against the mean", "p": "sign-flip p", "p_holm": "p (Holm, claim × setting)",
            "q_bh": "q (BH, report)", "median": "median", "p_median": "sign-test p",
            "seeds_for_power": "seeds for 80% power", "rules_out": "rules out the effect",
-           "by_construction": "by construction", "cells": "cells",
+           "by_construction": "by construction", "cells": "cells", "reading": "reading",
            "largest": "largest |difference|"}  # their headers
 
 
@@ -95,8 +95,9 @@ def cell_table(rows: list[dict], shared: dict) -> list[dict]:
     and tests; its mean is the largest |difference|)."""
     identity = all(intervals.is_identity(row["verdict"]) for row in rows)
     said_by_mean = ("predicted_sign", "verdict_adjusted", "low", "high", "n", "seeds_against_mean", "p", "p_holm",
-                    "q_bh", "median", "p_median", "seeds_for_power", "rules_out", "by_construction")
-    first = ("candidate", "metric", "verdict_adjusted", "verdict", "mean", "low", "high", "n", "seeds_against_mean")
+                    "q_bh", "median", "p_median", "seeds_for_power", "rules_out", "by_construction", "reading")
+    first = ("candidate", "metric", "reading", "verdict_adjusted", "verdict", "mean", "low", "high", "n",
+             "seeds_against_mean")  # the reading (end, over the run, late) beside its metric: it tells two rows apart
     keys = [k for k in dict.fromkeys((*first, *CELL_KEYS[1:]))
             if k not in shared and not (identity and k in said_by_mean)]
     headers = {**HEADERS, **({"mean": HEADERS["largest"]} if identity else {})}

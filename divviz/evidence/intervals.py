@@ -135,17 +135,21 @@ def half_width(sd: float, n: int, level: float = LEVEL) -> float:
     return float(stats.t.ppf((1 + level) / 2, n - 1) * sd / np.sqrt(n)) if n >= 2 else np.nan
 
 
-def sd_interval(values, level: float = LEVEL) -> tuple[float, float, float]:
+def sd_interval(values, level: float = LEVEL, within: tuple[float, float] = (-np.inf, np.inf)) \
+        -> tuple[float, float, float]:
     """The sample standard deviation s (ddof 1) of `values` and its interval under normality:
     s·√((n−1)/χ²_{(1+level)/2, n−1}) to s·√((n−1)/χ²_{(1−level)/2, n−1}) — a spread over seeds with its
-    uncertainty (4 seeds put the upper end at 3.7 s). NaN below 2 values."""
+    uncertainty (4 seeds put the upper end at 3.7 s). Values that lie `within` [a, b] cannot have a standard
+    deviation above (b − a)/2 (Popoviciu's inequality): the upper end stops there (a reward in [0, 1]: 0.5, where
+    2 seeds' χ² end reaches 32 s). NaN below 2 values."""
     values = np.asarray(values, dtype=np.float64)
     n = values.size
     if n < 2:
         return np.nan, np.nan, np.nan
     s = float(values.std(ddof=1))
+    high = s * float(np.sqrt((n - 1) / stats.chi2.ppf((1 - level) / 2, n - 1)))
     return (s, s * float(np.sqrt((n - 1) / stats.chi2.ppf((1 + level) / 2, n - 1))),
-            s * float(np.sqrt((n - 1) / stats.chi2.ppf((1 - level) / 2, n - 1))))
+            min(high, (within[1] - within[0]) / 2))
 
 
 def verdict(low: float, high: float, predicted_sign: int) -> str:

@@ -28,7 +28,7 @@ from divviz.engine import store
 from divviz.engine.models import BUILTIN
 from divviz.evidence import claims, claims_lm, claims_report, intervals, significance
 from divviz.evidence.claims_lm import FINAL, PILOT, LMPlan, measures, run_config
-from divviz.metrics import proportion
+from divviz.metrics import metric_range, proportion
 
 
 def windows(steps: int) -> dict[str, range]:
@@ -112,7 +112,7 @@ class LMEvidence:
                 if rows:
                     mean_rewards.append(np.mean([row["reward"] for row in rows.values()]))
             share, low, high = proportion(len(steps), n)
-            sd, sd_low, sd_high = intervals.sd_interval(mean_rewards)
+            sd, sd_low, sd_high = intervals.sd_interval(mean_rewards, within=metric_range("reward"))
             out.append({"measure": measure, "n": n, "collapsed": len(steps), "share": share, "low": low, "high": high,
                         "steps": sorted(steps), "reward_sd": sd, "reward_sd_low": sd_low, "reward_sd_high": sd_high,
                         "reward_n": len(mean_rewards)})
@@ -138,10 +138,12 @@ class LMEvidence:
                                 "n": summary.n}
         return out
 
-    def pilot(self, metric: str = "eval/accuracy", sizes: tuple[int, ...] = (4, 8, 16)) -> dict | None:
+    def pilot(self, metric: str = "eval/accuracy",
+              sizes: tuple[int, ...] = (significance.fewest_seeds(), 12, 24)) -> dict | None:
         """The pilot's spread: over the seeds where both of `PILOT`'s runs are done, the final `metric` of each, the
         standard deviation (ddof 1) of PPO's and of the paired difference KL3 − PPO, and the smallest paired difference
-        S seeds could resolve at that spread (`intervals.half_width`) for each S in `sizes`; None below 2 seeds."""
+        S seeds could resolve at that spread (`intervals.half_width`) for each S in `sizes` (from the fewest at which
+        a verdict is possible at all); None below 2 seeds."""
         series = self.finished_series
         seeds = [s for s in self.plan.seeds_of(*PILOT) if all((m, "task", s) in series for m in PILOT)]
         finals = {(m, s): _readings(*series[(m, "task", s)], self.plan.steps)["end"][metric] for m in PILOT for s in seeds}
@@ -162,9 +164,9 @@ class LMEvidence:
     def report(self, bandit: claims_report.Report) -> claims_report.Report:
         """The bandit report with these cells added: those of the finished runs' pairs (n says how many seeds)."""
         finished = "" if self.plan.finished else f" ({self.plan.done} of {len(self.plan.runs)} runs finished so far)"
-        collapses = [f"collapsed, {row['measure']}: {row['collapsed']}, share {row['share [95% Wilson]'] or '—'}, "
+        collapses = [f"collapsed, {row['measure']}: {row['collapsed']}, share {row['share [95% Wilson]']}, "
                      f"at step {row['steps of collapse']}; the reward's spread over seeds (sd of each run's mean "
-                     f"reward) {row[SPREAD] or '—'}"
+                     f"reward) {row[SPREAD]}"
                      for row in collapse_table(self.collapses())]
         pilot = self.pilot()
         provenance = f"; {self.plan.provenance}" if self.plan.provenance else ""
@@ -180,10 +182,10 @@ SPREAD = "reward's spread over seeds: sd [95%]"  # the column of `collapse_table
 
 def collapse_table(collapses: list[dict]) -> list[dict]:
     """`LMPlan.collapses` as the page and the docs print it."""
-    return [{"measure": row["measure"], "collapsed": f"{row['collapsed']} of {row['n']}",
-             "share [95% Wilson]": "" if not row["n"] else f"{row['share']:.2f} [{row['low']:.2f}, {row['high']:.2f}]",
+    return [{"measure": row["measure"], "collapsed": f"{row['collapsed']} of {row['n']}" if row["n"] else "no run yet",
+             "share [95% Wilson]": "—" if not row["n"] else f"{row['share']:.2f} [{row['low']:.2f}, {row['high']:.2f}]",
              "steps of collapse": ", ".join(map(str, row["steps"])) or "—",
-             SPREAD: "" if row["reward_n"] < 2 else
+             SPREAD: "—" if row["reward_n"] < 2 else
              f"{row['reward_sd']:.3f} [{row['reward_sd_low']:.3f}, {row['reward_sd_high']:.3f}], n = {row['reward_n']}"}
             for row in collapses]
 
@@ -203,7 +205,8 @@ def pilot_text(pilot: dict) -> str:
     return (f"Pilot ({' and '.join(PILOT)}, {done}): {pilot['metric']} at the end, PPO "
             f"{pilot['ppo_mean']:.3f} (sd {pilot['ppo_sd']:.3f} over seeds); the paired difference KL3 − PPO "
             f"{pilot['difference_mean']:+.3f} (sd {pilot['difference_sd']:.3f}). At that spread, {sizes} seeds "
-            f"resolve a mean difference of {reach} (the paired 95% interval's half-width)"
+            f"resolve a mean difference of {reach} (the paired 95% interval's half-width; below "
+            f"{significance.fewest_seeds()} seeds no sign-flip p reaches 0.05, so nothing resolves)"
             + (f"; 80% power needs, {power} (at the ends of the spread's 95% interval)." if power else ".") + design)
 
 

@@ -103,12 +103,19 @@ def power(n: int, effect: float, sd: float, alpha: float = ALPHA) -> float:
     return float(stats.nct.sf(critical, df, shift) + stats.nct.cdf(-critical, df, shift))
 
 
+def fewest_seeds(alpha: float = ALPHA) -> int:
+    """The fewest seeds at which the sign-flip test can reach `alpha` (`smallest_p`), and so a verdict can be
+    reached at all: 6 at α = 0.05 (2/2⁶ = 0.031; 5 seeds give at best 0.0625)."""
+    return next(n for n in range(2, MOST_SEEDS) if smallest_p(n) < alpha)
+
+
 def seeds_for_power(effect: float, sd: float, target: float = POWER, alpha: float = ALPHA) -> int | None:
-    """The fewest seeds (≥ 2) whose paired t-test has `target` power for `effect` at spread `sd`; None when more
-    than `MOST_SEEDS` would be needed or the spread is unknown."""
+    """The fewest seeds whose paired t-test has `target` power for `effect` at spread `sd`, and no fewer than
+    `fewest_seeds` (below them no verdict is possible, whatever the t-test's power); None when more than
+    `MOST_SEEDS` would be needed or the spread is unknown."""
     if not (sd > 0 and effect != 0 and np.isfinite(sd)):
         return None
-    low, high = 2, 2
+    low = high = fewest_seeds(alpha)
     while power(high, effect, sd, alpha) < target:  # double, then bisect: power grows with n
         low, high = high, high * 2
         if high > 2 * MOST_SEEDS:

@@ -121,13 +121,34 @@ def collapse_step(rows) -> int | None:
 
 def held_out_chart(runs: list[tuple[str, list[dict], list[dict]]]) -> Chart | None:
     """The held-out accuracy of runs [(label, metrics rows, eval rows)] over training (`run_plots.eval_chart`), each
-    run's collapse marked; None when no run evaluated."""
-    evaluated = [(label, evals, collapse_step(rows)) for label, rows, evals in runs if evals]
-    if not evaluated:
+    run's collapse marked; runs that share a label (grouped by objective) as one line, "label (n = k)", their mean
+    with its band (`seeds_band`), as the other charts draw them. None when no run evaluated."""
+    groups: dict[str, list[tuple[list[dict], int | None]]] = {}
+    for label, rows, evals in runs:
+        if evals:
+            groups.setdefault(label, []).append((evals, collapse_step(rows)))
+    if not groups:
         return None
-    names = unique_labels([label for label, _, _ in evaluated])
-    return run_plots.eval_chart([(name, evals) for name, (_, evals, _) in zip(names, evaluated)],
-                                {name: [step] for name, (_, _, step) in zip(names, evaluated) if step is not None})
+    series = [(label if len(members) == 1 else f"{label} (n = {len(members)})",
+               members[0][0] if len(members) == 1 else seeds_band([evals for evals, _ in members]),
+               [step for _, step in members if step is not None]) for label, members in groups.items()]
+    return run_plots.eval_chart([(name, evals) for name, evals, _ in series],
+                                {name: steps for name, _, steps in series if steps})
+
+
+def seeds_band(runs_evals: list[list[dict]]) -> list[dict]:
+    """Several runs' held-out evaluations as one: at each step all of them evaluated, each accuracy's mean over the
+    runs with its band in [0, 1] (`intervals.summarize`: the runs' range below 4 of them, else the 95% t interval)."""
+    steps = sorted(set.intersection(*({row["step"] for row in evals} for evals in runs_evals)))
+    by_step = [{row["step"]: row for row in evals} for evals in runs_evals]
+    out = []
+    for step in steps:
+        row = {"step": step}
+        for name, _ in run_plots.EVAL_PANELS:
+            band = summarize([[run[step].get(name, np.nan)] for run in by_step], bounds=(0.0, 1.0))
+            row.update({name: float(band.mean[0]), f"{name}_low": float(band.low[0]), f"{name}_high": float(band.high[0])})
+        out.append(row)
+    return out
 
 
 def minibatch_profile(runs: list[tuple[str, list[dict]]]) -> Chart | None:

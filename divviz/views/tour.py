@@ -102,23 +102,23 @@ STEPS = (
          "Compare PPO ε = 0.2, DAPO (0.2, 0.28) and KL3 δ = 0.05 (the preset *PPO ε=0.2 vs DAPO vs KL3 δ=0.05*). Ask "
          "which test lets a good token's probability rise most; move δ and watch the strips in the gradient panel. "
          "Then the preset *Ratio space vs probability space*: π_old = 0.05, and compare the cones.",
-         "The intervals: PPO {ratio}, DAPO {clip_higher}, KL3 {kl3}: KL3's upper edge is the widest, its lower edge "
-         "the tightest.", _clipping_numbers),
+         "The intervals: PPO {ratio}, DAPO {clip_higher}, KL3 {kl3}: KL3's box holds both others, its upper edge the "
+         "highest and its lower edge the lowest.", _clipping_numbers),
     Step("KL3 ⇔ asymmetric clipping", "kl3_equivalence", {"delta": "0.0231"},
          "Read the derivation, then set δ to 0.0231, the KL3 level through PPO's lower edge 0.8 (the slider moves "
          "in steps of 0.0001).",
          "l_δ = {l}, but the top edge is u_δ = {u}, not 1.2: KL3 is PPO's box only below. The numeric check at the "
          "bottom runs `policy_loss` with both and finds max |Δ loss| = {dloss}.", lambda: _kl3_numbers(0.0231)),
-    Step("Mass reallocation", "mass_reallocation", {"diff_at": "10"},
+    Step("Mass reallocation", "mass_reallocation", {"diff_at": "10", "diff_metric": "entropy"},
          "The default: the three most likely of 50 actions are correct, 8 seeds per objective, SGD at lr 0.5; each "
          "curve is the mean over the seeds with its 95% band. In *Paired differences* the link sets *At iteration* "
-         "to 10.",
+         "to 10 and the paired differences' chart to the entropy.",
          "Each objective minus PPO in entropy, seed by seed: DAPO {clip_higher_d} [{clip_higher_lo}, "
          "{clip_higher_hi}], {clip_higher_rev} seeds against the mean; KL3 δ = 0.05 {kl3_d} [{kl3_lo}, "
          "{kl3_hi}], {kl3_rev} against it: their wider upper edges let the correct actions rise faster, and "
          "entropy falls sooner.",
          lambda: _bandit_numbers(10)),
-    Step("Mass reallocation, at the end", "mass_reallocation", {},
+    Step("Mass reallocation, at the end", "mass_reallocation", {"diff_metric": "entropy"},
          "Move *At iteration* to 80 (or open this link).",
          "At iteration 80: DAPO minus PPO {clip_higher_d} [{clip_higher_lo}, {clip_higher_hi}], {clip_higher_rev} "
          "seeds against the mean; KL3 minus PPO {kl3_d} [{kl3_lo}, {kl3_hi}], {kl3_rev} against it. Where an "
@@ -132,7 +132,7 @@ STEPS = (
          "KL3 δ = 0.0177 is the level through PPO's upper edge: its interval is [{l}, {u}], tighter than PPO's "
          "below 1.", lambda: _kl3_numbers(0.0177)),
     Step("Step inspector", "step_inspector", {},
-         "Open one of the KL3 runs, colour by *clip state*, pick a blue (masked low) token, and add *ratio* under "
+         "Open one of step 5's KL3 runs, colour by *clip state*, pick a blue (masked low) token, and add *ratio* under "
          "*Explain the token also under*.",
          "A token with A < 0 and w between 0.8 and {l} is masked low by KL3 δ = 0.0177 (w < l) but inside PPO's "
          "[0.8, 1.2]: the explainer shows KL3's clipped term winning the min and PPO's not.",

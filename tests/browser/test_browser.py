@@ -46,6 +46,19 @@ def test_moving_a_slider_redraws_and_updates_the_link(page, app_url):
     page.locator(".js-plotly-plot").first.locator("text", has_text="[0.7137, 1.3542]").wait_for(timeout=30_000)
 
 
+def test_a_clicked_tab_is_in_the_link_at_once(page, app_url):
+    """The open tab travels in the link as soon as it is clicked (read once the click's run is over), and the first,
+    the default, drops out of it."""
+    page.goto(f"{app_url}/clipping_regions")
+    page.wait_for_selector(".js-plotly-plot .main-svg", timeout=90_000)
+    wait_until_idle(page)
+    page.get_by_role("tab", name="Probability space").click()
+    page.wait_for_url(lambda url: "tab=Probability+space" in url.replace("%20", "+"), timeout=30_000)
+    wait_until_idle(page)
+    page.get_by_role("tab", name="Gradient weight").click()
+    page.wait_for_url(lambda url: "tab=" not in url, timeout=30_000)  # the first tab is the default: no parameter
+
+
 def test_shared_link_opens_the_same_view(page, app_url):
     page.goto(f"{app_url}/kl3_equivalence?delta=0.02")
     page.wait_for_selector(".js-plotly-plot .main-svg", timeout=90_000)

@@ -117,6 +117,21 @@ def test_the_step_inspector_opens_a_published_run_at_its_last_kept_step(lm_plan,
         f"step {kept[-1]}")
 
 
+def test_divviz_rescore_reads_a_published_run_by_its_place_or_its_name(lm_plan, published_grid, tmp_path, capsys):
+    """The Step inspector says `divviz rescore` prints the same: given published/<grid>/<run> (whose records are
+    compressed) or the run's name, it re-scores the run as it was trained."""
+    from divviz.cli import main
+
+    run = lm_plan.runs[(claims.KL3_WIDE, "task", 0)]
+    step = store.completion_steps(run.folder)[-1]
+    assert main(["rescore", str(run.folder), "--step", str(step), "--clip-test", "ratio", "--json"]) == 0
+    trained = json.loads(capsys.readouterr().out)
+    for given in (str(published_grid / run.name), run.name):
+        assert main(["rescore", given, "--step", str(step), "--clip-test", "ratio", "--json",
+                     "--runs-dir", str(tmp_path / "mine")]) == 0
+        assert json.loads(capsys.readouterr().out) == trained
+
+
 def test_a_published_run_trained_again_is_the_same_run_and_a_change_is_named(lm_plan, published_grid, tmp_path,
                                                                             capsys):
     spec = importlib.util.spec_from_file_location("retrain", ROOT / "scripts" / "retrain_published.py")

@@ -99,6 +99,8 @@ def test_a_spreads_interval_is_the_chi_square_one():
     one = np.array([-1.0, 1.0, -1.0, 1.0]) * np.sqrt(3) / 2  # s = 1
     assert intervals.sd_interval(one) == pytest.approx((1.0, 0.5665, 3.7285), abs=5e-4)
     assert np.isnan(intervals.sd_interval([0.4])).all()
+    s2, _, high2 = intervals.sd_interval([0.3, 0.4])  # 2 seeds: the χ² upper end is 32 s, past any reward in [0, 1]
+    assert high2 == pytest.approx(31.9 * s2, rel=1e-3) and intervals.sd_interval([0.3, 0.4], within=(0, 1))[2] == 0.5
 
 
 def flags(n11: int, n10: int, n01: int, n00: int) -> tuple[list[int], list[int]]:

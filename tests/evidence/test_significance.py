@@ -89,6 +89,9 @@ def test_power_against_a_textbook_value_and_a_simulation():
     n = significance.seeds_for_power(0.055, 0.0556)
     assert n == 11 and significance.power(n - 1, 0.055, 0.0556) < 0.8 <= significance.power(n, 0.055, 0.0556)
     assert significance.seeds_for_power(1e-4, 1.0) is None and significance.seeds_for_power(0.05, np.nan) is None
+    # a huge effect: the t-test's power is 80% at 3 seeds, but no sign-flip p can go below 0.05 before 6
+    assert significance.power(3, 1.0, 0.1) > 0.8 and significance.smallest_p(5) > 0.05 > significance.smallest_p(6)
+    assert significance.fewest_seeds() == 6 == significance.seeds_for_power(1.0, 0.1)
 
 
 def enumerated_one_sided_p(d, margin: float) -> float:

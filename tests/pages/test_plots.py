@@ -230,6 +230,24 @@ def test_learning_curves_mark_sparse_readings_dot_a_lone_seed_and_cross_collapse
         " · 2 seeds collapsed at this step", " · 1 seed collapsed at this step", "")
 
 
+def test_runs_grouped_by_objective_are_one_held_out_line_with_their_seeds_band():
+    """Group by objective drew every other chart as one line per objective but the held-out chart as one per run
+    ("ratio ε=0.2" and "ratio ε=0.2 (2)"); now it is one line, "(n = 2)", the runs' mean with their range."""
+    def evals(values):
+        return [{"step": s, "eval/accuracy": v, "eval/accuracy_low": v - 0.1, "eval/accuracy_high": v + 0.1,
+                 "eval/accuracy_greedy": v, "eval/accuracy_greedy_low": v, "eval/accuracy_greedy_high": v}
+                for s, v in zip((0, 15, 30), values)]
+
+    chart = run_views.held_out_chart([("PPO", [], evals([0.2, 0.5, 0.6])), ("PPO", [], evals([0.2, 0.4, 0.5])),
+                                      ("KL3", [], evals([0.2, 0.3, 0.4]))])
+    assert [t.name for t in validated(chart).data if t.xaxis == "x"] == ["PPO (n = 2)", "KL3"]
+    ppo, kl3 = (chart.data[chart.data.run == name] for name in ("PPO (n = 2)", "KL3"))
+    assert np.allclose(ppo["eval/accuracy"], [0.2, 0.45, 0.55])
+    assert np.allclose(ppo["eval/accuracy low"], [0.2, 0.4, 0.5]) and np.allclose(ppo["eval/accuracy high"],
+                                                                                [0.2, 0.5, 0.6])  # the range
+    assert np.allclose(kl3["eval/accuracy high"] - kl3["eval/accuracy"], 0.1)  # one run: its own Wilson interval
+
+
 def test_a_held_out_chart_with_one_evaluation_ticks_whole_steps_once():
     """One evaluation (step 0): the axis had ticks at −1, −0.5, 0, 0.5, 1 printed as "−1 −1 0 1 1"; now one tick per
     whole step within half a step of it, and the chart's CSV writes steps as integers."""
