@@ -73,8 +73,9 @@ GLOSSARY = {
     "eval/accuracy": "share of the task's held-out problems answered correctly, sampled at the run's τ "
                      "(a run's own with its Wilson 95% interval)",
     "eval/accuracy_greedy": "the same, answering greedily (the most likely token each time)",
-    "stability/max_kl": "largest kl/k3 of one update so far",
-    "stability/max_clip": "largest clip_ratio/region_mean of one step so far",
+    "stability/max_kl": "the largest k3 KL of the policy to π_old over one update so far (the run's kl/k3)",
+    "stability/max_clip": "the largest share of tokens outside the clip region in one step so far (the run's "
+                          "clip_ratio/region_mean)",
     "stability/collapsed": "1 from the step the run collapsed: reward fell below half its peak while an update's KL "
                            "was large, or the entropy fell to a tenth of its start",
 }

@@ -66,7 +66,7 @@ class Report:
                 entry[count] += s[count]
             if s["setting"] not in entry["settings"]:
                 entry["settings"].append(s["setting"])
-        return [{**entry, "settings": ", ".join(entry["settings"])} for entry in out.values()]
+        return [{**entry, "settings": "; ".join(entry["settings"])} for entry in out.values()]
 
     @property
     def scope(self) -> str:
