@@ -318,9 +318,8 @@ def eval_chart(series: list[tuple[str, list[dict]]], collapses: dict[str, list[i
     for xref, yref in refs[0]:
         layout[f"xaxis{xref[1:]}"].update(title={"text": "step (updates done)"}, **step_axis(every))
         layout[f"yaxis{yref[1:]}"].update(range=[0, 1])
-    layout.update(height=360, title={"text": "Held-out accuracy (the task's held-out problems, never trained on): a run "
-                                              "with its Wilson 95% interval, n runs their mean and band; dotted: a "
-                                              "run collapsed"})
+    layout.update(height=360, title={"text": "Held-out accuracy (problems never trained on): a run's Wilson 95% "
+                                              "interval, or n runs' mean and band; dotted: a collapse"})
     return Chart(figure(traces, layout, shapes), lambda: concat(tables))
 
 
