@@ -72,7 +72,8 @@ st.write("What the three seed papers claim and divviz can test, tested on a grid
          "counts and colours use this adjusted verdict, the raw one beside it), and Benjamini–Hochberg's q across "
          "the report. Over training, accuracy cells also give the seeds 80% power needs and whether the effect the "
          "papers report is ruled out (both tests, one-sided, at that margin: not below 5 seeds). Nothing here is "
-         "typed by hand: `divviz claims` prints the same report. The verdicts come first; the [language-model sections](#on-a-language-model-over-training) under them choose "
+         "typed by hand: `divviz claims` prints the same report. The verdicts come first; the "
+         "[language-model sections](#on-a-language-model-over-training) under them choose "
          "the model, its setting and seeds.")
 first_visit = not page_state.visited(PAGE)
 page_state.bind_controls(PAGE, CONTROLS)
@@ -228,7 +229,7 @@ with verdicts:
                "greedy and the sampled accuracy, two δ of KL3 against one PPO), so several cells holding is not as "
                "many confirmations. A claim's source carries docs/theory.md's tag: [PAPER] read in the paper's own text, "
                "[3P] read only in a third-party summary, [INF] divviz's own derivation or reading.")
-    st.table(claims_tables.overview(result))  # static: every claim and setting in full
+    st.table(claims_tables.overview(result), hide_index=True)  # static: every claim and setting in full
     texts = {c.key: c.text for c in result.claims}
     chosen = st.selectbox("Claim", list(texts), format_func=texts.get, key="claims:claim",
                           help="the claim whose tables and forest plots show below; it travels in the link")

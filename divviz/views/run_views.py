@@ -146,7 +146,8 @@ def seeds_band(runs_evals: list[list[dict]]) -> list[dict]:
         row = {"step": step}
         for name, _ in run_plots.EVAL_PANELS:
             band = summarize([[run[step].get(name, np.nan)] for run in by_step], bounds=(0.0, 1.0))
-            row.update({name: float(band.mean[0]), f"{name}_low": float(band.low[0]), f"{name}_high": float(band.high[0])})
+            row.update({name: float(band.mean[0]), f"{name}_low": float(band.low[0]),
+                        f"{name}_high": float(band.high[0])})
         out.append(row)
     return out
 
