@@ -148,12 +148,15 @@ def cmd_rescore(args) -> int:
     from divviz.engine.store import runs_dir
     from divviz.evidence.rescore import rescore_step, step_coverage
 
-    given, shared = args.run_folder, published.folder()
-    folder = (published.unpacked(Path(given)) if Path(given).is_dir() else runs_dir(args.runs_dir) / given
-              if (runs_dir(args.runs_dir) / given).is_dir() or shared is None else shared / given)
-    if not folder.is_dir():
-        raise DivvizInputError(f"no run {given!r}: give a run folder, or a run's name in {runs_dir(args.runs_dir)} "
-                               "or among the published runs")
+    given, root = args.run_folder, runs_dir(args.runs_dir)
+    if Path(given).is_dir():
+        folder = published.unpacked(Path(given))
+    else:  # a run's name: the runs folder's run, else the published one
+        folder = next((where / given for where in (root, published.folder()) if where and (where / given).is_dir()),
+                      None)
+    if folder is None:
+        raise DivvizInputError(f"no run {given!r}: give a run folder, or a run's name in {root} or among the "
+                               "published runs")
     step = Param("step", 1, 1, 10**9, high_open=False, kind="int").check(args.step, "rescore")
     rows = rescore_step(folder, step, args.clip_test or [])
     if args.json:
@@ -225,7 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=cmd_import)
 
     p = sub.add_parser("rescore", help="a recorded step's tokens under other clip tests: what each would have masked")
-    p.add_argument("run_folder", metavar="RUN", help="a run folder, or a run's name in the runs folder")
+    p.add_argument("run_folder", metavar="RUN", help="a run folder, or a run's name in the runs folder or among the "
+                                                     "published runs")
     p.add_argument("--step", required=True, help="a step whose completions the run kept (the step inspector's)")
     p.add_argument("--clip-test", "--measure", dest="clip_test", action="append", metavar="NAME[:K=V…]",
                    help="a clip test, e.g. kl3:delta=0.02 or clip_higher (repeat to compare several); the run's own "

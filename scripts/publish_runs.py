@@ -3,7 +3,7 @@
     python scripts/publish_runs.py --runs-dir runs-grid --commit 6facbc5 [--model smollm2-135m] [--grid-suffix cpu]
 
 For each of the model's settings with held-out evaluations (SmolLM2's learn and stress; the built-in LM's defaults),
-the grid as declared (`claims_lm.declared_seeds`: seeds per measure and the pilot pair's seeds) is read from the runs
+the grid as declared (`LMPlan.declared`: seeds per measure and the pilot pair's seeds) is read from the runs
 folder; every cell whose run finished is published into published/<model>[-<setting>]-<suffix>/, and the manifest
 records how it was trained: the device and precision the run reports, this Python's torch and transformers, and
 `--commit`, the commit whose code trained the runs. A run already published with the same files is left as it is.
@@ -41,10 +41,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--out", type=Path, default=published.root())
     args = parser.parse_args(argv)
     for setting in evaluated_settings(args.model) or [""]:  # the built-in LM: its defaults, which evaluate
-        seeds, extra = claims_lm.declared_seeds(args.model, setting)
-        pilot_seeds = seeds + extra
-        plan = claims_lm.LMPlan.read(args.runs_dir, seeds, model=args.model, setting=setting, pilot_seeds=pilot_seeds,
-                                     with_published=False)
+        plan = claims_lm.LMPlan.declared(args.runs_dir, args.model, setting, with_published=False)
         grid = args.out / "-".join(part for part in (args.model, setting, args.grid_suffix) if part)
         count = 0
         for (measure, reward, seed), run in plan.runs.items():
@@ -53,7 +50,7 @@ def main(argv: list[str]) -> None:
             trained_by = {"model": args.model, "setting": setting, "device": run.status.get("device") or "cpu",
                           "cpu": published.cpu_kernels(), "precision": precision_of(run), "torch": torch.__version__,
                           "transformers": transformers.__version__, "python": platform.python_version(),
-                          "commit": args.commit, "seeds": seeds, "pilot_seeds": pilot_seeds}
+                          "commit": args.commit, "seeds": plan.seeds, "pilot_seeds": plan.pilot_seeds}
             published.publish(run.folder, grid, {"measure": measure, "reward": reward, "seed": seed}, trained_by)
             count += 1
         print(f"{grid.name}: {count} of {len(plan.runs)} runs published")

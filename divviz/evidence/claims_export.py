@@ -154,9 +154,8 @@ def markdown_table(header, rows) -> str:
 def published_evidence(model: str, setting: str):
     """The published runs of `model` at `setting` alone (an empty runs folder beside them), at the grid's declared
     seeds: (the plan, its evidence, a report of its cells)."""
-    seeds, extra = claims_lm.declared_seeds(model, setting)
     with tempfile.TemporaryDirectory() as nothing:
-        plan = claims_lm.LMPlan.read(Path(nothing), seeds, model=model, setting=setting, pilot_seeds=seeds + extra)
+        plan = claims_lm.LMPlan.declared(Path(nothing), model, setting)
         evidence = lm_evidence.LMEvidence(plan)
         return plan, evidence, evidence.report(Report([], 0))
 

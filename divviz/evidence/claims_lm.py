@@ -136,6 +136,13 @@ class LMPlan:
         return LMPlan(root, seeds, steps, {key: found.get(key) for key in wanted.values()}, model, setting,
                       pilot_seeds, shared)
 
+    @staticmethod
+    def declared(root, model: str, setting: str = "", with_published: bool = True) -> "LMPlan":
+        """The plan of the grid declared for `model` at `setting` (`declared_seeds`: its seeds and its pilot pair's)."""
+        seeds, extra = declared_seeds(model, setting)
+        return LMPlan.read(root, seeds, model=model, setting=setting, pilot_seeds=seeds + extra,
+                           with_published=with_published)
+
     def is_published(self, run: store.RunInfo | None) -> bool:
         return run is not None and self.published is not None and run.folder.parent == self.published
 
