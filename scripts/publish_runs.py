@@ -1,10 +1,11 @@
 """Publish the finished runs of a model's claims grids from a runs folder into published/ (`engine/published.py`).
 
-    python scripts/publish_runs.py --runs-dir runs-grid --commit 6facbc5 [--model smollm2-135m] [--grid-suffix cpu]
+    python scripts/publish_runs.py --runs-dir runs-grid --commit 6facbc5 [--model smollm2-135m] [--device cpu]
+        [--grid-suffix cpu]
 
 For each of the model's settings with held-out evaluations (SmolLM2's learn and stress; the built-in LM's defaults),
-the grid as declared (`LMPlan.declared`: seeds per measure and the pilot pair's seeds) is read from the runs
-folder; every cell whose run finished is published into published/<model>[-<setting>]-<suffix>/, and the manifest
+the grid declared for `--device`'s kind (`LMPlan.declared`: seeds per measure and the pilot pair's seeds) is read
+from the runs folder; every cell whose run finished is published into published/<model>[-<setting>]-<suffix>/, and the manifest
 records how it was trained: the device and precision the run reports, this Python's torch and transformers, and
 `--commit`, the commit whose code trained the runs. A run already published with the same files is left as it is.
 Run it again as runs finish: a grid is published run by run.
@@ -37,11 +38,14 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--runs-dir", required=True, type=Path)
     parser.add_argument("--commit", required=True, help="the commit whose code trained the runs")
     parser.add_argument("--model", default="smollm2-135m", choices=MODELS)
-    parser.add_argument("--grid-suffix", default="cpu", help="the device's part of the grid's name")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="the kind of device that trained it")
+    parser.add_argument("--grid-suffix", default="cpu", help="the device's part of the grid's name (h200, …)")
     parser.add_argument("--out", type=Path, default=published.root())
     args = parser.parse_args(argv)
     for setting in evaluated_settings(args.model) or [""]:  # the built-in LM: its defaults, which evaluate
-        plan = claims_lm.LMPlan.declared(args.runs_dir, args.model, setting, with_published=False)
+        if args.device != "cpu" and (setting, args.device) not in claims_lm.DECLARED:
+            continue
+        plan = claims_lm.LMPlan.declared(args.runs_dir, args.model, setting, with_published=False, device=args.device)
         grid = args.out / "-".join(part for part in (args.model, setting, args.grid_suffix) if part)
         count = 0
         for (measure, reward, seed), run in plan.runs.items():

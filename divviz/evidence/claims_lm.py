@@ -58,16 +58,20 @@ def measures() -> list[tuple[str, str]]:
 
 
 PILOT = (claims.PPO, claims.KL3_WIDE)  # trained first, every seed: the spread of the headline's paired difference
-# SmolLM2's grids as declared: (seeds per measure, the pilot pair's seeds). Each pilot's extension was sized before it
-# ran: at the learn setting by the half-width its first 4 seeds left (a second stage, since they did not resolve it);
-# at the stress setting by the seeds for 80% power at 5.5 points from its first 4 seeds' spread (11; 12 declared).
-DECLARED = {"learn": (4, 8), "stress": (4, 12)}
+# SmolLM2's grids as declared, by setting and the kind of device that trains them: (seeds per measure, the pilot
+# pair's seeds). Each pilot's extension was sized before it ran: on this CPU at the learn setting by the half-width its
+# first 4 seeds left (a second stage, since they did not resolve it); at the stress setting by the seeds for 80% power
+# at 5.5 points from its first 4 seeds' spread (11; 12 declared). On a GPU, the stress setting's pilot pair alone, to
+# 80% power at 5.5 points from the spread of the 4 seeds an H100 trained (sd 0.126 of the paired difference, read
+# from their interval, +0.049 [−0.151, +0.249]: 43 seeds); a GPU's bf16 rounds otherwise than this CPU's, so its runs
+# are a grid of their own.
+DECLARED = {("learn", "cpu"): (4, 8), ("stress", "cpu"): (4, 12), ("stress", "cuda"): (0, 43)}
 
 
-def declared_seeds(model: str, setting: str) -> tuple[int, int]:
-    """(seeds per measure, the pilot pair's extra seeds) of the grid declared for `model` at `setting` (`DECLARED`),
-    else the default seeds and no extra: what the CLI and the Claims page start from."""
-    seeds, pilot = (DECLARED.get(setting, (SEEDS_PARAM.default, 0)) if model != BUILTIN
+def declared_seeds(model: str, setting: str, device: str = "cpu") -> tuple[int, int]:
+    """(seeds per measure, the pilot pair's extra seeds) of the grid declared for `model` at `setting` on `device`'s
+    kind (`DECLARED`), else the default seeds and no extra: what the CLI and the Claims page start from."""
+    seeds, pilot = (DECLARED.get((setting, device), (SEEDS_PARAM.default, 0)) if model != BUILTIN
                     else (SEEDS_PARAM.default, 0))
     return seeds, max(0, pilot - seeds)
 
@@ -137,9 +141,10 @@ class LMPlan:
                       pilot_seeds, shared)
 
     @staticmethod
-    def declared(root, model: str, setting: str = "", with_published: bool = True) -> "LMPlan":
-        """The plan of the grid declared for `model` at `setting` (`declared_seeds`: its seeds and its pilot pair's)."""
-        seeds, extra = declared_seeds(model, setting)
+    def declared(root, model: str, setting: str = "", with_published: bool = True, device: str = "cpu") -> "LMPlan":
+        """The plan of the grid declared for `model` at `setting` on `device`'s kind (`declared_seeds`: its seeds and
+        its pilot pair's)."""
+        seeds, extra = declared_seeds(model, setting, device)
         return LMPlan.read(root, seeds, model=model, setting=setting, pilot_seeds=seeds + extra,
                            with_published=with_published)
 

@@ -159,7 +159,7 @@ class LMEvidence:
                 "difference_mean": float(diff.mean()), "difference_sd": sd,
                 "resolvable": {size: intervals.half_width(sd, size) for size in sizes},
                 "power": {name: (size, *significance.seeds_needed(diff, size)) for name, size in effects.items()},
-                "declared": claims_lm.DECLARED.get(self.plan.setting) if self.plan.model != BUILTIN else None}
+                "declared": claims_lm.DECLARED.get((self.plan.setting, "cpu")) if self.plan.model != BUILTIN else None}
 
     def report(self, bandit: claims_report.Report) -> claims_report.Report:
         """The bandit report with these cells added: those of the finished runs' pairs (n says how many seeds)."""
