@@ -13,7 +13,7 @@ pinned() { "$PY" -m pip freeze | grep -iE "^($1)==" ; }
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     -d .device/wheels $(pinned 'trl|gguf|datasets|dill|multiprocess') 2>&1 | grep -v '^WARNING: Location' || true
 gguf=$("$PY" -c "from divviz.engine.smollm2 import gguf_file; print(gguf_file())")
-tree=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
+tree=$(git ls-files -z | xargs -0 stat -c %s | awk '{s += $1} END {print s}')  # xargs may run stat more than once
 first=$(( 64 * 1024 * 1024 - tree - 2 * 1024 * 1024 ))  # the first call's room, less a margin
 size=$(stat -c %s "$gguf")
 (( first > size / 2 )) || { echo "the working tree ($tree bytes) leaves too little room for half the model" >&2; exit 1; }
