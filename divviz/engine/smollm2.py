@@ -95,5 +95,7 @@ def load(cache: Path):
     folder = converted(cache)
     model = LlamaForCausalLM.from_pretrained(folder, use_safetensors=True, dtype="float32").eval()
     tokenizer = AutoTokenizer.from_pretrained(folder)
+    if tokenizer.pad_token_id is None:  # older transformers' GGUF conversion names none; later ones pad with <|im_end|>
+        tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     return model, tokenizer
