@@ -9,6 +9,7 @@ from divviz.app import page_state, room, widgets
 
 from divviz.evidence import claims, claims_export, claims_lm, claims_real, claims_report, forest, lm_evidence
 from divviz.engine import stability, store
+from divviz.engine.policy import pick_device
 from divviz.engine.models import MODELS, evaluated_settings
 from divviz.catalogue.params import DivvizInputError
 from divviz.app.urlstate import Control
@@ -34,22 +35,26 @@ def queue_lm_runs(plan: claims_lm.LMPlan, owner: str) -> None:
 PAGE = "claims"
 SMOLLM2 = "smollm2-135m"
 OPENING = "stress"  # the page opens on SmolLM2's published grid at the stress setting, the one powered to decide
+HERE = pick_device().type  # where the runs queued from this page train
+DEVICES = {"cpu": "a CPU", "cuda": "a GPU (CUDA)"}
 CONTROLS = [Control("seeds", claims.QUICK_SEEDS, param=claims.SEEDS_PARAM),
             Control("lm_model", SMOLLM2, options=tuple(MODELS)),
             Control("lm_setting", OPENING, options=(*dict.fromkeys(s for m in MODELS for s in evaluated_settings(m)),
                                                     "the lab's defaults")),
-            Control("lm_seeds", claims_lm.declared_seeds(SMOLLM2, OPENING)[0], param=claims_lm.SEEDS_PARAM),
-            Control("lm_pilot_extra", claims_lm.declared_seeds(SMOLLM2, OPENING)[1],
+            Control("lm_device", HERE, options=tuple(DEVICES)),
+            Control("lm_seeds", claims_lm.declared_seeds(SMOLLM2, OPENING, HERE)[0], param=claims_lm.SEEDS_PARAM),
+            Control("lm_pilot_extra", claims_lm.declared_seeds(SMOLLM2, OPENING, HERE)[1],
                     param=claims_lm.PILOT_EXTRA_PARAM),
             Control("lm_steps", claims_lm.STEPS_PARAM.default, param=claims_lm.STEPS_PARAM),
             Control("claim", claims.CLAIMS[0].key, options=tuple(c.key for c in claims.CLAIMS))]
 
 
 def declared_design() -> None:
-    """A Setting or Model change: the seeds of the grid declared there (SmolLM2's published grids), else the
-    built-in LM's default."""
+    """A Model, Setting or Device change: the seeds of the grid declared there (SmolLM2's published grids), else
+    the built-in LM's default."""
     seeds, extra = claims_lm.declared_seeds(st.session_state["claims:lm_model"],
-                                            st.session_state.get("claims:lm_setting", ""))
+                                            st.session_state.get("claims:lm_setting", ""),
+                                            st.session_state.get("claims:lm_device", HERE))
     st.session_state[page_state.key(PAGE, "lm_seeds")], st.session_state[page_state.key(PAGE, "lm_pilot_extra")] = seeds, extra
 
 
@@ -91,14 +96,15 @@ st.write("Several of the claims are also tested by training a language model —
          "times the learning rate, where an objective may collapse): PPO, KL3 at two δ, the two one-edge boxes of "
          "δ = 0.05, DAPO, PPO + ProbL2, and a tighter lower clip with random rewards, several seeds each, on the same "
          "seeds (the same prompts at every step). Final performance is the held-out accuracy; stability the collapse "
-         "flag, the largest update KL and clip fraction. The built-in LM's runs and SmolLM2's at both settings are "
-         "published with divviz (`published/`): a fresh clone reads them, and says so below. Runs you train queue "
+         "flag, the largest update KL and clip fraction. The built-in LM's runs, SmolLM2's at both settings on a CPU "
+         "and its stress pair on a GPU (*Trained on*: a grid of its own) are published with divviz (`published/`): a "
+         "fresh clone reads them, and says so below. Runs you train queue "
          "with everyone's in the runs folder (they show on the Runs page), a finished run is kept, and a stopped one "
          "resumes from its last resume state: the next time, this page reads them instead of training them again. "
          "Cells show as soon as both runs of a pair are done; n says how many seeds each has.")
 lm_plan = None
 with widgets.shown_errors():
-    model_column, setting_column, left, pilot_column, right = st.columns(5)
+    model_column, setting_column, device_column, left, pilot_column, right = st.columns(6)
     lm_model = model_column.selectbox("Model", list(MODELS), key="claims:lm_model", on_change=declared_design,
                                       help="the built-in LM (reverse, 60 steps: about 5 minutes for every cell on 2 "
                                            "cores) or SmolLM2-135M-Instruct (its own task, held-out set and settings: "
@@ -110,6 +116,12 @@ with widgets.shown_errors():
                                           help="SmolLM2's settings (`divviz models`); the built-in LM trains at the "
                                                "lab's defaults. Choosing one sets the seeds of the grid declared there.")
     lm_setting = lm_setting if settings else ""
+    lm_device = device_column.selectbox("Trained on", list(DEVICES), format_func=DEVICES.get, key="claims:lm_device",
+                                        on_change=declared_design,
+                                        help="the kind of device whose runs hold the cells: a GPU's bf16 rounds "
+                                             "otherwise than a CPU's, so their runs are two grids, never one. Runs "
+                                             f"you train here train on {DEVICES[HERE]}; the other kind's are read "
+                                             "from published/ (SmolLM2's stress pair on an H200).")
     lm_seeds = left.slider("Seeds per LM objective", *map(int, claims_lm.SEEDS_PARAM.slider_range()[:2]),
                            key="claims:lm_seeds", help=claims_lm.SEEDS_PARAM.doc)
     lm_pilot_extra = pilot_column.number_input("Pilot pair's extra seeds", int(claims_lm.PILOT_EXTRA_PARAM.low),
@@ -125,7 +137,7 @@ with widgets.shown_errors():
                                       help=claims_lm.STEPS_PARAM.doc)
     page_state.publish_controls(PAGE, CONTROLS)
     lm_plan = claims_lm.LMPlan.read(store.runs_dir(), lm_seeds, lm_steps, lm_model, lm_setting,
-                                    lm_seeds + lm_pilot_extra)
+                                    lm_seeds + lm_pilot_extra, device=lm_device)
 evidence = lm_evidence.LMEvidence(lm_plan) if lm_plan is not None else None  # read once for the cells and curves
 if lm_plan is not None and lm_plan.done:
     result = evidence.report(result)
@@ -137,10 +149,12 @@ if lm_plan is not None and lm_plan.finished:
 elif lm_plan is not None:
     me = room.viewer()  # in room mode, queueing a grid of runs is the teacher's call: it fills everyone's queue
     st.button(f"Train the {len(lm_plan.missing)} missing runs" if lm_plan.missing else "All runs are queued",
-              icon=":material/play_arrow:", disabled=not lm_plan.missing or not me.teacher, key="claims:lm_start",
-              on_click=queue_lm_runs, args=(lm_plan, me.who),
-              help=None if me.teacher else "In a workshop room only the teacher starts these runs (they would fill "
-                                           "the room's queue); the results show here once they are trained.")
+              icon=":material/play_arrow:", disabled=not lm_plan.missing or not me.teacher or lm_device != HERE,
+              key="claims:lm_start", on_click=queue_lm_runs, args=(lm_plan, me.who),
+              help=(f"Runs queued here train on {DEVICES[HERE]}: choose it under Trained on to train these cells."
+                    if lm_device != HERE else None if me.teacher else
+                    "In a workshop room only the teacher starts these runs (they would fill the room's queue); the "
+                    "results show here once they are trained."))
     if "claims_error" in st.session_state:
         st.error(literal(st.session_state.pop("claims_error")), icon=":material/error:")
 

@@ -42,6 +42,20 @@ def record_of(folder: str, step: int, mtime: float) -> dict:  # keyed by the fil
     return token_view.with_entropy_covariance(store.read_completions(Path(folder), step))
 
 
+def step_record(folder: Path, step: int) -> dict:
+    path = folder / "completions" / f"step_{step:06d}.json"
+    return record_of(str(folder), step, path.stat().st_mtime if path.exists() else 0.0)
+
+
+def learns(folder: Path, step: int) -> bool:
+    """Whether the loss learned from a kept step's completions (one with a nonzero advantage); a record that cannot
+    be read is said when it is shown, not here."""
+    try:
+        return bool(token_view.learned_from(step_record(folder, step)))
+    except store.CorruptRun:
+        return False
+
+
 def settle(name: str, options: list, fallback, where: str) -> None:
     """Before a widget whose options the data decides: a value it cannot show (a link's, or one kept from a run that
     is gone) becomes `fallback`; one that is not the control's default is said to be missing from `where`."""
@@ -86,8 +100,7 @@ with widgets.shown_errors():
         colour_by = widgets.choice(PAGE, BY_NAME["colour"], "Colour tokens by")
         extra = objective_sidebar.measure_list(PAGE, BY_NAME["m"], "Explain the token also under these clip tests (the run's "
                                                     "penalty, β, dual-clip and aggregation kept)")
-    path = run.folder / "completions" / f"step_{step:06d}.json"
-    record = record_of(str(run.folder), step, path.stat().st_mtime if path.exists() else 0.0)
+    record = step_record(run.folder, step)
 
     st.subheader(literal(f"{run_views.run_label(run)} · step {step}"))
     choices = [f"{g + 1}.{c + 1}" for g, c in token_view.completions_of(record)]
@@ -104,7 +117,15 @@ with widgets.shown_errors():
     def completion_label(choice: str) -> str:
         return token_view.completion_label(record, *completion_of(choice))
 
-    settle("completion", choices, choices[0], f"step {step}'s completions")
+    learned = [f"{g + 1}.{c + 1}" for g, c in token_view.learned_from(record)]
+    if not learned:
+        others = [s for s in steps if s != step and learns(run.folder, s)]
+        st.info(literal(f"Every completion kept at step {step} has advantage 0 (each group's rewards are equal): the "
+                        "loss learns nothing from them, so no token is clipped or pulled here. "
+                        + (f"Kept steps it learns from: {', '.join(map(str, others))}." if others else
+                           "No kept step of this run has a completion it learns from.")),
+                icon=":material/info:")
+    settle("completion", choices, (learned or choices)[0], f"step {step}'s completions")  # the first one learned from
     g, c = completion_of(left.selectbox("Completion", choices, key=page_state.key(PAGE, "completion"), on_change=forget,
                                        args=("token",), format_func=completion_label))
     tokens = token_view.completion(record, g, c)["tokens"]

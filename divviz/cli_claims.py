@@ -22,8 +22,8 @@ def add_claims_parser(sub) -> None:
     p.add_argument("--lm", action="store_true",
                    help="add the built-in LM's cells: runs queued to the runs folder's pool (about 5 minutes on 2 "
                         "cores at the defaults), and read from there the next time")
-    p.add_argument("--lm-seeds", default=None, help="runs per objective on the LM (2 to 64; default 8, or the declared "
-                                                    "grid's 4 for smollm2-135m)")
+    p.add_argument("--lm-seeds", default=None, help="runs per objective on the LM (0 to 64, 0: the pilot pair alone; "
+                                                    "default 8, or the declared grid's 4 for smollm2-135m)")
     p.add_argument("--lm-steps", default=None,
                    help="GRPO steps per LM run (2 to 1000; default 60, or the SmolLM2 setting's 30)")
     p.add_argument("--lm-pilot-extra", default=None,
@@ -36,6 +36,9 @@ def add_claims_parser(sub) -> None:
                         "grid takes hours: it resumes)")
     p.add_argument("--lm-setting", default=None,
                    help="a setting of --lm-model: for smollm2-135m learn (default) or stress (lr 2e-4)")
+    p.add_argument("--lm-device", default=None, choices=("cpu", "cuda"),
+                   help="the kind of device whose runs hold the LM cells (default: this machine's, where runs train): "
+                        "cuda with --no-train reads the grid published from a GPU (the stress pair, an H200) on a CPU")
     p.add_argument("--no-wait", action="store_true",
                    help="with --lm: report the cells of the runs finished so far, leave the rest training in the pool")
     p.add_argument("--no-train", action="store_true",
@@ -58,10 +61,11 @@ def add_claims_parser(sub) -> None:
 
 def cmd_claims(args) -> int:
     if not args.lm and (args.lm_seeds or args.lm_steps or args.lm_pilot_extra or args.runs_dir
-                        or args.lm_model != "builtin" or args.lm_setting or args.no_wait or args.no_train
-                        or args.no_published or args.ray):
-        raise DivvizInputError("--lm-seeds, --lm-steps, --lm-pilot-extra, --lm-model, --lm-setting, --no-wait, "
-                               "--no-train, --no-published, --ray and --runs-dir are for the LM's cells: add --lm")
+                        or args.lm_model != "builtin" or args.lm_setting or args.lm_device or args.no_wait
+                        or args.no_train or args.no_published or args.ray):
+        raise DivvizInputError("--lm-seeds, --lm-steps, --lm-pilot-extra, --lm-model, --lm-setting, --lm-device, "
+                               "--no-wait, --no-train, --no-published, --ray and --runs-dir are for the LM's cells: "
+                               "add --lm")
     if args.ray:
         import importlib.util
 
@@ -151,6 +155,7 @@ def _real_cells(args, quiet: bool):
 def _lm_cells(args):
     """The LM cells' plan, read from the runs folder, its missing runs queued (none with --no-train)."""
     from divviz.engine.models import MODELS, evaluated_settings
+    from divviz.engine.policy import pick_device
     from divviz.engine.store import runs_dir
     from divviz.evidence import claims_lm
 
@@ -163,14 +168,19 @@ def _lm_cells(args):
                                   else "no settings")
                                + f"; got {args.lm_setting!r}")
     setting = args.lm_setting or next(iter(settings), "")
-    declared, declared_extra = claims_lm.declared_seeds(args.lm_model, setting)
-    seeds = claims_lm.SEEDS_PARAM.check(args.lm_seeds or declared, "claims")
+    here = pick_device().type
+    device = args.lm_device or here
+    if device != here and not (args.no_train or args.ray):  # a Ray cluster's workers may have the device asked for
+        raise DivvizInputError(f"--lm-device {device}: runs queued here would train on {here}; add --no-train to read "
+                               f"the runs trained on {device} (the published ones among them)")
+    declared, declared_extra = claims_lm.declared_seeds(args.lm_model, setting, device)
+    seeds = claims_lm.SEEDS_PARAM.check(declared if args.lm_seeds is None else args.lm_seeds, "claims")
     steps = claims_lm.STEPS_PARAM.check(args.lm_steps or claims_lm.default_steps(args.lm_model, setting), "claims")
     pilot = declared + declared_extra if declared_extra else 0  # the declared pilot pair's seeds, if it has more
     extra = claims_lm.PILOT_EXTRA_PARAM.check(args.lm_pilot_extra if args.lm_pilot_extra is not None
                                               else max(0, pilot - seeds), "claims")
     plan = claims_lm.LMPlan.read(runs_dir(args.runs_dir), seeds, steps, args.lm_model, setting, seeds + extra,
-                                 with_published=not args.no_published)
+                                 with_published=not args.no_published, device=device)
     found = len(plan.runs) - len(plan.missing)
     queued = [] if args.no_train else plan.queue_missing()
     print(f"divviz: {plan.name}: {found} of {len(plan.runs)} runs found, {len(queued)} queued"

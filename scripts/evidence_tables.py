@@ -33,13 +33,15 @@ def bandit_row(report: claims_report.Report) -> str:
 
 
 def published() -> dict:
-    """Each declared setting's published runs, read once: (plan, evidence, report)."""
-    return {setting: claims_export.published_evidence(MODEL, setting) for setting, device in claims_lm.DECLARED if device == "cpu"}
+    """Each declared grid's published runs, read once, by (setting, kind of device): (plan, evidence, report)."""
+    return {(setting, device): claims_export.published_evidence(MODEL, setting, device)
+            for setting, device in claims_lm.DECLARED}
 
 
 def block(grids: dict) -> str:
-    return "".join(f"#### {setting} (this 2-core CPU)\n\n{claims_export.published_markdown(*grid)}\n"
-                   for setting, grid in grids.items())
+    where = {"cpu": "this 2-core CPU", "cuda": "one GPU"}
+    return "".join(f"#### {setting} ({where[device]})\n\n{claims_export.published_markdown(*grid)}\n"
+                   for (setting, device), grid in grids.items())
 
 
 def readme_row(grids: dict) -> str:

@@ -51,7 +51,9 @@ def main(argv: list[str]) -> None:
         for (measure, reward, seed), run in plan.runs.items():
             if run is None or run.state not in claims_lm.FINAL:
                 continue
-            trained_by = {"model": args.model, "setting": setting, "device": run.status.get("device") or "cpu",
+            device = run.status.get("device") or "cpu"
+            trained_by = {"model": args.model, "setting": setting, "device": device,
+                          **({"gpu": torch.cuda.get_device_name(device)} if device.startswith("cuda") else {}),
                           "cpu": published.cpu_kernels(), "precision": precision_of(run), "torch": torch.__version__,
                           "transformers": transformers.__version__, "python": platform.python_version(),
                           "commit": args.commit, "seeds": plan.seeds, "pilot_seeds": plan.pilot_seeds}

@@ -151,11 +151,11 @@ def markdown_table(header, rows) -> str:
     return "\n".join(lines) + "\n"
 
 
-def published_evidence(model: str, setting: str):
-    """The published runs of `model` at `setting` alone (an empty runs folder beside them), at the grid's declared
-    seeds: (the plan, its evidence, a report of its cells)."""
+def published_evidence(model: str, setting: str, device: str = "cpu"):
+    """The published runs of `model` at `setting` trained on `device`'s kind alone (an empty runs folder beside
+    them), at the grid's declared seeds: (the plan, its evidence, a report of its cells)."""
     with tempfile.TemporaryDirectory() as nothing:
-        plan = claims_lm.LMPlan.declared(Path(nothing), model, setting)
+        plan = claims_lm.LMPlan.declared(Path(nothing), model, setting, device=device)
         evidence = lm_evidence.LMEvidence(plan)
         return plan, evidence, evidence.report(Report([], 0))
 
@@ -182,7 +182,7 @@ def headline_cell(report: Report) -> dict:
 def headline_sentence(plan, report: Report) -> str:
     """The headline cell of a grid's published runs (`published_evidence`) in a phrase, for README: "stress, 12
     seeds: +0.012 [−0.030, +0.054], sign-flip p 0.62: not resolved"."""
-    row, setting = headline_cell(report), plan.setting
+    row, setting = headline_cell(report), plan.setting + (" on a GPU" if plan.device == "cuda" else "")
     if row["n"] < 2:
         return f"{setting}, {plan.done} of {len(plan.runs)} runs published: fewer than two paired seeds"
     return (f"{setting}, {row['n']} seeds: {row['mean']:+.3f} [{row['low']:+.3f}, {row['high']:+.3f}], sign-flip p "

@@ -38,8 +38,9 @@ from divviz.engine.pool import max_runs
 from divviz.catalogue.params import DivvizInputError, Param
 
 TASK = "reverse"
-SEEDS_PARAM = Param("lm_seeds", 8, 2, 64, high_open=False, kind="int", typical=(2, 16, 1),
-                    doc="runs per measure on the language model (seeds 0, 1, …)")
+SEEDS_PARAM = Param("lm_seeds", 8, 0, 64, high_open=False, kind="int", typical=(0, 16, 1),
+                    doc="runs per measure on the language model (seeds 0, 1, …): 0 (the pilot pair's seeds alone) or "
+                        "2 to 64")
 PILOT_EXTRA_PARAM = Param("lm_pilot_extra", 0, 0, 56, high_open=False, kind="int", typical=(0, 16, 1),
                           doc="seeds the pilot pair (PPO ε = 0.2 and KL3 δ = 0.05) trains beyond the seeds per "
                               "measure S (seeds S, S + 1, …): the headline's paired difference at more seeds")
@@ -118,12 +119,18 @@ class LMPlan:
     setting: str = ""
     pilot_seeds: int = 0
     published: Path | None = None  # the published runs' folder when they are read too (`engine/published.py`)
+    device: str = "cpu"  # the kind of device whose runs hold the cells (`device_kind`)
 
     @staticmethod
     def read(root, seeds: int = SEEDS_PARAM.default, steps: int | None = None, model: str = BUILTIN,
-             setting: str = "", pilot_seeds: int = 0, with_published: bool = True) -> "LMPlan":
-        """The plan's cells and their runs in `root`; `with_published`, a cell none of whose runs there is final is
-        held by its published run if there is one (a user's finished run of a cell is always the one read)."""
+             setting: str = "", pilot_seeds: int = 0, with_published: bool = True, device: str = "cpu") -> "LMPlan":
+        """The plan's cells and their runs in `root` that trained (or will train) on `device`'s kind; with
+        `with_published`, a cell none of whose runs there is final is held by its published run of that kind if
+        there is one (a user's finished run of a cell is always the one read). Runs of one cell on two kinds of
+        device are two results, never one grid: a GPU's bf16 rounds otherwise than a CPU's."""
+        if seeds == 1:
+            raise DivvizInputError("1 seed per measure gives no interval: 0 (the pilot pair's seeds alone) or 2 to "
+                                   f"{SEEDS_PARAM.high}")
         steps = steps or default_steps(model, setting)
         pilot_seeds = max(seeds, pilot_seeds)
         wanted = {_cell_training(key[0], key[2], steps, model, key[1], setting): key
@@ -134,11 +141,13 @@ class LMPlan:
         for run in runs:  # newest first: a final run wins over a later one still queued
             if run.state not in (*FINAL, "queued", "running", *runner.RESUMABLE):
                 continue
+            if device_kind(run) not in ("", device):  # trained on another kind of device: another grid's
+                continue
             key = wanted.get(_training(json.dumps(run.config, sort_keys=True)))
             if key is not None and (key not in found or _rank(run, shared) > _rank(found[key], shared)):
                 found[key] = run
         return LMPlan(root, seeds, steps, {key: found.get(key) for key in wanted.values()}, model, setting,
-                      pilot_seeds, shared)
+                      pilot_seeds, shared, device)
 
     @staticmethod
     def declared(root, model: str, setting: str = "", with_published: bool = True, device: str = "cpu") -> "LMPlan":
@@ -146,7 +155,7 @@ class LMPlan:
         its pilot pair's)."""
         seeds, extra = declared_seeds(model, setting, device)
         return LMPlan.read(root, seeds, model=model, setting=setting, pilot_seeds=seeds + extra,
-                           with_published=with_published)
+                           with_published=with_published, device=device)
 
     def is_published(self, run: store.RunInfo | None) -> bool:
         return run is not None and self.published is not None and run.folder.parent == self.published
@@ -165,7 +174,8 @@ class LMPlan:
         """The published grids that hold some of the cells: each one's name, how many cells and how it was trained."""
         found, grid_of = published.manifests(), published.grids_of_runs()
         grids = Counter(grid_of.get(run.name) for run in self.runs.values() if self.is_published(run))
-        return "; ".join(f"{grid} ({n} runs, trained on {m['device']} in {m['precision']}, torch {m['torch']}, "
+        return "; ".join(f"{grid} ({n} runs, trained on {m['device']}{' (' + m['gpu'] + ')' if m.get('gpu') else ''} "
+                         f"in {m['precision']}, torch {m['torch']}, "
                          f"transformers {m['transformers']}, commit {m['commit']})"
                          for grid, n in grids.items() if (m := found.get(grid)))
 
@@ -212,7 +222,8 @@ class LMPlan:
     @property
     def name(self) -> str:
         """The model and setting, as a row's condition starts: "the built-in LM", "smollm2-135m (learn)"."""
-        return "the built-in LM" if self.model == BUILTIN else f"{self.model} ({self.setting or 'its defaults'})"
+        where = ", on a GPU" if self.device == "cuda" else ""
+        return "the built-in LM" if self.model == BUILTIN else f"{self.model} ({self.setting or 'its defaults'}{where})"
 
     @property
     def text(self) -> str:
@@ -221,9 +232,11 @@ class LMPlan:
                           if run is not None and run.state in FINAL)
         return (f"{self.name}: {cfg.task}, {cfg.steps} steps of {cfg.prompts} prompts × {cfg.group_size}, μ = {cfg.mu}, "
                 f"{cfg.minibatches} mini-batch{'es' if cfg.minibatches > 1 else ''}, lr {cfg.lr:g}, held-out "
-                f"evaluation every {cfg.eval_every} steps, with {self.seeds} seeds per measure"
-                + (f" ({self.pilot_seeds} for the pilot pair, {' and '.join(PILOT)})"
-                   if self.pilot_seeds > self.seeds else "")
+                f"evaluation every {cfg.eval_every} steps, "
+                + (f"the pilot pair alone ({' and '.join(PILOT)}) on {self.pilot_seeds} seeds" if not self.seeds else
+                   f"with {self.seeds} seeds per measure"
+                   + (f" ({self.pilot_seeds} for the pilot pair, {' and '.join(PILOT)})"
+                      if self.pilot_seeds > self.seeds else ""))
                 + (f"; trained on {', '.join(f'{d} ({n} runs)' for d, n in devices.most_common())}" if devices else ""))
 
     def queue_missing(self, owner: str = "") -> list:
@@ -243,7 +256,7 @@ class LMPlan:
 
     def refreshed(self) -> "LMPlan":
         return LMPlan.read(self.root, self.seeds, self.steps, self.model, self.setting, self.pilot_seeds,
-                           self.published is not None)
+                           self.published is not None, self.device)
 
     def time_left(self) -> float | None:
         """Seconds until every cell has a final run, at the pace of this plan's runs so far (wall time per step,
@@ -275,6 +288,11 @@ class LMPlan:
                 else float("inf"))
         return [run for run in store.list_runs(self.root) if run.folder not in mine
                 and run.state in ("queued", "running") and run.status.get("queued_at", 0.0) <= last]
+
+
+def device_kind(run: store.RunInfo) -> str:
+    """The kind of device a run trained on ("cpu", "cuda", "mps"; "" before it started)."""
+    return (run.status.get("device") or "").split(":")[0]
 
 
 def _rank(run: store.RunInfo, shared: Path | None) -> float:

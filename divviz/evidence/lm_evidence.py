@@ -159,7 +159,8 @@ class LMEvidence:
                 "difference_mean": float(diff.mean()), "difference_sd": sd,
                 "resolvable": {size: intervals.half_width(sd, size) for size in sizes},
                 "power": {name: (size, *significance.seeds_needed(diff, size)) for name, size in effects.items()},
-                "declared": claims_lm.DECLARED.get((self.plan.setting, "cpu")) if self.plan.model != BUILTIN else None}
+                "declared": (claims_lm.DECLARED.get((self.plan.setting, self.plan.device))
+                             if self.plan.model != BUILTIN else None)}
 
     def report(self, bandit: claims_report.Report) -> claims_report.Report:
         """The bandit report with these cells added: those of the finished runs' pairs (n says how many seeds)."""
@@ -198,10 +199,13 @@ def pilot_text(pilot: dict) -> str:
     count = lambda n: "more than 10,000" if n is None else f"{n}"  # noqa: E731
     power = "; ".join(f"at {name} ({size:+.3f}) {count(n)} seeds [{count(low)}, {count(high)}]"
                       for name, (size, n, low, high) in pilot["power"].items())
+    per_measure, pair = pilot["declared"] or (None, None)
     design = ("" if not pilot["declared"] else
-              f" A two-stage design: {pilot['declared'][0]} seeds per measure first; the pilot pair's extension to "
-              f"{pilot['declared'][1]} was declared from their spread before it ran, and its tests are read at the "
-              "pooled n without correcting α for that look.")
+              f" Declared: the pair alone on {pair} seeds, sized from another device's pilot before any ran; its tests "
+              f"are read at the n done, without correcting α for a later look." if not per_measure else
+              f" A two-stage design: {per_measure} seeds per measure first; the pilot pair's extension to {pair} was "
+              "declared from their spread before it ran, and its tests are read at the pooled n without correcting α "
+              "for that look.")
     return (f"Pilot ({' and '.join(PILOT)}, {done}): {pilot['metric']} at the end, PPO "
             f"{pilot['ppo_mean']:.3f} (sd {pilot['ppo_sd']:.3f} over seeds); the paired difference KL3 − PPO "
             f"{pilot['difference_mean']:+.3f} (sd {pilot['difference_sd']:.3f}). At that spread, {sizes} seeds "

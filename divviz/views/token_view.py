@@ -194,6 +194,12 @@ def completions_of(record: dict) -> list[tuple[int, int]]:
     return [(g, c) for g, group in enumerate(record["groups"]) for c in range(len(group["completions"]))]
 
 
+def learned_from(record: dict) -> list[tuple[int, int]]:
+    """The completions of a step's record with a nonzero advantage: those the loss learns from (a group whose rewards
+    are all equal, as in a collapsed run, has none)."""
+    return [(g, c) for g, c in completions_of(record) if completion(record, g, c)["advantage"] != 0]
+
+
 def completion(record: dict, g: int, c: int) -> dict:
     """Completion c of prompt g of a step's record: its reward, advantage and tokens."""
     return record["groups"][g]["completions"][c]

@@ -52,6 +52,24 @@ def test_published_runs_hold_every_cell_a_runs_folder_lacks(lm_plan, published_g
     assert not plan.is_published(plan.runs[(claims.PPO, "task", 0)]) and "1 are your own" in plan.provenance
 
 
+def test_runs_of_a_cell_on_two_kinds_of_device_are_two_grids_never_one(lm_plan, published_grid, tmp_path):
+    """A GPU's run of a cell (its status says cuda) published beside the CPU's: a plan reads the kind it is asked
+    for, the CPU's grid by default, and never fills one kind's cells with the other's."""
+    cell = (claims.PPO, "task", 0)
+    gpu_run = tmp_path / "trained on a GPU" / f"gpu-{lm_plan.runs[cell].name}"  # run names are unique across grids
+    shutil.copytree(lm_plan.runs[cell].folder, gpu_run)
+    store.write_status(gpu_run, {**store.read_status(gpu_run), "device": "cuda:0"})
+    published.publish(gpu_run, published_grid.parent / "builtin-gpu", {"measure": cell[0], "reward": "task", "seed": 0},
+                      {**TRAINED_BY, "device": "cuda:0"})
+    empty = tmp_path / "mine"
+    on_cpu = claims_lm.LMPlan.read(empty, LM_SEEDS, LM_STEPS)
+    on_gpu = claims_lm.LMPlan.read(empty, LM_SEEDS, LM_STEPS, device="cuda")
+    assert on_cpu.finished and all(claims_lm.device_kind(run) == "cpu" for run in on_cpu.runs.values())
+    assert on_gpu.done == 1 and claims_lm.device_kind(on_gpu.runs[cell]) == "cuda"
+    assert "builtin-gpu (1 runs, trained on cuda:0" in on_gpu.provenance and "builtin-gpu" not in on_cpu.provenance
+    assert on_gpu.name == on_cpu.name  # the built-in LM has no GPU grid declared: the same cells, another device
+
+
 def test_a_published_run_is_compact_and_read_with_gzip_and_json_alone(lm_plan, published_grid):
     manifest = json.loads((published_grid / "manifest.json").read_text())
     run = lm_plan.runs[(claims.KL3_WIDE, "task", 1)]

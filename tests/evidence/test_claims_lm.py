@@ -251,16 +251,18 @@ def test_no_train_reports_a_grid_trained_elsewhere_and_queues_nothing(lm_plan, t
     assert plan.refreshed().time_left() == pytest.approx(2 * pace / min(max_runs(), 1))  # only the plan's own left
     write_status(stopped, {**read_status(stopped), "state": "stopped"})  # to be queued again: behind every run
     assert [run.name for run in plan.refreshed().ahead] == ["after"]
-    for run in plan.runs.values():  # as if trained on a GPU and copied here: their pace is not this CPU's
+    for run in plan.runs.values():  # as if trained on a GPU and copied here: another grid, whose pace is not this CPU's
         write_status(run.folder, {**read_status(run.folder), "device": "cuda"})
-    plan = plan.refreshed()
-    assert plan.text.endswith(f"; trained on cuda ({total - 1} runs)") and plan.time_left() is None
+    assert plan.refreshed().done == 0  # a CPU's plan holds none of them
+    on_gpu = claims_lm.LMPlan.read(root, LM_SEEDS, LM_STEPS, device="cuda")
+    assert on_gpu.text.endswith(f"; trained on cuda ({total - 1} runs)") and on_gpu.time_left() is None
 
 
 def test_cli_refuses_lm_options_without_lm(capsys):
     assert main(["claims", "--lm-seeds", "4"]) == 2
-    assert main(["claims", "--lm", "--lm-seeds", "1"]) == 2
     assert "add --lm" in capsys.readouterr().err
+    assert main(["claims", "--lm", "--lm-seeds", "1"]) == 2
+    assert "1 seed per measure gives no interval" in capsys.readouterr().err
     assert main(["claims", "--lm", "--lm-setting", "stress"]) == 2
     assert "builtin has no settings" in capsys.readouterr().err
     assert main(["claims", "--lm", "--lm-model", "smollm2-135m", "--lm-setting", "fast"]) == 2

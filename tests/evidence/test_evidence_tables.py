@@ -88,3 +88,31 @@ def test_a_fresh_clones_claims_page_opens_on_the_published_grid(repository_publi
     _, _, report = claims_export.published_evidence("smollm2-135m", "stress")
     assert len(cells) == sum(r["claim_key"] == "kl3_training" for r in report.rows)
     assert "verdict (raw)" in cells and "sign-flip p" in cells
+
+
+def test_the_gpu_pair_is_read_on_its_own_from_the_cli_and_the_claims_page(capsys, tmp_path, repository_published,
+                                                                          monkeypatch):
+    """SmolLM2's stress pair trained on a GPU (published/smollm2-135m-stress-h200) is a grid of its own: `--lm-device
+    cuda --no-train` and the Claims page's Trained on read it alone; runs queued here cannot be asked to train there."""
+    from streamlit.testing.v1 import AppTest
+
+    from divviz.cli import main
+
+    lm = ["claims", "--seeds", "2", "--lm", "--lm-model", "smollm2-135m", "--lm-setting", "stress",
+          "--runs-dir", str(tmp_path), "--lm-device", "cuda"]
+    assert main(lm) == 2
+    assert "--lm-device cuda: runs queued here would train on cpu; add --no-train" in capsys.readouterr().err
+    assert main([*lm, "--no-train", "--json"]) == 0
+    out = capsys.readouterr()
+    assert "smollm2-135m-stress-h200 (32 runs, trained on cuda (NVIDIA H200)" in out.err
+    cells = [r for r in json.loads(out.out) if r["setting"] == claims.LM_TRAINING and r["n"]]
+    assert {r["candidate"] for r in cells} == {claims.KL3_WIDE} and {r["n"] for r in cells} == {16}  # the pair alone
+
+    monkeypatch.setenv("DIVVIZ_RUNS_DIR", str(tmp_path))
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300).run()
+    at.switch_page("app_pages/claims.py").run()
+    at.selectbox(key="claims:lm_device").set_value("cuda").run()
+    assert not at.exception
+    assert (at.slider(key="claims:lm_seeds").value, at.number_input(key="claims:lm_pilot_extra").value) == (0, 43)
+    assert any("smollm2\\-135m\\-stress\\-h200" in i.value for i in at.info)
+    assert next(b for b in at.button if b.key == "claims:lm_start").disabled  # this CPU cannot train them as a GPU's

@@ -14,7 +14,7 @@ import torch
 from divviz.views import explain, run_views, token_view
 from divviz.catalogue.aggregation import aggregation_weights
 from divviz.catalogue.divergences import clip_test
-from divviz.engine import store
+from divviz.engine import published, store
 from divviz.engine.completions import check_record, token_pieces
 from divviz.engine.config import RunConfig
 from divviz.engine.grpo import grpo_step, make_batch, make_trainer, update
@@ -409,3 +409,22 @@ def test_every_token_colour_keeps_its_text_readable(tmp_path):
               "measure": None, "penalty": None, "pi_ref": None, "loss": [0.0, 0.0], "weight": [1.0, 1.0]}
     html = token_view.completion_html(tokens, token_view.colours(tokens, "Δπ", 0.49))
     assert "background:rgb(33,102,172);color:#fff" in html and "dv-special" in html
+
+
+def test_a_step_the_loss_learned_nothing_from_says_so_and_names_the_steps_it_did(tmp_path, monkeypatch,
+                                                                                  repository_published):
+    """The published H200 KL3 run of seed 0 collapsed: at step 30 its kept prompt's completions are all equally
+    rewarded (A = 0), at step 1 they are not; a step opens on its first completion the loss learns from."""
+    monkeypatch.setenv("DIVVIZ_RUNS_DIR", str(tmp_path))
+    grid = repository_published / "smollm2-135m-stress-h200"
+    runs = json.loads((grid / "manifest.json").read_text())["runs"]
+    name = next(n for n, r in runs.items() if r["measure"] == "KL3 δ=0.05 (wide)" and r["seed"] == 0)
+    at = app({"run": name, "step": "30"})
+    assert not at.exception, at.exception
+    said = [i.value.replace("\\", "") for i in at.info]  # outside text is escaped for Markdown
+    assert any("Every completion kept at step 30 has advantage 0" in s and "learns from: 1." in s for s in said)
+    at = app({"run": name, "step": "1"})
+    assert not at.exception and not any("has advantage 0" in i.value for i in at.info)
+    g, c = map(int, at.selectbox(key="inspector:completion").value.split("."))
+    record = store.read_completions(published.unpacked(grid / name), 1)
+    assert token_view.completion(record, g - 1, c - 1)["advantage"] != 0

@@ -231,8 +231,8 @@ def test_an_idle_pool_leaves_when_its_app_is_gone_and_a_busy_one_trains_its_runs
     wait(lambda: store.read_run(folder).step > step + 1)  # the queue outlives the app
     assert store.process_alive(pool)
     runner.stop_run(folder)
-    wait(lambda: store.read_run(folder).state == "stopped", 30)
-    wait(lambda: not store.process_alive(pool), 30)  # and with nothing left to train, the pool leaves too
+    wait(lambda: store.read_run(folder).state == "stopped")
+    wait(lambda: not store.process_alive(pool))  # and with nothing left to train, the pool leaves too
 
 
 def test_outside_room_mode_a_new_browser_sees_the_runs_going(tmp_path, monkeypatch):
