@@ -25,6 +25,13 @@ from divviz.evidence import claims_lm
 POLL_S = 5
 
 
+def too_late_to_start(runs: list[store.RunInfo], elapsed: float, until: float) -> bool:
+    """Whether a run started now would end after `until` seconds at the pace of the slowest finished run (start to
+    end: loading, evaluations and steps); never before a run has finished."""
+    slowest = max((run.status["updated"] - run.status["started"] for run in runs if run.state == "done"), default=None)
+    return slowest is not None and elapsed + slowest > until
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs-dir", required=True, type=Path)
@@ -46,9 +53,7 @@ def main(argv: list[str]) -> None:
         runs = store.list_runs(args.runs_dir)
         states = Counter(run.state for run in runs)
         print(f"{time.time() - began:5.0f} s: {dict(states)}", flush=True)
-        slowest = max((run.status["updated"] - run.status["started"] for run in runs if run.state == "done"),
-                      default=None)
-        if not stopped_queue and slowest is not None and time.time() - began + slowest > args.until:
+        if not stopped_queue and too_late_to_start(runs, time.time() - began, args.until):
             for run in runs:
                 if run.state == "queued":
                     runner.stop_run(run.folder)

@@ -174,3 +174,20 @@ def test_a_published_run_trained_again_is_the_same_run_and_a_change_is_named(lm_
     assert "not a run of a published grid" in capsys.readouterr().out
     (run / "config.json").write_text('{"clip": "no such test"}')  # a config the code does not take: one line
     assert retrain.main([str(run)]) == 2 and "cannot be read as a run's" in capsys.readouterr().out
+
+
+def test_a_lease_stops_starting_runs_that_would_not_finish_in_it():
+    """`scripts/train_declared.py` (a grid trained within a lent GPU's call): the queue stops once a run started now
+    would end after the call's end at the slowest finished run's pace, and never before one has finished."""
+    spec = importlib.util.spec_from_file_location("train_declared", ROOT / "scripts" / "train_declared.py")
+    train_declared = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train_declared)
+
+    def run(state: str, seconds: float) -> store.RunInfo:
+        return store.RunInfo(Path(state), state, "", 30, 30, {}, {"started": 1000.0, "updated": 1000.0 + seconds})
+
+    late = train_declared.too_late_to_start
+    assert not late([run("running", 500.0), run("queued", 0.0)], elapsed=400.0, until=450.0)  # no pace known yet
+    finished = [run("done", 190.0), run("done", 200.0), run("running", 100.0)]
+    assert not late(finished, elapsed=240.0, until=450.0)  # 240 + 200 ≤ 450: a run started now ends in time
+    assert late(finished, elapsed=260.0, until=450.0)  # 260 + 200 > 450
