@@ -36,7 +36,7 @@ PAGE = "claims"
 SMOLLM2 = "smollm2-135m"
 OPENING = "stress"  # the page opens on SmolLM2's published grid at the stress setting, the one powered to decide
 HERE = pick_device().type  # where the runs queued from this page train
-DEVICES = {"cpu": "a CPU", "cuda": "a GPU (CUDA)"}
+DEVICES = {"cpu": "a CPU", "cuda": "a GPU (CUDA)", "mps": "an Apple GPU (MPS)"}
 CONTROLS = [Control("seeds", claims.QUICK_SEEDS, param=claims.SEEDS_PARAM),
             Control("lm_model", SMOLLM2, options=tuple(MODELS)),
             Control("lm_setting", OPENING, options=(*dict.fromkeys(s for m in MODELS for s in evaluated_settings(m)),
@@ -139,6 +139,9 @@ with widgets.shown_errors():
     lm_plan = claims_lm.LMPlan.read(store.runs_dir(), lm_seeds, lm_steps, lm_model, lm_setting,
                                     lm_seeds + lm_pilot_extra, device=lm_device)
 evidence = lm_evidence.LMEvidence(lm_plan) if lm_plan is not None else None  # read once for the cells and curves
+if lm_plan is not None and lm_model != claims_lm.BUILTIN and (lm_setting, lm_device) not in claims_lm.DECLARED:
+    st.caption(literal(f"No grid is declared for {lm_model} at {lm_setting} on {DEVICES[lm_device]}, and none is "
+                       "published: the seeds above are the defaults."))
 if lm_plan is not None and lm_plan.done:
     result = evidence.report(result)
 if lm_plan is not None and lm_plan.provenance:
@@ -155,6 +158,9 @@ elif lm_plan is not None:
                     if lm_device != HERE else None if me.teacher else
                     "In a workshop room only the teacher starts these runs (they would fill the room's queue); the "
                     "results show here once they are trained."))
+    if lm_device != HERE:
+        st.caption(literal(f"Runs queued here train on {DEVICES[HERE]}, so they cannot fill these cells: the runs "
+                           f"read here are those trained on {DEVICES[lm_device]}."))
     if "claims_error" in st.session_state:
         st.error(literal(st.session_state.pop("claims_error")), icon=":material/error:")
 
@@ -236,7 +242,7 @@ with verdicts:
     st.caption("Per claim: its cells, how many of them each verdict has after Holm's adjustment within the claim's "
                "readings at a setting (the last column: how many held or reversed before it), and the settings it is "
                "tested in (over "
-               "training: the model and Setting chosen below, under the verdicts). Pick a claim in the select under "
+               "training: the Model, Setting and Trained on chosen below, under the verdicts). Pick a claim in the select under "
                "the table for its cells by setting and compared objective, its forest plots and every cell — one claim "
                "at a time, so that a control change redraws one claim's plots, not every claim's. The counts are of "
                "cells, not of independent tests: a claim's cells share their runs (an early and a late reading, the "

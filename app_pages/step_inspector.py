@@ -120,8 +120,11 @@ with widgets.shown_errors():
     learned = [f"{g + 1}.{c + 1}" for g, c in token_view.learned_from(record)]
     if not learned:
         others = [s for s in steps if s != step and learns(run.folder, s)]
-        st.info(literal(f"Every completion kept at step {step} has advantage 0 (each group's rewards are equal): the "
-                        "loss learns nothing from them, so no token is clipped or pulled here. "
+        kept = len(record["groups"])
+        st.info(literal(f"Every completion kept at step {step} (its first {kept} prompt{'s' if kept != 1 else ''}) has "
+                        "advantage 0 (each group's rewards are equal): the loss learns nothing from them, so no token "
+                        "here is clipped or pulled (the weights may still move, by the step's other prompts and AdamW's "
+                        "momentum; the Runs page has the whole step's metrics). "
                         + (f"Kept steps it learns from: {', '.join(map(str, others))}." if others else
                            "No kept step of this run has a completion it learns from.")),
                 icon=":material/info:")

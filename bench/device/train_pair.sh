@@ -2,7 +2,7 @@
 # There, on a lent GPU (one call of at most 10 minutes, after bench/device/prepare.sh's first call): the stress
 # setting's pilot pair declared for a GPU (`claims_lm.DECLARED`), as many seeds as the call allows, published into a
 # grid of the GPU's name and sent back as $OUT/published.tar.gz (unpack it into published/ here).
-#   COMMIT=<this checkout's commit> GRID=h200 RUNS=16 UNTIL=500 bash bench/device/train_pair.sh
+#   COMMIT=<this checkout's commit> GRID=h200 RUNS=16 UNTIL=470 bash bench/device/train_pair.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source bench/device/setup.sh

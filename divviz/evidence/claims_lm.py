@@ -222,8 +222,8 @@ class LMPlan:
     @property
     def name(self) -> str:
         """The model and setting, as a row's condition starts: "the built-in LM", "smollm2-135m (learn)"."""
-        where = ", on a GPU" if self.device == "cuda" else ""
-        return "the built-in LM" if self.model == BUILTIN else f"{self.model} ({self.setting or 'its defaults'}{where})"
+        return ("the built-in LM" if self.model == BUILTIN else
+                f"{self.model} ({self.setting or 'its defaults'}{DEVICE_NAMES[self.device]})")
 
     @property
     def text(self) -> str:
@@ -288,6 +288,9 @@ class LMPlan:
                 else float("inf"))
         return [run for run in store.list_runs(self.root) if run.folder not in mine
                 and run.state in ("queued", "running") and run.status.get("queued_at", 0.0) <= last]
+
+
+DEVICE_NAMES = {"cpu": "", "cuda": " on a GPU", "mps": " on an Apple GPU"}  # a grid's name adds its device's (not a CPU's)
 
 
 def device_kind(run: store.RunInfo) -> str:

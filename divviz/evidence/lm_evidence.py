@@ -63,7 +63,8 @@ class LMEvidence:
 
     def rows(self) -> list[dict]:
         """The report's cells: per claim, comparison and reading, the paired difference over the seeds whose two
-        runs both finished."""
+        runs both finished; a comparison of a measure the plan has no seeds of (a grid of the pilot pair alone) is
+        not one of its cells."""
         read = {key: _readings(*series, self.plan.steps) for key, series in self.finished_series.items()}
         task = run_config(measures()[0][0], 0, self.plan.steps, self.plan.model, setting=self.plan.setting).task  # every cell's
         out = []
@@ -79,12 +80,15 @@ class LMEvidence:
                         return 0.0 if name == claims.ZERO else own["start" if name == claims.START else reading][c.metric]
 
                     compared = [m for m in (c.candidate, c.baseline) if m not in (claims.START, claims.ZERO)]
+                    if not self.plan.seeds_of(*compared, reward=claim.reward):
+                        continue
                     seeds = [s for s in self.plan.seeds_of(*compared, reward=claim.reward)
                              if all(v is not None and np.isfinite(v) for v in (value(c.candidate, s),
                                                                                  value(c.baseline, s)))]
                     rewarded = " · random rewards" if claim.reward == "random" else ""
                     # the row's setting (claims.LM_TRAINING) names the model; the condition, its setting
-                    where = "" if self.plan.model == BUILTIN else f"{self.plan.setting or 'defaults'} · "
+                    where = ("" if self.plan.model == BUILTIN else
+                             f"{self.plan.setting or 'defaults'}{claims_lm.DEVICE_NAMES[self.plan.device]} · ")
                     out.append(claims_report.comparison_row(
                         claim, claims.LM if self.plan.model == BUILTIN else claims.LM_TRAINING,
                         f"{where}{task}{rewarded} · {reading} ({span})", c, [value(c.candidate, s) for s in seeds],

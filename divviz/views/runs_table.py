@@ -57,10 +57,13 @@ def claims_measure(config: dict) -> str:
 
 def matching(runs: list, query: str) -> list:
     """The runs whose description (`run_choice`: measure, model, task, seed, state, folder; an imported run's source,
-    `importers.source.source_of`) contains every word of `query`, case aside; all of them for an empty query."""
+    `importers.source.source_of`; the device it trained on; a published run's grid) contains every word of `query`,
+    case aside; all of them for an empty query."""
     words = (query or "").lower().split()
-    return [run for run in runs if all(word in f"{run_choice(run)} {run.name} {source_of(run.config)}".lower()
-                                       for word in words)]
+    grid_of = published.grids_of_runs() if words else {}
+    return [run for run in runs if all(
+        word in (f"{run_choice(run)} {run.name} {source_of(run.config)} {run.status.get('device') or ''} "
+                 f"{grid_of.get(run.name, '')}").lower() for word in words)]
 
 
 def seen(runs: list) -> tuple:

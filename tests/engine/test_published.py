@@ -117,6 +117,10 @@ def test_the_runs_page_and_the_step_inspector_list_published_runs_read_only(lm_p
     assert at.dataframe[0].proto.placeholder == "—"  # a missing value is a dash, not a grey "None"
     assert at.selectbox(key="runs:delete").options == []  # nothing published can be stopped or deleted
     assert "one user" in at.markdown[0].value  # a local app: any browser manages any run, and says so
+    at.text_input(key="runs:filter").set_value("builtin-grid cpu").run()  # a published grid's name and a device
+    assert len(at.dataframe[0].value) == len(lm_plan.runs)
+    at.text_input(key="runs:filter").set_value("cuda").run()
+    assert not at.exception and f"0 of {len(lm_plan.runs)} runs" in at.caption[0].value
 
 
 def test_the_step_inspector_opens_a_published_run_at_its_last_kept_step(lm_plan, published_grid, tmp_path,

@@ -105,8 +105,9 @@ def test_the_gpu_pair_is_read_on_its_own_from_the_cli_and_the_claims_page(capsys
     assert main([*lm, "--no-train", "--json"]) == 0
     out = capsys.readouterr()
     assert "smollm2-135m-stress-h200 (32 runs, trained on cuda (NVIDIA H200)" in out.err
-    cells = [r for r in json.loads(out.out) if r["setting"] == claims.LM_TRAINING and r["n"]]
+    cells = [r for r in json.loads(out.out) if r["setting"] == claims.LM_TRAINING]
     assert {r["candidate"] for r in cells} == {claims.KL3_WIDE} and {r["n"] for r in cells} == {16}  # the pair alone
+    assert all(r["condition"].startswith("stress on a GPU · ") for r in cells)
 
     monkeypatch.setenv("DIVVIZ_RUNS_DIR", str(tmp_path))
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300).run()

@@ -422,7 +422,8 @@ def test_a_step_the_loss_learned_nothing_from_says_so_and_names_the_steps_it_did
     at = app({"run": name, "step": "30"})
     assert not at.exception, at.exception
     said = [i.value.replace("\\", "") for i in at.info]  # outside text is escaped for Markdown
-    assert any("Every completion kept at step 30 has advantage 0" in s and "learns from: 1." in s for s in said)
+    assert any("Every completion kept at step 30 (its first 1 prompt) has advantage 0" in s and "learns from: 1." in s
+               for s in said)
     at = app({"run": name, "step": "1"})
     assert not at.exception and not any("has advantage 0" in i.value for i in at.info)
     g, c = map(int, at.selectbox(key="inspector:completion").value.split("."))
