@@ -36,7 +36,7 @@ def add_claims_parser(sub) -> None:
                         "grid takes hours: it resumes)")
     p.add_argument("--lm-setting", default=None,
                    help="a setting of --lm-model: for smollm2-135m learn (default) or stress (lr 2e-4)")
-    p.add_argument("--lm-device", default=None, choices=("cpu", "cuda", "mps"),
+    p.add_argument("--lm-device", default=None, choices=("cpu", "cuda", "mps"),  # claims_lm.DEVICE_NAMES, unimported
                    help="the kind of device whose runs hold the LM cells (default: this machine's, where runs train): "
                         "cuda with --no-train reads the grid published from a GPU (the stress pair, an H200) on a CPU")
     p.add_argument("--no-wait", action="store_true",

@@ -5,7 +5,8 @@
 
 For each of the model's settings with held-out evaluations (SmolLM2's learn and stress; the built-in LM's defaults),
 the grid declared for `--device`'s kind (`LMPlan.declared`: seeds per measure and the pilot pair's seeds) is read
-from the runs folder; every cell whose run finished is published into published/<model>[-<setting>]-<suffix>/, and the manifest
+from the runs folder; every cell whose run finished is published into published/<model>[-<setting>]-<suffix>/, and
+the manifest
 records how it was trained: the device and precision the run reports, this Python's torch and transformers, and
 `--commit`, the commit whose code trained the runs. A run already published with the same files is left as it is.
 Run it again as runs finish: a grid is published run by run.
@@ -38,7 +39,8 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--runs-dir", required=True, type=Path)
     parser.add_argument("--commit", required=True, help="the commit whose code trained the runs")
     parser.add_argument("--model", default="smollm2-135m", choices=MODELS)
-    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="the kind of device that trained it")
+    parser.add_argument("--device", default="cpu", choices=tuple(claims_lm.DEVICE_NAMES),
+                        help="the kind of device that trained it")
     parser.add_argument("--grid-suffix", default="cpu", help="the device's part of the grid's name (h200, …)")
     parser.add_argument("--out", type=Path, default=published.root())
     args = parser.parse_args(argv)

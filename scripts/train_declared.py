@@ -6,8 +6,9 @@
 The grid declared for the setting on the device's kind (`claims_lm.DECLARED`) is queued in its queue order (the
 pilot pair seed by seed first) to the runs folder's pool, which trains $DIVVIZ_MAX_RUNS runs at once. Once a run has
 finished, the queue is stopped as soon as a run started now would not finish by `--until` seconds at the slowest
-pace seen so far; the running ones go on until then, when whatever still trains is interrupted. The finished runs are published (`scripts/publish_runs.py`); a later
-lease queues the missing cells only, so a grid is trained lease by lease.
+pace seen so far; the running ones go on until then, when whatever still trains is interrupted. The finished runs
+are published (`scripts/publish_runs.py`); a later lease queues the missing cells only, so a grid is trained lease by
+lease.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--runs-dir", required=True, type=Path)
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--setting", default="stress")
-    parser.add_argument("--device", default="cuda", choices=("cpu", "cuda"))
+    parser.add_argument("--device", default="cuda", choices=tuple(claims_lm.DEVICE_NAMES))
     parser.add_argument("--until", type=float, required=True, help="seconds after which every run is interrupted")
     parser.add_argument("--commit", required=True)
     parser.add_argument("--grid-suffix", required=True)
@@ -62,8 +63,10 @@ def main(argv: list[str]) -> None:
             break
     for run in store.list_runs(args.runs_dir):
         if run.state == "running":
-            runner.stop_run(run.folder, wait_s=5)
-    time.sleep(6)
+            runner.stop_run(run.folder, wait_s=5)  # SIGKILL after 5 s, marked stopped
+    deadline = time.time() + 30
+    while any(run.state == "running" for run in store.list_runs(args.runs_dir)) and time.time() < deadline:
+        time.sleep(0.5)
     publish = [sys.executable, str(Path(__file__).with_name("publish_runs.py")), "--runs-dir", str(args.runs_dir),
                "--model", args.model, "--device", args.device, "--grid-suffix", args.grid_suffix,
                "--commit", args.commit, *(["--out", args.out] if args.out else [])]

@@ -290,7 +290,8 @@ class LMPlan:
                 and run.state in ("queued", "running") and run.status.get("queued_at", 0.0) <= last]
 
 
-DEVICE_NAMES = {"cpu": "", "cuda": " on a GPU", "mps": " on an Apple GPU"}  # a grid's name adds its device's (not a CPU's)
+# the kinds of device a run trains on, and what a grid's name adds for each (nothing for a CPU's)
+DEVICE_NAMES = {"cpu": "", "cuda": " on a GPU", "mps": " on an Apple GPU"}
 
 
 def device_kind(run: store.RunInfo) -> str:

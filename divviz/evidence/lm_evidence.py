@@ -80,9 +80,10 @@ class LMEvidence:
                         return 0.0 if name == claims.ZERO else own["start" if name == claims.START else reading][c.metric]
 
                     compared = [m for m in (c.candidate, c.baseline) if m not in (claims.START, claims.ZERO)]
-                    if not self.plan.seeds_of(*compared, reward=claim.reward):
+                    planned = self.plan.seeds_of(*compared, reward=claim.reward)
+                    if not planned:
                         continue
-                    seeds = [s for s in self.plan.seeds_of(*compared, reward=claim.reward)
+                    seeds = [s for s in planned
                              if all(v is not None and np.isfinite(v) for v in (value(c.candidate, s),
                                                                                  value(c.baseline, s)))]
                     rewarded = " · random rewards" if claim.reward == "random" else ""
@@ -204,12 +205,15 @@ def pilot_text(pilot: dict) -> str:
     power = "; ".join(f"at {name} ({size:+.3f}) {count(n)} seeds [{count(low)}, {count(high)}]"
                       for name, (size, n, low, high) in pilot["power"].items())
     per_measure, pair = pilot["declared"] or (None, None)
-    design = ("" if not pilot["declared"] else
-              f" Declared: the pair alone on {pair} seeds, sized from another device's pilot before any ran; its tests "
-              f"are read at the n done, without correcting α for a later look." if not per_measure else
-              f" A two-stage design: {per_measure} seeds per measure first; the pilot pair's extension to {pair} was "
-              "declared from their spread before it ran, and its tests are read at the pooled n without correcting α "
-              "for that look.")
+    if pair is None:
+        design = ""
+    elif not per_measure:
+        design = (f" Declared: the pair alone on {pair} seeds, sized from another device's pilot before any ran; its "
+                  "tests are read at the n done, without correcting α for a later look.")
+    else:
+        design = (f" A two-stage design: {per_measure} seeds per measure first; the pilot pair's extension to {pair} "
+                  "was declared from their spread before it ran, and its tests are read at the pooled n without "
+                  "correcting α for that look.")
     return (f"Pilot ({' and '.join(PILOT)}, {done}): {pilot['metric']} at the end, PPO "
             f"{pilot['ppo_mean']:.3f} (sd {pilot['ppo_sd']:.3f} over seeds); the paired difference KL3 − PPO "
             f"{pilot['difference_mean']:+.3f} (sd {pilot['difference_sd']:.3f}). At that spread, {sizes} seeds "
