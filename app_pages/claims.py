@@ -37,7 +37,7 @@ SMOLLM2 = "smollm2-135m"
 OPENING = "stress"  # the page opens on SmolLM2's published grid at the stress setting, the one powered to decide
 HERE = pick_device().type  # where the runs queued from this page train
 DEVICES = {"cpu": "a CPU", "cuda": "a GPU (CUDA)", "mps": "an Apple GPU (MPS)"}
-CONTROLS = [Control("seeds", claims.QUICK_SEEDS, param=claims.SEEDS_PARAM),
+CONTROLS = [Control("seeds", claims_report.opening_seeds(), param=claims.SEEDS_PARAM),
             Control("lm_model", SMOLLM2, options=tuple(MODELS)),
             Control("lm_setting", OPENING, options=(*dict.fromkeys(s for m in MODELS for s in evaluated_settings(m)),
                                                     "the lab's defaults")),
@@ -88,6 +88,7 @@ low, high, _ = claims.SEEDS_PARAM.slider_range()
 seeds = st.slider("Seeds per objective (bandit grid)", int(low), int(high), key="claims:seeds",
                   help=claims.SEEDS_PARAM.doc)
 result = report(seeds)
+st.caption(literal(f"The bandit grid at {seeds} seeds: " + (result.bandit if result.bandit else "computed here.")))
 verdicts = st.container()  # shown first; the model sections below add their cells before it is filled
 
 st.subheader("On a language model, over training")

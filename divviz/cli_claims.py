@@ -13,9 +13,14 @@ from divviz.cli_output import print_json
 
 
 def add_claims_parser(sub) -> None:
+    from divviz.evidence.claims_lm import DEVICE_NAMES
+
     p = sub.add_parser("claims", help="test the seed papers' claims on a fixed grid, with computed verdicts")
-    p.add_argument("--quick", action="store_true", help="fewer seeds (20 instead of 64): well under 2 minutes on 2 cores")
+    p.add_argument("--quick", action="store_true",
+                   help="fewer seeds (20 instead of 64), computed here: under a minute on 2 cores")
     p.add_argument("--seeds", default=None, help="seeds per objective (2 to 256), instead of the default")
+    p.add_argument("--recompute", action="store_true",
+                   help="compute the bandit grid here even at the 64 seeds whose cells are published (about 50 s)")
     p.add_argument("--json", action="store_true",
                    help="print every cell: claim, condition, metric, mean, low, high, n, verdict, …")
     p.add_argument("--out", metavar="FILE", help="also write the report as one self-contained HTML page")
@@ -36,7 +41,7 @@ def add_claims_parser(sub) -> None:
                         "grid takes hours: it resumes)")
     p.add_argument("--lm-setting", default=None,
                    help="a setting of --lm-model: for smollm2-135m learn (default) or stress (lr 2e-4)")
-    p.add_argument("--lm-device", default=None, choices=("cpu", "cuda", "mps"),  # claims_lm.DEVICE_NAMES, unimported
+    p.add_argument("--lm-device", default=None, choices=tuple(DEVICE_NAMES),
                    help="the kind of device whose runs hold the LM cells (default: this machine's, where runs train): "
                         "cuda with --no-train reads the grid published from a GPU (the stress pair, an H200) on a CPU")
     p.add_argument("--no-wait", action="store_true",
@@ -105,8 +110,11 @@ def _claims_report(args) -> int:
         bar.set_postfix_str(text)
         bar.update(round(100 * fraction) - bar.n)
 
-    report = claims_report.build(seeds, progress=progress)
+    report = claims_report.build(seeds, progress=progress, recompute=args.recompute)
+    bar.update(100 - bar.n)  # where the cells were read from the published grid, nothing reported progress
     bar.close()
+    if report.bandit and args.json:
+        print(f"divviz: {report.bandit}", file=sys.stderr)  # the text report says it in its first line
     if plan is not None:
         if args.no_wait or args.no_train:
             plan = plan.refreshed()

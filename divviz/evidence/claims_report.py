@@ -20,15 +20,17 @@ from typing import Callable
 import numpy as np
 
 from divviz.bandit.grpo import run_bandits
-from divviz.evidence import intervals, significance
+from divviz.evidence import bandit_published, intervals, significance
 from divviz.evidence.claims import (BANDIT, BINARY, BY_CONSTRUCTION, CLAIMS, EARLY, GRID, IDENTITY_TOLERANCE, LATE,
-                                    OBJECTIVES, RANDOM_GRID, START, UNTESTED, ZERO, Claim, Comparison, effect_of)
+                                    OBJECTIVES, QUICK_SEEDS, RANDOM_GRID, SEEDS, START, UNTESTED, ZERO, Claim,
+                                    Comparison, effect_of)
 
 
 @dataclass
 class Report:
     rows: list[dict]
     seeds: int
+    bandit: str = ""  # where the bandit's cells come from when they are not computed here: `bandit_published.source`
     lm: str = ""  # what the language model's cells are ("" when the report has none): `claims_lm.LMPlan.text`
     real: str = ""  # what the real model's cells are ("" when none): `claims_real.RealPlan.text`
     lm_details: tuple[str, ...] = ()  # lines on the LM runs beyond the cells: collapses per measure, the pilot
@@ -72,7 +74,8 @@ class Report:
     def scope(self) -> str:
         """One line: how many cells, and on what."""
         return (f"{len(self.rows)} cells: the bandit grid with {self.seeds} seeds per measure, every measure on the "
-                f"same seeds" + (f"; {self.lm}" if self.lm else "; the built-in LM not included")
+                f"same seeds" + (f" ({self.bandit})" if self.bandit else "")
+                + (f"; {self.lm}" if self.lm else "; the built-in LM not included")
                 + (f"; {self.real}" if self.real else ""))
 
 
@@ -177,9 +180,11 @@ def adjust(rows: list[dict]) -> list[dict]:
     return out
 
 
-def build(seeds: int = 20, grid=GRID + RANDOM_GRID, progress: Callable[[float, str], None] | None = None) -> Report:
+def build(seeds: int = 20, grid=GRID + RANDOM_GRID, progress: Callable[[float, str], None] | None = None,
+          recompute: bool = False) -> Report:
     """Every claim on every cell: identities on random batches, the bandit claims on the grid with `seeds` seeds
-    (a claim of the random-reward control on the grid's coin conditions, the others on the rest)."""
+    (a claim of the random-reward control on the grid's coin conditions, the others on the rest). The bandit's
+    cells are read from the published grid where it is this one (`bandit_published`), unless `recompute`."""
     rows = []
     for claim in CLAIMS:
         if claim.identity is not None:
@@ -188,7 +193,27 @@ def build(seeds: int = 20, grid=GRID + RANDOM_GRID, progress: Callable[[float, s
                                  cell["baseline"], "", cell["max_difference"], cell["max_difference"],
                                  cell["max_difference"], 1, 0,
                                  intervals.identity_verdict(cell["max_difference"], IDENTITY_TOLERANCE)))
-    names = list(OBJECTIVES)
+    found = None if recompute else bandit_published.read(seeds, grid)
+    claims = {claim.key: claim for claim in CLAIMS}
+    for cell in found["cells"] if found else bandit_cells(seeds, grid, progress):
+        claim = claims[cell["claim"]]
+        c = next(c for c in claim.comparisons
+                 if (c.candidate, c.baseline, c.metric) == (cell["candidate"], cell["baseline"], cell["metric"]))
+        rows.append(comparison_row(claim, BANDIT, cell["condition"], c, cell["candidate_values"],
+                                   cell["baseline_values"], range(seeds), reading=cell["reading"]))
+    return Report(rows, seeds, bandit=bandit_published.source(found) if found else "")
+
+
+def opening_seeds() -> int:
+    """The seeds the Claims page opens at: the published grid's (read at once), else `claims.QUICK_SEEDS` (computed
+    in seconds)."""
+    return SEEDS if bandit_published.read(SEEDS, GRID + RANDOM_GRID) else QUICK_SEEDS
+
+
+def bandit_cells(seeds: int, grid: tuple, progress: Callable[[float, str], None] | None = None) -> list[dict]:
+    """The bandit claims' cells on `grid` with `seeds` seeds, each as its candidate's and baseline's values seed by
+    seed (with what names the cell: `bandit_published` publishes them so)."""
+    cells, names = [], list(OBJECTIVES)
     for done, condition in enumerate(grid):
         if progress:
             progress(done / len(grid), f"bandit: {condition.text}")
@@ -199,14 +224,16 @@ def build(seeds: int = 20, grid=GRID + RANDOM_GRID, progress: Callable[[float, s
                 for reading, iteration in (("early", EARLY), ("late", LATE)):
                     window = range(iteration - EARLY, iteration) if c.metric in PER_UPDATE else range(iteration - 1,
                                                                                                       iteration)
-                    values = [bandit_readings(by_name, name, c, window) for name in (c.candidate, c.baseline)]
+                    candidate, baseline = (bandit_readings(by_name, name, c, window) for name in (c.candidate,
+                                                                                                 c.baseline))
                     span = (f"iterations {window.start + 1}–{window.stop}" if len(window) > 1
                             else f"iteration {iteration}")
-                    rows.append(comparison_row(claim, BANDIT, f"{condition.text} · {reading} ({span})", c, *values,
-                                               range(seeds), reading=reading))
+                    cells.append({"claim": claim.key, "condition": f"{condition.text} · {reading} ({span})",
+                                  "reading": reading, "candidate": c.candidate, "baseline": c.baseline,
+                                  "metric": c.metric, "candidate_values": candidate, "baseline_values": baseline})
     if progress:
         progress(1.0, "done")
-    return Report(rows, seeds)
+    return cells
 
 
 PER_UPDATE = ("entropy/would_masked_low", "entropy/would_masked_high")  # read as their mean over a window of updates

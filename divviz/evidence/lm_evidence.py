@@ -157,8 +157,9 @@ class LMEvidence:
         ppo = np.array([finals[(PILOT[0], s)] for s in seeds])
         diff = np.array([finals[(PILOT[1], s)] for s in seeds]) - ppo
         sd = float(diff.std(ddof=1))
-        effects = {"GBMPO's reported gain": claims.PROBL2_EFFECT.size, "the smallest gain of interest":
-                   claims.SMALLEST_EFFECT[metric].size} if metric in claims.SMALLEST_EFFECT else {}
+        effects = {"the papers' scale (GBMPO's ProbL2 gain)": claims.PROBL2_EFFECT.size,
+                   "the smallest gain of interest": claims.SMALLEST_EFFECT[metric].size
+                   } if metric in claims.SMALLEST_EFFECT else {}
         return {"metric": metric, "n": len(seeds), "planned": self.plan.pilot_seeds, "ppo_mean": float(ppo.mean()),
                 "ppo_sd": float(ppo.std(ddof=1)),
                 "difference_mean": float(diff.mean()), "difference_sd": sd,

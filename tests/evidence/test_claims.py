@@ -2,6 +2,7 @@
 computed alone, the CLI's JSON contract, the self-contained HTML, and the Claims page (the language model's cells over
 training: tests/evidence/test_claims_lm.py)."""
 
+import gzip
 import json
 import re
 from pathlib import Path
@@ -219,3 +220,31 @@ def test_claims_page_renders(tmp_path, monkeypatch):
     linked = open_page("app_pages/claims.py", {"claim": "<b>no_such_claim"})  # a link's unknown claim is said
     assert not linked.exception and "'claim' has unknown value" in shown(linked.warning[0])
     assert "<b>" not in linked.warning[0].value and linked.selectbox(key="claims:claim").value == claims.CLAIMS[0].key
+
+
+def test_published_bandit_cells_are_read_only_when_whole_and_this_codes(report, tmp_path, monkeypatch):
+    """A grid's cells published (`bandit_published.write`) come back as the same report, saying where from; a file
+    that is not this grid's (other seeds), cut short, unreadable, or with a cell that is not whole is not read: the
+    grid is computed here instead, and `recompute` computes it whatever is published."""
+    from divviz.evidence import bandit_published
+
+    monkeypatch.setenv("DIVVIZ_PUBLISHED", str(tmp_path))
+    written = bandit_published.write(claims_report.bandit_cells(4, SMALL_GRID), 4, SMALL_GRID, 1.0, "abc1234")
+    read = claims_report.build(seeds=4, grid=SMALL_GRID)
+    assert read.bandit.startswith(f"the bandit's cells read from published/{bandit_published.FILE} (computed by "
+                                  "commit abc1234") and report.bandit == ""
+    assert read.rows == report.rows
+    assert claims_report.build(seeds=4, grid=SMALL_GRID, recompute=True).bandit == ""
+    assert bandit_published.read(3, SMALL_GRID) is None  # another grid's key
+    whole = written.read_bytes()
+    about = json.loads(gzip.decompress(whole))
+    broken = [whole[:len(whole) // 2], b"not gzip",
+              gzip.compress(json.dumps({**about, "commit": None}).encode()),
+              gzip.compress(json.dumps({**about, "cells": [{**about["cells"][0], "baseline_values": [1.0]}]}).encode()),
+              gzip.compress(json.dumps({**about, "cells": [{**about["cells"][0], "metric": "no such metric"}]}).encode()),
+              gzip.compress(json.dumps({**about, "cells": [{**about["cells"][0],
+                                                            "candidate_values": ["x"] * 4}]}).encode())]
+    for content in broken:
+        written.write_bytes(content)
+        assert bandit_published.read(4, SMALL_GRID) is None
+        assert claims_report.build(seeds=4, grid=SMALL_GRID).bandit == ""

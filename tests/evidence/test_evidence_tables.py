@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from divviz.evidence import claims, claims_export
+from divviz.evidence import bandit_published, claims, claims_export, claims_report
+from divviz.safetext import literal
 
 ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("evidence_tables", ROOT / "scripts" / "evidence_tables.py")
@@ -34,11 +35,57 @@ def test_readme_and_claims_md_hold_what_the_bandit_grid_and_the_published_runs_s
     readme = (ROOT / "README.md").read_text().splitlines(keepends=True)
     assert [line for line in readme if line.startswith(evidence_tables.ROW)] == [evidence_tables.readme_row(grids)], \
         f"README's over-training row {stale}"
+    assert bandit_published.read(claims.SEEDS, claims.GRID + claims.RANDOM_GRID) is not None, \
+        f"published/{bandit_published.FILE} is not this code's grid: run python scripts/evidence_tables.py"
     bandit = evidence_tables.bandit_report()
+    assert bandit.bandit.startswith(f"the bandit's cells read from published/{bandit_published.FILE}")
     assert claims_md.split(evidence_tables.BANDIT_START)[1].split(evidence_tables.BANDIT_END)[0] == \
         claims_export.bandit_markdown(bandit), f"docs/claims.md's bandit table {stale}"
     assert [line for line in readme if line.startswith(evidence_tables.BANDIT_ROW)] == \
         [evidence_tables.bandit_row(bandit)], f"README's bandit row {stale}"
+
+
+# Three of the grid's 16 conditions, computed again here: SGD and Adam, K = 50 and 1000, the coin's random rewards.
+RECOMPUTED = (claims.Condition("likely", 50, "sgd"), claims.Condition("random", 1000, "adam"),
+              claims.Condition("coin", 50, "adam"))
+
+
+def test_the_published_bandit_cells_are_what_the_bandit_computes_here(repository_published):
+    """The published bandit grid against this code, on three of its conditions at its 64 seeds: every seed's value
+    within 1e-6 (relative) of the published one — the same to rounding on another CPU (the key checks the rest of
+    what decides them: settings, objectives, comparisons)."""
+    published = bandit_published.read(claims.SEEDS, claims.GRID + claims.RANDOM_GRID)
+    assert published is not None
+    here = claims_report.bandit_cells(claims.SEEDS, RECOMPUTED)
+    texts = tuple(condition.text for condition in RECOMPUTED)
+    shared = [cell for cell in published["cells"] if cell["condition"].startswith(texts)]
+    assert len(here) == len(shared) > 0
+    for mine, theirs in zip(here, shared, strict=True):
+        assert {k: v for k, v in mine.items() if not k.endswith("_values")} == \
+            {k: v for k, v in theirs.items() if not k.endswith("_values")}
+        for values in ("candidate_values", "baseline_values"):
+            assert mine[values] == pytest.approx(theirs[values], rel=1e-6, abs=1e-12, nan_ok=True), mine["condition"]
+
+
+def test_the_cli_and_the_claims_page_open_on_the_published_bandit_cells(capsys, repository_published, tmp_path,
+                                                                     monkeypatch):
+    """`divviz claims` at its default 64 seeds reads the published cells and says so; the Claims page opens on them
+    (64 seeds, read at once) with the same line under its slider."""
+    from streamlit.testing.v1 import AppTest
+
+    from divviz.cli import main
+
+    assert main(["claims", "--json"]) == 0
+    out = capsys.readouterr()
+    assert f"divviz: the bandit's cells read from published/{bandit_published.FILE} (computed by commit" in out.err
+    rows = [r for r in json.loads(out.out) if r["setting"] == claims.BANDIT]
+    assert rows and {r["n"] for r in rows} == {claims.SEEDS}
+
+    monkeypatch.setenv("DIVVIZ_RUNS_DIR", str(tmp_path))
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300).run()
+    at.switch_page("app_pages/claims.py").run()
+    assert not at.exception and at.slider(key="claims:seeds").value == claims.SEEDS
+    assert any(literal(f"read from published/{bandit_published.FILE}") in c.value for c in at.caption)
 
 
 def test_the_numpy_recipe_in_claims_md_recomputes_divvizs_cell(repository_published):
