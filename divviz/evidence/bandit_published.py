@@ -1,7 +1,8 @@
 """The bandit grid's cells at 64 seeds, published with the repository as data: each cell's per-seed values of its
 candidate and its baseline, from which `claims_report.build` makes the cell (interval, tests, verdict) exactly as
-it makes one it computes. A fresh clone's Claims page and `divviz claims` open on them at once instead of running
-the grid (about 50 s on 2 cores), and a reader can recompute any bandit cell from them.
+it makes one it computes. A fresh clone's Claims page and `divviz claims` open on them instead of running the grid
+(about 50 s on 2 cores; the cells' statistics are still computed, about 10 s), and a reader can recompute any bandit
+cell from them.
 
     published/claims-bandit-64.json.gz   {"key", "seeds", "commit", "numpy", "cpu", "wall_s", "cells": [...]}
     a cell                               {"claim" (its key), "condition" (as the report shows it), "reading",
