@@ -9,13 +9,17 @@ from pathlib import Path
 import pytest
 
 from divviz.app import local_server
+from divviz.evidence import bandit_published
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("DIVVIZ_POOL_IDLE_S", "5")  # each test's runs folder gets a pool; let idle ones leave soon
 os.environ.setdefault("DIVVIZ_POOL_PRIORITY", "normal")  # a pool at the lowest weight starves on a busy machine
 # The repository's published runs would join every runs folder a test lists: a test reads them only when it asks
-# (the `repository_published` fixture, or a folder of its own through DIVVIZ_PUBLISHED).
-os.environ.setdefault("DIVVIZ_PUBLISHED", tempfile.mkdtemp(prefix="divviz-tests-no-published-"))
+# (the `repository_published` fixture, or a folder of its own through DIVVIZ_PUBLISHED). The published bandit grid
+# adds no run: every test's Claims page opens on it, as a fresh clone's does (a copy of it alone).
+if "DIVVIZ_PUBLISHED" not in os.environ:
+    os.environ["DIVVIZ_PUBLISHED"] = tempfile.mkdtemp(prefix="divviz-tests-no-published-runs-")
+    shutil.copy(ROOT / "published" / bandit_published.FILE, os.environ["DIVVIZ_PUBLISHED"])
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-sync",
                  "--disable-background-networking", "--disable-component-update"]
 
