@@ -88,7 +88,8 @@ low, high, _ = claims.SEEDS_PARAM.slider_range()
 seeds = st.slider("Seeds per objective (bandit grid)", int(low), int(high), key="claims:seeds",
                   help=claims.SEEDS_PARAM.doc)
 result = report(seeds)
-st.caption(literal(f"The bandit grid at {seeds} seeds: " + (result.bandit if result.bandit else "computed here.")))
+st.caption(literal(f"{result.bandit[:1].upper()}{result.bandit[1:]}." if result.bandit else
+                   f"The bandit grid at {seeds} seeds, computed here (once per server)."))
 verdicts = st.container()  # shown first; the model sections below add their cells before it is filled
 
 st.subheader("On a language model, over training")

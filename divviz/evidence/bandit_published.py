@@ -92,7 +92,7 @@ def _parsed(where: str, mtime_ns: int, size: int) -> object:
 def source(found: dict) -> str:
     """Where published cells come from, in one line."""
     return (f"the bandit's cells read from published/{FILE} (computed by commit {found['commit']} on {found['cpu']}, "
-            f"numpy {found['numpy']}, in {found['wall_s']:.0f} s; `divviz claims --recompute` computes them here)")
+            f"numpy {found['numpy']}, in {found['wall_s']:.0f} s; divviz claims --recompute computes them here)")
 
 
 def write(cells: list[dict], seeds: int, grid: tuple, wall_s: float, commit: str) -> Path:
