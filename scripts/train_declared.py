@@ -1,14 +1,15 @@
 """Train a declared claims grid for a bounded time, as on a lent GPU's lease, and publish the runs that finished.
 
     python scripts/train_declared.py --runs-dir /tmp/runs --setting stress --device cuda --until 480 \\
-        --commit 58781f6 --grid-suffix h200 [--out published]
+        --commit 58781f6 --grid-suffix h200-2 [--out published]
 
 The grid declared for the setting on the device's kind (`claims_lm.DECLARED`) is queued in its queue order (the
 pilot pair seed by seed first) to the runs folder's pool, which trains $DIVVIZ_MAX_RUNS runs at once. Once a run has
 finished, the queue is stopped as soon as a run started now would not finish by `--until` seconds at the slowest
 pace seen so far; the running ones go on until then, when whatever still trains is interrupted. The finished runs
-are published (`scripts/publish_runs.py`); a later lease queues the missing cells only, so a grid is trained lease by
-lease.
+are published (`scripts/publish_runs.py`) into a grid named by `--grid-suffix`, one per lease (a grid's manifest
+records one commit and one set of versions: h200, then h200-2, …); a later lease queues only the cells no published
+grid holds (`lease_plan`), so a declared grid is trained lease by lease.
 """
 
 from __future__ import annotations
@@ -33,6 +34,12 @@ def too_late_to_start(runs: list[store.RunInfo], elapsed: float, until: float) -
     return slowest is not None and elapsed + slowest > until
 
 
+def lease_plan(runs_dir: Path, model: str, setting: str, device: str) -> claims_lm.LMPlan:
+    """The declared grid as a lease sees it: the cells neither in its runs folder nor published with the checkout it
+    carries are the missing ones, so a later lease goes on where the last one stopped."""
+    return claims_lm.LMPlan.declared(runs_dir, model, setting, with_published=True, device=device)
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs-dir", required=True, type=Path)
@@ -45,7 +52,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     began = time.time()
-    plan = claims_lm.LMPlan.declared(args.runs_dir, args.model, args.setting, with_published=False, device=args.device)
+    plan = lease_plan(args.runs_dir, args.model, args.setting, args.device)
     print(f"{plan.name}: {len(plan.missing)} of {len(plan.runs)} cells to train", flush=True)
     plan.queue_missing()
     stopped_queue = False

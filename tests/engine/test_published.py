@@ -195,3 +195,15 @@ def test_a_lease_stops_starting_runs_that_would_not_finish_in_it():
     finished = [run("done", 190.0), run("done", 200.0), run("running", 100.0)]
     assert not late(finished, elapsed=240.0, until=450.0)  # 240 + 200 ≤ 450: a run started now ends in time
     assert late(finished, elapsed=260.0, until=450.0)  # 260 + 200 > 450
+
+
+def test_a_later_lease_trains_only_the_cells_no_published_grid_holds(tmp_path, repository_published):
+    """The GPU pair's first lease published seeds 0–15 (published/smollm2-135m-stress-h200): a bare machine's next
+    lease, carrying the checkout, queues the declared grid's other 27 seeds only."""
+    spec = importlib.util.spec_from_file_location("train_declared", ROOT / "scripts" / "train_declared.py")
+    train_declared = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train_declared)
+    plan = train_declared.lease_plan(tmp_path, "smollm2-135m", "stress", "cuda")
+    published_seeds = {seed for (_, _, seed), run in plan.runs.items() if plan.is_published(run)}
+    assert published_seeds == set(range(16))
+    assert len(plan.missing) == len(plan.runs) - 32 and {seed for _, _, seed in plan.missing} == set(range(16, 43))
