@@ -85,11 +85,12 @@ page_state.bind_controls(PAGE, CONTROLS)
 if first_visit and not {"lm_seeds", "lm_pilot_extra"} & set(st.query_params.to_dict()):
     declared_design()  # a link naming a setting, not its seeds: that setting's declared grid
 low, high, _ = claims.SEEDS_PARAM.slider_range()
-seeds = st.slider("Seeds per objective (bandit grid)", int(low), int(high), key="claims:seeds",
+seeds = st.slider("Seeds per measure (bandit grid)", int(low), int(high), key="claims:seeds",
                   help=claims.SEEDS_PARAM.doc)
 result = report(seeds)
-st.caption(literal(f"{result.bandit[:1].upper()}{result.bandit[1:]}." if result.bandit else
-                   f"The bandit grid at {seeds} seeds, computed here (once per server)."))
+st.caption(literal(f"The bandit's cells at {seeds} seeds: {result.bandit}" +
+                   (". Any other seed count is computed here." if result.bandit != claims_report.COMPUTED_HERE
+                    else " (once per server).")))
 verdicts = st.container()  # shown first; the model sections below add their cells before it is filled
 
 st.subheader("On a language model, over training")

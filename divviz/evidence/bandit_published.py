@@ -90,9 +90,10 @@ def _parsed(where: str, mtime_ns: int, size: int) -> object:
 
 
 def source(found: dict) -> str:
-    """Where published cells come from, in one line."""
-    return (f"the bandit's cells read from published/{FILE} (computed by commit {found['commit']} on {found['cpu']}, "
-            f"numpy {found['numpy']}, in {found['wall_s']:.0f} s; divviz claims --recompute computes them here)")
+    """Where published cells come from, as a phrase: "read from published/claims-bandit-64.json.gz, computed by
+    commit 3f9879e on <its CPU> with numpy 2.4.6 in 47 s"."""
+    return (f"read from published/{FILE}, computed by commit {found['commit']} on {found['cpu']} with numpy "
+            f"{found['numpy']} in {found['wall_s']:.0f} s")
 
 
 def write(cells: list[dict], seeds: int, grid: tuple, wall_s: float, commit: str) -> Path:

@@ -26,11 +26,14 @@ from divviz.evidence.claims import (BANDIT, BINARY, BY_CONSTRUCTION, CLAIMS, EAR
                                     Comparison, effect_of)
 
 
+COMPUTED_HERE = "computed here"  # a report's bandit cells, when they were not read from the published grid
+
+
 @dataclass
 class Report:
     rows: list[dict]
     seeds: int
-    bandit: str = ""  # where the bandit's cells come from when they are not computed here: `bandit_published.source`
+    bandit: str = COMPUTED_HERE  # where the bandit's cells come from: else `bandit_published.source`
     lm: str = ""  # what the language model's cells are ("" when the report has none): `claims_lm.LMPlan.text`
     real: str = ""  # what the real model's cells are ("" when none): `claims_real.RealPlan.text`
     lm_details: tuple[str, ...] = ()  # lines on the LM runs beyond the cells: collapses per measure, the pilot
@@ -74,7 +77,7 @@ class Report:
     def scope(self) -> str:
         """One line: how many cells, and on what."""
         return (f"{len(self.rows)} cells: the bandit grid with {self.seeds} seeds per measure, every measure on the "
-                f"same seeds" + (f" ({self.bandit})" if self.bandit else "")
+                f"same seeds, {self.bandit}"
                 + (f"; {self.lm}" if self.lm else "; the built-in LM not included")
                 + (f"; {self.real}" if self.real else ""))
 
@@ -194,6 +197,8 @@ def build(seeds: int = 20, grid=GRID + RANDOM_GRID, progress: Callable[[float, s
                                  cell["max_difference"], 1, 0,
                                  intervals.identity_verdict(cell["max_difference"], IDENTITY_TOLERANCE)))
     found = None if recompute else bandit_published.read(seeds, grid)
+    if found and progress:
+        progress(0.0, f"bandit: the cells of published/{bandit_published.FILE}, tested")
     by_key = {claim.key: claim for claim in CLAIMS}
     for cell in found["cells"] if found else bandit_cells(seeds, grid, progress):
         claim = by_key[cell["claim"]]
@@ -201,7 +206,9 @@ def build(seeds: int = 20, grid=GRID + RANDOM_GRID, progress: Callable[[float, s
                  if (c.candidate, c.baseline, c.metric) == (cell["candidate"], cell["baseline"], cell["metric"]))
         rows.append(comparison_row(claim, BANDIT, cell["condition"], c, cell["candidate_values"],
                                    cell["baseline_values"], range(seeds), reading=cell["reading"]))
-    return Report(rows, seeds, bandit=bandit_published.source(found) if found else "")
+    if found and progress:
+        progress(1.0, "done")
+    return Report(rows, seeds, bandit=bandit_published.source(found)) if found else Report(rows, seeds)
 
 
 def opening_seeds() -> int:

@@ -231,10 +231,10 @@ def test_published_bandit_cells_are_read_only_when_whole_and_this_codes(report, 
     monkeypatch.setenv("DIVVIZ_PUBLISHED", str(tmp_path))
     written = bandit_published.write(claims_report.bandit_cells(4, SMALL_GRID), 4, SMALL_GRID, 1.0, "abc1234")
     read = claims_report.build(seeds=4, grid=SMALL_GRID)
-    assert read.bandit.startswith(f"the bandit's cells read from published/{bandit_published.FILE} (computed by "
-                                  "commit abc1234") and report.bandit == ""
+    assert read.bandit.startswith(f"read from published/{bandit_published.FILE}, computed by commit abc1234") \
+        and report.bandit == claims_report.COMPUTED_HERE
     assert read.rows == report.rows
-    assert claims_report.build(seeds=4, grid=SMALL_GRID, recompute=True).bandit == ""
+    assert claims_report.build(seeds=4, grid=SMALL_GRID, recompute=True).bandit == claims_report.COMPUTED_HERE
     assert bandit_published.read(3, SMALL_GRID) is None  # another grid's key
     whole = written.read_bytes()
     about = json.loads(gzip.decompress(whole))
@@ -247,4 +247,4 @@ def test_published_bandit_cells_are_read_only_when_whole_and_this_codes(report, 
     for content in broken:
         written.write_bytes(content)
         assert bandit_published.read(4, SMALL_GRID) is None
-        assert claims_report.build(seeds=4, grid=SMALL_GRID).bandit == ""
+        assert claims_report.build(seeds=4, grid=SMALL_GRID).bandit == claims_report.COMPUTED_HERE

@@ -38,7 +38,7 @@ def test_readme_and_claims_md_hold_what_the_bandit_grid_and_the_published_runs_s
     assert bandit_published.read(claims.SEEDS, claims.GRID + claims.RANDOM_GRID) is not None, \
         f"published/{bandit_published.FILE} is not this code's grid: run python scripts/evidence_tables.py"
     bandit = evidence_tables.bandit_report()
-    assert bandit.bandit.startswith(f"the bandit's cells read from published/{bandit_published.FILE}")
+    assert bandit.bandit.startswith(f"read from published/{bandit_published.FILE}")
     assert claims_md.split(evidence_tables.BANDIT_START)[1].split(evidence_tables.BANDIT_END)[0] == \
         claims_export.bandit_markdown(bandit), f"docs/claims.md's bandit table {stale}"
     assert [line for line in readme if line.startswith(evidence_tables.BANDIT_ROW)] == \
@@ -77,7 +77,8 @@ def test_the_cli_and_the_claims_page_open_on_the_published_bandit_cells(capsys, 
 
     assert main(["claims", "--json"]) == 0
     out = capsys.readouterr()
-    assert f"divviz: the bandit's cells read from published/{bandit_published.FILE} (computed by commit" in out.err
+    assert (f"divviz: the bandit's cells at 64 seeds: read from published/{bandit_published.FILE}, computed by "
+            "commit") in out.err
     rows = [r for r in json.loads(out.out) if r["setting"] == claims.BANDIT]
     assert rows and {r["n"] for r in rows} == {claims.SEEDS}
 
