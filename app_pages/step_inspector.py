@@ -103,6 +103,7 @@ with widgets.shown_errors():
     record = step_record(run.folder, step)
 
     st.subheader(literal(f"{run_views.run_label(run)} · step {step}"))
+    st.caption(literal(run_views.run_choice(run)))  # the run whole: the sidebar's select cuts a long one short
     choices = [f"{g + 1}.{c + 1}" for g, c in token_view.completions_of(record)]
     if not choices:
         page_state.publish_controls(PAGE, CONTROLS)

@@ -24,6 +24,7 @@ from divviz.losses import Objective
 from divviz.catalogue.params import DivvizInputError
 from divviz.catalogue.penalties import penalty
 from divviz.catalogue.surrogates import surrogate
+from divviz.safetext import literal
 
 ROOT = Path(__file__).resolve().parents[2]
 HOSTILE = "<script>alert('x')</script> **bold** [l](http://127.0.0.1:9/) <img src=x onerror=alert(1)>"
@@ -273,6 +274,7 @@ def test_the_page_shows_a_run_and_explains_a_token(tmp_path, monkeypatch):
         json.dumps(hostile_record(store.read_completions(folder, 2))))
     at = app()
     assert not at.exception, at.exception
+    assert at.caption[0].value == literal(run_views.run_choice(store.read_run(folder)))  # whole, under the heading
     body = html_bodies(at)
     assert "&lt;script&gt;" in body and "<script" not in body and "<img" not in body
     assert "masked" in body or "inside" in body
