@@ -97,10 +97,13 @@ def source(found: dict) -> str:
 
 
 def write(cells: list[dict], seeds: int, grid: tuple, wall_s: float, commit: str) -> Path:
-    """Publish a grid's cells (the maintainer's half: `scripts/evidence_tables.py`), atomically."""
+    """Publish a grid's cells (the maintainer's half: `scripts/evidence_tables.py`), atomically; a published file
+    that already holds these cells of this grid is left as it is (its commit and time stay the first ones)."""
+    target = path()
+    if (found := read(seeds, grid)) is not None and found["cells"] == json.loads(json.dumps(cells)):
+        return target
     about = {"key": key(seeds, grid), "seeds": seeds, "commit": commit, "numpy": np.__version__, "cpu": cpu_name(),
              "wall_s": round(wall_s, 1), "cells": cells}
-    target = path()
     temporary = target.with_name(target.name + ".tmp")
     with gzip.GzipFile(temporary, "wb", mtime=0) as f:  # no time stamp: the same cells give the same bytes
         f.write(json.dumps(about, separators=(",", ":")).encode())

@@ -235,8 +235,10 @@ def test_published_bandit_cells_are_read_only_when_whole_and_this_codes(report, 
         and report.bandit == claims_report.COMPUTED_HERE
     assert read.rows == report.rows
     assert claims_report.build(seeds=4, grid=SMALL_GRID, recompute=True).bandit == claims_report.COMPUTED_HERE
+    again = bandit_published.write(claims_report.bandit_cells(4, SMALL_GRID), 4, SMALL_GRID, 2.0, "def5678")
+    assert "abc1234" in claims_report.build(seeds=4, grid=SMALL_GRID).bandit  # the same cells: the file left as it was
     assert bandit_published.read(3, SMALL_GRID) is None  # another grid's key
-    whole = written.read_bytes()
+    whole = again.read_bytes()
     about = json.loads(gzip.decompress(whole))
     broken = [whole[:len(whole) // 2], b"not gzip",
               gzip.compress(json.dumps({**about, "commit": None}).encode()),
