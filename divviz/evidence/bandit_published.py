@@ -56,8 +56,15 @@ def read(seeds: int, grid: tuple) -> dict | None:
         stat = path().stat()
     except OSError:
         return None
-    found = _parsed(str(path()), stat.st_mtime_ns, stat.st_size)
-    if not isinstance(found, dict) or found.get("key") != key(seeds, grid) or not _whole(found, seeds):
+    return _checked(str(path()), stat.st_mtime_ns, stat.st_size, seeds, key(seeds, grid))
+
+
+@lru_cache(maxsize=4)
+def _checked(where: str, mtime_ns: int, size: int, seeds: int, wanted: str) -> dict | None:
+    """The file's content if it is the grid keyed `wanted` and whole at `seeds` seeds: checked once per state of the
+    file (the page asks on every rerun)."""
+    found = _parsed(where, mtime_ns, size)
+    if not isinstance(found, dict) or found.get("key") != wanted or not _whole(found, seeds):
         return None
     return found
 

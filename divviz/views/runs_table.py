@@ -60,10 +60,12 @@ def matching(runs: list, query: str) -> list:
     `importers.source.source_of`; the device it trained on; a published run's grid) contains every word of `query`,
     case aside; all of them for an empty query."""
     words = (query or "").lower().split()
-    grid_of = published.grids_of_runs() if words else {}
-    return [run for run in runs if all(
-        word in (f"{run_choice(run)} {run.name} {source_of(run.config)} {run.status.get('device') or ''} "
-                 f"{grid_of.get(run.name, '')}").lower() for word in words)]
+    if not words:
+        return list(runs)
+    grid_of = published.grids_of_runs()
+    described = ((run, f"{run_choice(run)} {run.name} {source_of(run.config)} {run.status.get('device') or ''} "
+                       f"{grid_of.get(run.name, '')}".lower()) for run in runs)  # once per run, not once per word
+    return [run for run, text in described if all(word in text for word in words)]
 
 
 def seen(runs: list) -> tuple:
