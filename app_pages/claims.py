@@ -8,6 +8,7 @@ import streamlit as st
 from divviz.app import page_state, room, widgets
 
 from divviz.evidence import claims, claims_export, claims_lm, claims_real, claims_report, forest, lm_evidence
+from divviz.evidence.claims_lm import DEVICE_KINDS
 from divviz.engine import stability, store
 from divviz.engine.policy import pick_device
 from divviz.engine.models import MODELS, evaluated_settings
@@ -36,12 +37,11 @@ PAGE = "claims"
 SMOLLM2 = "smollm2-135m"
 OPENING = "stress"  # the page opens on SmolLM2's published grid at the stress setting, the one powered to decide
 HERE = pick_device().type  # where the runs queued from this page train
-DEVICES = {"cpu": "a CPU", "cuda": "a GPU (CUDA)", "mps": "an Apple GPU (MPS)"}
 CONTROLS = [Control("seeds", claims_report.opening_seeds(), param=claims.SEEDS_PARAM),
             Control("lm_model", SMOLLM2, options=tuple(MODELS)),
             Control("lm_setting", OPENING, options=(*dict.fromkeys(s for m in MODELS for s in evaluated_settings(m)),
                                                     "the lab's defaults")),
-            Control("lm_device", HERE, options=tuple(DEVICES)),
+            Control("lm_device", HERE, options=tuple(DEVICE_KINDS)),
             Control("lm_seeds", claims_lm.declared_seeds(SMOLLM2, OPENING, HERE)[0], param=claims_lm.SEEDS_PARAM),
             Control("lm_pilot_extra", claims_lm.declared_seeds(SMOLLM2, OPENING, HERE)[1],
                     param=claims_lm.PILOT_EXTRA_PARAM),
@@ -119,12 +119,12 @@ with widgets.shown_errors():
                                           help="SmolLM2's settings (`divviz models`); the built-in LM trains at the "
                                                "lab's defaults. Choosing one sets the seeds of the grid declared there.")
     lm_setting = lm_setting if settings else ""
-    lm_device = device_column.selectbox("Trained on", list(DEVICES), format_func=DEVICES.get, key="claims:lm_device",
-                                        on_change=declared_design,
+    lm_device = device_column.selectbox("Trained on", list(DEVICE_KINDS), format_func=DEVICE_KINDS.get,
+                                        key="claims:lm_device", on_change=declared_design,
                                         help="the kind of device whose runs hold the cells: a GPU's bf16 rounds "
                                              "otherwise than a CPU's, so their runs are two grids, never one. Runs "
-                                             f"you train here train on {DEVICES[HERE]}; the other kind's are read "
-                                             "from published/ (SmolLM2's stress pair on an H200).")
+                                             f"you train here train on {DEVICE_KINDS[HERE]}; the other kind's are "
+                                             "read from published/ (SmolLM2's stress pair on an H200).")
     lm_seeds = left.slider("Seeds per LM objective", *map(int, claims_lm.SEEDS_PARAM.slider_range()[:2]),
                            key="claims:lm_seeds", help=claims_lm.SEEDS_PARAM.doc)
     lm_pilot_extra = pilot_column.number_input("Pilot pair's extra seeds", int(claims_lm.PILOT_EXTRA_PARAM.low),
@@ -143,8 +143,8 @@ with widgets.shown_errors():
                                     lm_seeds + lm_pilot_extra, device=lm_device)
 evidence = lm_evidence.LMEvidence(lm_plan) if lm_plan is not None else None  # read once for the cells and curves
 if lm_plan is not None and lm_model != claims_lm.BUILTIN and (lm_setting, lm_device) not in claims_lm.DECLARED:
-    st.caption(literal(f"No grid is declared for {lm_model} at {lm_setting} on {DEVICES[lm_device]}, and none is "
-                       "published: the seeds above are the defaults."))
+    st.caption(literal(f"No grid is declared for {lm_model} at {lm_setting} on {DEVICE_KINDS[lm_device]}, and none "
+                       "is published: the seeds above are the defaults."))
 if lm_plan is not None and lm_plan.done:
     result = evidence.report(result)
 if lm_plan is not None and lm_plan.provenance:
@@ -157,13 +157,14 @@ elif lm_plan is not None:
     st.button(f"Train the {len(lm_plan.missing)} missing runs" if lm_plan.missing else "All runs are queued",
               icon=":material/play_arrow:", disabled=not lm_plan.missing or not me.teacher or lm_device != HERE,
               key="claims:lm_start", on_click=queue_lm_runs, args=(lm_plan, me.who),
-              help=(f"Runs queued here train on {DEVICES[HERE]}: choose it under Trained on to train these cells."
+              help=(f"Runs queued here train on {DEVICE_KINDS[HERE]}: choose it under Trained on to train these "
+                    "cells."
                     if lm_device != HERE else None if me.teacher else
                     "In a workshop room only the teacher starts these runs (they would fill the room's queue); the "
                     "results show here once they are trained."))
     if lm_device != HERE:
-        st.caption(literal(f"Runs queued here train on {DEVICES[HERE]}, so they cannot fill these cells: the runs "
-                           f"read here are those trained on {DEVICES[lm_device]}."))
+        st.caption(literal(f"Runs queued here train on {DEVICE_KINDS[HERE]}, so they cannot fill these cells: the "
+                           f"runs read here are those trained on {DEVICE_KINDS[lm_device]}."))
     if "claims_error" in st.session_state:
         st.error(literal(st.session_state.pop("claims_error")), icon=":material/error:")
 

@@ -28,7 +28,9 @@ def overview() -> None:
             st.info("No runs yet. Start one in the Training lab, or run `divviz train` in a terminal.")
         else:
             query = st.text_input("Filter runs", key="runs:filter", placeholder="part of an objective, task, model, state, "
-                                  "seed, folder name or source (imported, UNIPO, TRL, verl)")
+                                  "seed, folder name or source (imported, UNIPO, TRL, verl)",
+                                  help="filters this table; the runs overlaid below stay as chosen there (type in "
+                                       "that box to find a run)")
             matching = runs_table.matching(runs, query)
             pages = max(1, -(-len(matching) // runs_table.PAGE_SIZE))
             if st.session_state.get("runs:page", 1) > pages:  # a narrower filter: its last page

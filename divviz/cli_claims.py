@@ -13,7 +13,7 @@ from divviz.cli_output import print_json
 
 
 def add_claims_parser(sub) -> None:
-    from divviz.evidence.claims_lm import DEVICE_NAMES
+    from divviz.evidence.claims_lm import DEVICE_KINDS
 
     p = sub.add_parser("claims", help="test the seed papers' claims on a fixed grid, with computed verdicts")
     p.add_argument("--quick", action="store_true",
@@ -24,7 +24,8 @@ def add_claims_parser(sub) -> None:
     p.add_argument("--recompute", action="store_true",
                    help="compute the bandit grid here even at the 64 seeds whose cells are published (about 50 s)")
     p.add_argument("--json", action="store_true",
-                   help="print every cell: claim, condition, metric, mean, low, high, n, verdict, …")
+                   help="print the report as JSON: its scope (where each part's cells come from) and every cell: "
+                        "claim, condition, metric, mean, low, high, n, verdict, the per-seed values, …")
     p.add_argument("--out", metavar="FILE", help="also write the report as one self-contained HTML page")
     p.add_argument("--lm", action="store_true",
                    help="add the built-in LM's cells: runs queued to the runs folder's pool (about 5 minutes on 2 "
@@ -43,7 +44,7 @@ def add_claims_parser(sub) -> None:
                         "grid takes hours: it resumes)")
     p.add_argument("--lm-setting", default=None,
                    help="a setting of --lm-model: for smollm2-135m learn (default) or stress (lr 2e-4)")
-    p.add_argument("--lm-device", default=None, choices=tuple(DEVICE_NAMES),
+    p.add_argument("--lm-device", default=None, choices=tuple(DEVICE_KINDS),
                    help="the kind of device whose runs hold the LM cells (default: this machine's, where runs train): "
                         "cuda with --no-train reads the grid published from a GPU (the stress pair, an H200) on a CPU")
     p.add_argument("--no-wait", action="store_true",
@@ -114,8 +115,6 @@ def _claims_report(args) -> int:
 
     report = claims_report.build(seeds, progress=progress, recompute=args.recompute)
     bar.close()
-    if args.json:  # the text report says it in its first line
-        print(f"divviz: the bandit's cells at {seeds} seeds: {report.bandit}", file=sys.stderr)
     if plan is not None:
         if args.no_wait or args.no_train:
             plan = plan.refreshed()
@@ -130,7 +129,9 @@ def _claims_report(args) -> int:
         with out:
             out.write(claims_export.to_html(report))
     if args.json:
-        return print_json([{k: v for k, v in row.items() if k != "claim_key"} for row in report.rows], indent=1)
+        return print_json({"scope": report.scope,
+                           "cells": [{k: v for k, v in row.items() if k != "claim_key"} for row in report.rows]},
+                          indent=1)
     print(claims_export.to_text(report))
     return 0
 

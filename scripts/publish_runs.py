@@ -39,7 +39,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--runs-dir", required=True, type=Path)
     parser.add_argument("--commit", required=True, help="the commit whose code trained the runs")
     parser.add_argument("--model", default="smollm2-135m", choices=MODELS)
-    parser.add_argument("--device", default="cpu", choices=tuple(claims_lm.DEVICE_NAMES),
+    parser.add_argument("--device", default="cpu", choices=tuple(claims_lm.DEVICE_KINDS),
                         help="the kind of device that trained it")
     parser.add_argument("--grid-suffix", default="cpu", help="the device's part of the grid's name (h200, …)")
     parser.add_argument("--out", type=Path, default=published.root())

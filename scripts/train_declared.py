@@ -45,7 +45,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--runs-dir", required=True, type=Path)
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--setting", default="stress")
-    parser.add_argument("--device", default="cuda", choices=tuple(claims_lm.DEVICE_NAMES))
+    parser.add_argument("--device", default="cuda", choices=tuple(claims_lm.DEVICE_KINDS))
     parser.add_argument("--until", type=float, required=True, help="seconds after which every run is interrupted")
     parser.add_argument("--commit", required=True)
     parser.add_argument("--grid-suffix", required=True)

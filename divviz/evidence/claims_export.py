@@ -182,7 +182,7 @@ def headline_cell(report: Report) -> dict:
 def headline_sentence(plan, report: Report) -> str:
     """The headline cell of a grid's published runs (`published_evidence`) in a phrase, for README: "stress, 12
     seeds: +0.012 [−0.030, +0.054], sign-flip p 0.62: not resolved"."""
-    row, setting = headline_cell(report), plan.setting + claims_lm.DEVICE_NAMES[plan.device]
+    row, setting = headline_cell(report), plan.setting + claims_lm.on_device(plan.device)
     if row["n"] < 2:
         return f"{setting}, {plan.done} of {len(plan.runs)} runs published: fewer than two paired seeds"
     return (f"{setting}, {row['n']} seeds: {row['mean']:+.3f} [{row['low']:+.3f}, {row['high']:+.3f}], sign-flip p "

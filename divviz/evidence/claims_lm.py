@@ -223,7 +223,7 @@ class LMPlan:
     def name(self) -> str:
         """The model and setting, as a row's condition starts: "the built-in LM", "smollm2-135m (learn)"."""
         return ("the built-in LM" if self.model == BUILTIN else
-                f"{self.model} ({self.setting or 'its defaults'}{DEVICE_NAMES[self.device]})")
+                f"{self.model} ({self.setting or 'its defaults'}{on_device(self.device)})")
 
     @property
     def text(self) -> str:
@@ -290,8 +290,12 @@ class LMPlan:
                 and run.state in ("queued", "running") and run.status.get("queued_at", 0.0) <= last]
 
 
-# the kinds of device a run trains on, and what a grid's name adds for each (nothing for a CPU's)
-DEVICE_NAMES = {"cpu": "", "cuda": " on a GPU", "mps": " on an Apple GPU"}
+DEVICE_KINDS = {"cpu": "a CPU", "cuda": "a GPU", "mps": "an Apple GPU"}  # the kinds of device a run trains on
+
+
+def on_device(kind: str) -> str:
+    """What a grid's name adds for the kind of device it trained on: nothing for a CPU's, " on a GPU" for CUDA's."""
+    return "" if kind == "cpu" else f" on {DEVICE_KINDS[kind]}"
 
 
 def device_kind(run: store.RunInfo) -> str:

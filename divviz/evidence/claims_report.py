@@ -200,7 +200,9 @@ def build(seeds: int = 20, grid=GRID + RANDOM_GRID, progress: Callable[[float, s
     if found and progress:
         progress(0.0, f"bandit: the cells of published/{bandit_published.FILE}, tested")
     by_key = {claim.key: claim for claim in CLAIMS}
-    for cell in found["cells"] if found else bandit_cells(seeds, grid, progress):
+    cells = found["cells"] if found else bandit_cells(seeds, grid, progress)
+    significance.sign_flip_ps([np.subtract(cell["candidate_values"], cell["baseline_values"]) for cell in cells])
+    for cell in cells:  # their sign-flip tests run together above (one scipy call): each row reads its own p
         claim = by_key[cell["claim"]]
         c = next(c for c in claim.comparisons
                  if (c.candidate, c.baseline, c.metric) == (cell["candidate"], cell["baseline"], cell["metric"]))

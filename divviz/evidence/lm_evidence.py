@@ -89,7 +89,7 @@ class LMEvidence:
                     rewarded = " · random rewards" if claim.reward == "random" else ""
                     # the row's setting (claims.LM_TRAINING) names the model; the condition, its setting
                     where = ("" if self.plan.model == BUILTIN else
-                             f"{self.plan.setting or 'defaults'}{claims_lm.DEVICE_NAMES[self.plan.device]} · ")
+                             f"{self.plan.setting or 'defaults'}{claims_lm.on_device(self.plan.device)} · ")
                     out.append(claims_report.comparison_row(
                         claim, claims.LM if self.plan.model == BUILTIN else claims.LM_TRAINING,
                         f"{where}{task}{rewarded} · {reading} ({span})", c, [value(c.candidate, s) for s in seeds],

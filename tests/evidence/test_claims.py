@@ -108,7 +108,7 @@ def test_summary_counts_every_cell(report):
 def test_cli_json_and_self_contained_html(capsys, tmp_path):
     out = tmp_path / "report.html"
     assert main(["claims", "--seeds", "3", "--json", "--out", str(out)]) == 0
-    rows = json.loads(capsys.readouterr().out)
+    rows = json.loads(capsys.readouterr().out)["cells"]
     assert {"claim", "condition", "metric", "mean", "low", "high", "n", "verdict"} <= set(rows[0])
     assert {r["verdict"] for r in rows} <= {"holds", "reversed", "not resolved", "identical", "exact",
                                             "mean and median disagree"}

@@ -161,7 +161,7 @@ def test_the_pilot_pair_can_have_more_seeds_than_the_other_measures(lm_plan, cap
     assert main(argv) == 0
     out = capsys.readouterr()
     assert f"{len(plan.runs)} of {len(plan.runs)} runs found" in out.err
-    assert sorted(r["n"] for r in json.loads(out.out) if r["setting"] == claims.LM) == sorted(r["n"] for r in rows)
+    assert sorted(r["n"] for r in json.loads(out.out)["cells"] if r["setting"] == claims.LM) == sorted(r["n"] for r in rows)
     assert main([*argv[:7], "57", *argv[8:]]) == 2 and "lm_pilot_extra" in capsys.readouterr().err
 
 
@@ -173,7 +173,7 @@ def test_finished_runs_are_read_not_trained_again(lm_plan, capsys):
     assert main(argv) == 0
     out = capsys.readouterr()
     assert f"{len(lm_plan.runs)} of {len(lm_plan.runs)} runs found, 0 queued" in out.err
-    assert sum(r["setting"] == claims.LM for r in json.loads(out.out)) == len(LMEvidence(lm_plan).rows())
+    assert sum(r["setting"] == claims.LM for r in json.loads(out.out)["cells"]) == len(LMEvidence(lm_plan).rows())
     assert sorted(p.name for p in lm_plan.root.iterdir()) == folders
 
 
@@ -212,7 +212,7 @@ def test_no_wait_reports_the_finished_runs_and_leaves_the_rest_queued(lm_plan, t
     out = capsys.readouterr()
     total = len(lm_plan.runs)
     assert f"{total - 1} of {total} runs finished" in out.err and read_status(stopped)["state"] == "queued"
-    kl3 = [r for r in json.loads(out.out) if r["setting"] == claims.LM and r["candidate"] == claims.KL3_WIDE]
+    kl3 = [r for r in json.loads(out.out)["cells"] if r["setting"] == claims.LM and r["candidate"] == claims.KL3_WIDE]
     assert kl3 and {r["n"] for r in kl3} == {LM_SEEDS - 1}  # seed 0's pairs wait for its run
     assert runner.stop_run(stopped) == "stopped"  # so that the pool this started finds nothing queued and leaves
 
@@ -231,7 +231,7 @@ def test_no_train_reports_a_grid_trained_elsewhere_and_queues_nothing(lm_plan, t
     assert f"{total - 1} of {total} runs finished" in out.err and "nothing was queued (--no-train)" in out.err
     assert read_status(stopped)["state"] == "stopped" and sorted(p.name for p in root.iterdir()) == folders
     assert not (root / ".divviz" / "pool.log").exists()  # no pool was started
-    kl3 = [r for r in json.loads(out.out) if r["setting"] == claims.LM and r["candidate"] == claims.KL3_WIDE]
+    kl3 = [r for r in json.loads(out.out)["cells"] if r["setting"] == claims.LM and r["candidate"] == claims.KL3_WIDE]
     assert kl3 and {r["n"] for r in kl3} == {LM_SEEDS - 1}
     plan = claims_lm.LMPlan.read(root, LM_SEEDS, LM_STEPS)
     assert plan.text.endswith(f"; trained on cpu ({total - 1} runs)")  # each run's status.json names its device

@@ -92,7 +92,7 @@ def test_ctrl_c_keeps_the_batches_done(cached, tmp_path, monkeypatch, capsys):
 
 def test_the_cli_and_the_page_include_the_real_cells(cached, capsys, monkeypatch):
     assert main(["claims", "--seeds", "2", "--real", "--batches", str(BATCHES), "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)
+    rows = json.loads(capsys.readouterr().out)["cells"]
     assert sum(r["setting"] == claims.REAL for r in rows) == sum(len(c.real_comparisons) for c in claims.CLAIMS)
     assert main(["claims", "--batches", "3"]) == 2 and "add --real" in capsys.readouterr().err
 

@@ -69,17 +69,17 @@ def test_the_published_bandit_cells_are_what_the_bandit_computes_here(repository
 
 def test_the_cli_and_the_claims_page_open_on_the_published_bandit_cells(capsys, repository_published, tmp_path,
                                                                      monkeypatch):
-    """`divviz claims` at its default 64 seeds reads the published cells and says so; the Claims page opens on them
-    (64 seeds, read at once) with the same line under its slider."""
+    """`divviz claims` at its default 64 seeds reads the published cells and says so (the JSON's scope); the Claims
+    page opens on them (64 seeds, read at once) with the same line under its slider."""
     from streamlit.testing.v1 import AppTest
 
     from divviz.cli import main
 
     assert main(["claims", "--json"]) == 0
-    out = capsys.readouterr()
-    assert (f"divviz: the bandit's cells at 64 seeds: read from published/{bandit_published.FILE}, computed by "
-            "commit") in out.err
-    rows = [r for r in json.loads(out.out) if r["setting"] == claims.BANDIT]
+    out = json.loads(capsys.readouterr().out)
+    assert f"64 seeds per measure, every measure on the same seeds, read from published/{bandit_published.FILE}, " \
+           "computed by commit" in out["scope"]
+    rows = [r for r in out["cells"] if r["setting"] == claims.BANDIT]
     assert rows and {r["n"] for r in rows} == {claims.SEEDS}
 
     monkeypatch.setenv("DIVVIZ_RUNS_DIR", str(tmp_path))
@@ -111,7 +111,9 @@ def test_divviz_claims_json_carries_each_cells_per_seed_values_from_the_publishe
                  "--runs-dir", str(tmp_path), "--json"]) == 0
     out = capsys.readouterr()
     assert "runs are published: smollm2-135m-stress-cpu" in out.err  # the provenance, in one line
-    cells = [r for r in json.loads(out.out) if r["setting"] == claims.LM_TRAINING and r["n"] >= 1]
+    report = json.loads(out.out)
+    assert "runs are published: smollm2-135m-stress-cpu" in report["scope"]  # and in the JSON
+    cells = [r for r in report["cells"] if r["setting"] == claims.LM_TRAINING and r["n"] >= 1]
     assert cells
     for cell in cells:
         assert len(cell["seeds"]) == len(cell["candidate_values"]) == len(cell["baseline_values"]) == cell["n"]
@@ -153,7 +155,7 @@ def test_the_gpu_pair_is_read_on_its_own_from_the_cli_and_the_claims_page(capsys
     assert main([*lm, "--no-train", "--json"]) == 0
     out = capsys.readouterr()
     assert "smollm2-135m-stress-h200 (32 runs, trained on cuda (NVIDIA H200)" in out.err
-    cells = [r for r in json.loads(out.out) if r["setting"] == claims.LM_TRAINING]
+    cells = [r for r in json.loads(out.out)["cells"] if r["setting"] == claims.LM_TRAINING]
     assert {r["candidate"] for r in cells} == {claims.KL3_WIDE} and {r["n"] for r in cells} == {16}  # the pair alone
     assert all(r["condition"].startswith("stress on a GPU · ") for r in cells)
 

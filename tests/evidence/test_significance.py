@@ -42,6 +42,21 @@ def test_sign_flip_p_beyond_sixteen_seeds_is_within_monte_carlo_error_of_every_f
     assert abs(significance.sign_flip_p(d) - exact) < 4 * math.sqrt(exact * (1 - exact) / significance.RESAMPLES) + 1e-3
 
 
+@pytest.mark.parametrize("alternative", ["two-sided", "less"])
+def test_samples_tested_together_get_the_p_each_gets_alone(alternative):
+    """Cells of several seed counts tested in one pass (exact at 6 and 12 seeds, Monte Carlo at 20 and 64) get
+    exactly the p of scipy's own call per cell with the same fixed seed — the flips are shared, not changed."""
+    rng = np.random.default_rng(3)
+    samples = [rng.normal(rng.uniform(-0.3, 0.3), 1.0, size=n) for n in (6, 12, 20, 64) for _ in range(7)]
+    samples += [[0.0, 0.0], [0.4]]  # every difference 0: p = 1; one seed: NaN
+    alone = [stats.permutation_test((d,), np.mean, permutation_type="samples", vectorized=True,
+                                    n_resamples=np.inf if d.size <= 16 else significance.RESAMPLES,
+                                    alternative=alternative, rng=np.random.default_rng(0)).pvalue
+             for d in samples[:-2]]
+    together = significance.sign_flip_ps(samples, alternative)
+    assert together[:-2] == alone and together[-2] == 1.0 and np.isnan(together[-1])
+    assert [significance.sign_flip_p(d, alternative) for d in samples[:3]] == alone[:3]  # one at a time: the same
+
 def test_sign_test_is_the_binomial_sum():
     d = np.array([0.1] * 3 + [-0.2] * 11 + [0.0] * 2)  # zeros dropped: 3 up, 11 down
     median, p, up, down = significance.sign_test(d)
