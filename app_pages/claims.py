@@ -243,12 +243,12 @@ with widgets.shown_errors():
 
 with verdicts:
     st.subheader("Every claim at a glance")
-    st.caption("Per claim: its cells, how many of them each verdict has after Holm's adjustment within the claim's "
-               "readings at a setting (the last column: how many held or reversed before it), and the settings it is "
-               "tested in (over training: the Model, Setting and Trained on chosen below, under the verdicts). Pick a "
-               "claim in the select under "
-               "the table for its cells by setting and compared objective, its forest plots and every cell — one claim "
-               "at a time, so that a control change redraws one claim's plots, not every claim's. The counts are of "
+    st.caption("Per claim and per setting it is tested in (over training: the Model, Setting and Trained on chosen "
+               "below, under the verdicts; one setting's verdicts are never added to another's): its cells, how many "
+               "of them each verdict has after Holm's adjustment within the claim's readings at that setting (the "
+               "last column: how many held or reversed before it). Pick a claim in the select under the table for its "
+               "cells by setting and compared objective, its forest plots and every cell — one claim at a time, so "
+               "that a control change redraws one claim's plots, not every claim's. The counts are of "
                "cells, not of independent tests: a claim's cells share their runs (an early and a late reading, the "
                "greedy and the sampled accuracy, two δ of KL3 against one PPO), so several cells holding is not as "
                "many confirmations. A claim's source carries docs/theory.md's tag: [PAPER] read in the paper's own text, "

@@ -61,17 +61,19 @@ class Report:
         return list(out.values())
 
     def overview(self) -> list[dict]:
-        """Per claim, in the catalogue's order: the settings it is tested in, how many cells, and how many of them
-        hold, reverse, are not resolved, exact or not, or have no data yet (`summary` added up over its rows)."""
-        out = {claim.text: {"claim": claim.text, "settings": [], "cells": 0, **dict.fromkeys(VERDICTS, 0), RAW: 0}
-               for claim in self.claims}
-        for s in self.summary():
-            entry = out[s["claim"]]
-            for count in ("cells", *VERDICTS, RAW):
-                entry[count] += s[count]
-            if s["setting"] not in entry["settings"]:
-                entry["settings"].append(s["setting"])
-        return [{**entry, "settings": "; ".join(entry["settings"])} for entry in out.values()]
+        """Per claim, in the catalogue's order, and per setting it is tested in (the bandit, a language model over
+        training, one update, …): how many cells, and how many of them hold, reverse, are not resolved, exact or
+        not, or have no data yet (`summary` added up over its rows) — a setting's verdicts never added to another's.
+        A claim with no cell yet is one row, its setting ""."""
+        out = {}
+        for claim in self.claims:
+            rows = [s for s in self.summary() if s["claim"] == claim.text] or [{"claim": claim.text, "setting": ""}]
+            for s in rows:
+                entry = out.setdefault((claim.text, s["setting"]), {"claim": claim.text, "setting": s["setting"],
+                                                                    "cells": 0, **dict.fromkeys(VERDICTS, 0), RAW: 0})
+                for count in ("cells", *VERDICTS, RAW):
+                    entry[count] += s.get(count, 0)
+        return list(out.values())
 
     @property
     def scope(self) -> str:

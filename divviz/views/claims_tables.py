@@ -13,12 +13,13 @@ NOT_YET = "no cell yet: tested over training on a language model, whose runs are
 
 
 def overview(result: claims_report.Report) -> pd.DataFrame:
-    """Per claim: its cells, the count of each verdict some cell has, and its settings; its text escaped (the table
-    renders Markdown)."""
+    """Per claim and setting: its cells and the count of each verdict some cell has; a claim's text on its first
+    row only, escaped (the table renders Markdown)."""
     table = pd.DataFrame(result.overview())
     table = table.loc[:, (table != 0).any(axis=0)]
-    table["settings"] = table.settings.mask(table.cells == 0, NOT_YET)
-    return table.assign(claim=table.claim.map(literal), settings=table.settings.map(literal))
+    table["setting"] = table.setting.mask(table.cells == 0, NOT_YET)
+    return table.assign(claim=table.claim.map(literal).mask(table.claim.duplicated(), ""),
+                        setting=table.setting.map(literal))
 
 
 def claim_cells(result: claims_report.Report, claim, shared: dict) -> pd.DataFrame:

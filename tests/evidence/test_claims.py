@@ -5,6 +5,8 @@ training: tests/evidence/test_claims_lm.py)."""
 import gzip
 import json
 import re
+from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +18,7 @@ from divviz.bandit.setting import BanditConfig
 from divviz.cli import main
 from divviz.metrics import GLOSSARY
 from divviz.safetext import literal
+from divviz.views import claims_tables
 
 from tests.page_helpers import open_page, shown
 
@@ -117,6 +120,22 @@ def test_cli_json_and_self_contained_html(capsys, tmp_path):
     assert not re.search(r"<script|<link|src=|href=|@import|url\(", page)  # nothing fetched from anywhere
 
 
+def test_the_overview_never_adds_one_settings_verdicts_to_anothers(report):
+    """A claim tested in two settings (here the bandit's cells and, as if trained on a language model, copies of
+    some of them) has a row per setting, each counting its own cells; a claim with no cell has one row."""
+    copied = [{**row, "setting": claims.LM_TRAINING} for row in report.rows if row["setting"] == claims.BANDIT][::3]
+    both = replace(report, rows=report.rows + copied)
+    rows = {(r["claim"], r["setting"]): r for r in both.overview()}
+    alone = {(r["claim"], r["setting"]): r for r in report.overview()}
+    assert len(rows) == len(both.overview()) == len(alone) + len({row["claim"] for row in copied})
+    for (claim, setting), row in rows.items():
+        own = [r for r in both.rows if (r["claim"], r["setting"]) == (claim, setting)]
+        assert row["cells"] == len(own) and sum(row[v] for v in claims_report.VERDICTS) == len(own)
+        if setting == claims.BANDIT:
+            assert row == alone[claim, setting]  # the copies' verdicts are not added to the bandit's
+    assert all(row["setting"] == "" for row in rows.values() if row["cells"] == 0)
+
+
 def test_forest_plots_put_each_cell_on_its_side_of_zero_in_its_verdicts_colour(report):
     panels = forest.panels(report)
     assert {(claim.key, metric) for claim, metric, _ in panels} == {
@@ -190,12 +209,14 @@ def test_claims_page_renders(tmp_path, monkeypatch):
                        "On a real model, one update at a time", "Not testable here"]
     at.slider[0].set_value(3).run()
     report = claims_report.build(3)
-    overview = at.table[0].value  # every claim, its cells and each verdict's count, static: nothing cut
-    assert list(overview.claim) == [literal(c.text) for c in claims.CLAIMS] and overview.cells.sum() == len(report.rows)
+    overview = at.table[0].value  # every claim and setting, its cells and each verdict's count, static: nothing cut
+    claim_of = overview.claim.mask(overview.claim == "").ffill()  # a claim's text on its first row only
+    assert list(dict.fromkeys(claim_of)) == [literal(c.text) for c in claims.CLAIMS]
     assert (overview[[v for v in claims_report.VERDICTS if v in overview]].sum(axis=1) == overview.cells).all()
-    untested = [literal(c.text) for c in claims.CLAIMS  # tested on a language model only (none trained here)
-                if not (c.comparisons or c.real_comparisons or c.identity)]
-    assert untested and (overview.set_index("claim").loc[untested].settings.str.startswith("no cell yet")).all()
+    cells = Counter((literal(r["claim"]), literal(r["setting"])) for r in report.rows)
+    untested = {(literal(c.text), literal(claims_tables.NOT_YET)): 0 for c in claims.CLAIMS  # on a language model
+                if not (c.comparisons or c.real_comparisons or c.identity)}              # only, none trained here
+    assert untested and dict(zip(zip(claim_of, overview.setting), overview.cells)) == {**cells, **untested}
     for claim in (claims.CLAIMS[0], next(c for c in claims.CLAIMS if c.comparisons)):  # an identity; a measured one
         at.selectbox(key="claims:claim").set_value(claim.key).run()  # one claim drawn at a time
         assert not at.exception and at.subheader[1].value == literal(claim.text)
