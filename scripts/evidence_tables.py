@@ -4,8 +4,10 @@ published/claims-bandit-64.json.gz, `bandit_published`).
 
 docs/claims.md holds, between its markers, the bandit grid's summary (`claims_export.bandit_markdown`), the built-in
 LM's published grid and one block per SmolLM2 setting (`claims_export.published_markdown`: where the runs come from,
-the headline cells, the collapses, the pilot); README's two claims rows quote the same (`bandit_sentence`,
-`headline_sentence`).
+the headline cells, the collapses, the pilot), and two tables of claims across settings
+(`claims_export.settings_markdown`: the random-reward control on the bandit, the built-in LM and SmolLM2's published
+one-update batches; the KL3 paper's per-update claims on those batches); README's two claims rows quote the same
+(`bandit_sentence`, `headline_sentence`).
 tests/evidence/test_evidence_tables.py regenerates them and fails on any difference: publish runs, then run this.
 """
 
@@ -13,13 +15,20 @@ import subprocess
 import time
 from pathlib import Path
 
-from divviz.evidence import bandit_published, claims, claims_export, claims_lm, claims_report
+from dataclasses import replace
+
+from divviz.evidence import bandit_published, claims, claims_export, claims_lm, claims_real, claims_report
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "smollm2-135m"
 START, END = "<!-- over training: made by scripts/evidence_tables.py -->\n", "<!-- over training end -->\n"
 BANDIT_START, BANDIT_END = "<!-- bandit: made by scripts/evidence_tables.py -->\n", "<!-- bandit end -->\n"
 BUILTIN_START, BUILTIN_END = "<!-- built-in LM: made by scripts/evidence_tables.py -->\n", "<!-- built-in LM end -->\n"
+RANDOM_START = "<!-- random rewards: made by scripts/evidence_tables.py -->\n"
+RANDOM_END = "<!-- random rewards end -->\n"
+UPDATE_START, UPDATE_END = "<!-- one update: made by scripts/evidence_tables.py -->\n", "<!-- one update end -->\n"
+RANDOM_CLAIMS = ("random_reward_entropy_falls", "random_reward_clip_low", "random_reward_attribution")
+UPDATE_CLAIMS = ("kl3_mass_to_confident", "kl3_entropy", "dapo_entropy")  # the KL3 paper's, per update
 ROW = "| claims over training (SmolLM2-135M, published runs) |"
 BANDIT_ROW = "| claims on the bandit |"
 
@@ -43,6 +52,14 @@ def bandit_row(report: claims_report.Report) -> str:
             f"(each cell's per-seed values published as [published/{bandit_published.FILE}]"
             f"(published/{bandit_published.FILE}); the Claims page opens on them) "
             "| [docs/claims.md](docs/claims.md) |\n")
+
+
+def across_settings(bandit: claims_report.Report, builtin: claims_report.Report) -> tuple[str, str]:
+    """The two tables of claims across settings: the random-reward control's (the bandit, the built-in LM's published
+    runs, SmolLM2's published one-update batches) and the KL3 paper's per-update claims on those batches."""
+    report = replace(bandit, rows=bandit.rows + builtin.rows + claims_real.RealPlan().rows())
+    return (claims_export.settings_markdown(report, RANDOM_CLAIMS, (claims.BANDIT, claims.LM, claims.REAL)),
+            claims_export.settings_markdown(report, UPDATE_CLAIMS, (claims.REAL,)))
 
 
 def published() -> dict:
@@ -73,8 +90,10 @@ def main() -> None:
     bandit = bandit_report()
     claims_md = ROOT / "docs" / "claims.md"
     text = between(claims_md.read_text(), BANDIT_START, BANDIT_END, claims_export.bandit_markdown(bandit))
-    builtin = claims_export.published_markdown(*claims_export.published_evidence(claims_lm.BUILTIN, ""))
-    text = between(text, BUILTIN_START, BUILTIN_END, builtin)
+    builtin = claims_export.published_evidence(claims_lm.BUILTIN, "")
+    text = between(text, BUILTIN_START, BUILTIN_END, claims_export.published_markdown(*builtin))
+    random_rewards, one_update = across_settings(bandit, builtin[2])
+    text = between(between(text, RANDOM_START, RANDOM_END, random_rewards), UPDATE_START, UPDATE_END, one_update)
     grids = published()
     claims_md.write_text(between(text, START, END, block(grids)))
     readme = ROOT / "README.md"

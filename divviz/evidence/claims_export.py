@@ -8,6 +8,8 @@ import math
 import tempfile
 from pathlib import Path
 
+import numpy as np
+
 from divviz.evidence import claims, claims_lm, forest, intervals, lm_evidence, significance
 from divviz.evidence.claims import LM, LM_TRAINING
 from divviz.evidence.claims_report import (BY_CONSTRUCTION_VERDICT, CELL_KEYS, HEADERS, RAW, VERDICT_RULE, VERDICTS,
@@ -201,6 +203,44 @@ def bandit_markdown(report: Report) -> str:
         rows.append((claim, f"{s['candidate']} − {s['baseline']}, {s['metric']}", s["cells"],
                      *(s[v] or "" for v in shown), s[RAW] or ""))
     return markdown_table(("claim", "candidate − baseline, metric", "cells", *shown, RAW), rows)
+
+
+def settings_markdown(report: Report, claim_keys: tuple[str, ...], settings: tuple[str, ...]) -> str:
+    """Claims side by side across settings as a Markdown table: a row per claim and compared pair, a column per
+    setting, and in each entry, per metric, what its cells say after Holm (`cells_phrase`); "—" where the setting
+    has no such cell."""
+    groups: dict[tuple[str, str], dict[str, dict[str, list[dict]]]] = {}
+    for row in report.rows:
+        if row["claim_key"] in claim_keys and row["setting"] in settings:
+            pair = groups.setdefault((row["claim"], f"{row['candidate']} − {row['baseline']}"), {})
+            pair.setdefault(row["setting"], {}).setdefault(row["metric"], []).append(row)
+    claim_order = list(dict.fromkeys(claim for claim, _ in groups))
+    rows, last = [], None
+    for (claim, pair), by_setting in sorted(groups.items(), key=lambda group: claim_order.index(group[0][0])):
+        rows.append(("" if claim == last else claim, pair,
+                     *("; ".join(f"{metric}: {cells_phrase(cells)}" for metric, cells in by_setting[s].items())
+                       if s in by_setting else "—" for s in settings)))
+        last = claim
+    return markdown_table(("claim", "candidate − baseline", *settings), rows)
+
+
+def cells_phrase(cells: list[dict]) -> str:
+    """What a few cells of one metric say after Holm: up to two (one update; an early and a late reading) each with
+    its mean, interval and the seeds against the mean; more, the count of each verdict and of those that held or
+    reversed before Holm."""
+    if len(cells) <= 2:
+        return "; ".join(f"{c['reading'] + ' ' if len(cells) > 1 else ''}{c['verdict_adjusted']}, {signed(c['mean'])} "
+                         f"[{signed(c['low'])}, {signed(c['high'])}], {c['seeds_against_mean']} of {c['n']} against "
+                         "the mean" for c in cells)
+    counts = {v: sum(c["verdict_adjusted"] == v for c in cells) for v in VERDICTS}
+    raw = sum(c["verdict"] in (intervals.HOLDS, intervals.REVERSED) for c in cells)
+    return (", ".join(f"{v} {n}" for v, n in counts.items() if n) + f" of {len(cells)} cells ({raw} held or "
+            "reversed before Holm)")
+
+
+def signed(x: float) -> str:
+    """A number with its sign to 3 significant digits, never in exponent form: "+0.146", "-0.00184", "+0.000088"."""
+    return np.format_float_positional(x, precision=3, fractional=False, trim="-", sign=True)
 
 
 def md(text: str) -> str:

@@ -136,6 +136,26 @@ def test_the_overview_never_adds_one_settings_verdicts_to_anothers(report):
     assert all(row["setting"] == "" for row in rows.values() if row["cells"] == 0)
 
 
+def test_claims_across_settings_say_what_the_summary_counts(report):
+    """docs/claims.md's tables across settings (`settings_markdown`): each entry's counts are the summary's after
+    Holm; one or two cells give their own mean and interval; a setting without the pair's cells reads "—"."""
+    for s in report.summary():
+        cells = [r for r in report.rows if (r["claim"], r["setting"], r["candidate"], r["metric"]) ==
+                 (s["claim"], s["setting"], s["candidate"], s["metric"])]
+        phrase = claims_export.cells_phrase(cells)
+        if len(cells) > 2:
+            assert phrase == ", ".join(f"{v} {s[v]}" for v in claims_report.VERDICTS if s[v]) + \
+                f" of {s['cells']} cells ({s[claims_report.RAW]} held or reversed before Holm)"
+        else:
+            assert all(f"{c['verdict_adjusted']}, {claims_export.signed(c['mean'])} [{claims_export.signed(c['low'])}"
+                       in phrase for c in cells)
+    keys = ("random_reward_clip_low", "kl3_entropy")
+    table = claims_export.settings_markdown(report, keys, (claims.BANDIT, claims.REAL)).splitlines()
+    pairs = {(r["claim_key"], r["candidate"], r["baseline"]) for r in report.rows if r["claim_key"] in keys}
+    assert table[0] == f"| claim | candidate − baseline | {claims.BANDIT} | {claims.REAL} |" and len(table) == 2 + len(pairs)
+    assert all(line.endswith("| — |") and "| entropy: " in line for line in table[2:])  # no SmolLM2 cell here
+
+
 def test_forest_plots_put_each_cell_on_its_side_of_zero_in_its_verdicts_colour(report):
     panels = forest.panels(report)
     assert {(claim.key, metric) for claim, metric, _ in panels} == {
