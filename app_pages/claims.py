@@ -286,7 +286,7 @@ with verdicts:
     row = st.container(horizontal=True)
     row.download_button("Report (HTML)", lambda: claims_export.to_html(result), file_name="divviz_claims.html",
                         mime="text/html", icon=":material/download:", on_click="ignore", key="claims:html")
-    row.download_button("Every cell (JSON)", lambda: json.dumps(result.rows, indent=1),
+    row.download_button("Every cell (JSON)", lambda: json.dumps(claims_export.report_json(result), indent=1),
                         file_name="divviz_claims.json", mime="application/json", icon=":material/table:",
                         on_click="ignore", key="claims:json")
 

@@ -129,9 +129,7 @@ def _claims_report(args) -> int:
         with out:
             out.write(claims_export.to_html(report))
     if args.json:
-        return print_json({"scope": report.scope,
-                           "cells": [{k: v for k, v in row.items() if k != "claim_key"} for row in report.rows]},
-                          indent=1)
+        return print_json(claims_export.report_json(report), indent=1)
     print(claims_export.to_text(report))
     return 0
 

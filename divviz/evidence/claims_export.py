@@ -43,6 +43,13 @@ def to_text(report: Report) -> str:
     return "\n".join(lines)
 
 
+def report_json(report: Report) -> dict:
+    """The report as JSON holds it (`divviz claims --json`, the Claims page's download): its scope — where each
+    part's cells come from — and every cell with its statistics and per-seed values."""
+    return {"scope": report.scope,
+            "cells": [{k: v for k, v in row.items() if k != "claim_key"} for row in report.rows]}
+
+
 def cell_text(row: dict) -> str:
     """A compared cell in a line: "KL3 … − PPO … · condition · metric: −0.023 [−0.063, 0.016], n = 4, 0 of 4 seeds
     reversed, sign-flip p 0.25 (Holm 1), median −0.021: not resolved"."""
