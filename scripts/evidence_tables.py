@@ -6,8 +6,8 @@ docs/claims.md holds, between its markers, the bandit grid's summary (`claims_ex
 LM's published grid and one block per SmolLM2 setting (`claims_export.published_markdown`: where the runs come from,
 the headline cells, the collapses, the pilot), and two tables of claims across settings
 (`claims_export.settings_markdown`: the random-reward control on the bandit, the built-in LM and SmolLM2's published
-one-update batches; the KL3 paper's per-update claims on those batches); README's two claims rows quote the same
-(`bandit_sentence`, `headline_sentence`).
+one-update batches; the KL3 paper's per-update claims on those batches); README's two claims rows and its row on why
+entropy moves quote the same (`bandit_sentence`, `headline_sentence`, `entropy_row`).
 tests/evidence/test_evidence_tables.py regenerates them and fails on any difference: publish runs, then run this.
 """
 
@@ -31,6 +31,7 @@ RANDOM_CLAIMS = ("random_reward_entropy_falls", "random_reward_clip_low", "rando
 UPDATE_CLAIMS = ("kl3_mass_to_confident", "kl3_entropy", "dapo_entropy")  # the KL3 paper's, per update
 ROW = "| claims over training (SmolLM2-135M, published runs) |"
 BANDIT_ROW = "| claims on the bandit |"
+ENTROPY_ROW = "| why entropy moves |"
 
 
 def publish_bandit() -> None:
@@ -57,9 +58,30 @@ def bandit_row(report: claims_report.Report) -> str:
 def across_settings(bandit: claims_report.Report, builtin: claims_report.Report) -> tuple[str, str]:
     """The two tables of claims across settings: the random-reward control's (the bandit, the built-in LM's published
     runs, SmolLM2's published one-update batches) and the KL3 paper's per-update claims on those batches."""
-    report = replace(bandit, rows=bandit.rows + builtin.rows + claims_real.RealPlan().rows())
+    report = mechanism_report(bandit, builtin)
     return (claims_export.settings_markdown(report, RANDOM_CLAIMS, (claims.BANDIT, claims.LM, claims.REAL)),
             claims_export.settings_markdown(report, UPDATE_CLAIMS, (claims.REAL,)))
+
+
+def mechanism_report(bandit: claims_report.Report, builtin: claims_report.Report) -> claims_report.Report:
+    """The bandit's cells, the built-in LM's published runs and SmolLM2's published one-update batches together."""
+    return replace(bandit, rows=bandit.rows + builtin.rows + claims_real.RealPlan().rows())
+
+
+def entropy_row(report: claims_report.Report) -> str:
+    """README's row on why entropy moves: SmolLM2's published one-update batches under random rewards, the masked
+    samples' shares of the covariance and the entropy change itself."""
+    def cell(metric: str) -> dict:
+        return next(r for r in report.rows if r["setting"] == claims.REAL and r["candidate"] == claims.PPO
+                    and r["metric"] == metric)
+
+    low, high, change = cell("entropy/cov_masked_low"), cell("entropy/cov_masked_high"), cell("entropy/change")
+    interval = lambda r: f"{claims_export.signed(r['mean'])} [{claims_export.signed(r['low'])}, " \
+                         f"{claims_export.signed(r['high'])}]"  # noqa: E731
+    return (f"{ENTROPY_ROW} random rewards, one update of SmolLM2-135M under PPO: the masked-low samples' share of "
+            f"Cov(log π_old, A) {interval(low)} ({low['verdict_adjusted']}), the masked-high {interval(high)} "
+            f"({high['verdict_adjusted']}), {low['n']} published batches; the entropy change itself {interval(change)}, "
+            f"{change['verdict_adjusted']} | [docs/claims.md](docs/claims.md#why-entropy-moves-measured) |\n")
 
 
 def published() -> dict:
@@ -97,7 +119,8 @@ def main() -> None:
     grids = published()
     claims_md.write_text(between(text, START, END, block(grids)))
     readme = ROOT / "README.md"
-    rows = {ROW: readme_row(grids), BANDIT_ROW: bandit_row(bandit)}
+    rows = {ROW: readme_row(grids), BANDIT_ROW: bandit_row(bandit),
+            ENTROPY_ROW: entropy_row(mechanism_report(bandit, builtin[2]))}
     lines = readme.read_text().splitlines(keepends=True)
     readme.write_text("".join(next((new for start, new in rows.items() if line.startswith(start)), line)
                               for line in lines))

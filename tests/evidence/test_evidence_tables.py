@@ -47,6 +47,9 @@ def test_readme_and_claims_md_hold_what_the_bandit_grid_and_the_published_runs_s
     assert claims_md.split(evidence_tables.UPDATE_START)[1].split(evidence_tables.UPDATE_END)[0] == one_update, \
         f"docs/claims.md's one-update table {stale}"
     assert "of 16 against the mean" in one_update  # SmolLM2's 16 published batches, read (none computed here)
+    assert [line for line in readme if line.startswith(evidence_tables.ENTROPY_ROW)] == \
+        [evidence_tables.entropy_row(evidence_tables.mechanism_report(bandit, builtin[2]))], \
+        f"README's row on why entropy moves {stale}"
     assert [line for line in readme if line.startswith(evidence_tables.BANDIT_ROW)] == \
         [evidence_tables.bandit_row(bandit)], f"README's bandit row {stale}"
 
