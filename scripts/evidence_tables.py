@@ -13,9 +13,8 @@ tests/evidence/test_evidence_tables.py regenerates them and fails on any differe
 
 import subprocess
 import time
-from pathlib import Path
-
 from dataclasses import replace
+from pathlib import Path
 
 from divviz.evidence import bandit_published, claims, claims_export, claims_lm, claims_real, claims_report
 
@@ -55,33 +54,33 @@ def bandit_row(report: claims_report.Report) -> str:
             "| [docs/claims.md](docs/claims.md) |\n")
 
 
-def across_settings(bandit: claims_report.Report, builtin: claims_report.Report) -> tuple[str, str]:
-    """The two tables of claims across settings: the random-reward control's (the bandit, the built-in LM's published
-    runs, SmolLM2's published one-update batches) and the KL3 paper's per-update claims on those batches."""
-    report = mechanism_report(bandit, builtin)
-    return (claims_export.settings_markdown(report, RANDOM_CLAIMS, (claims.BANDIT, claims.LM, claims.REAL)),
-            claims_export.settings_markdown(report, UPDATE_CLAIMS, (claims.REAL,)))
-
-
 def mechanism_report(bandit: claims_report.Report, builtin: claims_report.Report) -> claims_report.Report:
     """The bandit's cells, the built-in LM's published runs and SmolLM2's published one-update batches together."""
     return replace(bandit, rows=bandit.rows + builtin.rows + claims_real.RealPlan().rows())
 
 
-def entropy_row(report: claims_report.Report) -> str:
-    """README's row on why entropy moves: SmolLM2's published one-update batches under random rewards, the masked
-    samples' shares of the covariance and the entropy change itself."""
-    def cell(metric: str) -> dict:
-        return next(r for r in report.rows if r["setting"] == claims.REAL and r["candidate"] == claims.PPO
-                    and r["metric"] == metric)
+def across_settings(report: claims_report.Report) -> tuple[str, str]:
+    """The two tables of claims across settings (`mechanism_report`): the random-reward control's (the bandit, the
+    built-in LM's published runs, SmolLM2's published one-update batches) and the KL3 paper's per-update claims on
+    those batches."""
+    return (claims_export.settings_markdown(report, RANDOM_CLAIMS, (claims.BANDIT, claims.LM, claims.REAL)),
+            claims_export.settings_markdown(report, UPDATE_CLAIMS, (claims.REAL,)))
 
-    low, high, change = cell("entropy/cov_masked_low"), cell("entropy/cov_masked_high"), cell("entropy/change")
-    interval = lambda r: f"{claims_export.signed(r['mean'])} [{claims_export.signed(r['low'])}, " \
-                         f"{claims_export.signed(r['high'])}]"  # noqa: E731
+
+def entropy_row(report: claims_report.Report) -> str:
+    """README's row on why entropy moves (`mechanism_report`): SmolLM2's published one-update batches under random
+    rewards, the masked samples' shares of the covariance and the entropy change itself."""
+    def cell(metric: str) -> str:
+        r = next(r for r in report.rows if r["setting"] == claims.REAL and r["candidate"] == claims.PPO
+                 and r["metric"] == metric)
+        return (f"{claims_export.signed(r['mean'])} [{claims_export.signed(r['low'])}, "
+                f"{claims_export.signed(r['high'])}] ({r['verdict_adjusted']})")
+
+    batches = next(r["n"] for r in report.rows if r["setting"] == claims.REAL)
     return (f"{ENTROPY_ROW} random rewards, one update of SmolLM2-135M under PPO: the masked-low samples' share of "
-            f"Cov(log π_old, A) {interval(low)} ({low['verdict_adjusted']}), the masked-high {interval(high)} "
-            f"({high['verdict_adjusted']}), {low['n']} published batches; the entropy change itself {interval(change)}, "
-            f"{change['verdict_adjusted']} | [docs/claims.md](docs/claims.md#why-entropy-moves-measured) |\n")
+            f"Cov(log π_old, A) {cell('entropy/cov_masked_low')}, the masked-high {cell('entropy/cov_masked_high')}, "
+            f"{batches} published batches; the entropy change itself {cell('entropy/change')} "
+            "| [docs/claims.md](docs/claims.md#why-entropy-moves-measured) |\n")
 
 
 def published() -> dict:
@@ -114,13 +113,14 @@ def main() -> None:
     text = between(claims_md.read_text(), BANDIT_START, BANDIT_END, claims_export.bandit_markdown(bandit))
     builtin = claims_export.published_evidence(claims_lm.BUILTIN, "")
     text = between(text, BUILTIN_START, BUILTIN_END, claims_export.published_markdown(*builtin))
-    random_rewards, one_update = across_settings(bandit, builtin[2])
+    mechanism = mechanism_report(bandit, builtin[2])
+    random_rewards, one_update = across_settings(mechanism)
     text = between(between(text, RANDOM_START, RANDOM_END, random_rewards), UPDATE_START, UPDATE_END, one_update)
     grids = published()
     claims_md.write_text(between(text, START, END, block(grids)))
     readme = ROOT / "README.md"
     rows = {ROW: readme_row(grids), BANDIT_ROW: bandit_row(bandit),
-            ENTROPY_ROW: entropy_row(mechanism_report(bandit, builtin[2]))}
+            ENTROPY_ROW: entropy_row(mechanism)}
     lines = readme.read_text().splitlines(keepends=True)
     readme.write_text("".join(next((new for start, new in rows.items() if line.startswith(start)), line)
                               for line in lines))

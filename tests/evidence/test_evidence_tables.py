@@ -41,14 +41,15 @@ def test_readme_and_claims_md_hold_what_the_bandit_grid_and_the_published_runs_s
     assert bandit.bandit.startswith(f"read from published/{bandit_published.FILE}")
     assert claims_md.split(evidence_tables.BANDIT_START)[1].split(evidence_tables.BANDIT_END)[0] == \
         claims_export.bandit_markdown(bandit), f"docs/claims.md's bandit table {stale}"
-    random_rewards, one_update = evidence_tables.across_settings(bandit, builtin[2])
+    mechanism = evidence_tables.mechanism_report(bandit, builtin[2])
+    random_rewards, one_update = evidence_tables.across_settings(mechanism)
     assert claims_md.split(evidence_tables.RANDOM_START)[1].split(evidence_tables.RANDOM_END)[0] == random_rewards, \
         f"docs/claims.md's random-reward table {stale}"
     assert claims_md.split(evidence_tables.UPDATE_START)[1].split(evidence_tables.UPDATE_END)[0] == one_update, \
         f"docs/claims.md's one-update table {stale}"
     assert "of 16 against the mean" in one_update  # SmolLM2's 16 published batches, read (none computed here)
     assert [line for line in readme if line.startswith(evidence_tables.ENTROPY_ROW)] == \
-        [evidence_tables.entropy_row(evidence_tables.mechanism_report(bandit, builtin[2]))], \
+        [evidence_tables.entropy_row(mechanism)], \
         f"README's row on why entropy moves {stale}"
     assert [line for line in readme if line.startswith(evidence_tables.BANDIT_ROW)] == \
         [evidence_tables.bandit_row(bandit)], f"README's bandit row {stale}"
