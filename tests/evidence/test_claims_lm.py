@@ -161,7 +161,8 @@ def test_the_pilot_pair_can_have_more_seeds_than_the_other_measures(lm_plan, cap
     assert main(argv) == 0
     out = capsys.readouterr()
     assert f"{len(plan.runs)} of {len(plan.runs)} runs found" in out.err
-    assert sorted(r["n"] for r in json.loads(out.out)["cells"] if r["setting"] == claims.LM) == sorted(r["n"] for r in rows)
+    cells = json.loads(out.out)["cells"]
+    assert sorted(r["n"] for r in cells if r["setting"] == claims.LM) == sorted(r["n"] for r in rows)
     assert main([*argv[:7], "57", *argv[8:]]) == 2 and "lm_pilot_extra" in capsys.readouterr().err
 
 
