@@ -63,7 +63,7 @@ def read(seeds: int, grid: tuple) -> dict | None:
 def _checked(where: str, mtime_ns: int, size: int, seeds: int, wanted: str) -> dict | None:
     """The file's content if it is the grid keyed `wanted` and whole at `seeds` seeds: checked once per state of the
     file (the page asks on every rerun)."""
-    found = _parsed(where, mtime_ns, size)
+    found = _parsed(where)
     if not isinstance(found, dict) or found.get("key") != wanted or not _whole(found, seeds):
         return None
     return found
@@ -86,9 +86,8 @@ def _whole(found: dict, seeds: int) -> bool:
                     for cell in found["cells"]))
 
 
-@lru_cache(maxsize=2)
-def _parsed(where: str, mtime_ns: int, size: int) -> object:
-    """The file's content, parsed once per state of the file (the page asks on every rerun); None if unreadable."""
+def _parsed(where: str) -> object:
+    """The file's content (read once per state of the file: `_checked` keeps it); None if unreadable."""
     try:
         with gzip.open(where, "rt", encoding="utf-8") as f:
             return json.load(f)
