@@ -177,7 +177,9 @@ def published_markdown(plan, evidence, report: Report) -> str:
     collapses = lm_evidence.collapse_table(evidence.collapses())
     pilot = evidence.pilot()
     table = markdown_table(list(collapses[0]), [list(row.values()) for row in collapses])
-    return "\n".join([f"{plan.done} of the {len(plan.runs)} declared runs published: {plan.published_grids}.",
+    closed = (" (closed before its declared seeds: the pilot below)"
+              if (plan.setting, plan.device) in claims_lm.CLOSED_AT else "")
+    return "\n".join([f"{plan.done} of the grid's {len(plan.runs)} runs{closed} published: {plan.published_grids}.",
                       "", headline_markdown(report).rstrip(), "", table.rstrip(), "",
                       lm_evidence.pilot_text(pilot) if pilot else "No pilot pair has two seeds yet.", ""])
 

@@ -166,7 +166,8 @@ class LMEvidence:
                 "resolvable": {size: intervals.half_width(sd, size) for size in sizes},
                 "power": {name: (size, *significance.seeds_needed(diff, size)) for name, size in effects.items()},
                 "declared": (claims_lm.DECLARED.get((self.plan.setting, self.plan.device))
-                             if self.plan.model != BUILTIN else None)}
+                             if self.plan.model != BUILTIN else None),
+                "closed_at": claims_lm.CLOSED_AT.get((self.plan.setting, self.plan.device))}
 
     def report(self, bandit: claims_report.Report) -> claims_report.Report:
         """The bandit report with these cells added: those of the finished runs' pairs (n says how many seeds)."""
@@ -208,6 +209,10 @@ def pilot_text(pilot: dict) -> str:
     per_measure, pair = pilot["declared"] or (None, None)
     if pair is None:
         design = ""
+    elif not per_measure and pilot["closed_at"]:
+        design = (f" Declared: the pair alone on {pair} seeds, sized from another device's pilot before any ran; "
+                  f"closed at {pilot['closed_at']} when no device was lent to train more (a stop that does not depend "
+                  "on the data), and its tests are read once, there.")
     elif not per_measure:
         design = (f" Declared: the pair alone on {pair} seeds, sized from another device's pilot before any ran; its "
                   "tests are read at the n done, without correcting α for a later look.")

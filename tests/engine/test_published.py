@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from divviz.engine import published, store
-from divviz.evidence import claims, claims_lm
+from divviz.evidence import claims, claims_lm, lm_evidence
 from divviz.evidence.lm_evidence import LMEvidence
 from tests.lm_grid import LM_SEEDS, LM_STEPS
 
@@ -198,12 +198,17 @@ def test_a_lease_stops_starting_runs_that_would_not_finish_in_it():
 
 
 def test_a_later_lease_trains_only_the_cells_no_published_grid_holds(tmp_path, repository_published):
-    """The GPU pair's first lease published seeds 0–15 (published/smollm2-135m-stress-h200): a bare machine's next
-    lease, carrying the checkout, queues the declared grid's other 27 seeds only."""
+    """A lease queues the declared grid's cells that no published grid holds. The GPU pair's first lease published
+    seeds 0–15 (published/smollm2-135m-stress-h200) and the pair was closed there (`claims_lm.CLOSED_AT`): a bare
+    machine's next lease, carrying the checkout, queues nothing, and the pilot's sentence says why its n is 16 of 43.
+    On this CPU's learn grid it queues exactly the cells with no published run."""
     spec = importlib.util.spec_from_file_location("train_declared", ROOT / "scripts" / "train_declared.py")
     train_declared = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(train_declared)
     plan = train_declared.lease_plan(tmp_path, "smollm2-135m", "stress", "cuda")
     published_seeds = {seed for (_, _, seed), run in plan.runs.items() if plan.is_published(run)}
-    assert published_seeds == set(range(16))
-    assert len(plan.missing) == len(plan.runs) - 32 and {seed for _, _, seed in plan.missing} == set(range(16, 43))
+    assert published_seeds == set(range(16)) and len(plan.runs) == 32 and not plan.missing
+    assert "Declared: the pair alone on 43 seeds" in lm_evidence.pilot_text(LMEvidence(plan).pilot())
+    assert "closed at 16 when no device was lent" in lm_evidence.pilot_text(LMEvidence(plan).pilot())
+    learn = train_declared.lease_plan(tmp_path, "smollm2-135m", "learn", "cpu")
+    assert learn.missing == [key for key, run in learn.runs.items() if not learn.is_published(run)]

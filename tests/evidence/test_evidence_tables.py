@@ -174,6 +174,9 @@ def test_the_gpu_pair_is_read_on_its_own_from_the_cli_and_the_claims_page(capsys
     at.switch_page("app_pages/claims.py").run()
     at.selectbox(key="claims:lm_device").set_value("cuda").run()
     assert not at.exception
-    assert (at.slider(key="claims:lm_seeds").value, at.number_input(key="claims:lm_pilot_extra").value) == (0, 43)
+    # the pair as closed (`claims_lm.CLOSED_AT`): nothing more to queue
+    assert (at.slider(key="claims:lm_seeds").value, at.number_input(key="claims:lm_pilot_extra").value) == (0, 16)
     assert any("smollm2\\-135m\\-stress\\-h200" in i.value for i in at.info)
+    assert any("on 16 seeds" in s.value for s in at.success) and not any(b.key == "claims:lm_start" for b in at.button)
+    at.number_input(key="claims:lm_pilot_extra").set_value(17).run()  # a seed more than the closed grid has
     assert next(b for b in at.button if b.key == "claims:lm_start").disabled  # this CPU cannot train them as a GPU's
