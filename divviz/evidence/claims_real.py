@@ -124,7 +124,7 @@ class RealPlan:
     def rows(self) -> list[dict]:
         """The report's cells: per claim and comparison, the paired difference over the cached batches."""
         found = {job: json.loads(path.read_text()) for job in self.jobs if (path := result_file(*job)) is not None}
-        out = []
+        cells = []
         for claim in claims.CLAIMS:
             for c in claim.real_comparisons:
                 def value(name: str, batch: int) -> float | None:
@@ -135,10 +135,11 @@ class RealPlan:
 
                 batches = [b for b in range(self.batches) if None not in (value(c.candidate, b), value(c.baseline, b))]
                 rewarded = "random rewards" if claim.reward == "random" else f"{config(0, 'task').task}"
-                out.append(claims_report.comparison_row(claim, claims.REAL, f"{rewarded} · one update, {len(batches)} batches",
-                                                 c, [value(c.candidate, b) for b in batches],
-                                                 [value(c.baseline, b) for b in batches], batches))
-        return out
+                cells.append(dict(claim=claim, setting=claims.REAL,
+                                  condition=f"{rewarded} · one update, {len(batches)} batches", c=c,
+                                  candidate=[value(c.candidate, b) for b in batches],
+                                  baseline=[value(c.baseline, b) for b in batches], seeds=batches))
+        return claims_report.comparison_rows(cells)
 
     def report(self, report: claims_report.Report) -> claims_report.Report:
         return replace(report, rows=report.rows + self.rows(), real=self.text)

@@ -1,7 +1,7 @@
 """The claims report: every cell of every claim, its verdict, and the report's multiplicity.
 
-A compared cell (`comparison_row`) is candidate − baseline over the same seeds: the paired mean with its 95% interval
-(`intervals`), the sign-flip p of the mean, the median with its sign test, and the verdict they give together
+A compared cell (`comparison_row`; a report's cells are tested together, `comparison_rows`) is candidate − baseline
+over the same seeds: the paired mean with its 95% interval (`intervals`), the sign-flip p of the mean, the median with its sign test, and the verdict they give together
 (`significance.verdict`); an identity's cell is its largest |difference| against a tolerance. The cells of a
 report are then adjusted for their number (`adjust`): Holm within a family (a claim's readings at one setting),
 Benjamini–Hochberg across the report; each cell keeps its raw verdict beside the adjusted one, and the counts of a
@@ -203,13 +203,15 @@ def build(seeds: int = 20, grid=GRID + RANDOM_GRID, progress: Callable[[float, s
         progress(0.0, f"bandit: the cells of published/{bandit_published.FILE}, tested")
     by_key = {claim.key: claim for claim in CLAIMS}
     cells = found["cells"] if found else bandit_cells(seeds, grid, progress)
-    significance.sign_flip_ps([np.subtract(cell["candidate_values"], cell["baseline_values"]) for cell in cells])
-    for cell in cells:  # their sign-flip tests run together above (one scipy call): each row reads its own p
+    compared = []
+    for cell in cells:
         claim = by_key[cell["claim"]]
         c = next(c for c in claim.comparisons
                  if (c.candidate, c.baseline, c.metric) == (cell["candidate"], cell["baseline"], cell["metric"]))
-        rows.append(comparison_row(claim, BANDIT, cell["condition"], c, cell["candidate_values"],
-                                   cell["baseline_values"], range(seeds), reading=cell["reading"]))
+        compared.append(dict(claim=claim, setting=BANDIT, condition=cell["condition"], c=c,
+                             candidate=cell["candidate_values"], baseline=cell["baseline_values"], seeds=range(seeds),
+                             reading=cell["reading"]))
+    rows += comparison_rows(compared)
     if found and progress:
         progress(1.0, "done")
     return Report(rows, seeds, bandit=bandit_published.source(found)) if found else Report(rows, seeds)
@@ -262,11 +264,20 @@ def bandit_readings(by_name: dict, name: str, c: Comparison, window: range) -> l
 
 
 
+def comparison_rows(cells: list[dict]) -> list[dict]:
+    """`comparison_row` for each of `cells` (its arguments by name), their sign-flip tests run together
+    (`significance.sign_flip_ps`: one scipy call per seed count, each p the one it would have alone)."""
+    ps = significance.sign_flip_ps([np.subtract(np.asarray(cell["candidate"], dtype=np.float64),
+                                                np.asarray(cell["baseline"], dtype=np.float64)) for cell in cells])
+    return [comparison_row(**cell, p=p) for cell, p in zip(cells, ps)]
+
+
 def comparison_row(claim: Claim, setting: str, condition: str, c: Comparison, candidate, baseline, seeds,
-                   where: str = "", reading: str = "") -> dict:
-    """One cell of a compared claim from its seeds' values (candidate and baseline, seed `seeds[i]` in both): the
-    paired difference candidate − baseline with its interval (Newcombe's for a 0/1 reading), the sign-flip p of its
-    mean, the median with its sign test, the seeds each way, and the verdict they give together
+                   where: str = "", reading: str = "", *, p: float) -> dict:
+    """One cell of a compared claim from its seeds' values (candidate and baseline, seed `seeds[i]` in both) and the
+    sign-flip p of the paired difference's mean (`comparison_rows` tests a report's cells together): the paired
+    difference candidate − baseline with its interval (Newcombe's for a 0/1 reading), that p, the median with its
+    sign test, the seeds each way, and the verdict they give together
     (`significance.verdict`); where the comparison is sized for an effect (`effect_of`), the seeds 80% power needs
     and whether the gain is ruled out. `where` names the setting's part of the cell's family (a claim's readings at
     one setting: the multiplicity Holm adjusts for, `adjust`); `reading` which of the metric's readings the values
@@ -277,7 +288,6 @@ def comparison_row(claim: Claim, setting: str, condition: str, c: Comparison, ca
         d = intervals.Paired(np.nan, np.nan, np.nan, 0, 0)
     else:
         d = (intervals.paired_binary if c.metric in BINARY else intervals.paired)(a, b)
-    p = significance.sign_flip_p(difference)
     median, p_median, up, down = significance.sign_test(difference)
     verdict = (intervals.NO_DATA if d.n == 0 else
                significance.verdict(d.low, d.high, p, d.mean, median, c.sign))

@@ -13,7 +13,7 @@ remain):
                                                      (`engine/stability.py`)
 
     evidence = LMEvidence(plan)
-    evidence.rows()           # the report's cells (`claims_report.comparison_row`), of the pairs finished so far
+    evidence.rows()           # the report's cells (`claims_report.comparison_rows`), of the pairs finished so far
     evidence.report(bandit)   # the bandit report with them added
 """
 
@@ -67,7 +67,7 @@ class LMEvidence:
         not one of its cells."""
         read = {key: _readings(*series, self.plan.steps) for key, series in self.finished_series.items()}
         task = run_config(measures()[0][0], 0, self.plan.steps, self.plan.model, setting=self.plan.setting).task  # every cell's
-        out = []
+        cells = []
         for claim in claims.CLAIMS:
             for c in claim.lm_comparisons:
                 for reading, span in readings(c.metric, self.plan.steps).items():
@@ -90,11 +90,12 @@ class LMEvidence:
                     # the row's setting (claims.LM_TRAINING) names the model; the condition, its setting
                     where = ("" if self.plan.model == BUILTIN else
                              f"{self.plan.setting or 'defaults'}{claims_lm.on_device(self.plan.device)} · ")
-                    out.append(claims_report.comparison_row(
-                        claim, claims.LM if self.plan.model == BUILTIN else claims.LM_TRAINING,
-                        f"{where}{task}{rewarded} · {reading} ({span})", c, [value(c.candidate, s) for s in seeds],
-                        [value(c.baseline, s) for s in seeds], seeds, where=self.plan.setting, reading=reading))
-        return out
+                    cells.append(dict(
+                        claim=claim, setting=claims.LM if self.plan.model == BUILTIN else claims.LM_TRAINING,
+                        condition=f"{where}{task}{rewarded} · {reading} ({span})", c=c,
+                        candidate=[value(c.candidate, s) for s in seeds], baseline=[value(c.baseline, s) for s in seeds],
+                        seeds=seeds, where=self.plan.setting, reading=reading))
+        return claims_report.comparison_rows(cells)
 
     def collapses(self) -> list[dict]:
         """Per measure (task rewards), over its finished seeds: how many collapsed (`engine/stability.py`'s flag at
