@@ -13,7 +13,7 @@ import numpy as np
 from divviz.evidence import claims, claims_lm, forest, intervals, lm_evidence, significance
 from divviz.evidence.claims import LM, LM_TRAINING
 from divviz.evidence.claims_report import (BY_CONSTRUCTION_VERDICT, CELL_KEYS, HEADERS, RAW, VERDICT_RULE, VERDICTS,
-                                           Report, effect_text, power_text)
+                                           Report, effect_text, power_text, summary_key)
 
 
 def to_text(report: Report) -> str:
@@ -216,35 +216,36 @@ def bandit_markdown(report: Report) -> str:
 
 def settings_markdown(report: Report, claim_keys: tuple[str, ...], settings: tuple[str, ...]) -> str:
     """Claims side by side across settings as a Markdown table: a row per claim and compared pair, a column per
-    setting, and in each entry, per metric, what its cells say after Holm (`cells_phrase`); "—" where the setting
-    has no such cell."""
-    groups: dict[tuple[str, str], dict[str, dict[str, list[dict]]]] = {}
+    setting, and in each entry, per metric, what its summary entry says after Holm (`cells_phrase`); "—" where the
+    setting has no such cell."""
+    texts = [claim.text for claim in report.claims if claim.key in claim_keys]
+    cells: dict[tuple, list[dict]] = {}
     for row in report.rows:
-        if row["claim_key"] in claim_keys and row["setting"] in settings:
-            pair = groups.setdefault((row["claim"], f"{row['candidate']} − {row['baseline']}"), {})
-            pair.setdefault(row["setting"], {}).setdefault(row["metric"], []).append(row)
-    claim_order = list(dict.fromkeys(claim for claim, _ in groups))
+        cells.setdefault(summary_key(row), []).append(row)
+    groups: dict[tuple[str, str], dict[str, list[str]]] = {}
+    for entry in sorted((s for s in report.summary() if s["claim"] in texts and s["setting"] in settings),
+                        key=lambda entry: texts.index(entry["claim"])):
+        pair = groups.setdefault((entry["claim"], f"{entry['candidate']} − {entry['baseline']}"), {})
+        pair.setdefault(entry["setting"], []).append(f"{entry['metric']}: "
+                                                     f"{cells_phrase(entry, cells[summary_key(entry)])}")
     rows, last = [], None
-    for (claim, pair), by_setting in sorted(groups.items(), key=lambda group: claim_order.index(group[0][0])):
+    for (claim, pair), by_setting in groups.items():
         rows.append(("" if claim == last else claim, pair,
-                     *("; ".join(f"{metric}: {cells_phrase(cells)}" for metric, cells in by_setting[s].items())
-                       if s in by_setting else "—" for s in settings)))
+                     *("; ".join(by_setting[s]) if s in by_setting else "—" for s in settings)))
         last = claim
     return markdown_table(("claim", "candidate − baseline", *settings), rows)
 
 
-def cells_phrase(cells: list[dict]) -> str:
-    """What a few cells of one metric say after Holm: up to two (one update; an early and a late reading) each with
-    its mean, interval and the seeds against the mean; more, the count of each verdict and of those that held or
-    reversed before Holm."""
-    if len(cells) <= 2:
+def cells_phrase(entry: dict, cells: list[dict]) -> str:
+    """What a summary entry (`Report.summary`) says after Holm: up to two cells (one update; an early and a late
+    reading) each with its mean, interval and the seeds against the mean; more, the entry's count of each verdict
+    and of those that held or reversed before Holm."""
+    if entry["cells"] <= 2:
         return "; ".join(f"{c['reading'] + ' ' if len(cells) > 1 else ''}{c['verdict_adjusted']}, {signed(c['mean'])} "
                          f"[{signed(c['low'])}, {signed(c['high'])}], {c['seeds_against_mean']} of {c['n']} against "
                          "the mean" for c in cells)
-    counts = {v: sum(c["verdict_adjusted"] == v for c in cells) for v in VERDICTS}
-    raw = sum(c["verdict"] in (intervals.HOLDS, intervals.REVERSED) for c in cells)
-    return (", ".join(f"{v} {n}" for v, n in counts.items() if n) + f" of {len(cells)} cells ({raw} held or "
-            "reversed before Holm)")
+    return (", ".join(f"{v} {entry[v]}" for v in VERDICTS if entry[v]) + f" of {entry['cells']} cells ({entry[RAW]} "
+            "held or reversed before Holm)")
 
 
 def signed(x: float) -> str:

@@ -29,6 +29,11 @@ from divviz.evidence.claims import (BANDIT, BINARY, BY_CONSTRUCTION, CLAIMS, EAR
 COMPUTED_HERE = "computed here"  # a report's bandit cells, when they were not read from the published grid
 
 
+def summary_key(row: dict) -> tuple[str, str, str, str, str]:
+    """The summary entry a cell (or the entry itself) counts in: its claim, setting, compared pair and metric."""
+    return row["claim"], row["setting"], row["candidate"], row["baseline"], row["metric"]
+
+
 @dataclass
 class Report:
     rows: list[dict]
@@ -44,12 +49,12 @@ class Report:
         self.rows = adjust(self.rows)
 
     def summary(self) -> list[dict]:
-        """Per claim, setting and compared measure: how many cells have each verdict after adjustment for
+        """Per claim, setting, compared pair and metric: how many cells have each verdict after adjustment for
         multiplicity (`VERDICTS`), and how many held or reversed before it ("raw holds or reversed"); for an
         identity, also the largest |difference| over its cells (None for the other claims)."""
         out: dict[tuple, dict] = {}
         for row in self.rows:
-            entry = out.setdefault((row["claim_key"], row["setting"], row["candidate"], row["metric"]),
+            entry = out.setdefault(summary_key(row),
                                    {"claim": row["claim"], "setting": row["setting"], "candidate": row["candidate"],
                                     "baseline": row["baseline"], "metric": row["metric"], "cells": 0,
                                     **{v: 0 for v in VERDICTS}, RAW: 0, "largest": None})

@@ -140,9 +140,9 @@ def test_claims_across_settings_say_what_the_summary_counts(report):
     """docs/claims.md's tables across settings (`settings_markdown`): each entry's counts are the summary's after
     Holm; one or two cells give their own mean and interval; a setting without the pair's cells reads "—"."""
     for s in report.summary():
-        cells = [r for r in report.rows if (r["claim"], r["setting"], r["candidate"], r["metric"]) ==
-                 (s["claim"], s["setting"], s["candidate"], s["metric"])]
-        phrase = claims_export.cells_phrase(cells)
+        cells = [r for r in report.rows if claims_report.summary_key(r) == claims_report.summary_key(s)]
+        assert len(cells) == s["cells"]
+        phrase = claims_export.cells_phrase(s, cells)
         if len(cells) > 2:
             assert phrase == ", ".join(f"{v} {s[v]}" for v in claims_report.VERDICTS if s[v]) + \
                 f" of {s['cells']} cells ({s[claims_report.RAW]} held or reversed before Holm)"
