@@ -1,8 +1,8 @@
 """The claims report: every cell of every claim, its verdict, and the report's multiplicity.
 
 A compared cell (`comparison_row`; a report's cells are tested together, `comparison_rows`) is candidate − baseline
-over the same seeds: the paired mean with its 95% interval (`intervals`), the sign-flip p of the mean, the median with its sign test, and the verdict they give together
-(`significance.verdict`); an identity's cell is its largest |difference| against a tolerance. The cells of a
+over the same seeds: the paired mean with its 95% interval (`intervals`), the sign-flip p of the mean, the median
+with its sign test, and the verdict they give together (`significance.verdict`); an identity's cell is its largest |difference| against a tolerance. The cells of a
 report are then adjusted for their number (`adjust`): Holm within a family (a claim's readings at one setting),
 Benjamini–Hochberg across the report; each cell keeps its raw verdict beside the adjusted one, and the counts of a
 report's summary and overview are of the adjusted ones.
