@@ -2,10 +2,10 @@
 
 A compared cell (`comparison_row`; a report's cells are tested together, `comparison_rows`) is candidate − baseline
 over the same seeds: the paired mean with its 95% interval (`intervals`), the sign-flip p of the mean, the median
-with its sign test, and the verdict they give together (`significance.verdict`); an identity's cell is its largest |difference| against a tolerance. The cells of a
-report are then adjusted for their number (`adjust`): Holm within a family (a claim's readings at one setting),
-Benjamini–Hochberg across the report; each cell keeps its raw verdict beside the adjusted one, and the counts of a
-report's summary and overview are of the adjusted ones.
+with its sign test, and the verdict they give together (`significance.verdict`); an identity's cell is its largest
+|difference| against a tolerance. The cells of a report are then adjusted for their number (`adjust`): Holm within a
+family (a claim's readings at one setting), Benjamini–Hochberg across the report; each cell keeps its raw verdict
+beside the adjusted one, and the counts of a report's summary and overview are of the adjusted ones.
 
 The bandit grid (`evaluate`) makes the first cells; `claims_lm` and `claims_real` add theirs (`Report` is replaced
 with more rows, and adjusted again).
