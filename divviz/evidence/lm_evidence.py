@@ -93,8 +93,9 @@ class LMEvidence:
                     cells.append(dict(
                         claim=claim, setting=claims.LM if self.plan.model == BUILTIN else claims.LM_TRAINING,
                         condition=f"{where}{task}{rewarded} · {reading} ({span})", c=c,
-                        candidate=[value(c.candidate, s) for s in seeds], baseline=[value(c.baseline, s) for s in seeds],
-                        seeds=seeds, where=self.plan.setting, reading=reading))
+                        candidate=[value(c.candidate, s) for s in seeds],
+                        baseline=[value(c.baseline, s) for s in seeds], seeds=seeds, where=self.plan.setting,
+                        reading=reading))
         return claims_report.comparison_rows(cells)
 
     def collapses(self) -> list[dict]:
