@@ -19,8 +19,9 @@ from divviz.evidence.lm_evidence import LMEvidence
 from tests.lm_grid import LM_SEEDS, LM_STEPS
 
 ROOT = Path(__file__).resolve().parents[2]
-TRAINED_BY = {"model": "builtin", "setting": "", "device": "cpu", "precision": "float32", "torch": "t",
-              "transformers": "x", "python": "3", "commit": "abc1234", "seeds": LM_SEEDS, "pilot_seeds": LM_SEEDS}
+TRAINED_BY = {"model": "builtin", "setting": "", "device": "cpu", "cpu": "AVX512 avx512_bf16 amx_bf16 amx_tile",
+              "precision": "float32", "torch": "t", "transformers": "x", "python": "3", "commit": "abc1234",
+              "seeds": LM_SEEDS, "pilot_seeds": LM_SEEDS}
 
 
 @pytest.fixture
@@ -41,6 +42,7 @@ def test_published_runs_hold_every_cell_a_runs_folder_lacks(lm_plan, published_g
     plan = claims_lm.LMPlan.read(empty, LM_SEEDS, LM_STEPS)
     assert plan.finished and not plan.missing and all(plan.is_published(run) for run in plan.runs.values())
     assert "0 are your own" in plan.provenance and "builtin-grid" in plan.provenance and "commit abc1234" in plan.provenance
+    assert "kernels differ" not in plan.provenance  # one grid, one CPU
     keys = ("condition", "candidate", "metric", "mean", "low", "high", "n", "p", "verdict")
     assert ([{k: r[k] for k in keys} for r in LMEvidence(plan).rows()]
             == [{k: r[k] for k in keys} for r in LMEvidence(lm_plan).rows()])  # the same cells as the runs trained
@@ -68,6 +70,28 @@ def test_runs_of_a_cell_on_two_kinds_of_device_are_two_grids_never_one(lm_plan, 
     assert on_gpu.done == 1 and claims_lm.device_kind(on_gpu.runs[cell]) == "cuda"
     assert "builtin-gpu (1 runs, trained on cuda:0" in on_gpu.provenance and "builtin-gpu" not in on_cpu.provenance
     assert on_gpu.name == on_cpu.name  # the built-in LM has no GPU grid declared: the same cells, another device
+
+
+def test_a_grid_finished_on_a_cpu_with_other_kernels_is_read_with_the_first_and_named(lm_plan, published_grid):
+    """A grid's last runs trained on a CPU whose kernels are not the first grid's (no AMX: bf16 rounds otherwise)
+    are a grid of their own, whose manifest names those kernels: the plan reads both, and its provenance names each
+    grid's kernels and says that a pair across them does not share its first completions."""
+    cell = (claims.DAPO, "task", LM_SEEDS - 1)
+    name = lm_plan.runs[cell].name
+    shutil.rmtree(published_grid / name)
+    manifest = json.loads((published_grid / "manifest.json").read_text())
+    del manifest["runs"][name]
+    (published_grid / "manifest.json").write_text(json.dumps(manifest))
+    published.publish(lm_plan.runs[cell].folder, published_grid.parent / "builtin-grid-2",
+                      {"measure": cell[0], "reward": "task", "seed": cell[2]}, {**TRAINED_BY, "cpu": "AVX512 avx512_bf16"})
+    plan = claims_lm.LMPlan.read(published_grid.parent / "mine", LM_SEEDS, LM_STEPS)
+    assert plan.finished and all(plan.is_published(run) for run in plan.runs.values())
+    assert f"builtin-grid ({len(plan.runs) - 1} runs, trained on cpu (AVX512 avx512_bf16 amx_bf16 amx_tile)" \
+        in plan.provenance
+    assert "builtin-grid-2 (1 runs, trained on cpu (AVX512 avx512_bf16) in float32" in plan.provenance
+    assert plan.provenance.endswith("the CPUs' kernels differ, so a pair's two runs across these grids are the same "
+                                    "design but do not share their first completions; 0 are your own (runs folder "
+                                    f"{published_grid.parent / 'mine'})")
 
 
 def test_a_published_run_is_compact_and_read_with_gzip_and_json_alone(lm_plan, published_grid):
