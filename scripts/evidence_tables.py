@@ -90,7 +90,7 @@ def published() -> dict:
 
 
 def block(grids: dict) -> str:
-    where = {"cpu": "this 2-core CPU", "cuda": "one GPU"}
+    where = {"cpu": "2-core CPUs", "cuda": "one GPU"}
     return "".join(f"#### {setting} ({where[device]})\n\n{claims_export.published_markdown(*grid)}\n"
                    for (setting, device), grid in grids.items())
 

@@ -3,13 +3,15 @@
     python scripts/train_declared.py --runs-dir /tmp/runs --setting stress --device cuda --until 480 \\
         --commit 58781f6 --grid-suffix h200-2 [--out published]
 
-The grid declared for the setting on the device's kind (`claims_lm.DECLARED`) is queued in its queue order (the
+The grid declared for the setting on the device's kind (`claims_lm.declared_seeds`: DECLARED, capped where the
+grid is closed, CLOSED_AT) is queued in its queue order (the
 pilot pair seed by seed first) to the runs folder's pool, which trains $DIVVIZ_MAX_RUNS runs at once. Once a run has
 finished, the queue is stopped as soon as a run started now would not finish by `--until` seconds at the slowest
 pace seen so far; the running ones go on until then, when whatever still trains is interrupted. The finished runs
 are published (`scripts/publish_runs.py`) into a grid named by `--grid-suffix`, one per lease (a grid's manifest
 records one commit and one set of versions: h200, then h200-2, …); a later lease queues only the cells no published
-grid holds (`lease_plan`), so a declared grid is trained lease by lease.
+grid holds (`lease_plan`), so a declared grid is trained lease by lease until it is complete or closed (the GPU
+pair is: a lease trains nothing).
 """
 
 from __future__ import annotations

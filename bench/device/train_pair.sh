@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # There, on a lent GPU (one call of at most 10 minutes, after bench/device/prepare.sh's first call): the stress
-# setting's pilot pair declared for a GPU (`claims_lm.DECLARED`), as many seeds as the call allows, published into a
+# setting's pilot pair declared for a GPU (`claims_lm.declared_seeds`), as many seeds as the call allows, published into a
 # grid of the GPU's name and sent back as $OUT/published.tar.gz (unpack it into published/ here).
 # GRID names this lease's grid (a new one per lease: h200, then h200-2, …); the cells published grids hold are skipped.
 # The pair is closed at its 16 published seeds (`claims_lm.CLOSED_AT`): as it stands, a lease trains nothing here.

@@ -64,8 +64,8 @@ PILOT = (claims.PPO, claims.KL3_WIDE)  # trained first, every seed: the spread o
 # first 4 seeds left (a second stage, since they did not resolve it); at the stress setting by the seeds for 80% power
 # at 5.5 points from its first 4 seeds' spread (11; 12 declared). On a GPU, the stress setting's pilot pair alone, to
 # 80% power at 5.5 points from the spread of the 4 seeds an H100 trained (sd 0.126 of the paired difference, read
-# from their interval, +0.049 [−0.151, +0.249]: 43 seeds); a GPU's bf16 rounds otherwise than this CPU's, so its runs
-# are a grid of their own.
+# from their interval, +0.049 [−0.151, +0.249]: 43 seeds); a GPU's runs are another kind of device's, never filling
+# the CPU's cells (its bf16 rounds otherwise).
 DECLARED = {("learn", "cpu"): (4, 8), ("stress", "cpu"): (4, 12), ("stress", "cuda"): (0, 43)}
 # Grids closed before their declared pilot seeds, for a reason that does not depend on their data: the pilot pair's
 # seeds at the close. The GPU pair: one lease trained seeds 0–15; no GPU was lent in the three sessions after it.
@@ -133,7 +133,8 @@ class LMPlan:
         """The plan's cells and their runs in `root` that trained (or will train) on `device`'s kind; with
         `with_published`, a cell none of whose runs there is final is held by its published run of that kind if
         there is one (a user's finished run of a cell is always the one read). Runs of one cell on two kinds of
-        device are two results, never one grid: a GPU's bf16 rounds otherwise than a CPU's."""
+        device are two results, never one plan; two CPUs whose kernels differ are read together, the provenance
+        saying so (`published_grids`)."""
         if seeds == 1:
             raise DivvizInputError("1 seed per measure gives no interval: 0 (the pilot pair's seeds alone) or 2 to "
                                    f"{SEEDS_PARAM.high}")
