@@ -180,16 +180,19 @@ class LMPlan:
     def published_grids(self) -> str:
         """The published grids that hold some of the cells: each one's name, how many cells and how it was trained
         (on a GPU, its name; on a CPU, the kernels that decide its bits, `published.cpu_kernels`); where the grids'
-        CPU kernels differ, that a seed's two runs of a pair across them do not share their first completions."""
+        CPU kernels differ, that a pair's two runs across them share neither their first completions nor their step-0
+        evaluation."""
         found, grid_of = published.manifests(), published.grids_of_runs()
         grids = Counter(grid_of.get(run.name) for run in self.runs.values() if self.is_published(run))
         manifests = {grid: m for grid in grids if (m := found.get(grid))}
         text = "; ".join(f"{grid} ({grids[grid]} runs, trained on {m['device']} "
-                         f"({m.get('gpu') or m.get('cpu') or 'kernels not recorded'}) in {m['precision']}, torch {m['torch']}, "
-                         f"transformers {m['transformers']}, commit {m['commit']})" for grid, m in manifests.items())
+                         f"({m.get('gpu') or m.get('cpu') or 'kernels not recorded'}) in {m['precision']}, "
+                         f"torch {m['torch']}, transformers {m['transformers']}, commit {m['commit']})"
+                         for grid, m in manifests.items())
         kernels = {m.get("cpu") for m in manifests.values() if not m.get("gpu")}
-        return text + ("; the CPUs' kernels differ, so a pair's two runs across these grids are the same design but "
-                       "do not share their first completions" if len(kernels) > 1 else "")
+        return text + ("; the CPUs' kernels differ, so a pair's two runs across these grids are the same design, not "
+                       "the same bits: they share neither their first completions nor their step-0 evaluation"
+                       if len(kernels) > 1 else "")
 
     def seeds_of(self, *measures: str, reward: str = "task") -> range:
         """The seeds on which all of `measures` (with `reward`) train: the pilot pair's own, else the plan's."""

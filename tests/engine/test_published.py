@@ -75,7 +75,7 @@ def test_runs_of_a_cell_on_two_kinds_of_device_are_two_grids_never_one(lm_plan, 
 def test_a_grid_finished_on_a_cpu_with_other_kernels_is_read_with_the_first_and_named(lm_plan, published_grid):
     """A grid's last runs trained on a CPU whose kernels are not the first grid's (no AMX: bf16 rounds otherwise)
     are a grid of their own, whose manifest names those kernels: the plan reads both, and its provenance names each
-    grid's kernels and says that a pair across them does not share its first completions."""
+    grid's kernels and says that a pair across them shares neither its first completions nor its step-0 evaluation."""
     cell = (claims.DAPO, "task", LM_SEEDS - 1)
     name = lm_plan.runs[cell].name
     shutil.rmtree(published_grid / name)
@@ -83,15 +83,16 @@ def test_a_grid_finished_on_a_cpu_with_other_kernels_is_read_with_the_first_and_
     del manifest["runs"][name]
     (published_grid / "manifest.json").write_text(json.dumps(manifest))
     published.publish(lm_plan.runs[cell].folder, published_grid.parent / "builtin-grid-2",
-                      {"measure": cell[0], "reward": "task", "seed": cell[2]}, {**TRAINED_BY, "cpu": "AVX512 avx512_bf16"})
+                      {"measure": cell[0], "reward": "task", "seed": cell[2]},
+                      {**TRAINED_BY, "cpu": "AVX512 avx512_bf16"})
     plan = claims_lm.LMPlan.read(published_grid.parent / "mine", LM_SEEDS, LM_STEPS)
     assert plan.finished and all(plan.is_published(run) for run in plan.runs.values())
     assert f"builtin-grid ({len(plan.runs) - 1} runs, trained on cpu (AVX512 avx512_bf16 amx_bf16 amx_tile)" \
         in plan.provenance
     assert "builtin-grid-2 (1 runs, trained on cpu (AVX512 avx512_bf16) in float32" in plan.provenance
     assert plan.provenance.endswith("the CPUs' kernels differ, so a pair's two runs across these grids are the same "
-                                    "design but do not share their first completions; 0 are your own (runs folder "
-                                    f"{published_grid.parent / 'mine'})")
+                                    "design, not the same bits: they share neither their first completions nor their "
+                                    f"step-0 evaluation; 0 are your own (runs folder {published_grid.parent / 'mine'})")
 
 
 def test_a_published_run_is_compact_and_read_with_gzip_and_json_alone(lm_plan, published_grid):
