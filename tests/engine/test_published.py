@@ -226,7 +226,7 @@ def test_a_later_lease_trains_only_the_cells_no_published_grid_holds(tmp_path, r
     """A lease queues the declared grid's cells that no published grid holds. The GPU pair's first lease published
     seeds 0–15 (published/smollm2-135m-stress-h200) and the pair was closed there (`claims_lm.CLOSED_AT`): a bare
     machine's next lease, carrying the checkout, queues nothing, and the pilot's sentence says why its n is 16 of 43.
-    On this CPU's learn grid it queues exactly the cells with no published run."""
+    On a CPU's learn grid it queues exactly the cells with no published run."""
     spec = importlib.util.spec_from_file_location("train_declared", ROOT / "scripts" / "train_declared.py")
     train_declared = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(train_declared)
