@@ -15,12 +15,19 @@ step ≤ 0.6× float32's (`--compare-dtypes`).
 
 The held-out evaluation (`engine/evaluate.py`: 128 problems, sampled and greedy) is timed once after the steps.
 
+The floor: each way's matrix-product FLOPs in one step, counted by `torch.utils.flop_counter.FlopCounterMode`
+(every mm, addmm, bmm and attention kernel, forward and backward; TRL's over two of its steps, halved), over this
+device's measured matrix-product peak in the run's precision and threads (the best of SmolLM2's own shapes, the
+operands already in that precision): the seconds a step would take if it did nothing but its matrix products at
+peak. Each way's step time is printed as a multiple of its floor (target ≤ 2.5 for divviz at the learn setting).
+`--mu 2 --minibatches 8` is the binding setting (target: its step ≤ 1.3× the learn step).
+
 Each figure is the median over the steps after one warm-up step; the three alternate step by step (a callback runs
 a divviz and a bare step after each of TRL's), so they see the same load. Peak memory: each way alone in a fresh
 process, the highest resident set (CPU) or allocated GPU memory (CUDA) during two steps once its model is loaded.
 
-    python bench/real_model.py [--steps N] [--device cpu|cuda] [--trainable-blocks N] [--minibatches K]
-                               [--dtype float32|bfloat16] [--compare-dtypes] [--peak-memory]
+    python bench/real_model.py [--steps N] [--device cpu|cuda] [--trainable-blocks N] [--mu N] [--minibatches K]
+                               [--dtype float32|bfloat16] [--compare-dtypes] [--peak-memory] [--no-flops]
 """
 
 import argparse
@@ -49,8 +56,9 @@ from divviz.engine.tasks import get_task
 from divviz.engine.train import held_out_evaluation
 
 
-def config(device: str, steps: int, blocks: int | None, minibatches: int | None, dtype: str) -> RunConfig:
-    extra = {key: value for key, value in (("trainable_blocks", blocks), ("minibatches", minibatches))
+def config(device: str, steps: int, blocks: int | None, mu: int | None, minibatches: int | None,
+           dtype: str) -> RunConfig:
+    extra = {key: value for key, value in (("trainable_blocks", blocks), ("mu", mu), ("minibatches", minibatches))
              if value is not None}
     return RunConfig.make(model=NAME, device=device, steps=steps, clip="ratio", aggregation="dapo", dtype=dtype,
                           eval_every=0, **extra)
@@ -205,6 +213,52 @@ def peak_memory(way: str, cfg: RunConfig) -> float:
     return max(peak)
 
 
+PEAK_SHAPES = ((1536, 576, 1536), (1536, 1536, 576), (1536, 576, 49152))  # (m, k, n): a block's, the output layer's
+
+
+def matmul_peak(cfg: RunConfig, reps: int = 5) -> float:
+    """FLOP/s of this device's best matrix product in the run's precision and threads: the best of PEAK_SHAPES, the
+    operands already in that precision (what autocast's kernels see once their weights are cast)."""
+    device = pick_device(cfg.device)
+    dtype = pick_dtype(cfg.dtype, device, cfg.model) or torch.float32
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    best = 0.0
+    for m, k, n in PEAK_SHAPES:
+        a, b = torch.randn(m, k, device=device, dtype=dtype), torch.randn(k, n, device=device, dtype=dtype)
+        for _ in range(2):
+            a @ b
+        sync()
+        start = time.perf_counter()
+        for _ in range(reps):
+            a @ b
+        sync()
+        best = max(best, 2 * m * k * n * reps / (time.perf_counter() - start))
+    return best
+
+
+def counted_flops(run) -> int:
+    """The matrix-product FLOPs `run()` performs (FlopCounterMode: mm, addmm, bmm, attention, forward and backward)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        run()
+    return counter.get_total_flops()
+
+
+def step_flops(cfg: RunConfig) -> dict[str, float]:
+    """Each way's matrix-product FLOPs in one step, counted (divviz and bare: a step after a warm-up; TRL: its first
+    two steps, halved)."""
+    flops = {}
+    for way, make in (("divviz", divviz_step), ("bare", bare_step)):
+        step = make(cfg)
+        step(0)
+        flops[way] = counted_flops(lambda: step(1))
+    with tempfile.TemporaryDirectory() as out:
+        trainer = trl_trainer(RunConfig.make(**{**cfg.to_dict(), "steps": 1}), out, [])
+        flops["TRL"] = counted_flops(trainer.train) / 2
+    return flops
+
+
 def eval_seconds(cfg: RunConfig) -> float:
     """Seconds of one held-out evaluation (`engine/evaluate.py`) of the start model at these settings."""
     trainer = make_trainer(cfg)
@@ -221,16 +275,24 @@ def measure(cfg: RunConfig, args) -> dict[str, float]:
     times = time_side_by_side(cfg)
     d, t, b = (statistics.median(times[k]) for k in ("divviz", "TRL", "bare"))
     e = eval_seconds(cfg)
-    flags = ["--trainable-blocks", str(cfg.trainable_blocks), "--minibatches", str(cfg.minibatches), "--dtype", cfg.dtype]
+    flags = ["--trainable-blocks", str(cfg.trainable_blocks), "--mu", str(cfg.mu), "--minibatches",
+             str(cfg.minibatches), "--dtype", cfg.dtype]
     peaks = {way: float(subprocess.run([sys.executable, __file__, "--peak", way, "--device", args.device, *flags],
                                        capture_output=True, text=True, check=True).stdout.split()[-1])
              for way in ("divviz", "TRL", "bare")} if args.peak_memory else {}
-    print(f"{'':<8} {'s/step':>8} {'peak GiB':>9}" + ("  (peak: two steps alone, the model loaded)" if peaks else ""))
+    flops = {} if args.no_flops else step_flops(cfg)
+    peak = matmul_peak(cfg)
+    print(f"{'':<8} {'s/step':>8} {'peak GiB':>9} {'GFLOP':>8} {'floor s':>8} {'× floor':>8}"
+          + ("  (peak: two steps alone, the model loaded)" if peaks else ""))
     for way, seconds in (("divviz", d), ("TRL", t), ("bare", b)):
-        print(f"{way:<8} {seconds:>8.2f} {peaks.get(way, float('nan')):>9.2f}")
+        floor = flops.get(way, float("nan")) / peak
+        print(f"{way:<8} {seconds:>8.2f} {peaks.get(way, float('nan')):>9.2f} {flops.get(way, float('nan')) / 1e9:>8.1f} "
+              f"{floor:>8.2f} {seconds / floor:>8.1f}")
     print(f"divviz/bare {d / b:.2f} (target ≤ 1.25), divviz/TRL {d / t:.2f} (target ≤ 0.8); held-out evaluation "
-          f"{e:.1f} s ({e / d:.1f} steps' worth)", flush=True)
-    return {"divviz": d, "TRL": t, "bare": b, "eval": e}
+          f"{e:.1f} s ({e / d:.1f} steps' worth); matrix-product peak {peak / 1e9:.0f} GFLOP/s "
+          f"({pick_dtype(cfg.dtype, pick_device(cfg.device), cfg.model) or 'float32'}, {torch.get_num_threads()} "
+          "threads, the best of SmolLM2's shapes)", flush=True)
+    return {"divviz": d, "TRL": t, "bare": b, "eval": e, **{f"{way} GFLOP": f / 1e9 for way, f in flops.items()}}
 
 
 def main():
@@ -238,14 +300,16 @@ def main():
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--trainable-blocks", type=int, help="instead of the model's default (0: every parameter)")
+    parser.add_argument("--mu", type=int, help="passes over each batch, instead of the model's default")
     parser.add_argument("--minibatches", type=int, help="K, instead of the model's default (1: one step per pass)")
     parser.add_argument("--dtype", default="auto", help="auto, float32 or bfloat16")
     parser.add_argument("--compare-dtypes", action="store_true",
                         help="float32, then bfloat16, and bfloat16's divviz step over float32's (target ≤ 0.6)")
     parser.add_argument("--peak-memory", action="store_true", help="also each way's peak memory, alone")
+    parser.add_argument("--no-flops", action="store_true", help="leave out the counted FLOPs and the floor")
     parser.add_argument("--peak", help=argparse.SUPPRESS)  # one way's peak memory, in a child process
     args = parser.parse_args()
-    cfg = config(args.device, args.steps, args.trainable_blocks, args.minibatches, args.dtype)
+    cfg = config(args.device, args.steps, args.trainable_blocks, args.mu, args.minibatches, args.dtype)
     if args.peak:
         print(json.dumps(peak_memory(args.peak, cfg)))
         return

@@ -94,7 +94,7 @@ def no_process_left_behind(request):
 
 # The modules whose tests train runs, start apps or pools, or drive chromium: minutes, not seconds. `./run test --fast`
 # leaves them out (the marker `slow`); CI runs everything.
-SLOW_MODULES = {"test_browser", "test_claims_lm", "test_claims_real", "test_evidence_tables", "test_grpo_step",
+SLOW_MODULES = {"test_browser", "test_claims_lm", "test_claims_real", "test_evidence_tables",
                 "test_import_trainers", "test_inspector", "test_lab_pages", "test_published", "test_real_model",
                 "test_ray", "test_room", "test_training", "test_trl_minibatch", "test_trl_runs", "test_walkthrough"}
 

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from divviz.engine.config import RunConfig
+from divviz.engine.frozen_prefix import FrozenPrefix
 from divviz.engine.grpo import Trainer, make_batch, make_optimiser, make_trainer, update
 from divviz.engine.step_metrics import inspected_record, inspected_rows, update_metrics
 from divviz.engine.rollout import Rollout, completion_logits
@@ -47,10 +48,10 @@ class Positions:
     logits: torch.Tensor
 
 
-def positions(model, rollout: Rollout, temperature: float, autocast) -> Positions:
-    """`model`'s `Positions` on the rollout's completions (no gradient)."""
+def positions(model, rollout: Rollout, temperature: float, autocast, prefix: FrozenPrefix | None = None) -> Positions:
+    """`model`'s `Positions` on the rollout's completions (no gradient; from the batch's frozen prefix where given)."""
     with torch.no_grad():
-        logits = completion_logits(model, rollout, temperature, autocast)
+        logits = completion_logits(model, rollout, temperature, autocast, prefix)
         logp_all = torch.log_softmax(logits, dim=-1)
     mask = rollout.completion_mask
     logp = logp_all.gather(2, rollout.completion_ids[:, :, None]).squeeze(2)
@@ -77,7 +78,8 @@ def same_batch(cfg: RunConfig, settings: list[tuple[str, RunConfig | Objective]]
     batch = make_batch(tr, step)
     say(1, len(settings) + 1, f"sampled the batch in {time.perf_counter() - started:.0f} s")
     mask = batch.rollout.completion_mask
-    measure = partial(positions, rollout=batch.rollout, temperature=cfg.temperature, autocast=tr.autocast)
+    measure = partial(positions, rollout=batch.rollout, temperature=cfg.temperature, autocast=tr.autocast,
+                      prefix=batch.prefix)
     before = measure(tr.model)
     logp_old = before.logp
     active = mask > 0

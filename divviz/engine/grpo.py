@@ -5,6 +5,8 @@
         sample `prompts` prompts; G completions each with the KV cache (temperature τ), by the trained policy or by
             a rollout policy π_roll in lower precision or some updates behind (`sampler.py`)
         r_i = task reward (or a seeded coin);  A_i = (r_i − mean_group) [/ (std_group + 1e-4)]   (Shao et al. 2024)
+        h = the frozen blocks' hidden states over prompts and completions, once, where only the last blocks train:
+            every forward below runs the trained blocks from h (`frozen_prefix.py`)
         split the completions into K mini-batches (K = 1: the whole batch; `minibatch.py`)
         π_before = the policy before the update on every completion (the first mini-batch's from its own first
             forward, detached; the others' by a no-grad forward first)
@@ -30,6 +32,7 @@ import torch
 
 from divviz.catalogue.aggregation import group_advantages
 from divviz.engine.config import RunConfig
+from divviz.engine.frozen_prefix import FrozenPrefix, frozen_prefix
 from divviz.engine.minibatch import PolicyBefore, in_batch_order, minibatch_index, minibatch_rows
 from divviz.engine.policy import load_policy, pick_device, pick_dtype, train_last_blocks
 from divviz.engine.prompts import asked_ids, resolve_format, shown_prompts
@@ -133,10 +136,12 @@ class Batch:
     rewards: torch.Tensor  # (N,)
     correct: list[bool]
     adv: torch.Tensor  # (N,)
+    prefix: FrozenPrefix | None = None  # the trained policy's frozen blocks over the batch, once (`frozen_prefix.py`)
 
 
 def make_batch(tr: Trainer, step: int) -> Batch:
-    """Sample G completions for each of step `step`'s prompts (seeded by the run seed and the step)."""
+    """Sample G completions for each of step `step`'s prompts (seeded by the run seed and the step), and run the
+    trained policy's frozen blocks over them once (`frozen_prefix.py`; None where every block trains)."""
     cfg, tok = tr.cfg, tr.tokenizer
     pairs = tr.task.batch(seed=cfg.seed * 1_000_003 + step, n=cfg.prompts)
     asked = shown_prompts(tr.task, [p for p, _ in pairs], tr.prompt_format)
@@ -158,7 +163,8 @@ def make_batch(tr: Trainer, step: int) -> Batch:
     rewards = torch.tensor(scored, dtype=torch.float32)
     correct = [tr.task.is_correct(p, r, c, chat) for p, r, c in zip(compact, references, texts)]
     adv = group_advantages(rewards.view(cfg.prompts, cfg.group_size), cfg.scale_rewards, cfg.baseline).reshape(-1).to(tr.device)
-    return Batch(rollout, prompts, texts, rewards, correct, adv)
+    prefix = frozen_prefix(tr.model, rollout, tr.autocast, cfg.trainable_blocks)
+    return Batch(rollout, prompts, texts, rewards, correct, adv, prefix)
 
 
 def top_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float) -> torch.Tensor:
@@ -202,14 +208,14 @@ def update(tr: Trainer, batch: Batch, objective: Objective, logp_ref, step: int,
     correction = tr.correction if correction is None else correction
     bypass = cfg.bypass_mode if bypass is None else bypass
     parts = minibatch_rows(len(batch.adv), cfg.minibatches, cfg.seed * 104_729 + step)
-    before = PolicyBefore(tr.model, rollout, parts[1:], cfg.temperature, tr.autocast, watch)
+    before = PolicyBefore(tr.model, rollout, batch.prefix, parts[1:], cfg.temperature, tr.autocast, watch)
     tally = StepTally(cfg.mu * len(parts), by_minibatch=len(parts) > 1)
     logp_roll = rollout.logp if tr.sampler is not None else None  # π_roll, when a sampler other than π_θ drew
     tr.model.train()
     for inner in range(cfg.mu):
         for k, rows in enumerate(parts):
             part = rollout.rows(rows)
-            logits = completion_logits(tr.model, part, cfg.temperature, tr.autocast)
+            logits = completion_logits(tr.model, part, cfg.temperature, tr.autocast, rows_of(batch.prefix, rows))
             logp_new, top_entropy = policy_logps(logits, part, mask[rows], cfg.top_entropy_quantile)
             if inner == k == 0:  # the first forward is the policy before the update: π_before is now whole
                 before.add(rows, logp_new, logits)
@@ -238,7 +244,7 @@ def update(tr: Trainer, batch: Batch, objective: Objective, logp_ref, step: int,
                   corrected, kept, before.logits, minibatch_index(parts, len(batch.adv)) if len(parts) > 1 else None)
 
 
-def rows_of(x: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:
+def rows_of(x: torch.Tensor | FrozenPrefix | None, rows: torch.Tensor):
     return None if x is None else x[rows]
 
 
@@ -265,7 +271,7 @@ def grpo_step(tr: Trainer, step: int) -> StepResult:
     batch = make_batch(tr, step)
     with torch.no_grad():
         logp_ref = None if tr.reference is None else completion_logps(tr.reference, batch.rollout, cfg.temperature,
-                                                                      tr.autocast)
+                                                                      tr.autocast, prefix=batch.prefix)
     seen = after_rows(len(batch.adv), inspected_rows(cfg), step).to(tr.device)
     done = update(tr, batch, tr.objective, logp_ref, step, watch=seen[:ENTROPY_ROWS])
     if tr.sampler is not None:
@@ -274,7 +280,7 @@ def grpo_step(tr: Trainer, step: int) -> StepResult:
     # divviz adds to a bare GRPO step; its log-probs feed metrics only, never autograd, hence inference mode
     rescored = batch.rollout.rows(seen)
     with torch.inference_mode():
-        logits_after = completion_logits(tr.model, rescored, cfg.temperature, tr.autocast)
+        logits_after = completion_logits(tr.model, rescored, cfg.temperature, tr.autocast, rows_of(batch.prefix, seen))
         logp_after = token_logps(logits_after, rescored)
         changed = entropy_change(done.before, logits_after[:ENTROPY_ROWS], rescored.completion_mask[:ENTROPY_ROWS])
         del logits_after

@@ -17,6 +17,7 @@ from dataclasses import fields
 
 import torch
 
+from divviz.engine.frozen_prefix import FrozenPrefix
 from divviz.engine.rollout import Rollout, completion_logits, token_logps
 from divviz.losses import LossOutput
 
@@ -46,17 +47,18 @@ class PolicyBefore:
 
     The first mini-batch's come from its own first training forward, detached (so its ratios are exactly 1, as
     TRL's with one optimiser step per batch); every later mini-batch's from a no-grad forward before any of them
-    trains, with the shapes its training forwards will have."""
+    trains, with the shapes its training forwards will have; all of them from the batch's frozen prefix where it has
+    one (`frozen_prefix.py`)."""
 
-    def __init__(self, model, rollout: Rollout, later: list[torch.Tensor], temperature: float, autocast,
-                 watch: torch.Tensor | None):
+    def __init__(self, model, rollout: Rollout, prefix: FrozenPrefix | None, later: list[torch.Tensor],
+                 temperature: float, autocast, watch: torch.Tensor | None):
         self.logp = torch.zeros_like(rollout.logp)
         self.logits = None
         self.place = {} if watch is None else {int(row): i for i, row in enumerate(watch.tolist())}
         with torch.no_grad():
             for rows in later:
                 part = rollout.rows(rows)
-                logits = completion_logits(model, part, temperature, autocast)
+                logits = completion_logits(model, part, temperature, autocast, None if prefix is None else prefix[rows])
                 self.add(rows, token_logps(logits, part), logits)
                 del logits
 

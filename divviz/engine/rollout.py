@@ -75,6 +75,15 @@ def kv_cache(out):
     return out.past_key_values if cache is None else cache
 
 
+def prompt_runs(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(distinct, inverse): the first row of each run of equal rows of (ids, mask), and each row's run, so that
+    `x[distinct][inverse]` gives every row's x from the distinct prompts' (one host sync: how many there are)."""
+    rows = torch.cat([prompt_ids, prompt_mask], dim=1)
+    first = torch.ones(len(rows), dtype=torch.bool, device=rows.device)  # row i starts a run of equal rows
+    first[1:] = (rows[1:] != rows[:-1]).any(dim=1)
+    return first.nonzero().squeeze(1), first.cumsum(0) - 1
+
+
 def prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, autocast):
     """One forward over the prompts with the KV cache: (cache, last-position logits, next position), all (N, ...).
 
@@ -82,11 +91,7 @@ def prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, autocast
     equal rows of (ids, mask) and the cache and logits are repeated to the N rows (`Cache.reorder_cache`, an
     index_select, so gradients flow back to the shared prompt computation). Same values as a forward over all
     N rows."""
-    rows = torch.cat([prompt_ids, prompt_mask], dim=1)
-    first = torch.ones(len(rows), dtype=torch.bool, device=rows.device)  # row i starts a run of equal rows
-    first[1:] = (rows[1:] != rows[:-1]).any(dim=1)
-    inverse = first.cumsum(0) - 1  # row i's run
-    distinct = first.nonzero().squeeze(1)  # one host sync: how many distinct prompts
+    distinct, inverse = prompt_runs(prompt_ids, prompt_mask)
     ids, mask = prompt_ids[distinct], prompt_mask[distinct]
     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # left padding is invisible to the model
     with autocast():
@@ -191,11 +196,14 @@ class _Columns:
                        self.entropy[:, :width], self.top1[:, :width], self.argmax[:, :width])
 
 
-def completion_logits(model, rollout: Rollout, temperature: float, autocast) -> torch.Tensor:
+def completion_logits(model, rollout: Rollout, temperature: float, autocast, prefix=None) -> torch.Tensor:
     """(N, T, V) tempered logits z / τ of the distributions the completion tokens were drawn from (with grad).
 
     Position t is predicted by the prompt's last position (t = 0) or by completion token t − 1: the prompts
-    run once per distinct prompt (`prefill`), the completions (less their last token) on top of that cache."""
+    run once per distinct prompt (`prefill`), the completions (less their last token) on top of that cache. Given
+    the batch's `frozen_prefix.FrozenPrefix` of these rows, only `model`'s trained blocks run, from it."""
+    if prefix is not None:
+        return prefix.logits(model, rollout, temperature, autocast)
     cache, first, position = prefill(model, rollout.prompt_ids, rollout.prompt_mask, autocast)
     logits = [first[:, None]]
     t = rollout.completion_ids.shape[1]
@@ -209,11 +217,12 @@ def completion_logits(model, rollout: Rollout, temperature: float, autocast) -> 
     return torch.cat(logits, dim=1).float() / temperature
 
 
-def completion_logps(model, rollout: Rollout, temperature: float, autocast, with_entropy: bool = False):
+def completion_logps(model, rollout: Rollout, temperature: float, autocast, with_entropy: bool = False,
+                     prefix=None):
     """(N, T) log-probs of the sampled completion tokens under `model`'s tempered policy (with grad); with
     `with_entropy`, also each position's entropy under that policy (N, T), detached, as TRL computes it for its
-    top-entropy mask."""
-    return token_logps(completion_logits(model, rollout, temperature, autocast), rollout, with_entropy)
+    top-entropy mask; from the batch's frozen prefix where given (`completion_logits`)."""
+    return token_logps(completion_logits(model, rollout, temperature, autocast, prefix), rollout, with_entropy)
 
 
 def token_logps(logits: torch.Tensor, rollout: Rollout, with_entropy: bool = False):

@@ -205,6 +205,22 @@ def test_a_published_run_trained_again_is_the_same_run_and_a_change_is_named(lm_
     assert retrain.main([str(run)]) == 2 and "cannot be read as a run's" in capsys.readouterr().out
 
 
+def test_a_published_run_is_trained_again_by_the_commit_its_manifest_names(capsys):
+    """The built-in LM's grid names 55ed05a: that commit's code, checked out in a worktree, trains its seed-0 KL3
+    run again to the bit (about 20 s); a commit the repository lacks is one line."""
+    spec = importlib.util.spec_from_file_location("retrain", ROOT / "scripts" / "retrain_published.py")
+    retrain = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(retrain)
+    grid = published.ROOT / "builtin-cpu"
+    manifest = json.loads((grid / "manifest.json").read_text())
+    run = grid / min((cell["seed"], name) for name, cell in manifest["runs"].items()
+                     if cell["measure"] == claims.KL3_WIDE and cell["reward"] == "task")[1]
+    assert retrain.main([str(run)]) == 0
+    assert f"the same run, to the bit (trained again by commit {manifest['commit']}" in capsys.readouterr().out
+    with pytest.raises(LookupError):
+        retrain.train_at_commit("0" * 40, run / "config.json", ROOT)
+
+
 def test_a_lease_stops_starting_runs_that_would_not_finish_in_it():
     """`scripts/train_declared.py` (a grid trained within a lent GPU's call): the queue stops once a run started now
     would end after the call's end at the slowest finished run's pace, and never before one has finished."""

@@ -1,0 +1,221 @@
+"""The dose search: where on SmolLM2-135M does a constraint bind enough that PPO and KL3 can differ?
+
+The published claims grids compare PPO ε = 0.2 with KL3 δ = 0.05 where the two act differently on about 0.5% of
+tokens in 30 steps (docs/claims.md), so "no difference" is close to guaranteed by the design. This search looks, before
+any experiment is declared, for a setting where the constraint shapes training. Every grid point trains PPO ε = 0.2
+and KL3 δ = 0.05 at seed 0 on the learn setting's batch (8 prompts × 8 completions of `add` through the chat
+template, 24 new tokens, the last 4 blocks trained, bf16), for STEPS steps with a held-out evaluation every 25, and
+records per run and step: each objective's clip fraction, the **disagreement** (the share of the step's sampled tokens
+whose clip state the other objective would set otherwise: the run's recorded (π_old, w, A) re-scored under the other
+clip test, `evidence.rescore`, averaged over the pair's two runs), the entropy, the stability flag and the held-out
+accuracy (sampled and greedy).
+
+**The rule, fixed before the first run (this commit):** the experiment's setting is the cheapest grid point (CPU
+seconds per run) at which
+  1. PPO's clip fraction, averaged over the run, is at least 3%;
+  2. the disagreement, averaged over the run, is at least 2% of tokens;
+  3. PPO's sampled held-out accuracy at the end is above its start (point estimates: the search has one seed);
+  4. PPO's run collapses (`engine/stability.py`) or its entropy's last-10-step mean falls below half its first step's.
+If no point meets all four, the point meeting 1–3 with the largest disagreement is chosen and the stability claim is
+reported as not testable here; if none meets 1–3, the search is reported as finding no binding regime at this cost.
+
+Points are trained in POINTS order (the likeliest to bind first), two runs at a time on one thread each, each run in
+its own folder under the runs folder (default ../runs-dose, outside the checkout); a finished run is never trained
+again, so the search resumes where it stopped. After each run the summary (every run's per-step dose, entropy,
+stability and evaluations, and the rule's reading) is written to published/smollm2-135m-dose-search.json and printed
+as a table.
+
+    python scripts/dose_search.py [--runs DIR] [--parallel N] [POINT …]   # POINT: only these (their names)
+    python scripts/dose_search.py --table                                 # the summary of what there is, nothing trained
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from divviz.engine import store  # noqa: E402
+from divviz.evidence.rescore import Tokens, measure_objective, rescore  # noqa: E402
+
+STEPS = 100
+BASE = ["--model", "smollm2-135m", "--task", "add", "--prompts", "8", "--group-size", "8", "--max-new-tokens", "24",
+        "--trainable-blocks", "4", "--seed", "0", "--inspect-prompts", "1", "--steps", str(STEPS), "--eval-every",
+        "25", "--dtype", "bfloat16"]
+OBJECTIVES = {"ppo": ("ratio", ["--measure", "ratio", "--param", "eps=0.2"]),
+              "kl3": ("kl3:delta=0.05", ["--measure", "kl3", "--param", "delta=0.05"])}  # name: (clip test, flags)
+POINTS = {  # name: (μ, K, learning rate), the likeliest to bind first
+    "mu2-K8-lr5e-5": (2, 8, 5e-5), "mu1-K4-lr1e-4": (1, 4, 1e-4), "mu2-K8-lr1e-4": (2, 8, 1e-4),
+    "mu4-K8-lr5e-5": (4, 8, 5e-5), "mu1-K8-lr1e-4": (1, 8, 1e-4), "mu2-K4-lr1e-4": (2, 4, 1e-4),
+    "mu1-K4-lr2e-4": (1, 4, 2e-4), "mu2-K8-lr2e-4": (2, 8, 2e-4), "mu4-K8-lr1e-4": (4, 8, 1e-4),
+    "mu1-K4-lr5e-5": (1, 4, 5e-5), "mu1-K8-lr5e-5": (1, 8, 5e-5), "mu2-K4-lr5e-5": (2, 4, 5e-5),
+    "mu1-K8-lr2e-4": (1, 8, 2e-4), "mu2-K4-lr2e-4": (2, 4, 2e-4), "mu4-K4-lr5e-5": (4, 4, 5e-5),
+    "mu4-K4-lr1e-4": (4, 4, 1e-4), "mu4-K4-lr2e-4": (4, 4, 2e-4), "mu4-K8-lr2e-4": (4, 8, 2e-4),
+}
+SUMMARY = ROOT / "published" / "smollm2-135m-dose-search.json"
+RULE = {"ppo_clip": 0.03, "disagreement": 0.02, "entropy_fraction": 0.5, "entropy_window": 10}
+
+
+def flags(point: str, objective: str) -> list[str]:
+    mu, k, lr = POINTS[point]
+    return [*BASE, "--mu", str(mu), "--minibatches", str(k), "--lr", f"{lr:g}", *OBJECTIVES[objective][1]]
+
+
+def train(runs: Path, point: str, objective: str, log) -> None:
+    """Train one run of the search into runs/<point>/<objective> unless it is done there (a stopped one restarts)."""
+    folder = runs / point / objective
+    if folder.is_dir() and store.read_run(folder).state == "done":
+        return
+    if folder.exists():
+        import shutil
+
+        shutil.rmtree(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "divviz", "train", *flags(point, objective), "--runs-dir", str(folder.parent),
+               "--now"]
+    log.write(f"\n== {point} {objective} ({time.strftime('%H:%M:%S')}): {' '.join(command[3:])}\n")
+    log.flush()
+    made = subprocess.run(command, stdout=subprocess.PIPE, stderr=log, text=True, cwd=ROOT,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    made_folder = Path(made.stdout.strip().splitlines()[-1]) if made.stdout.strip() else None
+    if made_folder and made_folder.is_dir():
+        made_folder.rename(folder)
+
+
+def step_tokens(folder: Path, step: int) -> Tokens | None:
+    """A step's sampled tokens (the run's per-token sample) as `rescore` reads them; None where none was kept."""
+    try:
+        facts = store.read_tokens(folder, step)
+    except (OSError, ValueError, KeyError, store.CorruptRun):
+        return None
+    if facts is None or "ratio" not in facts or len(facts["ratio"]) == 0:
+        return None
+    keep = np.asarray(facts["state"]) != 5  # a rejected token took no part in the loss
+    pi_old, ratio, adv = (torch.as_tensor(np.asarray(facts[k])[keep], dtype=torch.float64)
+                          for k in ("pi_old", "ratio", "adv"))
+    n = len(ratio)
+    return Tokens([(0, 0, i) for i in range(n)], [""] * n, pi_old, ratio, adv, torch.ones(n),
+                  torch.as_tensor(np.asarray(facts["state"])[keep] % 4).long())
+
+
+def run_summary(folder: Path, other_clip: str) -> dict | None:
+    """One run's per-step dose, entropy and stability, its evaluations and its seconds per step."""
+    if not folder.is_dir():
+        return None
+    run, rows, evals = store.read_run(folder), store.read_metrics(folder), store.read_evals(folder)
+    other = measure_objective(other_clip)
+    disagreement = []
+    for row in rows:
+        tokens = step_tokens(folder, int(row["step"]))
+        disagreement.append(None if tokens is None else rescore(tokens, other, other_clip)["changed"] / len(tokens.where))
+    return {"state": run.state, "steps": len(rows),
+            "clip": [r.get("clip_ratio/region_mean") for r in rows], "entropy": [r.get("entropy") for r in rows],
+            "disagreement": disagreement, "reward": [r.get("reward") for r in rows],
+            "collapse_step": next((r["stability/collapse_step"] for r in rows if "stability/collapse_step" in r), None),
+            "evals": [{k: e[k] for k in ("step", "eval/accuracy", "eval/accuracy_greedy") if k in e} for e in evals],
+            "step_s": float(np.median([r["step_time"] for r in rows])) if rows else None}
+
+
+def mean(values) -> float | None:
+    present = [v for v in values if v is not None]
+    return float(np.mean(present)) if present else None
+
+
+def reading(point: dict) -> dict | None:
+    """The rule's four conditions on a point whose two runs are done (None otherwise)."""
+    ppo, kl3 = point.get("ppo"), point.get("kl3")
+    if not ppo or not kl3 or ppo["state"] != "done" or kl3["state"] != "done":
+        return None
+    window = RULE["entropy_window"]
+    clip, dose = mean(ppo["clip"]), mean(ppo["disagreement"] + kl3["disagreement"])
+    start, end = ppo["evals"][0]["eval/accuracy"], ppo["evals"][-1]["eval/accuracy"]
+    fell = mean(ppo["entropy"][-window:]) < RULE["entropy_fraction"] * ppo["entropy"][0]
+    return {"ppo_clip": clip, "disagreement": dose, "ppo_accuracy": [start, end],
+            "binds": clip >= RULE["ppo_clip"], "differ": dose >= RULE["disagreement"], "learns": end > start,
+            "destabilises": ppo["collapse_step"] is not None or fell,
+            "cpu_s_per_run": (ppo["step_s"] + kl3["step_s"]) / 2 * STEPS}
+
+
+def choose(points: dict) -> str:
+    """The rule's choice among the points read so far, in words."""
+    read = {name: r for name, p in points.items() if (r := p.get("reading"))}
+    full = [n for n, r in read.items() if r["binds"] and r["differ"] and r["learns"] and r["destabilises"]]
+    if full:
+        return min(full, key=lambda n: read[n]["cpu_s_per_run"]) + ": all four conditions"
+    partial = [n for n, r in read.items() if r["binds"] and r["differ"] and r["learns"]]
+    if partial:
+        return max(partial, key=lambda n: read[n]["disagreement"]) + ": conditions 1–3 (the stability claim not testable)"
+    return f"none yet ({len(read)} of {len(POINTS)} points read)"
+
+
+def summary(runs: Path) -> dict:
+    points = {}
+    for name in POINTS:
+        point = {objective: run_summary(runs / name / objective, OBJECTIVES["kl3" if objective == "ppo" else "ppo"][0])
+                 for objective in OBJECTIVES}
+        point = {k: v for k, v in point.items() if v is not None}
+        if point:
+            mu, k, lr = POINTS[name]
+            points[name] = {"mu": mu, "minibatches": k, "lr": lr, **point}
+            points[name]["reading"] = reading(points[name])
+    return {"rule": RULE, "steps": STEPS, "flags": BASE, "points": points, "choice": choose(points)}
+
+
+def table(result: dict) -> str:
+    lines = ["| point | runs | PPO clip | KL3 clip | disagreement | PPO entropy first → last 10 | PPO collapse | "
+             "PPO held-out start → end | s/step | rule 1 2 3 4 |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, p in result["points"].items():
+        ppo, kl3, r = p.get("ppo"), p.get("kl3"), p.get("reading")
+        pct = lambda x: "—" if x is None else f"{100 * x:.2f}%"  # noqa: E731
+        runs = ", ".join(f"{o} {p[o]['state']} {p[o]['steps']}" for o in OBJECTIVES if o in p)
+        entropy = f"{ppo['entropy'][0]:.3f} → {mean(ppo['entropy'][-10:]):.3f}" if ppo and ppo["entropy"] else "—"
+        held = (f"{ppo['evals'][0]['eval/accuracy']:.3f} → {ppo['evals'][-1]['eval/accuracy']:.3f}"
+                if ppo and ppo["evals"] else "—")
+        rule = " ".join("✓" if r[k] else "✗" for k in ("binds", "differ", "learns", "destabilises")) if r else "—"
+        lines.append(f"| {name} | {runs} | {pct(mean(ppo['clip']) if ppo else None)} | "
+                     f"{pct(mean(kl3['clip']) if kl3 else None)} | "
+                     f"{pct(mean((ppo or {}).get('disagreement', []) + (kl3 or {}).get('disagreement', [])))} | "
+                     f"{entropy} | {ppo and ppo['collapse_step'] or 'no'} | {held} | "
+                     f"{ppo and ppo['step_s'] and round(ppo['step_s'], 1)} | {rule} |")
+    return "\n".join(lines + ["", f"The rule's choice so far: {result['choice']}"])
+
+
+def write(runs: Path) -> None:
+    result = summary(runs)
+    SUMMARY.write_text(json.dumps(result, indent=1) + "\n")
+    print(table(result), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", default=str(ROOT.parent / "runs-dose"))
+    parser.add_argument("--parallel", type=int, default=2, help="runs at a time (each on one thread)")
+    parser.add_argument("--table", action="store_true", help="only write the summary of the runs there are")
+    parser.add_argument("points", nargs="*")
+    args = parser.parse_args()
+    runs = Path(args.runs).resolve()
+    runs.mkdir(parents=True, exist_ok=True)
+    if args.table:
+        write(runs)
+        return
+    queue = [(p, o) for p in POINTS if not args.points or p in args.points for o in OBJECTIVES]
+    started = time.time()
+    with open(runs / "search.log", "a") as log, ThreadPoolExecutor(args.parallel) as pool:
+        for _ in pool.map(lambda job: (train(runs, *job, log), write(runs)), queue):
+            pass
+        log.write(f"\n== the search's queue done in {(time.time() - started) / 60:.1f} min\n")
+
+
+if __name__ == "__main__":
+    main()
