@@ -64,6 +64,7 @@ CELL_COLUMNS = {claims_report.HEADERS["verdict"]: st.column_config.TextColumn(wi
                 claims_report.HEADERS["rules_out"]: st.column_config.TextColumn(width="large")}  # its bound in full
 
 st.title("Claims")
+widgets.published_warnings()
 st.write("What the three seed papers claim and divviz can test, tested on a grid of conditions declared before "
          "running: on an exact bandit (where the correct actions sit, small and large K, SGD and Adam, an early and a "
          "late reading) and over training on a language model — on a fresh clone, SmolLM2-135M's published runs. "

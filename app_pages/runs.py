@@ -11,6 +11,7 @@ from divviz.engine import runner, store
 from divviz.safetext import literal
 
 st.title("Runs")
+widgets.published_warnings()
 root = store.runs_dir()
 me = room.viewer()
 st.write(f"Every run folder in {literal(str(root))} (set `DIVVIZ_RUNS_DIR` or `--runs-dir` to use another), "

@@ -35,6 +35,7 @@ CONTROLS = [  # all in the link: it opens the same token of the same step
     Control("m", [], family="clip")]
 
 BY_NAME = widgets.page_top(PAGE, CONTROLS, "Step inspector", INTRO)
+widgets.published_warnings()
 
 
 @st.cache_data(max_entries=64, show_spinner=False)

@@ -247,9 +247,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+READS_PUBLISHED = ("runs", "claims", "rescore")  # the commands that read published/: each says what it hides
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
+        if args.command in READS_PUBLISHED:
+            from divviz.engine import published
+
+            for line in published.damaged_lines():
+                print(f"divviz: note: {line}", file=sys.stderr)
         return args.run(args)
     except DivvizInputError as err:
         print(f"divviz: error: {err}", file=sys.stderr)

@@ -74,8 +74,8 @@ GLOSSARY = {
                      "(a run's own with its Wilson 95% interval)",
     "eval/accuracy_greedy": "the same, answering greedily (the most likely token each time)",
     "stability/max_kl": "the largest k3 KL of the policy to π_old over one update so far (the run's kl/k3)",
-    "stability/max_clip": "the largest share of tokens outside the clip region in one step so far (the run's "
-                          "clip_ratio/region_mean)",
+    "stability/max_clip": "the largest share of tokens whose gradient the clip removed in one step so far (the "
+                          "largest clip_ratio/region_mean)",
     "stability/collapsed": "1 from the step the run collapsed: reward fell below half its peak while an update's KL "
                            "was large, or the entropy fell to a tenth of its start",
 }

@@ -5,6 +5,7 @@ fetches, emoji and colour directives, LaTeX). `literal` makes any string render 
 punctuation character is backslash-escaped (CommonMark renders an escaped character literally), and an invisible
 word joiner (U+2060) breaks the triggers of GitHub's bare autolinks (`://`, `www.`, `@`), which escaping alone
 does not stop (seen in chromium with Streamlit 1.67). `shorten` keeps a message readable whatever it quotes.
+`spreadsheet_safe` keeps a CSV cell from being run as a formula when a spreadsheet opens the download.
 """
 
 from __future__ import annotations
@@ -43,3 +44,13 @@ def unknown(what: str, value, choices) -> str:
     """The one message for a value that is not one of its choices: "unknown task 'chess'; choose add, sort or
     reverse"."""
     return f"unknown {what} {quoted(value)}; choose {one_of(choices)}"
+
+
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")  # what makes a spreadsheet read a cell as a formula (OWASP)
+
+
+def spreadsheet_safe(text):
+    """A CSV cell that a spreadsheet shows and never runs: text starting with = + - @, a tab or a carriage return
+    gets a leading apostrophe (OWASP's advice on CSV injection: `=HYPERLINK(…)` as a metric's name); any other value
+    as it is, numbers included (−0.5 stays a number)."""
+    return f"'{text}" if isinstance(text, str) and text.startswith(FORMULA_START) else text

@@ -94,6 +94,9 @@ def in_range(control: Control, value, text) -> None:
     raise DivvizInputError(f"link: '{control.name}' must be {takes}{wider or ''}; got {quoted(text, 40)}")
 
 
+MAX_LINK_ENTRIES = 12  # measures one link may list: a page draws or trains each of them
+
+
 def read_query(controls: list[Control], query: Mapping[str, str],
                defaults: Callable[[dict], Mapping[str, object]] = lambda values: {}) -> tuple[dict, list[str]]:
     """Values for the controls found in `query`, and one message per value that could not be used as it is,
@@ -107,9 +110,14 @@ def read_query(controls: list[Control], query: Mapping[str, str],
             except DivvizInputError as err:
                 refused.append((control, err))
             else:
-                if (control.multi or control.family) and len(values[control.name]) < len(
-                        [t for t in query[control.name].split(",") if t]):
+                given = [t for t in query[control.name].split(",") if t]
+                if (control.multi or control.family) and len(values[control.name]) < len(given):
                     problems.append(f"link: '{control.name}' names a value more than once; each is shown once")
+                if control.family and len(values[control.name]) > MAX_LINK_ENTRIES:
+                    problems.append(f"link: '{control.name}' lists {len(values[control.name])} entries; the first "
+                                    f"{MAX_LINK_ENTRIES} are shown (a page compares at most {MAX_LINK_ENTRIES} at a "
+                                    "time: each one trains or draws its own curves on the shared CPU)")
+                    values[control.name] = values[control.name][:MAX_LINK_ENTRIES]
         if control.family is not None:
             legacy = read_legacy_params(control, values.get(control.name, control.default), query, problems)
             if legacy != values.get(control.name, control.default):

@@ -13,7 +13,7 @@ from divviz.app.urlstate import Control
 from divviz.catalogue.formula import MAX_CHARACTERS
 from divviz.catalogue.params import DivvizInputError, Param
 from divviz.safetext import literal, shorten
-from divviz.views.figures import Chart
+from divviz.views.figures import Chart, spreadsheet_csv
 
 
 PLOTLY_CONFIG = {"displaylogo": False, "toImageButtonOptions": {"format": "png", "scale": 2}}
@@ -132,7 +132,7 @@ def show_chart(chart: Chart, name: str, key: str | None = None) -> None:
     figure = chart.export or chart.figure  # every point, where the chart on screen thins a long series
     row.download_button("HTML", lambda: figure.to_html(include_plotlyjs=True), file_name=f"{slug}.html",
                          mime="text/html", key=f"html:{slug}", icon=":material/download:", on_click="ignore")
-    row.download_button("CSV", lambda: chart.data.to_csv(index=False), file_name=f"{slug}.csv", mime="text/csv",
+    row.download_button("CSV", lambda: spreadsheet_csv(chart.data), file_name=f"{slug}.csv", mime="text/csv",
                         key=f"csv:{slug}", icon=":material/table:", on_click="ignore")  # both files are made only
 
 
@@ -149,3 +149,12 @@ def shown_errors():
     except Exception as err:  # noqa: BLE001 — a page must not show a traceback, whatever failed
         st.error(f"Something went wrong: {type(err).__name__}: {literal(shorten(str(err), 300))}",
                  icon=":material/error:")
+
+
+def published_warnings() -> None:
+    """A line for each published grid hidden because a file of it is not what its manifest says
+    (`published.damaged_lines`); the other grids and the user's runs are shown as ever."""
+    from divviz.engine import published
+
+    for line in published.damaged_lines():
+        st.warning(literal(line), icon=":material/report:")

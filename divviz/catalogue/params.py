@@ -143,12 +143,16 @@ def check_params(owner: str, spec: tuple[Param, ...], given: Mapping[str, object
 
 
 def parse_assignments(items: list[str] | tuple[str, ...]) -> dict[str, str]:
-    """Turn ["delta=0.05", "eps=0.2"] into {"delta": "0.05", "eps": "0.2"}; values are checked later."""
+    """Turn ["delta=0.05", "eps=0.2"] into {"delta": "0.05", "eps": "0.2"}; values are checked later. A parameter
+    given twice is refused (which one was meant cannot be known)."""
     out: dict[str, str] = {}
     for item in items:
         name, sep, value = item.partition("=")
         if not sep or not name.strip():
             raise DivvizInputError(f"expected NAME=VALUE, got {quoted(item)}")
+        if name.strip() in out:
+            raise DivvizInputError(f"parameter {quoted(name.strip())} is given twice ({quoted(out[name.strip()])} and "
+                                   f"{quoted(value.strip())}); give it once")
         out[name.strip()] = value.strip()
     return out
 

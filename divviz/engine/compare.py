@@ -68,6 +68,9 @@ def same_batch(cfg: RunConfig, settings: list[tuple[str, RunConfig | Objective]]
     say = progress or (lambda done, total, text: None)
     started = time.perf_counter()
     tr = trainer or make_trainer(cfg)
+    # π_ref, the run's start policy, for a penalty: the weights the comparison starts from, unless they are a
+    # checkpoint's (then the start weights, kept before the checkpoint loads)
+    reference = None if weights is None else tr.reference or copy.deepcopy(tr.model).eval().requires_grad_(False)
     if weights is not None:
         from safetensors.torch import load_model
 
@@ -82,6 +85,7 @@ def same_batch(cfg: RunConfig, settings: list[tuple[str, RunConfig | Objective]]
                       prefix=batch.prefix)
     before = measure(tr.model)
     logp_old = before.logp
+    logp_ref = logp_old if reference is None else measure(reference).logp
     active = mask > 0
     results = []
     for label, setting in settings:
@@ -89,7 +93,7 @@ def same_batch(cfg: RunConfig, settings: list[tuple[str, RunConfig | Objective]]
         objective = run.objective
         tr.model.load_state_dict(start_weights)
         tr.optimiser = make_optimiser(tr.model, cfg)
-        done = update(tr, batch, objective, logp_old, step, correction=run.correction(), bypass=run.bypass_mode)
+        done = update(tr, batch, objective, logp_ref, step, correction=run.correction(), bypass=run.bypass_mode)
         out = done.out
         after = measure(tr.model)
         logp_after = after.logp
@@ -101,7 +105,7 @@ def same_batch(cfg: RunConfig, settings: list[tuple[str, RunConfig | Objective]]
                    "rejected_share": float((done.mask[active] == 0).float().mean())}
         state = out.clipped_low.long() + 2 * out.clipped_high.long() + 3 * out.dual_clipped.long()
         record = inspected_record(cfg, tr.tokenizer, objective, batch, done, logp_after,
-                                  logp_old if objective.penalties else None, step,
+                                  logp_ref if objective.penalties else None, step,
                                   rows=max(inspected_rows(cfg), cfg.group_size))  # ≥ 1 group, side by side
         results.append(Comparison(label, metrics, logp_old.exp()[active].cpu().numpy(),
                                   logp_after.exp()[active].cpu().numpy(), out.ratio[active].cpu().numpy(),

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from divviz.catalogue.aggregation import group_advantages
+from divviz.engine.batch import Batch, Update
 from divviz.engine.config import RunConfig
 from divviz.engine.frozen_prefix import FrozenPrefix, frozen_prefix
 from divviz.engine.minibatch import PolicyBefore, in_batch_order, minibatch_index, minibatch_rows
@@ -44,7 +45,7 @@ from divviz.engine.step_metrics import (ENTROPY_ROWS, StepTally, after_rows, ins
 from divviz.engine.tasks import Task, coin_rewards, get_task
 from divviz.losses import LossOutput, NonFiniteInput, Objective
 from divviz.metrics import entropy_change
-from divviz.catalogue.rollout_correction import Correction, RolloutCorrection
+from divviz.catalogue.rollout_correction import RolloutCorrection
 
 
 class NonFiniteLoss(RuntimeError):
@@ -126,19 +127,6 @@ class StepResult:
     inspected: dict | None = None  # whole completions with every token's facts (`completions.step_record`)
 
 
-@dataclass
-class Batch:
-    """One step's rollouts and what the reward made of them."""
-
-    rollout: Rollout
-    prompts: list[str]  # one per completion, as a person reads it (the compact prompt, or the chat question)
-    texts: list[str]
-    rewards: torch.Tensor  # (N,)
-    correct: list[bool]
-    adv: torch.Tensor  # (N,)
-    prefix: FrozenPrefix | None = None  # the trained policy's frozen blocks over the batch, once (`frozen_prefix.py`)
-
-
 def make_batch(tr: Trainer, step: int) -> Batch:
     """Sample G completions for each of step `step`'s prompts (seeded by the run seed and the step), and run the
     trained policy's frozen blocks over them once (`frozen_prefix.py`; None where every block trains)."""
@@ -176,24 +164,6 @@ def top_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float)
         return torch.zeros_like(kept)
     threshold = torch.quantile(entropy[kept].float(), 1 - quantile)
     return (entropy * mask >= threshold) & kept
-
-
-@dataclass
-class Update:
-    """What `update` did: the last pass's LossOutput (each completion's from its mini-batch), π_old, the clip
-    fractions averaged over its μ × K optimiser steps (and by optimiser step when K > 1), the gradient norms, the
-    rollout correction (None when the batch is on-policy), the loss's mask (the completions' less the tokens the
-    correction rejected), the tempered logits of the `watch` rows before the update and the mini-batch each
-    completion trained in (None for K = 1)."""
-
-    out: LossOutput
-    logp_old: torch.Tensor
-    fractions: dict[str, float]
-    grad_norms: list[float]
-    correction: Correction | None
-    mask: torch.Tensor
-    before: torch.Tensor | None = None  # (len(watch), T, V)
-    minibatch: torch.Tensor | None = None  # (N,) 0-based
 
 
 def update(tr: Trainer, batch: Batch, objective: Objective, logp_ref, step: int,

@@ -4,11 +4,11 @@ TRL (`GRPOTrainer._prepare_inputs`) shuffles a generation batch once (`shuffle_s
 `steps_per_generation` consecutive slices (`split_tensor_dict`), and trains the slices in order, one optimiser step
 each, in every one of its `num_iterations` passes; verl splits its batch into `ppo_mini_batch_size` pieces for each
 of `ppo_epochs`. divviz splits by completion, as TRL does, with one seeded shuffle per rollout batch shared by the μ
-passes, so its mini-batches match a TRL run's given the same permutation (tests/engine/test_trl_runs.py). Every mini-batch
-is trained against π_old, the policy that sampled the batch: the first one of the first pass is on-policy (its
-ratios are exactly 1, π_old and π coming from the same forward on the same rows), every later one is off-policy by
-the steps before it, which is where a clip test starts to bind. One optimiser step per pass (K = 1) is simply one
-mini-batch, the whole batch.
+passes, so its mini-batches match a TRL run's given the same permutation (tests/engine/test_trl_runs.py). Every
+mini-batch is trained against π_old, the policy before the update (π_roll, the sampler, in verl's bypass mode): the
+first one of the first pass is on-policy (its ratios are exactly 1, π_old and π coming from the same forward on the
+same rows), every later one is off-policy by the steps before it, which is where a clip test starts to bind. One
+optimiser step per pass (K = 1) is simply one mini-batch, the whole batch.
 """
 
 from __future__ import annotations

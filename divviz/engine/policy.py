@@ -1,6 +1,6 @@
 """The policy: the built-in tiny character-level LM (made locally, no downloads) or any causal LM.
 
-Built-in policy (design.md, layer 5): a character tokenizer (`tokenizers` WordLevel over single characters,
+Built-in policy (docs/engine.md): a character tokenizer (`tokenizers` WordLevel over single characters,
 wrapped as `PreTrainedTokenizerFast`) and a 2-layer Llama from a `transformers` config, warm-started by a
 short supervised pass on the task so that GRPO starts from a policy that is sometimes right. It is made
 deterministically from (task, seed) and saved as safetensors under the cache folder, so the second start

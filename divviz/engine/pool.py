@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 from divviz.catalogue.params import DivvizInputError
+from divviz.engine.processes import running
 from divviz.engine.store import read_status, writable_runs_folder, write_status
 from divviz.safetext import quoted
 
@@ -173,7 +174,7 @@ class Pool:
                     self.lock.close()
                     queue_lock.file.close()
                     os._exit(train_child(folder))
-                write_status(folder, {**status, "state": "running", "message": "starting", "pid": pid,
+                write_status(folder, {**status, "state": "running", "message": "starting", **running(pid),
                                       "started": time.time(), "updated": time.time()})
                 self.children[pid] = folder
 

@@ -14,6 +14,11 @@ A reader needs nothing of divviz to use them: `gzip` and `json` read every metri
 (`folder()`): the files are unpacked once into a cache named by the manifests' content, so the store's readers, the
 Claims page, the Runs page and the Step inspector read them as they read any run — never written, never queued.
 
+Every file there is untrusted: a grid is used only if each file its manifest names is a regular file (no link
+followed), no larger than MAX_FILE_BYTES, with the SHA-256 the manifest records; a file no manifest names is never
+read; a gzip stops at MAX_INFLATED_BYTES. A grid that fails is hidden, and `damaged()` names the file and the fault
+(the pages and the CLI say it in one line); every other grid, and the user's own runs, stay as they are.
+
 `publish` is the maintainer's half (`scripts/publish_runs.py`): it copies a finished run into its grid and records it
 in the manifest, so a grid is published run by run while it trains. `differences` is a reader's check: a run
 trained again from a published run's config.json against the published run (`scripts/retrain_published.py`).
@@ -23,19 +28,28 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import io
 import json
 import os
 import shutil
 import tempfile
+import zlib
 from pathlib import Path
 
 import numpy as np
 
 import divviz
 from divviz.engine import store
+from divviz.engine.tail import open_regular
 
 ROOT = Path(divviz.__file__).resolve().parent.parent / "published"  # beside the package in a checkout
 JSONL = ("metrics.jsonl", "eval.jsonl", "samples.jsonl")
+MAX_FILE_BYTES = 32 * 2**20  # a published file as stored (the largest today: a few hundred kB)
+MAX_INFLATED_BYTES = 256 * 2**20  # what one gzip-compressed file may inflate to (the largest: a few MB)
+
+
+class DamagedGrid(ValueError):
+    """A published grid whose files are not what its manifest says: its message names the file and the fault."""
 
 
 def cpu_kernels() -> str:
@@ -57,7 +71,7 @@ def root() -> Path:
     return Path(os.environ.get("DIVVIZ_PUBLISHED") or ROOT)
 
 
-_read: dict[tuple, tuple[dict, str]] = {}  # the manifest files' identities → (what they held, its content's key)
+_read: dict[tuple, tuple[dict, str, dict]] = {}  # manifest files' identities → (held, content key, damaged grids)
 
 
 def manifests(where: Path | None = None) -> dict[str, dict]:
@@ -67,14 +81,58 @@ def manifests(where: Path | None = None) -> dict[str, dict]:
     return _read_manifests(where or root())[0]
 
 
-def _read_manifests(where: Path) -> tuple[dict, str]:
-    """(the manifests, a key naming their content), parsed once per state of the files."""
+def damaged(where: Path | None = None) -> dict[str, str]:
+    """Each published grid hidden because a file is not what its manifest says: grid name → the file and the fault."""
+    return _read_manifests(where or root())[2]
+
+
+def damaged_lines(where: Path | None = None) -> list[str]:
+    """One line per hidden grid, as the pages and the CLI say it."""
+    return [f"published grid {grid} is hidden, the rest is shown: {fault}" for grid, fault in damaged(where).items()]
+
+
+def _read_manifests(where: Path) -> tuple[dict, str, dict]:
+    """(the manifests of the sound grids, a key naming their content, the damaged grids' faults), parsed and checked
+    once per state of the manifest files."""
     identity = _identity(where)
     if identity not in _read:
         _read.clear()  # one published folder at a time is asked for; an old entry is stale
-        found = _parse([Path(path) for path, _, _ in identity])
-        _read[identity] = found, hashlib.sha256(json.dumps(found, sort_keys=True).encode()).hexdigest()[:16]
+        found, faults = _parse([Path(path) for path, _, _ in identity]), {}
+        for grid, manifest in list(found.items()):
+            try:
+                _check_files(where / grid, manifest)
+            except DamagedGrid as err:
+                faults[grid] = str(err)
+                del found[grid]
+        key = hashlib.sha256(json.dumps(found, sort_keys=True).encode()).hexdigest()[:16]
+        _read[identity] = found, key, faults
     return _read[identity]
+
+
+def _stored(path: Path, shown: str) -> bytes:
+    """A published file's bytes: a regular file, not a link, at most MAX_FILE_BYTES; else DamagedGrid."""
+    try:
+        with open_regular(path) as handle:
+            data = handle.read(MAX_FILE_BYTES + 1)
+    except OSError as err:
+        raise DamagedGrid(f"{shown}: missing, a link or not a regular file ({err.strerror or err})") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise DamagedGrid(f"{shown}: larger than {MAX_FILE_BYTES:,} bytes")
+    return data
+
+
+def _check_files(grid: Path, manifest: dict) -> None:
+    """DamagedGrid naming the first file of `grid` that is not what the manifest's SHA-256 says."""
+    for name, cell in manifest["runs"].items():
+        hashes = cell.get("sha256") if isinstance(cell, dict) else None
+        if not isinstance(hashes, dict) or not hashes:
+            raise DamagedGrid(f"{grid.name}/{name}: the manifest records no SHA-256 of its files")
+        for relative, digest in hashes.items():
+            shown = f"{grid.name}/{name}/{relative}"
+            if not isinstance(relative, str) or not all(_plain_name(part) for part in relative.split("/")):
+                raise DamagedGrid(f"{shown}: not a path inside the run")
+            if hashlib.sha256(_stored(grid / name / relative, shown)).hexdigest() != digest:
+                raise DamagedGrid(f"{shown}: its SHA-256 is not the one the manifest records (damaged or edited)")
 
 
 def _identity(where: Path) -> tuple:
@@ -110,7 +168,7 @@ def folder(where: Path | None = None) -> Path | None:
     """A runs folder holding every published run, unpacked (made once per content of the manifests, in divviz's
     cache folder); None when nothing is published."""
     where = where or root()
-    found, key = _read_manifests(where)
+    found, key, _ = _read_manifests(where)
     if not found:
         return None
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "divviz" / "published" / key
@@ -118,13 +176,16 @@ def folder(where: Path | None = None) -> Path | None:
         return cache
     cache.parent.mkdir(parents=True, exist_ok=True)
     unpacking = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=cache.parent))
-    for grid, manifest in found.items():
-        for run in manifest["runs"]:
-            _unpack(where / grid / run, unpacking / run)
     try:
+        for grid, manifest in found.items():
+            for run, cell in manifest["runs"].items():
+                _unpack(where / grid / run, unpacking / run, cell["sha256"], f"{grid}/{run}")
         os.replace(unpacking, cache)
-    except OSError:  # another process unpacked it first
+    except (OSError, DamagedGrid):  # another process unpacked it first, or a file changed since it was checked
         shutil.rmtree(unpacking, ignore_errors=True)
+        if not cache.is_dir():
+            _read.clear()  # check again next time
+            return None
     return cache
 
 
@@ -138,14 +199,21 @@ def unpacked(run: Path) -> Path:
     return run
 
 
-def _unpack(source: Path, target: Path) -> None:
-    for path in source.rglob("*"):
-        if path.is_dir():
-            continue
-        relative = path.relative_to(source)
-        out = target / (relative.with_suffix("") if path.suffix == ".gz" else relative)
+def _unpack(source: Path, target: Path, hashes: dict, shown: str) -> None:
+    """The files the manifest names (and no other), each decompressed at most to MAX_INFLATED_BYTES."""
+    for relative in hashes:
+        data = _stored(source / relative, f"{shown}/{relative}")
+        if relative.endswith(".gz"):
+            try:
+                with gzip.GzipFile(fileobj=io.BytesIO(data)) as inflating:
+                    data = inflating.read(MAX_INFLATED_BYTES + 1)
+            except (OSError, EOFError, zlib.error) as err:
+                raise DamagedGrid(f"{shown}/{relative}: not a whole gzip file ({err})") from None
+            if len(data) > MAX_INFLATED_BYTES:
+                raise DamagedGrid(f"{shown}/{relative}: inflates past {MAX_INFLATED_BYTES:,} bytes")
+        out = target / (relative.removesuffix(".gz"))
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_bytes(gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes())
+        out.write_bytes(data)
 
 
 def kept_steps(steps: int) -> tuple[int, ...]:

@@ -24,7 +24,8 @@ from pathlib import Path
 from divviz.engine import resume, store
 from divviz.engine.config import RunConfig
 from divviz.engine.pool import STOP_GRACE_S, QueueLock, control_dir, max_runs, queued_runs
-from divviz.engine.store import list_runs, new_run_folder, process_alive, read_metrics, read_status, write_status
+from divviz.engine.processes import run_process_alive
+from divviz.engine.store import list_runs, new_run_folder, read_metrics, read_status, write_status
 from divviz.catalogue.params import DivvizInputError
 from divviz.safetext import quoted
 
@@ -108,7 +109,7 @@ def stop_run(folder: Path, viewer: Viewer | None = None, wait_s: float = STOP_GR
                                   "updated": time.time()})
             return "stopped"
     pid = status.get("pid")
-    if status["state"] != "running" or not pid:
+    if status["state"] != "running" or not pid:  # read_status: a process that is not the run's reads interrupted
         return status["state"]
     (folder / ".stop").write_text(str(time.time()))  # the pool reads it: a child that dies now was stopped
     if status.get("executor"):  # Ray's pool trains it under its own pid (divviz/ray/pool.py): .stop stops it
@@ -117,7 +118,7 @@ def stop_run(folder: Path, viewer: Viewer | None = None, wait_s: float = STOP_GR
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
         return read_status(folder)["state"]
-    threading.Thread(target=_kill_if_alive, args=(folder, pid, wait_s), daemon=True).start()
+    threading.Thread(target=_kill_if_alive, args=(folder, status, wait_s), daemon=True).start()
     return "stopping"
 
 
@@ -143,14 +144,17 @@ def resume_run(folder: Path, viewer: Viewer | None = None) -> int:
     return step
 
 
-def _kill_if_alive(folder: Path, pid: int, wait_s: float) -> None:
+def _kill_if_alive(folder: Path, stopped: dict, wait_s: float) -> None:
+    """SIGKILL the process of the status `stopped` was read from if it is still that run's `wait_s` seconds on."""
     deadline = time.time() + wait_s
     while time.time() < deadline:
-        if not process_alive(pid) or read_status(folder)["state"] != "running":
+        if not run_process_alive(stopped) or read_status(folder)["state"] != "running":
             return
         time.sleep(0.05)
+    if not run_process_alive(stopped):
+        return
     try:
-        os.kill(pid, signal.SIGKILL)
+        os.kill(stopped["pid"], signal.SIGKILL)
     except ProcessLookupError:
         return
     status = read_status(folder)
@@ -247,4 +251,4 @@ def lab_runs(root: Path, shown: list[str], who: str, everyone: bool = False) -> 
 def is_running(folder: Path) -> bool:
     reap()
     status = read_status(folder)
-    return status["state"] == "running" and process_alive(status.get("pid"))
+    return status["state"] == "running" and run_process_alive(status)

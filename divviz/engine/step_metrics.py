@@ -18,6 +18,7 @@ import torch
 
 from divviz.catalogue.aggregation import aggregation_weights
 from divviz.catalogue.estimators import k1, k2, k3
+from divviz.engine.batch import Batch, Update
 from divviz.engine.completions import step_record
 from divviz.engine.rollout import Rollout
 from divviz.losses import LossOutput, Objective
@@ -25,7 +26,6 @@ from divviz.metrics import PI_OLD_BINS, bin_labels, clip_fractions, entropy_cova
 
 if TYPE_CHECKING:  # the step's own types, for the reader; grpo.py imports this module
     from divviz.engine.config import RunConfig
-    from divviz.engine.grpo import Batch, Update
 
 TOKEN_SAMPLE = 256  # per-token facts kept per step for the scatter plots
 AFTER_ROWS = 256  # completions re-scored after the update for the KL and mass metrics (all, in small batches)

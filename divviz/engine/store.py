@@ -2,12 +2,15 @@
 
     RUNS_DIR/<run id>/
         config.json        RunConfig.to_dict(), written once
-        status.json        {"state", "message", "pid", "step", "steps", "device", "started", "updated"}, replaced
-                           atomically (write to a temp file, then os.replace)
+        status.json        {"state", "message", "pid", "process", "step", "steps", "device", "started", "updated"},
+                           replaced atomically (write to a temp file, then os.replace); "process" tells the pid's
+                           process from a later one (`processes.process_identity`)
         metrics.jsonl      one JSON object per step, appended and flushed
         tokens/step_NNNNNN.npz   a bounded sample of per-token facts per step, each written atomically (runs of
                            a plain TRL GRPOTrainer have none)
         samples.jsonl      a few (prompt, completion, reward) per step
+        completions/step_NNNNNN.json   the step inspector's record of whole completions (`completions.step_record`),
+                           each written atomically, at the steps the run keeps them
         checkpoints/step_NNNNNN.safetensors   the weights every `checkpoint_every` steps (small models only)
         eval.jsonl         one held-out evaluation per line (`evaluate.py`), appended
         resume.pt          what the run needs to go on after its latest `checkpoint_every` step (`resume.py`),
@@ -15,7 +18,7 @@
 
 Every write is atomic or append-only, so a folder read while a run writes it, or after a hard kill, is
 readable: a torn last line of metrics.jsonl is skipped. A run whose status says "running" but whose process
-is gone reads as "interrupted". Every read is defensive, whoever wrote the folder: a status.json or config.json
+is gone, or is not the process that wrote it, reads as "interrupted". Every read is defensive, whoever wrote the folder: a status.json or config.json
 that is not what the contract says (binary junk, a list, text where a number belongs) makes that run read as
 "corrupt" with the reason, and never hides the other runs; metric values that are not numbers are dropped.
 
@@ -37,7 +40,8 @@ from pathlib import Path
 
 import numpy as np
 
-from divviz.engine.tail import METRICS, last_row
+from divviz.engine.processes import process_alive, run_process_alive, running
+from divviz.engine.tail import METRICS, last_row, open_regular
 from divviz.engine.completions import MAX_BYTES, check_record
 from divviz.catalogue.params import DivvizInputError
 from divviz.safetext import quoted, shorten
@@ -68,23 +72,27 @@ def write_status(folder: Path, status: dict) -> None:
     _write_atomic(folder / "status.json", json.dumps(status))
 
 
-def process_alive(pid: int | None) -> bool:
-    """True if `pid` is a live (not zombie) process."""
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    stat = Path(f"/proc/{pid}/stat")
-    if stat.exists():
-        try:
-            return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
-        except (OSError, IndexError):
-            return True
-    return True
+def finite_json(value) -> str:
+    """`value` as strict JSON: every non-finite number (NaN, ±inf, which Python's json writes as NaN or Infinity,
+    not JSON) as null; at the top of a row, the keys it nulled are named under "nonfinite" with their values (an
+    imported log-prob of −1e308 makes kl/k3 −inf: the reader sees why the number is missing)."""
+    nulled = []
+
+    def clean(x, key=None):
+        if isinstance(x, float) and not math.isfinite(x):
+            if key is not None:
+                nulled.append(f"{key} = {x}")
+            return None
+        if isinstance(x, dict):
+            return {k: clean(v, k if x is value else None) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [clean(v) for v in x]
+        return x
+
+    cleaned = clean(value)
+    if nulled and isinstance(cleaned, dict):
+        cleaned["nonfinite"] = ", ".join(nulled)
+    return json.dumps(cleaned, allow_nan=False)
 
 
 class RunWriter:
@@ -102,7 +110,7 @@ class RunWriter:
         _write_atomic(folder / "config.json", json.dumps(config, indent=2))
         self._keep_until(resume_step if resume_step else -1)  # from step 0: not even step 0's evaluation stays
         trained = sum(row.get("step_time", 0.0) for row in read_metrics(folder))
-        self.status = {"state": "running", "message": "", "pid": os.getpid(), "step": resume_step, "steps": steps,
+        self.status = {"state": "running", "message": "", **running(os.getpid()), "step": resume_step, "steps": steps,
                        "device": "", "started": time.time() - trained, "updated": time.time(),
                        **{k: queued[k] for k in ("owner", "queued_at", "kind") if k in queued}}  # who, when, why
         self._write_status()
@@ -143,9 +151,9 @@ class RunWriter:
             os.replace(tmp, self.folder / "tokens" / f"step_{step:06d}.npz")
         if inspected is not None:
             (self.folder / "completions").mkdir(exist_ok=True)
-            _write_atomic(self.folder / "completions" / f"step_{step:06d}.json", json.dumps(inspected))
-        self._samples.write(json.dumps({"step": step, "samples": samples}) + "\n")
-        self._metrics.write(json.dumps(metrics) + "\n")
+            _write_atomic(self.folder / "completions" / f"step_{step:06d}.json", finite_json(inspected))
+        self._samples.write(finite_json({"step": step, "samples": samples}) + "\n")
+        self._metrics.write(finite_json(metrics) + "\n")
         self._metrics.flush()
         os.fsync(self._metrics.fileno())
         self.status["step"] = step
@@ -154,7 +162,7 @@ class RunWriter:
     def add_eval(self, step: int, metrics: dict) -> None:
         """One held-out evaluation (`evaluate.evaluate`) after `step` updates (0: before the first) to eval.jsonl."""
         with open(self.folder / "eval.jsonl", "a") as handle:
-            handle.write(json.dumps({"step": step, **metrics}) + "\n")
+            handle.write(finite_json({"step": step, **metrics}) + "\n")
             handle.flush()
             os.fsync(handle.fileno())
 
@@ -235,6 +243,7 @@ class CorruptRun(ValueError):
 
 _parsed: dict[Path, tuple[tuple, object]] = {}  # a JSON file → (its identity, size and mtime; what it held)
 KEPT_JSON_BYTES = 65_536  # status.json and config.json are a few kB
+JSON_CAP = MAX_BYTES + 1_000_000  # the largest JSON file a run holds: a step's completions at the largest cap
 
 
 def _read_json(path: Path) -> object:
@@ -247,7 +256,11 @@ def _read_json(path: Path) -> object:
         seen = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
         known = _parsed.get(path)
         if known is None or known[0] != seen:
-            known = (seen, json.loads(path.read_bytes().decode("utf-8")))
+            with open_regular(path) as handle:
+                data = handle.read(JSON_CAP + 1)
+            if len(data) > JSON_CAP:
+                raise CorruptRun(f"{path.name} is larger than any file divviz writes ({JSON_CAP:,} bytes)")
+            known = (seen, json.loads(data.decode("utf-8")))
             if stat.st_size > KEPT_JSON_BYTES:  # a step's completions: read when asked for, not kept
                 return known[1]
             _parsed[path] = known
@@ -276,6 +289,8 @@ def _checked_status(status: object) -> dict:
             raise CorruptRun(f"status.json: '{name}' is {quoted(value, 40)}, not a time")
     if not isinstance(status.get("message", ""), str):
         raise CorruptRun("status.json: 'message' is not text")
+    if not isinstance(status.get("process", ""), (str, type(None))):
+        raise CorruptRun("status.json: 'process' is not text")
     return status
 
 
@@ -289,9 +304,11 @@ def read_status(folder: Path) -> dict:
         status = _checked_status(_read_json(path))
     except CorruptRun as err:
         return {"state": "corrupt", "message": str(err), "step": 0, "steps": 0}
-    if status["state"] == "running" and not process_alive(status.get("pid")):
+    if status["state"] == "running" and not run_process_alive(status):
         status["state"] = "interrupted"
-        status["message"] = status.get("message") or "the training process ended without finishing the run"
+        status["message"] = ("the training process ended without finishing the run" if not process_alive(status.get("pid"))
+                             else "the process its status names is not the one that trained it (a reused pid, or a "
+                                  "folder from another machine): no signal is sent to it")
     return status
 
 
@@ -336,13 +353,16 @@ def checkpoint_path(folder: Path, step: int) -> Path:
 
 
 TOKEN_COLUMNS = ("pi_old", "ratio", "adv", "state")  # what every writer writes and the scatter needs
+TOKENS_CAP = 64 * 2**20  # bytes a step's token sample may inflate to (divviz writes 256 tokens: a few kB)
 
 
 def read_tokens(folder: Path, step: int) -> dict[str, np.ndarray] | None:
     """The step's per-token facts, or None if there are none or they are not numeric columns of one length."""
     path = folder / "tokens" / f"step_{step:06d}.npz"
     try:
-        with np.load(path, allow_pickle=False) as data:
+        with open_regular(path) as handle, np.load(handle, allow_pickle=False) as data:
+            if sum(info.file_size for info in data.zip.infolist()) > TOKENS_CAP:  # what it would inflate to
+                return None
             tokens = {k: data[k] for k in data.files}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile):
         return None

@@ -17,9 +17,11 @@ from the start if asked for).
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
+import stat
 import sys
 import threading
 from collections import OrderedDict
@@ -143,7 +145,7 @@ class MetricsCache:
         """Parse the complete lines appended after `entry.offset`; False if the file cannot be read or the bytes
         before the offset are not those read before (cut and written again)."""
         try:
-            with open(path, "rb") as handle:
+            with open_regular(path) as handle:
                 handle.seek(entry.offset - len(entry.seen))
                 data = handle.read()
         except OSError:
@@ -175,11 +177,26 @@ class MetricsCache:
 METRICS = MetricsCache()
 
 
+def open_regular(path: Path):
+    """`path` opened for binary reading if it is a regular file and not a symbolic link, else OSError: a run folder
+    from elsewhere may hold a FIFO, whose read would wait for a writer forever, or a link to /dev/zero, whose read
+    would never end. Opened without blocking and checked on the open file, so nothing can swap it in between."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def last_row(path: Path, window: int = 65_536) -> dict | None:
     """The last complete row of a metrics file, from its last `window` bytes only (a run's overview needs no
     more); None if it has none there."""
     try:
-        with open(path, "rb") as handle:
+        with open_regular(path) as handle:
             size = handle.seek(0, os.SEEK_END)
             handle.seek(max(0, size - window))
             data = handle.read()

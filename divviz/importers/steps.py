@@ -179,6 +179,7 @@ def score_step(step: Step, objective: Objective) -> tuple[dict, dict, dict]:
               "adv": adv[keep].float().numpy(), "state": state[keep].numpy().astype(np.int8)}
     weight = aggregation_weights(mask.numpy(), objective.aggregation, width)
     record = {"step": number, "byte_cap": BYTE_CAP, "omitted": 0, "groups": []}
+    token_state = out.token_state()  # once for the batch: each completion's row is read from it
     row = 0
     for group in step.groups:
         entry = {"prompt": group.prompt, "completions": []}
@@ -194,7 +195,7 @@ def score_step(step: Step, objective: Objective) -> tuple[dict, dict, dict]:
                 "text": c.text, "reward": c.reward, "advantage": float(np.mean(c.adv)) if c.adv else 0.0,
                 "tokens": {"id": list(c.ids), "piece": list(c.pieces), "raw": list(c.pieces), "special": [False] * n,
                            **{k: None if v is None else significant(v.tolist(), n) for k, v in facts.items()},
-                           "state": out.token_state()[row, :n].tolist()}})
+                           "state": token_state[row, :n].tolist()}})
             row += 1
         record["groups"].append(entry)
     return metrics, tokens, record

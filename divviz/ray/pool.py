@@ -36,6 +36,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from divviz.engine.config import RunConfig
 from divviz.engine.pool import IDLE_EXIT_S, POLL_S, QueueLock, claim, queued_runs
+from divviz.engine.processes import running
 from divviz.engine.store import read_status, write_status
 
 RUN_CPUS = float(os.environ.get("DIVVIZ_RAY_RUN_CPUS", 1))  # a run's CPU threads
@@ -62,7 +63,7 @@ class Mirror:
                 continue
             if relative == "status.json":
                 status = json.loads(data)
-                data = json.dumps({**status, "pid": self.driver_pid, "executor": EXECUTOR,
+                data = json.dumps({**status, **running(self.driver_pid), "executor": EXECUTOR,
                                    "worker": status.get("pid")}).encode()
             target = folder / relative
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -170,7 +171,7 @@ class RayPool:
                 folder = queue[0][1]
                 status = read_status(folder)
                 status.pop("worker", None)  # a worker of an earlier try: this one has reported nothing yet
-                write_status(folder, {**status, "state": "running", "message": "starting on Ray", "pid": os.getpid(),
+                write_status(folder, {**status, "state": "running", "message": "starting on Ray", **running(os.getpid()),
                                       "executor": EXECUTOR, "started": time.time(), "updated": time.time()})
             self.live[train_remote.options(num_cpus=RUN_CPUS, num_gpus=RUN_GPUS).remote(
                 folder.name, folder_files(folder), self.mirror, max(1, int(RUN_CPUS)), WORKDIR)] = folder

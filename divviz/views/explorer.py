@@ -186,6 +186,27 @@ BANDIT_CLIPPING = ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/ov
                    "clip_ratio/first_step_past_high", "kl")
 
 
+BANDIT_WORK_CAP = 25_000_000  # `bandit_work` of one view: 50 × the page's default (8 seeds, 3 objectives)
+
+
+def bandit_work(cfg: dict, runs: int) -> int:
+    """What a view of the bandit asks of the CPU, in action-updates: runs × iterations × μ × (K + the samples an
+    iteration draws), the closed-form step's cost (`bandit/grpo.py`) and the sampler's."""
+    setting = BanditConfig.make(**cfg)
+    return runs * setting.iterations * setting.mu * (setting.k + setting.groups * setting.group_size)
+
+
+def check_bandit_work(cfg: dict, objectives: int, seeds: int) -> None:
+    """DivvizInputError saying what to lower when a view asks more than BANDIT_WORK_CAP (a link or the controls can
+    ask for minutes of the CPU every visitor of a room shares)."""
+    work = bandit_work(cfg, objectives * seeds)
+    if work > BANDIT_WORK_CAP:
+        raise DivvizInputError(f"this view asks for {work:,} action-updates ({objectives} objectives × {seeds} seeds × "
+                               f"iterations × μ × (K + samples)); one view computes at most {BANDIT_WORK_CAP:,}, "
+                               "to keep the shared CPU for everyone: lower the seeds, the iterations, μ, K or the "
+                               "samples per iteration")
+
+
 def bandit_runs(cfg: dict, objectives: list[Objective], seeds: int = 1,
                 variants: list[dict] | None = None) -> list[list[BanditRun]]:
     """For each objective under each rollout correction of `variants` (run-config keys, `rollout_variant`; default:
@@ -194,6 +215,7 @@ def bandit_runs(cfg: dict, objectives: list[Objective], seeds: int = 1,
 
     The latest runs are kept: a change to one objective re-trains its runs only, more seeds train only the new
     seeds, and what is not kept trains side by side (`run_bandits`; a run is the same alone or together)."""
+    check_bandit_work(cfg, len(objectives) * len(variants or [{}]), seeds)
     first = cfg.get("seed", 0)
     seed_list = list(range(first, first + seeds))
     shared = {**cfg, "seed": 0}

@@ -11,6 +11,7 @@ left empty so that Streamlit's theme applies.
 from __future__ import annotations
 
 import base64
+import html
 import threading
 import weakref
 from collections import OrderedDict
@@ -19,6 +20,8 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+
+from divviz.safetext import spreadsheet_safe
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
 BASE_LAYOUT = {"margin": {"l": 60, "r": 20, "t": 60, "b": 50}, "font": {"size": 14},  # the legend below the x titles
@@ -56,6 +59,8 @@ class Chart:
     table, called on first use: a live chart redraws every 2 s, and its table is wanted only when downloaded."""
 
     def __init__(self, figure: Figure, data: pd.DataFrame | Callable[[], pd.DataFrame], export: Figure | None = None):
+        for shown in (figure, export):
+            legend_as_text(shown)
         self.figure, self.export, self._data = figure, export, data
 
     @property
@@ -63,6 +68,27 @@ class Chart:
         if callable(self._data):
             self._data = self._data()
         return self._data
+
+
+def legend_as_text(figure: Figure | None) -> None:
+    """Every trace's legend name and group title shown as the text it is: plotly renders a subset of HTML there
+    (`<a href>`, `<b>`, `<br>`), and a run's task, a model's name or an imported file's metric may hold some
+    (divviz's own names hold none). Escaping what it unescapes first, so a figure shown twice is escaped once."""
+    as_text = lambda text: html.escape(html.unescape(text), quote=False)  # noqa: E731
+    if isinstance(figure, Figure):  # the plain dict it hands out
+        for trace in figure._spec.get("data", ()):
+            if isinstance(trace.get("name"), str):
+                trace["name"] = as_text(trace["name"])
+            title = trace.get("legendgrouptitle")
+            if isinstance(title, dict) and isinstance(title.get("text"), str):
+                title["text"] = as_text(title["text"])
+        return
+    for trace in () if figure is None else figure.data:
+        if isinstance(trace.name, str):
+            trace.name = as_text(trace.name)
+        title = getattr(trace, "legendgrouptitle", None)
+        if title is not None and isinstance(title.text, str):
+            title.text = as_text(title.text)
 
 
 BUCKETS = 500  # a long series is drawn as 500 buckets' extremes: a panel is about 450 pixels across
@@ -176,3 +202,12 @@ def hline(y: float, xref: str = "x", yref: str = "y", **line) -> dict:
 def vrect(x0: float, x1: float, fill: str, xref: str = "x", yref: str = "y", opacity: float = 0.12) -> dict:
     return {"type": "rect", "x0": x0, "x1": x1, "y0": 0, "y1": 1, "xref": xref, "yref": f"{yref} domain",
             "fillcolor": fill, "opacity": opacity, "line": {"width": 0}, "layer": "below"}
+
+
+def spreadsheet_csv(frame) -> str:
+    """`frame` (a DataFrame) as CSV whose every text cell and column name is `safetext.spreadsheet_safe`: what every
+    CSV download writes."""
+    safe = frame.rename(columns=spreadsheet_safe)
+    for column in [c for c in safe.columns if not pd.api.types.is_numeric_dtype(safe[c])]:
+        safe[column] = safe[column].map(spreadsheet_safe)
+    return safe.to_csv(index=False)

@@ -18,7 +18,7 @@ from divviz.engine import runner
 from divviz.engine.runner import TIMING
 from divviz.engine.config import RunConfig, config_label, correction_from, objective_from, setting_of
 from divviz.evidence.intervals import summarize
-from divviz.views.figures import Chart
+from divviz.views.figures import Chart, spreadsheet_csv
 from divviz.catalogue.instances import unique_labels
 from divviz.losses import Objective
 from divviz.metrics import METRIC_ALIASES, bin_labels, metric, metric_range
@@ -298,7 +298,8 @@ def metrics_csv(runs) -> str:
             who = {"run": run.name, "objective": run_label(run), "model": run.config.get("model", ""),
                    "setting": setting_of(run.config), "task": task_label(run.config), "seed": run.config.get("seed")}
             frames.append(pd.DataFrame({**who, **steps.sort_values("step").reset_index(drop=True)}))
-    return pd.concat(frames).to_csv(index=False) if frames else ""
+    return spreadsheet_csv(pd.concat(frames)) if frames else ""
+
 
 
 def task_label(config: dict) -> str:

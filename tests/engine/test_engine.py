@@ -15,7 +15,7 @@ import torch
 
 from divviz.catalogue.aggregation import AGGREGATIONS
 from divviz.catalogue.divergences import CLIP_TESTS
-from divviz.engine import runner, store
+from divviz.engine import processes, runner, store
 from divviz.engine.config import RunConfig
 from divviz.engine.grpo import make_trainer
 from divviz.engine.policy import char_tokenizer, load_policy
@@ -251,7 +251,7 @@ def test_a_process_that_ignores_sigterm_is_killed_and_marked_stopped(tmp_path):
     ignorer = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, "
                                 "signal.SIG_IGN); print('ready', flush=True); time.sleep(600)"], stdout=subprocess.PIPE)
     assert ignorer.stdout.readline().strip() == b"ready"
-    store.write_status(tmp_path, {"state": "running", "pid": ignorer.pid, "step": 7, "steps": 10})
+    store.write_status(tmp_path, {"state": "running", **processes.running(ignorer.pid), "step": 7, "steps": 10})
     assert runner.stop_run(tmp_path, wait_s=1.0) == "stopping"  # returns at once; the kill comes 1 s later
     assert ignorer.wait(timeout=10) == -signal.SIGKILL
     time.sleep(0.2)

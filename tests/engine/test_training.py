@@ -177,6 +177,26 @@ def test_the_same_batch_comparison_reports_its_progress():
     assert heard[0][2].startswith("sampled") and "kl3" in heard[2][2]
 
 
+def test_a_comparison_from_a_checkpoint_penalises_against_the_runs_start_policy(tmp_path):
+    """From a run's checkpoint, a penalty's π_ref is the run's start policy, not the checkpoint: the record's π_ref
+    differs from its π_old (the checkpoint's), and from the start weights the two are the same."""
+    from divviz.engine.compare import same_batch
+
+    cfg = RunConfig.make(task="reverse", prompts=2, group_size=4, steps=10, lr=1e-2, seed=1)
+    folder = train(cfg, tmp_path)
+    checkpoint = store.checkpoint_path(folder, 10)
+    penalised = RunConfig.make(**{**cfg.to_dict(), "penalty": "k3", "beta": 0.1})
+
+    def facts(weights):
+        (result,) = same_batch(cfg, [("k3", penalised)], weights=weights)
+        tokens = [c["tokens"] for g in result.record["groups"] for c in g["completions"]]
+        return [(a, b) for t in tokens for a, b in zip(t["pi_old"], t["pi_ref"]) if a is not None]
+
+    assert all(a == b for a, b in facts(None))
+    from_checkpoint = facts(checkpoint)
+    assert from_checkpoint and not all(a == b for a, b in from_checkpoint)
+
+
 def test_the_inspector_shows_the_minibatch_each_completion_trained_in(tmp_path):
     from divviz.views import token_view
 

@@ -284,14 +284,14 @@ def test_the_runs_csv_has_the_held_out_accuracy_and_says_which_run_each_row_is(t
 
 
 def a_run(tmp_path, state="running", step=0, steps=30, config=None, status=None):
-    from divviz.engine import store
+    from divviz.engine import processes, store
 
     folder = tmp_path / f"run-{len(list(tmp_path.iterdir()))}"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({"model": "builtin", "task": "reverse", "seed": 0, "clip": "ratio",
                                                     "clip_params": {"eps": 0.2}, **(config or {})}))
-    (folder / "status.json").write_text(json.dumps({"state": state, "step": step, "steps": steps, "pid": os.getpid(),
-                                                    **(status or {})}))
+    (folder / "status.json").write_text(json.dumps({"state": state, "step": step, "steps": steps,
+                                                    **processes.running(os.getpid()), **(status or {})}))
     return store.read_run(folder)
 
 

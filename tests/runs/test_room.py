@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from divviz.engine import runner, store
+from divviz.engine import processes, runner, store
 from divviz.engine.config import RunConfig
 from divviz.catalogue.params import DivvizInputError
 
@@ -217,10 +217,10 @@ def app_with_pool(root: Path, what: str) -> tuple[subprocess.Popen, int, str]:
 def test_an_idle_pool_leaves_when_its_app_is_gone_and_a_busy_one_trains_its_runs_first(tmp_path):
     app, pool, _ = app_with_pool(tmp_path / "idle", "ensure")
     time.sleep(1)
-    assert store.process_alive(pool)
+    assert processes.process_alive(pool)
     app.kill()
     app.wait()
-    wait(lambda: not store.process_alive(pool), 60)  # it imports torch first (seconds), then leaves within a poll
+    wait(lambda: not processes.process_alive(pool), 60)  # it imports torch first (seconds), then leaves within a poll
 
     app, pool, folder = app_with_pool(tmp_path / "busy", "queue")
     folder = Path(folder)
@@ -229,10 +229,10 @@ def test_an_idle_pool_leaves_when_its_app_is_gone_and_a_busy_one_trains_its_runs
     app.wait()
     step = store.read_run(folder).step
     wait(lambda: store.read_run(folder).step > step + 1)  # the queue outlives the app
-    assert store.process_alive(pool)
+    assert processes.process_alive(pool)
     runner.stop_run(folder)
     wait(lambda: store.read_run(folder).state == "stopped")
-    wait(lambda: not store.process_alive(pool))  # and with nothing left to train, the pool leaves too
+    wait(lambda: not processes.process_alive(pool))  # and with nothing left to train, the pool leaves too
 
 
 def test_outside_room_mode_a_new_browser_sees_the_runs_going(tmp_path, monkeypatch):
