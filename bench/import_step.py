@@ -31,7 +31,8 @@ def main():
         path = Path(scratch) / "step.jsonl"
         step = {"prompts": [{"prompt": "p", "completions": [completion(args.long, 0)]
                              + [completion(1, i + 1) for i in range(args.short)]}]}
-        path.write_text(json.dumps({"header": {"model": "builtin", "task": "reverse"}}) + "\n" + json.dumps(step) + "\n")
+        header = {"header": {"model": "builtin", "task": "reverse"}}
+        path.write_text(json.dumps(header) + "\n" + json.dumps(step) + "\n")
         start = time.perf_counter()
         code = divviz(["import", str(path), "--runs-dir", str(Path(scratch) / "runs")])
         seconds, size = time.perf_counter() - start, path.stat().st_size

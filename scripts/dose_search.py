@@ -26,7 +26,7 @@ stability and evaluations, and the rule's reading) is written to published/smoll
 as a table.
 
     python scripts/dose_search.py [--runs DIR] [--parallel N] [POINT …]   # POINT: only these (their names)
-    python scripts/dose_search.py --table                                 # the summary of what there is, nothing trained
+    python scripts/dose_search.py --table                                 # the summary so far, nothing trained
 """
 
 from __future__ import annotations
@@ -118,7 +118,8 @@ def run_summary(folder: Path, other_clip: str) -> dict | None:
     disagreement = []
     for row in rows:
         tokens = step_tokens(folder, int(row["step"]))
-        disagreement.append(None if tokens is None else rescore(tokens, other, other_clip)["changed"] / len(tokens.where))
+        disagreement.append(None if tokens is None
+                            else rescore(tokens, other, other_clip)["changed"] / len(tokens.where))
     return {"state": run.state, "steps": len(rows),
             "clip": [r.get("clip_ratio/region_mean") for r in rows], "entropy": [r.get("entropy") for r in rows],
             "disagreement": disagreement, "reward": [r.get("reward") for r in rows],
@@ -155,7 +156,8 @@ def choose(points: dict) -> str:
         return min(full, key=lambda n: read[n]["cpu_s_per_run"]) + ": all four conditions"
     partial = [n for n, r in read.items() if r["binds"] and r["differ"] and r["learns"]]
     if partial:
-        return max(partial, key=lambda n: read[n]["disagreement"]) + ": conditions 1–3 (the stability claim not testable)"
+        best = max(partial, key=lambda n: read[n]["disagreement"])
+        return best + ": conditions 1–3 (the stability claim not testable)"
     return f"none yet ({len(read)} of {len(POINTS)} points read)"
 
 

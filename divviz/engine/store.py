@@ -306,7 +306,8 @@ def read_status(folder: Path) -> dict:
         return {"state": "corrupt", "message": str(err), "step": 0, "steps": 0}
     if status["state"] == "running" and not run_process_alive(status):
         status["state"] = "interrupted"
-        status["message"] = ("the training process ended without finishing the run" if not process_alive(status.get("pid"))
+        gone = not process_alive(status.get("pid"))
+        status["message"] = ((status.get("message") or "the training process ended without finishing the run") if gone
                              else "the process its status names is not the one that trained it (a reused pid, or a "
                                   "folder from another machine): no signal is sent to it")
     return status

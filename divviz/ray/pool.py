@@ -171,7 +171,8 @@ class RayPool:
                 folder = queue[0][1]
                 status = read_status(folder)
                 status.pop("worker", None)  # a worker of an earlier try: this one has reported nothing yet
-                write_status(folder, {**status, "state": "running", "message": "starting on Ray", **running(os.getpid()),
+                write_status(folder, {**status, "state": "running", "message": "starting on Ray",
+                                      **running(os.getpid()),
                                       "executor": EXECUTOR, "started": time.time(), "updated": time.time()})
             self.live[train_remote.options(num_cpus=RUN_CPUS, num_gpus=RUN_GPUS).remote(
                 folder.name, folder_files(folder), self.mirror, max(1, int(RUN_CPUS)), WORKDIR)] = folder

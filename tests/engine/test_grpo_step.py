@@ -1,6 +1,6 @@
-"""The GRPO step (`engine/grpo.py`) against its golden steps (`tests/golden.py`, written by scripts/golden_step.py): step
-1 of the SmolLM2 stress grid's seed-0 PPO and KL3 δ = 0.05 runs, trained again here from their published config.json
-on one thread, gives every metric, the per-token sample and the step inspector's record the reference holds:
+"""The GRPO step (`engine/grpo.py`) against its golden steps (`tests/golden.py`, written by scripts/golden_step.py):
+step 1 of the SmolLM2 stress grid's seed-0 PPO and KL3 δ = 0.05 runs, trained again here from their published
+config.json on one thread, gives every metric, the per-token sample and the step inspector's record the reference holds:
 
 - bfloat16, to the bit, where this CPU's kernels are the reference's (`published.cpu_kernels`): a change to the step
   that changes a run cannot pass unnoticed;

@@ -187,7 +187,7 @@ def test_a_published_run_trained_again_is_the_same_run_and_a_change_is_named(lm_
     run = published_grid / lm_plan.runs[(claims.KL3_WIDE, "task", 1)].name
     threads = torch.get_num_threads()
     try:
-        assert retrain.main([str(run), "--runs-dir", str(tmp_path / "again")]) == 0
+        assert retrain.main([str(run), "--runs-dir", str(tmp_path / "again"), "--this-checkout"]) == 0  # (abc1234)
     finally:
         torch.set_num_threads(threads)
     assert f"{run.name}: the same run, to the bit" in capsys.readouterr().out
@@ -201,8 +201,12 @@ def test_a_published_run_trained_again_is_the_same_run_and_a_change_is_named(lm_
     assert published.differences(run, again) == ["metrics.jsonl: step 2 differs", f"tokens/{kept.name} differs"]
     assert retrain.main([str(tmp_path / "again" / again.name)]) == 2
     assert "not a run of a published grid" in capsys.readouterr().out
+    original = (run / "config.json").read_text()
     (run / "config.json").write_text('{"clip": "no such test"}')  # a config the code does not take: one line
     assert retrain.main([str(run)]) == 2 and "cannot be read as a run's" in capsys.readouterr().out
+    (run / "config.json").write_text(original)
+    assert retrain.main([str(run)]) == 2  # the manifest's commit, abc1234, is not in this repository: one line
+    assert "is not in this repository; --this-checkout trains it with today's code" in capsys.readouterr().out
 
 
 def test_a_published_run_is_trained_again_by_the_commit_its_manifest_names(capsys):
