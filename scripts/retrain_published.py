@@ -75,7 +75,9 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     grid = published.manifests(args.run.parent.parent).get(args.run.parent.name, {})  # {}: no readable manifest
     if args.run.name not in grid.get("runs", {}):
-        print(f"{quoted(str(args.run))} is not a run of a published grid (no readable manifest beside it names it)")
+        fault = published.damaged(args.run.parent.parent).get(args.run.parent.name)
+        print(f"{quoted(str(args.run))}: its grid is damaged ({fault})" if fault else
+              f"{quoted(str(args.run))} is not a run of a published grid (no readable manifest beside it names it)")
         return 2
     try:
         cfg = RunConfig.from_dict(json.loads((args.run / "config.json").read_text()))

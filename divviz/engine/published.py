@@ -82,7 +82,9 @@ def manifests(where: Path | None = None) -> dict[str, dict]:
 
 
 def damaged(where: Path | None = None) -> dict[str, str]:
-    """Each published grid hidden because a file is not what its manifest says: grid name → the file and the fault."""
+    """Each published grid hidden because a file is not what its manifest says: grid name → the file and the fault.
+    Checked once per state of the manifest files (a repaired file is seen once its grid's manifest changes, or in a
+    new process)."""
     return _read_manifests(where or root())[2]
 
 

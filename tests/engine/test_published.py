@@ -202,9 +202,12 @@ def test_a_published_run_trained_again_is_the_same_run_and_a_change_is_named(lm_
     assert retrain.main([str(tmp_path / "again" / again.name)]) == 2
     assert "not a run of a published grid" in capsys.readouterr().out
     original = (run / "config.json").read_text()
-    (run / "config.json").write_text('{"clip": "no such test"}')  # a config the code does not take: one line
-    assert retrain.main([str(run)]) == 2 and "cannot be read as a run's" in capsys.readouterr().out
+    (run / "config.json").write_text('{"clip": "no such test"}')  # not the file the manifest's SHA-256 names
+    assert retrain.main([str(run)]) == 2
+    assert "its grid is damaged" in capsys.readouterr().out and "config.json: its SHA-256" in published.damaged(
+        published_grid.parent)["builtin-grid"]
     (run / "config.json").write_text(original)
+    (published_grid / "manifest.json").touch()  # a grid is checked again when its manifest changes
     assert retrain.main([str(run)]) == 2  # the manifest's commit, abc1234, is not in this repository: one line
     assert "is not in this repository; --this-checkout trains it with today's code" in capsys.readouterr().out
 
