@@ -30,10 +30,10 @@ def published_config(measure: str) -> dict:
     return json.loads((GRID / name / "config.json").read_text())
 
 
-def golden_step(config: dict, dtype: str) -> dict:
-    """Step 1 of `config` in `dtype` on one thread: {"tokens": arrays, "metrics", "inspected"}."""
+def golden_step(config: dict, dtype: str, threads: int = 1) -> dict:
+    """Step 1 of `config` in `dtype` on `threads` threads: {"tokens": arrays, "metrics", "inspected"}."""
     before = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     try:
         result = grpo_step(make_trainer(RunConfig.from_dict({**config, "dtype": dtype})), 0)
     finally:
