@@ -19,11 +19,14 @@ seconds per run) at which
 If no point meets all four, the point meeting 1–3 with the largest disagreement is chosen and the stability claim is
 reported as not testable here; if none meets 1–3, the search is reported as finding no binding regime at this cost.
 
-Points are trained in POINTS order (the likeliest to bind first), two runs at a time on one thread each, each run in
-its own folder under the runs folder (default ../runs-dose, outside the checkout); a finished run is never trained
-again, so the search resumes where it stopped. After each run the summary (every run's per-step dose, entropy,
-stability and evaluations, and the rule's reading) is written to published/smollm2-135m-dose-search.json and printed
-as a table.
+Points are trained in POINTS order (the likeliest to bind first), two runs at a time on one thread each at the lowest
+CPU priority (nice 19: the search yields to anything else on the machine), each run in its own folder under the runs
+folder (default ../runs-dose, outside the checkout); a finished run is never trained again, so the search resumes where
+it stopped. After each run the summary (every run's per-step dose, entropy, stability and evaluations, and the rule's
+reading) is written to published/smollm2-135m-dose-search.json and printed as a table, and the finished run itself is
+published into published/smollm2-135m-dose-search/ (`engine/published.py`: its metrics, evaluations, samples and the
+first, middle and last steps' per-token records, the manifest naming the commit that trained it). A point already in
+the summary whose runs are not in the runs folder (a machine since returned) keeps its summarised reading.
 
     python scripts/dose_search.py [--runs DIR] [--parallel N] [POINT …]   # POINT: only these (their names)
     python scripts/dose_search.py --table                                 # the summary so far, nothing trained
@@ -46,7 +49,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from divviz.engine import store  # noqa: E402
+import platform  # noqa: E402
+
+import transformers  # noqa: E402
+
+from divviz.engine import published, store  # noqa: E402
 from divviz.evidence.rescore import Tokens, measure_objective, rescore  # noqa: E402
 
 STEPS = 100
@@ -64,6 +71,7 @@ POINTS = {  # name: (μ, K, learning rate), the likeliest to bind first
     "mu4-K4-lr1e-4": (4, 4, 1e-4), "mu4-K4-lr2e-4": (4, 4, 2e-4), "mu4-K8-lr2e-4": (4, 8, 2e-4),
 }
 SUMMARY = ROOT / "published" / "smollm2-135m-dose-search.json"
+GRID = ROOT / "published" / "smollm2-135m-dose-search"
 RULE = {"ppo_clip": 0.03, "disagreement": 0.02, "entropy_fraction": 0.5, "entropy_window": 10}
 
 
@@ -87,10 +95,27 @@ def train(runs: Path, point: str, objective: str, log) -> None:
     log.write(f"\n== {point} {objective} ({time.strftime('%H:%M:%S')}): {' '.join(command[3:])}\n")
     log.flush()
     made = subprocess.run(command, stdout=subprocess.PIPE, stderr=log, text=True, cwd=ROOT,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=lambda: os.nice(19))
     made_folder = Path(made.stdout.strip().splitlines()[-1]) if made.stdout.strip() else None
     if made_folder and made_folder.is_dir():
         made_folder.rename(folder)
+        publish(folder, point, objective)
+
+
+def commit() -> str:
+    """The commit whose code trains the search (this checkout's HEAD; the search runs from a clean worktree)."""
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def publish(folder: Path, point: str, objective: str) -> None:
+    """A finished run of the search into GRID, recorded in its manifest under its point and objective."""
+    mu, k, lr = POINTS[point]
+    trained_by = {"model": "smollm2-135m", "setting": "dose search", "device": "cpu", "cpu": published.cpu_kernels(),
+                  "precision": "bfloat16 autocast", "torch": torch.__version__,
+                  "transformers": transformers.__version__, "python": platform.python_version(), "commit": commit()}
+    published.publish(folder, GRID, {"point": point, "measure": OBJECTIVES[objective][0], "seed": 0, "mu": mu,
+                                     "minibatches": k, "lr": lr}, trained_by)
 
 
 def step_tokens(folder: Path, step: int) -> Tokens | None:
@@ -162,14 +187,18 @@ def choose(points: dict) -> str:
 
 
 def summary(runs: Path) -> dict:
+    """Every point with a run in `runs` summarised from it; a point only in the published summary kept from there."""
+    before = json.loads(SUMMARY.read_text())["points"] if SUMMARY.exists() else {}
     points = {}
     for name in POINTS:
         point = {objective: run_summary(runs / name / objective, OBJECTIVES["kl3" if objective == "ppo" else "ppo"][0])
                  for objective in OBJECTIVES}
         point = {k: v for k, v in point.items() if v is not None}
-        if point:
+        if not point and name in before:
+            points[name] = before[name]
+        elif point:
             mu, k, lr = POINTS[name]
-            points[name] = {"mu": mu, "minibatches": k, "lr": lr, **point}
+            points[name] = {"mu": mu, "minibatches": k, "lr": lr, "commit": commit(), **point}
             points[name]["reading"] = reading(points[name])
     return {"rule": RULE, "steps": STEPS, "flags": BASE, "points": points, "choice": choose(points)}
 
@@ -211,7 +240,8 @@ def main() -> None:
     if args.table:
         write(runs)
         return
-    queue = [(p, o) for p in POINTS if not args.points or p in args.points for o in OBJECTIVES]
+    read = {n for n, p in summary(runs)["points"].items() if p.get("reading")}  # a point read is never trained again
+    queue = [(p, o) for p in POINTS if (not args.points or p in args.points) and p not in read for o in OBJECTIVES]
     started = time.time()
     with open(runs / "search.log", "a") as log, ThreadPoolExecutor(args.parallel) as pool:
         for _ in pool.map(lambda job: (train(runs, *job, log), write(runs)), queue):
