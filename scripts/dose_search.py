@@ -24,12 +24,15 @@ CPU priority (nice 19: the search yields to anything else on the machine), each 
 folder (default ../runs-dose, outside the checkout); a finished run is never trained again, so the search resumes where
 it stopped. After each run the summary (every run's per-step dose, entropy, stability and evaluations, and the rule's
 reading) is written to published/smollm2-135m-dose-search.json and printed as a table, and the finished run itself is
-published into published/smollm2-135m-dose-search/ (`engine/published.py`: its metrics, evaluations, samples and the
-first, middle and last steps' per-token records, the manifest naming the commit that trained it). A point already in
-the summary whose runs are not in the runs folder (a machine since returned) keeps its summarised reading.
+published into published/smollm2-135m-dose-search/<point>-<objective>/ (`engine/published.py`: its metrics,
+evaluations, samples and the first, middle and last steps' per-token records, the manifest naming the commit that
+trained it). The training code is held at one commit by training from a worktree (`--tree`) while this script runs
+from the checkout that publishes. A point already in the summary whose runs are not in the runs folder (a machine
+since returned) keeps its summarised reading.
 
-    python scripts/dose_search.py [--runs DIR] [--parallel N] [POINT …]   # POINT: only these (their names)
-    python scripts/dose_search.py --table                                 # the summary so far, nothing trained
+    python scripts/dose_search.py [--runs DIR] [--tree WORKTREE] [--parallel N] [POINT …]   # POINT: only these
+    python scripts/dose_search.py --table                     # the summary so far, nothing trained
+    python scripts/dose_search.py --publish --tree WORKTREE   # publish the finished runs again, nothing trained
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ POINTS = {  # name: (μ, K, learning rate), the likeliest to bind first
     "mu1-K8-lr2e-4": (1, 8, 2e-4), "mu2-K4-lr2e-4": (2, 4, 2e-4), "mu4-K4-lr5e-5": (4, 4, 5e-5),
     "mu4-K4-lr1e-4": (4, 4, 1e-4), "mu4-K4-lr2e-4": (4, 4, 2e-4), "mu4-K8-lr2e-4": (4, 8, 2e-4),
 }
+TREE = ROOT  # the checkout whose code trains the runs (`--tree`: a worktree held at one commit)
 SUMMARY = ROOT / "published" / "smollm2-135m-dose-search.json"
 GRID = ROOT / "published" / "smollm2-135m-dose-search"
 RULE = {"ppo_clip": 0.03, "disagreement": 0.02, "entropy_fraction": 0.5, "entropy_window": 10}
@@ -94,7 +98,7 @@ def train(runs: Path, point: str, objective: str, log) -> None:
                "--now"]
     log.write(f"\n== {point} {objective} ({time.strftime('%H:%M:%S')}): {' '.join(command[3:])}\n")
     log.flush()
-    made = subprocess.run(command, stdout=subprocess.PIPE, stderr=log, text=True, cwd=ROOT,
+    made = subprocess.run(command, stdout=subprocess.PIPE, stderr=log, text=True, cwd=TREE,
                           env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=lambda: os.nice(19))
     made_folder = Path(made.stdout.strip().splitlines()[-1]) if made.stdout.strip() else None
     if made_folder and made_folder.is_dir():
@@ -103,8 +107,8 @@ def train(runs: Path, point: str, objective: str, log) -> None:
 
 
 def commit() -> str:
-    """The commit whose code trains the search (this checkout's HEAD; the search runs from a clean worktree)."""
-    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+    """The commit whose code trains the search: the training checkout's HEAD (`TREE`, a clean worktree)."""
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=TREE, capture_output=True, text=True,
                           check=True).stdout.strip()
 
 
@@ -115,7 +119,7 @@ def publish(folder: Path, point: str, objective: str) -> None:
                   "precision": "bfloat16 autocast", "torch": torch.__version__,
                   "transformers": transformers.__version__, "python": platform.python_version(), "commit": commit()}
     published.publish(folder, GRID, {"point": point, "measure": OBJECTIVES[objective][0], "seed": 0, "mu": mu,
-                                     "minibatches": k, "lr": lr}, trained_by)
+                                     "minibatches": k, "lr": lr}, trained_by, name=f"{point}-{objective}")
 
 
 def step_tokens(folder: Path, step: int) -> Tokens | None:
@@ -233,11 +237,24 @@ def main() -> None:
     parser.add_argument("--runs", default=str(ROOT.parent / "runs-dose"))
     parser.add_argument("--parallel", type=int, default=2, help="runs at a time (each on one thread)")
     parser.add_argument("--table", action="store_true", help="only write the summary of the runs there are")
+    parser.add_argument("--publish", action="store_true",
+                        help="only publish every finished run of the runs folder (again) and write the summary")
+    parser.add_argument("--tree", default=str(ROOT),
+                        help="the checkout whose code trains the runs and whose HEAD their manifest names (a worktree "
+                             "held at one commit; default: this one)")
     parser.add_argument("points", nargs="*")
     args = parser.parse_args()
+    global TREE
+    TREE = Path(args.tree).resolve()
     runs = Path(args.runs).resolve()
     runs.mkdir(parents=True, exist_ok=True)
-    if args.table:
+    if args.publish:
+        for point in POINTS:
+            for objective in OBJECTIVES:
+                folder = runs / point / objective
+                if folder.is_dir() and store.read_run(folder).state == "done":
+                    publish(folder, point, objective)
+    if args.table or args.publish:
         write(runs)
         return
     read = {n for n, p in summary(runs)["points"].items() if p.get("reading")}  # a point read is never trained again

@@ -230,9 +230,9 @@ def steps_seconds(metrics: Path) -> float:
     return sum(json.loads(line).get("step_time", 0.0) for line in metrics.read_text().splitlines() if line.strip())
 
 
-def publish(run: Path, grid: Path, cell: dict, trained_by: dict) -> dict:
+def publish(run: Path, grid: Path, cell: dict, trained_by: dict, name: str | None = None) -> dict:
     """Copy the finished run folder `run` into the grid folder `grid` (compact, as above) and record it in the
-    grid's manifest under its name, with `cell` (measure, reward, seed), its state and two times: `wall_s`, from the
+    grid's manifest under its name (`name`, else the folder's), with `cell` (measure, reward, seed), its state and two times: `wall_s`, from the
     status's start to its end (model load and evaluations included, but only since the last start: a run resumed
     after an interruption counts its last stretch), and `steps_s`, its training steps' own times summed (the metrics'
     `step_time`, which a resume keeps). `trained_by` (model, setting, device, precision, versions, commit) is the
@@ -245,7 +245,8 @@ def publish(run: Path, grid: Path, cell: dict, trained_by: dict) -> dict:
     clash = {k: (manifest.get(k), v) for k, v in trained_by.items() if manifest.get(k) != v}
     if clash:
         raise ValueError(f"{run.name} was not trained as {grid.name}'s runs were: {clash}")
-    target = grid / run.name
+    name = name or run.name
+    target = grid / name
     shutil.rmtree(target, ignore_errors=True)
     (target / "tokens").mkdir(parents=True)
     status = {k: v for k, v in status.items() if k != "pid"}
@@ -262,7 +263,7 @@ def publish(run: Path, grid: Path, cell: dict, trained_by: dict) -> dict:
     for name, data in files.items():
         (target / name).parent.mkdir(parents=True, exist_ok=True)
         (target / name).write_bytes(data)
-    manifest["runs"][run.name] = {**cell, "state": status["state"], "steps": status["step"],
+    manifest["runs"][name] = {**cell, "state": status["state"], "steps": status["step"],
                                   "wall_s": round(status["updated"] - status["started"], 1),
                                   "steps_s": round(steps_seconds(run / "metrics.jsonl"), 1),
                                   "sha256": {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}}
