@@ -245,8 +245,8 @@ def publish(run: Path, grid: Path, cell: dict, trained_by: dict, name: str | Non
     clash = {k: (manifest.get(k), v) for k, v in trained_by.items() if manifest.get(k) != v}
     if clash:
         raise ValueError(f"{run.name} was not trained as {grid.name}'s runs were: {clash}")
-    name = name or run.name
-    target = grid / name
+    run_name = name or run.name
+    target = grid / run_name
     shutil.rmtree(target, ignore_errors=True)
     (target / "tokens").mkdir(parents=True)
     status = {k: v for k, v in status.items() if k != "pid"}
@@ -263,7 +263,7 @@ def publish(run: Path, grid: Path, cell: dict, trained_by: dict, name: str | Non
     for name, data in files.items():
         (target / name).parent.mkdir(parents=True, exist_ok=True)
         (target / name).write_bytes(data)
-    manifest["runs"][name] = {**cell, "state": status["state"], "steps": status["step"],
+    manifest["runs"][run_name] = {**cell, "state": status["state"], "steps": status["step"],
                                   "wall_s": round(status["updated"] - status["started"], 1),
                                   "steps_s": round(steps_seconds(run / "metrics.jsonl"), 1),
                                   "sha256": {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}}

@@ -305,3 +305,6 @@ RANDOM_GRID = tuple(Condition("coin", k, o) for k in (50, 1000) for o in ("sgd",
 
 BANDIT, LM, REAL = "bandit", "built-in LM", "SmolLM2-135M, one update"  # a row's setting
 LM_TRAINING = "SmolLM2-135M, over training"
+# A report's sections, each its own Benjamini–Hochberg family (`claims_report.adjust`): a row's setting ↦ its section
+SECTIONS = {BANDIT: "bandit", "random batches": "bandit", LM: "built-in LM", LM_TRAINING: "SmolLM2-135M",
+            REAL: "SmolLM2-135M"}

@@ -13,7 +13,7 @@ import numpy as np
 from divviz.evidence import claims, claims_lm, forest, intervals, lm_evidence, significance
 from divviz.evidence.claims import LM, LM_TRAINING
 from divviz.evidence.claims_report import (BY_CONSTRUCTION_VERDICT, CELL_KEYS, HEADERS, RAW, VERDICT_RULE, VERDICTS,
-                                           Report, effect_text, power_text, summary_key)
+                                           Report, effect_text, power_text, summary_key, verdict_power_text)
 
 
 def to_text(report: Report) -> str:
@@ -43,23 +43,34 @@ def to_text(report: Report) -> str:
     return "\n".join(lines)
 
 
+NAMED_P = {"p": "p_sign_flip", "p_holm": "p_sign_flip_holm", "p_median": "p_sign_test"}  # a p's key naming its test
+
+
 def report_json(report: Report) -> dict:
     """The report as JSON holds it (`divviz claims --json`, the Claims page's download): its scope — where each
-    part's cells come from — and every cell with its statistics and per-seed values."""
+    part's cells come from — and every cell with its statistics and per-seed values. Each p also under a key naming
+    its test (`NAMED_P`: `p_sign_flip`, its Holm adjustment `p_sign_flip_holm`, the median's `p_sign_test`); the
+    short keys (`p`, `p_holm`, `p_median`) stay for this release and then go."""
     return {"scope": report.scope,
-            "cells": [{k: v for k, v in row.items() if k != "claim_key"} for row in report.rows]}
+            "cells": [{**{k: v for k, v in row.items() if k != "claim_key"},
+                       **{named: row.get(short) for short, named in NAMED_P.items()}} for row in report.rows]}
 
 
 def cell_text(row: dict) -> str:
     """A compared cell in a line: "KL3 … − PPO … · condition · metric: −0.023 [−0.063, 0.016], n = 4, 0 of 4 seeds
-    reversed, sign-flip p 0.25 (Holm 1), median −0.021: not resolved"."""
+    reversed, sign-flip p 0.25 (Holm 1), median −0.021: not resolved"; for a cell sized for an effect, its verdict
+    power and, where it does, the gain it rules out after it."""
     value = lambda key: math.nan if row[key] is None else row[key]  # noqa: E731
     d = intervals.Paired(value("mean"), value("low"), value("high"), row["n"], row["seeds_against_mean"])
     tested = "" if row["p"] is None else (f", sign-flip p {row['p']:.3g} (Holm {row['p_holm']:.3g}), "
                                           f"median {row['median']:+.3f}")
-    adjusted = "" if row["verdict_adjusted"] == row["verdict"] else f" ({row['verdict_adjusted']} after Holm)"
+    adjusted = ("" if row["verdict_adjusted"] == row["verdict"] else
+                " (before Holm; counted as by construction, not as stability: a wider box clips less)"
+                if row["verdict_adjusted"] == BY_CONSTRUCTION_VERDICT else f" ({row['verdict_adjusted']} after Holm)")
+    sized = "".join(f"; {text}" for text in (verdict_power_text(row) and f"verdict power {verdict_power_text(row)}",
+                                             effect_text(row)) if text)
     return (f"{row['candidate']} − {row['baseline']} · {row['condition']} · {row['metric']}: {d.text(3)}{tested}: "
-            f"{row['verdict']}{adjusted}")
+            f"{row['verdict']}{adjusted}{sized}")
 
 
 SUMMARY_KEYS = ("claim", "setting", "candidate", "baseline", "metric", "cells", *VERDICTS, RAW, "largest")
@@ -79,6 +90,8 @@ def shown(row: dict, key: str) -> str:
         return power_text(row)
     if key == "rules_out":
         return effect_text(row)
+    if key == "verdict_power":
+        return verdict_power_text(row)
     return number(row[key]) if key in NUMBERS else "" if row[key] is None else str(row[key])
 
 
@@ -132,11 +145,12 @@ HEADLINE = (*((claims.KL3_WIDE, m, r) for m, r in (("eval/accuracy", "end"), ("e
 
 def headline_markdown(report: Report) -> str:
     """The over-training cells of `HEADLINE` as a Markdown table: mean and interval, n, the seeds each way, the
-    sign-flip p and its Holm adjustment, the verdict raw and adjusted, the seeds 80% power needs and the gain ruled
-    out — what README and docs/claims.md quote, made from the report's own rows; a line saying so while no headline
+    sign-flip p and its Holm adjustment, the verdict raw and adjusted, the seeds 80% power needs for the t-test alone,
+    the power of the whole verdict at this n (`verdict_power`) and the gain ruled out — what README and docs/claims.md quote, made from the report's own rows; a line saying so while no headline
     cell has two paired seeds."""
     header = ("candidate − baseline", "metric", "reading", "mean [95%]", "n", "seeds +/−", "sign-flip p (Holm)",
-              "median (sign-test p)", "verdict (raw → Holm)", "seeds for 80% power", "rules out")
+              "median (sign-test p)", "verdict (raw → Holm)", "seeds for 80% power (t-test alone)",
+              "verdict power at n (whole rule, Holm)", "rules out")
     rows = []
     for candidate, metric, reading in HEADLINE:
         row = next((r for r in report.rows if r["setting"] in (LM, LM_TRAINING) and r["candidate"] == candidate
@@ -149,7 +163,7 @@ def headline_markdown(report: Report) -> str:
                      f"{row['mean']:+.3f} [{row['low']:+.3f}, {row['high']:+.3f}]", row["n"],
                      f"{row['seeds_up']}/{row['seeds_down']}", f"{row['p']:.3g} ({row['p_holm']:.3g})",
                      f"{row['median']:+.3f} ({number(row['p_median']) or '—'})", verdict, power_text(row) or "—",
-                     effect_text(row).removeprefix("rules out ") or "—"))
+                     verdict_power_text(row) or "—", effect_text(row).removeprefix("rules out ") or "—"))
     return markdown_table(header, rows) if rows else "No headline cell has two paired seeds yet.\n"
 
 

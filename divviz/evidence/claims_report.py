@@ -4,8 +4,9 @@ A compared cell (`comparison_row`; a report's cells are tested together, `compar
 over the same seeds: the paired mean with its 95% interval (`intervals`), the sign-flip p of the mean, the median
 with its sign test, and the verdict they give together (`significance.verdict`); an identity's cell is its largest
 |difference| against a tolerance. The cells of a report are then adjusted for their number (`adjust`): Holm within a
-family (a claim's readings at one setting), Benjamini–Hochberg across the report; each cell keeps its raw verdict
-beside the adjusted one, and the counts of a report's summary and overview are of the adjusted ones.
+family (a claim's readings at one setting), Benjamini–Hochberg within the report's section (`claims.SECTIONS`); each
+cell keeps its raw verdict beside the adjusted one, and the counts of a report's summary and overview are of the
+adjusted ones.
 
 The bandit grid (`evaluate`) makes the first cells; `claims_lm` and `claims_real` add theirs (`Report` is replaced
 with more rows, and adjusted again).
@@ -14,6 +15,7 @@ with more rows, and adjusted again).
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -21,9 +23,10 @@ import numpy as np
 
 from divviz.bandit.grpo import run_bandits
 from divviz.evidence import bandit_published, intervals, significance
+from divviz.evidence.verdict_power import verdict_power
 from divviz.evidence.claims import (BANDIT, BINARY, BY_CONSTRUCTION, CLAIMS, EARLY, GRID, IDENTITY_TOLERANCE, LATE,
-                                    OBJECTIVES, QUICK_SEEDS, RANDOM_GRID, SEEDS, START, UNTESTED, ZERO, Claim,
-                                    Comparison, effect_of)
+                                    OBJECTIVES, QUICK_SEEDS, RANDOM_GRID, SECTIONS, SEEDS, START, UNTESTED, ZERO,
+                                    Claim, Comparison, effect_of)
 
 
 COMPUTED_HERE = "computed here"  # a report's bandit cells, when they were not read from the published grid
@@ -91,12 +94,14 @@ class Report:
 
 CELL_KEYS = ("claim", "setting", "condition", "metric", "candidate", "baseline", "predicted_sign", "verdict",
              "verdict_adjusted", "mean", "low", "high", "n", "seeds_against_mean", "p", "p_holm", "q_bh", "median",
-             "p_median", "seeds_for_power", "rules_out", "by_construction")  # a cell's columns, in the order shown
+             "p_median", "seeds_for_power", "verdict_power", "rules_out",
+             "by_construction")  # a cell's columns, in the order shown
 HEADERS = {**{k: k for k in CELL_KEYS}, "predicted_sign": "predicted", "verdict": "verdict (raw)",
            "verdict_adjusted": "verdict (Holm)", "low": "95% low", "high": "95% high",
            "seeds_against_mean": "seeds against the mean", "p": "sign-flip p", "p_holm": "p (Holm, claim × setting)",
-           "q_bh": "q (BH, report)", "median": "median", "p_median": "sign-test p",
-           "seeds_for_power": "seeds for 80% power", "rules_out": "rules out the effect",
+           "q_bh": "q (BH, section)", "median": "median", "p_median": "sign-test p",
+           "seeds_for_power": "seeds for 80% power (t-test alone)",
+           "verdict_power": "verdict power (whole rule, Holm)", "rules_out": "rules out the effect",
            "by_construction": "by construction", "cells": "cells", "reading": "reading",
            "largest": "largest |difference|"}  # their headers
 
@@ -108,14 +113,15 @@ def cell_table(rows: list[dict], shared: dict) -> list[dict]:
     and tests; its mean is the largest |difference|)."""
     identity = all(intervals.is_identity(row["verdict"]) for row in rows)
     said_by_mean = ("predicted_sign", "verdict_adjusted", "low", "high", "n", "seeds_against_mean", "p", "p_holm",
-                    "q_bh", "median", "p_median", "seeds_for_power", "rules_out", "by_construction", "reading")
+                    "q_bh", "median", "p_median", "seeds_for_power", "verdict_power", "rules_out", "by_construction",
+                    "reading")
     first = ("candidate", "metric", "reading", "verdict_adjusted", "verdict", "mean", "low", "high", "n",
              "seeds_against_mean")  # the reading (end, over the run, late) beside its metric: it tells two rows apart
     keys = [k for k in dict.fromkeys((*first, *CELL_KEYS[1:]))
             if k not in shared and not (identity and k in said_by_mean)]
     headers = {**HEADERS, **({"mean": HEADERS["largest"]} if identity else {})}
-    return [{headers[k]: power_text(row) if k == "seeds_for_power" else effect_text(row) if k == "rules_out"
-             else row[k] for k in keys} for row in rows]
+    texts = {"seeds_for_power": power_text, "verdict_power": verdict_power_text, "rules_out": effect_text}
+    return [{headers[k]: texts[k](row) if k in texts else row[k] for k in keys} for row in rows]
 
 
 def power_text(row: dict) -> str:
@@ -127,6 +133,15 @@ def power_text(row: dict) -> str:
     low, high = row["seeds_for_power_range"]
     return (f"{count(row['seeds_for_power'])} [{count(low)}, {count(high)}] for {row['effect']:+.3f}"
             if row["n"] >= 2 else "")
+
+
+def verdict_power_text(row: dict) -> str:
+    """A cell's verdict power in words: "0.12 for +0.050 in a family of 4" (`verdict_power`); "" where the cell is
+    sized for no effect."""
+    if row.get("verdict_power") is None:
+        return ""
+    family = row.get("family_size")
+    return f"{row['verdict_power']:.2f} for {row['effect']:+.3f}" + (f" in a family of {family}" if family else "")
 
 
 def effect_text(row: dict) -> str:
@@ -158,36 +173,103 @@ VERDICTS = (intervals.HOLDS, intervals.REVERSED, intervals.NOT_RESOLVED, signifi
             BY_CONSTRUCTION_VERDICT, intervals.EXACT, intervals.NOT_EXACT, intervals.NO_DATA)
 VERDICT_RULE = ("each cell: candidate − baseline seed by seed, its mean with the 95% interval (Student-t; Newcombe's "
                 "for a 0/1 reading such as the collapse flag), n, the seeds that go the other way, the sign-flip "
-                "permutation p of the mean (exact up to 16 seeds: at n seeds it cannot go below 2/2^n, 0.125 at 4) and "
-                "the median with its sign test. Holds / reversed: the interval excludes 0 on that side and p < 0.05; "
-                "mean and median disagree: they have opposite signs; identical: every seed's difference is exactly 0; "
-                "else not resolved. The adjusted verdict (the counts) uses p adjusted by Holm within a claim's readings "
-                "at one setting; q is Benjamini–Hochberg's across the report; a reading lower by construction (a "
-                "wider box clips less) counts as such, not as stability. Identities: exact below 1e-12; no data: no "
-                "seed has both runs yet")
+                "permutation p of the mean (exact up to 16 seeds: at n seeds it cannot go below 2/2^n, 0.125 at 4; "
+                "beyond, random flips, more where a verdict could change with the draw) and the median with its sign "
+                "test. Holds / reversed: the interval excludes 0 on that side and p < 0.05; mean and median disagree: "
+                "they have opposite signs and one is resolved on its own (t interval or sign test); identical: every "
+                "seed's difference is exactly 0; else not resolved. The adjusted verdict (the counts) uses p adjusted "
+                "by Holm within a claim's readings at one setting; q is Benjamini–Hochberg's within the report's "
+                "section (bandit, built-in LM, SmolLM2); a reading lower by construction (a wider box clips less) "
+                "counts as such, not as stability. Identities: exact below 1e-12; no data: no seed has both runs yet")
 RAW = "raw holds or reversed"  # a summary's count of cells that held or reversed before adjustment
 
 
 def adjust(rows: list[dict]) -> list[dict]:
     """The rows with their multiplicity added (copies; the rows given are not changed): `p_holm`, the sign-flip p
     adjusted by Holm within the cell's family (a claim's readings at one setting), `q_bh`, adjusted by
-    Benjamini–Hochberg across every tested cell of the report, and `verdict_adjusted`, the verdict with `p_holm` in
-    place of p — a reading lower by construction (`BY_CONSTRUCTION`) that holds is counted as such instead."""
-    out = [dict(row, p_holm=None, q_bh=None, verdict_adjusted=row["verdict"]) for row in rows]
+    Benjamini–Hochberg within the cell's section of the report (`claims.SECTIONS`: the bandit's tiny p's never shrink
+    a language model's q's), and `verdict_adjusted`, the verdict with `p_holm` in place of p — a reading lower by
+    construction (`BY_CONSTRUCTION`) that holds is counted as such instead.
+
+    A p read from random flips (beyond 16 seeds) is read again with more flips (`significance.MORE_FLIPS`) wherever
+    a verdict, raw or adjusted, could differ with the draw: where the verdicts with every Monte Carlo p at the low
+    end of its bounds (`significance.p_bounds`) differ from those with every one at the high end (Holm's adjusted
+    p's only grow with each p, so the two ends bound every draw). Each cell keeps its flips (`p_flips`, None: exact)
+    and its p's bounds (`p_bounds`)."""
+    out = [dict(row, p_flips=significance.flips_of(row.get("n", 0)) if row.get("p") is not None else None)
+           for row in rows]
     tested = [row for row in out if row.get("p") is not None]
-    for row, q in zip(tested, significance.benjamini_hochberg([row["p"] for row in tested])):
-        row["q_bh"] = float(q)
-    families: dict[str, list[dict]] = {}
-    for row in tested:
-        families.setdefault(row["family"], []).append(row)
-    for family in families.values():
-        for row, p in zip(family, significance.holm([row["p"] for row in family])):
-            row["p_holm"] = float(p)
-            row["verdict_adjusted"] = significance.adjusted_verdict(row["verdict"], p)
+    for flips in significance.MORE_FLIPS:
+        refine = _draw_dependent(tested)
+        if not refine:
+            break
+        for row, p in zip(refine, significance.sign_flip_ps([row["differences"] for row in refine], flips=flips)):
+            row.update(p=p, p_flips=flips)
     for row in out:
-        if row.get("by_construction") and row["verdict"] == intervals.HOLDS:
-            row["verdict_adjusted"] = BY_CONSTRUCTION_VERDICT
+        row.update(p_holm=None, q_bh=None, verdict_adjusted=row["verdict"], p_bounds=None)
+    for row, reading in zip(tested, _readings(tested, [row["p"] for row in tested])):
+        row["verdict"], row["verdict_adjusted"], row["p_holm"], row["q_bh"] = reading
+        row["p_bounds"] = [float(b) for b in significance.p_bounds(row["p"], row["p_flips"])]
+    sizes = Counter(row["family"] for row in tested)
+    for row in tested:  # the whole rule's power where the cell is sized for an effect (`verdict_power`)
+        if row.get("effect") is not None and row["n"] >= 2:
+            power = verdict_power(row["n"], row["effect"], float(np.std(row["differences"], ddof=1)),
+                                  sizes[row["family"]])
+            row["verdict_power"], row["family_size"] = _finite(power), sizes[row["family"]]
     return out
+
+
+def _readings(tested: list[dict], ps: list[float]) -> list[tuple[str, str, float, float]]:
+    """Each tested row's (raw verdict, adjusted verdict, Holm p, BH q) were its sign-flip p `ps[i]`."""
+    holm, bh = [None] * len(tested), [None] * len(tested)
+    for group_of, adjusted in ((lambda r: r["family"], holm), (lambda r: SECTIONS.get(r["setting"], r["setting"]), bh)):
+        groups: dict[str, list[int]] = {}
+        for i, row in enumerate(tested):
+            groups.setdefault(group_of(row), []).append(i)
+        for members in groups.values():
+            method = significance.holm if adjusted is holm else significance.benjamini_hochberg
+            for i, value in zip(members, method([ps[i] for i in members])):
+                adjusted[i] = float(value)
+    out = []
+    for row, p, p_holm, q in zip(tested, ps, holm, bh):
+        raw = _raw_verdict(row, p)
+        adjusted = significance.adjusted_verdict(raw, p_holm)
+        if row.get("by_construction") and raw == intervals.HOLDS:
+            adjusted = BY_CONSTRUCTION_VERDICT
+        out.append((raw, adjusted, p_holm, q))
+    return out
+
+
+def _raw_verdict(row: dict, p: float) -> str:
+    """A compared cell's verdict with sign-flip p `p` (`significance.verdict`, from the row's own numbers)."""
+    if row.get("n") == 0 or "differences" not in row:
+        return row["verdict"]  # no data, or a row given with its verdict alone
+    return significance.verdict(row["low"], row["high"], p, row["mean"], row["median"],
+                                1 if row["predicted_sign"] == "+" else -1,
+                                np.nan if row["p_median"] is None else row["p_median"])
+
+
+def draw_dependent(rows: list[dict]) -> list[dict]:
+    """The adjusted rows whose verdict, raw or after Holm, a draw of their Monte Carlo p's could still change
+    (empty when `adjust` settled every one: a p read at the most flips it draws that still straddles is listed)."""
+    tested = [row for row in rows if row.get("p") is not None]
+    bounds = [significance.p_bounds(row["p"], row["p_flips"]) for row in tested]
+    low, high = (_readings(tested, [b[end] for b in bounds]) for end in (0, 1))
+    return [row for i, row in enumerate(tested) if low[i][:2] != high[i][:2]]
+
+
+def _draw_dependent(tested: list[dict]) -> list[dict]:
+    """The Monte Carlo rows to read again (unless already read at the most flips): each row whose verdicts differ
+    between every Monte Carlo p at its low bound and every one at its high bound, and the rows of its family before
+    it in Holm's order whose own step, (m − j + 1) × its p's high bound, reaches α (those could carry it over)."""
+    refine = {}
+    for row in draw_dependent(tested):
+        family = sorted((r for r in tested if r["family"] == row["family"]), key=lambda r: r["p"])
+        steps = {id(r): (len(family) - j) * significance.p_bounds(r["p"], r["p_flips"])[1]
+                 for j, r in enumerate(family)}
+        refine.update({id(r): r for r in family if r["p_flips"] and r["p_flips"] < significance.MORE_FLIPS[-1]
+                       and (r is row or (r["p"] <= row["p"] and steps[id(r)] >= significance.ALPHA))})
+    return list(refine.values())
 
 
 def build(seeds: int = 20, grid=GRID + RANDOM_GRID, progress: Callable[[float, str], None] | None = None,
@@ -295,7 +377,7 @@ def comparison_row(claim: Claim, setting: str, condition: str, c: Comparison, ca
         d = (intervals.paired_binary if c.metric in BINARY else intervals.paired)(a, b)
     median, p_median, up, down = significance.sign_test(difference)
     verdict = (intervals.NO_DATA if d.n == 0 else
-               significance.verdict(d.low, d.high, p, d.mean, median, c.sign))
+               significance.verdict(d.low, d.high, p, d.mean, median, c.sign, p_median))
     row = _row(claim, setting, condition, c.metric, c.candidate, c.baseline, "+" if c.sign > 0 else "−", d.mean,
                d.low, d.high, d.n, d.against_mean, verdict)
     effect = effect_of(claim, c)
@@ -325,4 +407,5 @@ def _row(claim: Claim, setting: str, condition: str, metric: str, candidate: str
             "high": _finite(high), "n": n, "seeds_against_mean": against_mean, "verdict": verdict,
             **dict.fromkeys(("p", "median", "p_median", "seeds_up", "seeds_down", "family", "reading",
                              "by_construction", "effect", "effect_source", "seeds_for_power", "seeds_for_power_range",
+                             "verdict_power", "family_size",
                              "rules_out", "seeds", "candidate_values", "baseline_values", "differences"))}  # a compared cell's (below)

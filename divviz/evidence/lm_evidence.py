@@ -159,8 +159,8 @@ class LMEvidence:
         ppo = np.array([finals[(PILOT[0], s)] for s in seeds])
         diff = np.array([finals[(PILOT[1], s)] for s in seeds]) - ppo
         sd = float(diff.std(ddof=1))
-        effects = {"the papers' scale (GBMPO's ProbL2 gain)": claims.PROBL2_EFFECT.size,
-                   "the smallest gain of interest": claims.SMALLEST_EFFECT[metric].size
+        effects = {"GBMPO's ProbL2 gain (the one gain a seed paper reports in this unit)": claims.PROBL2_EFFECT.size,
+                   "the 5-point margin (fixed after the learn pair was read)": claims.SMALLEST_EFFECT[metric].size
                    } if metric in claims.SMALLEST_EFFECT else {}
         return {"metric": metric, "n": len(seeds), "planned": self.plan.pilot_seeds, "ppo_mean": float(ppo.mean()),
                 "ppo_sd": float(ppo.std(ddof=1)),
@@ -224,10 +224,12 @@ def pilot_text(pilot: dict) -> str:
                   "correcting α for that look.")
     return (f"Pilot ({' and '.join(PILOT)}, {done}): {pilot['metric']} at the end, PPO "
             f"{pilot['ppo_mean']:.3f} (sd {pilot['ppo_sd']:.3f} over seeds); the paired difference KL3 − PPO "
-            f"{pilot['difference_mean']:+.3f} (sd {pilot['difference_sd']:.3f}). At that spread, {sizes} seeds "
-            f"resolve a mean difference of {reach} (the paired 95% interval's half-width; below "
-            f"{significance.fewest_seeds()} seeds no sign-flip p reaches 0.05, so nothing resolves)"
-            + (f"; 80% power needs, {power} (at the ends of the spread's 95% interval)." if power else ".") + design)
+            f"{pilot['difference_mean']:+.3f} (sd {pilot['difference_sd']:.3f}). At that spread the paired 95% "
+            f"interval's half-width at {sizes} seeds is {reach}: a true difference of that size is detected about "
+            f"half the time (below {significance.fewest_seeds()} seeds no sign-flip p reaches 0.05, so never)"
+            + (f"; the t-test alone needs, for 80% power, {power} (at the ends of the spread's 95% interval), and a "
+               "verdict, which also needs the sign-flip test and Holm over its family, needs more (each cell's "
+               "verdict power)." if power else ".") + design)
 
 
 def _readings(rows: dict[int, dict], evals: dict[int, dict], steps: int) -> dict[str, dict[str, float]]:

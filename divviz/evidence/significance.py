@@ -4,9 +4,11 @@ test, the multiplicity of a report's cells, the power of a comparison and the ga
 Every statistic is scipy's; this module chooses them and reads their results:
 
     sign-flip p        H0: each seed's difference is as likely + as − (the two measures are exchangeable within a
-                       seed). `scipy.stats.permutation_test` on the mean with every 2^n sign flip for n ≤ 16, else
-                       9,999 random flips (a fixed seed, so a report is reproducible). No normality: at n seeds the
-                       smallest possible two-sided p is 2/2^n — 0.125 at n = 4, so nothing can hold at 4 seeds.
+                       seed). `scipy.stats.permutation_test` on the mean with every 2^n sign flip for n ≤ 16 (exact),
+                       else random flips from a fixed seed (reproducible): 9,999, and more (MORE_FLIPS) for a cell
+                       whose verdict the draw could change (`p_bounds`: the Monte Carlo p's 99.9% Wilson bounds; a
+                       report refines such cells, `claims_report.adjust`). No normality: at n seeds the smallest
+                       possible two-sided p is 2/2^n — 0.125 at n = 4, so nothing can hold at 4 seeds.
     sign test          the median difference and the exact binomial test of #(d > 0) against #(d < 0) (zeros
                        dropped), `scipy.stats.binomtest`: whether most seeds go one way, however large the few others.
     Holm               within a family (a claim's readings at one setting): p_(i) ↦ max_{j ≤ i} min(1, (m − j + 1) p_(j))
@@ -26,50 +28,110 @@ opposite ways the cell says so instead of a verdict from the mean alone.
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+
 import numpy as np
 from scipy import stats
 
+from divviz.engine.policy import cache_dir
 from divviz.evidence import intervals
 
 ALPHA = 0.05
 EXACT_UP_TO = 16  # every sign flip up to 2^16 = 65,536; random flips beyond
-RESAMPLES = 9_999
+RESAMPLES = 9_999  # random flips of a first reading beyond EXACT_UP_TO
+MORE_FLIPS = (99_999, 999_999, 9_999_999)  # the flips of the next readings, for a cell whose verdict a draw can change
+BOUND_Z = 3.29  # the Monte Carlo p's bounds: 99.9% (two-sided) Wilson score interval of its flips' proportion
 POWER = 0.8
 MOST_SEEDS = 10_000  # a power search stops here: "more than 10,000 seeds"
-DISAGREE = "mean and median disagree"  # the mean and the median difference have opposite signs
+DISAGREE = "mean and median disagree"  # opposite signs, one of them resolved on its own (`verdict`)
 
 
 AT_ONCE = 2 ** 20  # numbers a pass of flips holds (scipy's `batch`: 8 MB at a time, a result that does not change)
-_TESTED: dict[tuple[tuple[float, ...], str], float] = {}  # (differences, alternative) ↦ p: each set tested once
+_TESTED: dict[tuple[tuple[float, ...], str, int], float] = {}  # (differences, alternative, flips) ↦ p: tested once
 _MOST_KEPT = 65_536
+KEPT_FROM = 99_999  # p's from this many flips or more are also kept on disk (`kept_file`): each costs seconds
 
 
-def sign_flip_ps(samples, alternative: str = "two-sided") -> list[float]:
+def kept_file() -> Path:
+    """Where the costly Monte Carlo p's are kept between processes: the Claims page's first load and the CLI read
+    them instead of drawing 10⁵–10⁷ flips again (a file divviz wrote; one it cannot read is ignored)."""
+    return cache_dir() / "sign-flip-p.json"
+
+
+def _read_kept() -> dict:
+    try:
+        rows = json.loads(kept_file().read_text())
+        return {(tuple(float(x) for x in d), str(a), int(f)): float(p) for d, a, f, p in rows}
+    except (OSError, ValueError, TypeError):
+        return {}
+
+
+def _keep(found: dict) -> None:
+    """Add `found`'s costly p's to the file (written whole, then renamed: a reader never sees half of it)."""
+    costly = {k: p for k, p in found.items() if k[2] >= KEPT_FROM}
+    if not costly:
+        return
+    kept = {**_read_kept(), **costly}
+    target = kept_file()
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f".{target.name}.{os.getpid()}")
+        partial.write_text(json.dumps([[list(d), a, f, p] for (d, a, f), p in kept.items()]))
+        partial.replace(target)
+    except OSError:
+        pass  # a read-only cache: the p's are drawn again next time
+
+
+def sign_flip_ps(samples, alternative: str = "two-sided", flips: int | None = None) -> list[float]:
     """The sign-flip permutation p-value of the mean of each sample of paired differences (`alternative` as
     scipy's; NaN below 2 seeds, 1 when every difference is 0). The samples not tested yet are tested together: one
     `permutation_test` per seed count, along the samples' axis, so they share its flips — every flip for n ≤ 16,
-    else 9,999 drawn from a fixed seed, the same flips a call of each sample's own would draw. So each p is the one
+    else `flips` (RESAMPLES unless given) drawn from a fixed seed, the same flips a call of each sample's own would draw. So each p is the one
     it would have alone, at a fraction of the time (a report's 344 cells of 64 seeds: 1.3 s instead of 9). Kept per
-    distinct set of differences: a page rerun does not test a cell again."""
+    distinct set of differences and flips: a page rerun does not test a cell again."""
     keys = [tuple(np.asarray(d, dtype=np.float64).ravel().tolist()) for d in samples]
-    found = {k: _TESTED.get((k, alternative)) for k in keys if len(k) >= 2 and any(k)}
+    flips = flips or RESAMPLES
+    drawn = lambda n: 0 if n <= EXACT_UP_TO else flips  # noqa: E731  (0: every flip)
+    if flips >= KEPT_FROM and not any(key[2] == flips for key in _TESTED):
+        _TESTED.update({key: p for key, p in _read_kept().items() if key[2] == flips})
+    found = {k: _TESTED.get((k, alternative, drawn(len(k)))) for k in keys if len(k) >= 2 and any(k)}
     untested = sorted(k for k, p in found.items() if p is None)
     for n in sorted({len(k) for k in untested}):
         group = [k for k in untested if len(k) == n]
         result = stats.permutation_test((np.array(group),), np.mean, permutation_type="samples", vectorized=True,
-                                        n_resamples=np.inf if n <= EXACT_UP_TO else RESAMPLES,
-                                        alternative=alternative, axis=-1, batch=max(1, AT_ONCE // (len(group) * n)),
-                                        rng=np.random.default_rng(0))
+                                        n_resamples=drawn(n) or np.inf, alternative=alternative, axis=-1,
+                                        batch=max(1, AT_ONCE // (len(group) * n)), rng=np.random.default_rng(0))
         found.update(zip(group, np.atleast_1d(result.pvalue).tolist()))
     if len(_TESTED) + len(untested) > _MOST_KEPT:
         _TESTED.clear()
-    _TESTED.update({(k, alternative): p for k, p in found.items()})
+    _TESTED.update({(k, alternative, drawn(len(k))): p for k, p in found.items()})
+    _keep({(k, alternative, drawn(len(k))): found[k] for k in untested})
     return [np.nan if len(k) < 2 else 1.0 if not any(k) else found[k] for k in keys]
 
 
-def sign_flip_p(differences, alternative: str = "two-sided") -> float:
+def sign_flip_p(differences, alternative: str = "two-sided", flips: int | None = None) -> float:
     """The sign-flip p-value of one sample's mean (`sign_flip_ps`)."""
-    return sign_flip_ps([differences], alternative)[0]
+    return sign_flip_ps([differences], alternative, flips)[0]
+
+
+def flips_of(n: int) -> int | None:
+    """How many random flips a first sign-flip p of n seeds is read from: None where every flip is (n ≤ 16)."""
+    return None if n <= EXACT_UP_TO else RESAMPLES
+
+
+def p_bounds(p: float, flips: int | None, alternative: str = "two-sided") -> tuple[float, float]:
+    """Where the exact sign-flip p lies, given its Monte Carlo reading p from `flips` random flips (scipy's
+    (k + 1)/(flips + 1) per side, doubled for two-sided): the 99.9% Wilson score interval of the one side's
+    proportion, z = BOUND_Z, doubled back. (p, p) when every flip was read (`flips` None)."""
+    if flips is None:
+        return p, p
+    sides = 2 if alternative == "two-sided" else 1
+    q, z2 = min(1.0, p / sides), BOUND_Z ** 2
+    centre = (q + z2 / (2 * flips)) / (1 + z2 / flips)
+    half = BOUND_Z / (1 + z2 / flips) * np.sqrt(q * (1 - q) / flips + z2 / (4 * flips ** 2))
+    return max(0.0, sides * (centre - half)), min(1.0, sides * (centre + half))
 
 
 def sign_test(differences) -> tuple[float, float, int, int]:
@@ -161,13 +223,17 @@ def rules_out_gain(differences, margin: float, alpha: float = ALPHA) -> bool:
                 and sign_flip_p(d - margin, "less") < alpha)
 
 
-def verdict(low: float, high: float, p: float, mean: float, median: float, predicted_sign: int) -> str:
+def verdict(low: float, high: float, p: float, mean: float, median: float, predicted_sign: int,
+            p_median: float = np.nan) -> str:
     """A cell's verdict: "identical" when its interval is [0, 0]; "mean and median disagree" when they have
-    opposite signs; "holds" / "reversed" when the t interval excludes 0 and the sign-flip p is below α; else "not
-    resolved"."""
+    opposite signs and one of them is resolved on its own — the t interval excludes 0, or the sign test's p
+    (`p_median`) is below α (a mean of +0.003 beside a median of −0.002, neither resolved, is two readings of nothing,
+    not a disagreement; 46 of 64 seeds below 0 beside a positive mean one seed carries is one); "holds" / "reversed"
+    when the t interval excludes 0 and the sign-flip p is below α; else "not resolved"."""
     if low == 0 == high:
         return intervals.IDENTICAL
-    if np.sign(mean) * np.sign(median) < 0:
+    resolved = low > 0 or high < 0 or p_median < ALPHA
+    if np.sign(mean) * np.sign(median) < 0 and resolved:
         return DISAGREE
     interval = intervals.verdict(low, high, predicted_sign)
     if interval in (intervals.HOLDS, intervals.REVERSED) and p < ALPHA:

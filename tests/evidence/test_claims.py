@@ -47,7 +47,8 @@ def test_every_verdict_follows_from_its_interval_and_its_tests(report):
         low = np.nan if r["low"] is None else r["low"]
         high = np.nan if r["high"] is None else r["high"]
         sign = +1 if r["predicted_sign"] == "+" else -1
-        assert r["verdict"] == significance.verdict(low, high, r["p"], r["mean"], r["median"], sign)
+        p_median = np.nan if r["p_median"] is None else r["p_median"]
+        assert r["verdict"] == significance.verdict(low, high, r["p"], r["mean"], r["median"], sign, p_median)
         assert r["p"] == significance.sign_flip_p(r["differences"]) and r["p"] >= 0.125
         assert r["verdict"] not in (intervals.HOLDS, intervals.REVERSED)
         assert r["n"] == 4 and 0 <= r["seeds_against_mean"] <= 4
@@ -292,3 +293,12 @@ def test_published_bandit_cells_are_read_only_when_whole_and_this_codes(report, 
         written.write_bytes(content)
         assert bandit_published.read(4, SMALL_GRID) is None
         assert claims_report.build(seeds=4, grid=SMALL_GRID).bandit == claims_report.COMPUTED_HERE
+
+
+def test_the_json_names_each_p_by_its_test_and_keeps_its_flips(report):
+    cells = claims_export.report_json(report)["cells"]
+    compared = [c for c in cells if c["p"] is not None]
+    assert compared and all(c["p_sign_flip"] == c["p"] and c["p_sign_flip_holm"] == c["p_holm"]
+                            and c["p_sign_test"] == c["p_median"] for c in compared)
+    assert all(c["p_flips"] is None and c["p_bounds"] == [c["p"], c["p"]] for c in compared)  # 4 seeds: every flip
+    json.dumps(cells)  # the bounds are plain floats

@@ -135,24 +135,60 @@ def test_the_verdict_needs_the_interval_and_the_permutation_test_to_agree():
         s = intervals.summarize(d)
         median = float(np.median(d))
         assert significance.verdict(s.low, s.high, significance.sign_flip_p(d), s.mean, median, +1) == expected
-    skewed = np.array([-0.01] * 7 + [0.5])  # one seed carries the mean
-    s = intervals.summarize(skewed)
-    assert significance.verdict(s.low, s.high, significance.sign_flip_p(skewed), s.mean, float(np.median(skewed)),
-                                +1) == significance.DISAGREE
+    def reading(d):
+        s, (median, p_median, _, _) = intervals.summarize(d), significance.sign_test(d)
+        return significance.verdict(s.low, s.high, significance.sign_flip_p(d), s.mean, median, +1, p_median)
+    skewed = np.array([-0.01] * 12 + [0.9])  # one seed carries the mean; 12 of 13 below 0 (sign test p 0.0034)
+    assert reading(skewed) == significance.DISAGREE
+    assert reading(np.array([-0.01] * 7 + [0.5])) == intervals.NOT_RESOLVED  # 7 of 8 below: sign test p 0.07
+    null = np.array([0.03, -0.002, -0.004, 0.01, -0.001, -0.003, 0.02, -0.05, 0.035, -0.002, -0.006, 0.009])
+    assert np.mean(null) > 0 > np.median(null) and reading(null) == intervals.NOT_RESOLVED  # two readings of nothing
 
 
-def test_adjust_applies_holm_within_a_family_and_bh_across_the_report():
-    def row(family, p, verdict=intervals.HOLDS):
-        return {"family": family, "p": p, "verdict": verdict}
-    rows = [row("a", 0.01), row("a", 0.02), row("a", 0.03), row("a", 0.5, intervals.NOT_RESOLVED), row("b", 0.04),
-            {"family": "c", "p": None, "verdict": intervals.EXACT}]
+def test_adjust_applies_holm_within_a_family_and_bh_within_a_section():
+    def row(family, p, setting=claims.BANDIT, verdict=intervals.HOLDS):
+        return {"family": family, "p": p, "verdict": verdict, "setting": setting}
+    rows = [row("a", 0.01), row("a", 0.02), row("a", 0.03), row("a", 0.5, verdict=intervals.NOT_RESOLVED),
+            row("b", 0.04, claims.LM_TRAINING), row("c", 0.03, claims.REAL),
+            {"family": "d", "p": None, "verdict": intervals.EXACT, "setting": "random batches"}]
     out = claims_report.adjust(rows)
-    assert [r["p_holm"] for r in out[:5]] == pytest.approx([0.04, 0.06, 0.06, 0.5, 0.04])
+    assert [r["p_holm"] for r in out[:6]] == pytest.approx([0.04, 0.06, 0.06, 0.5, 0.04, 0.03])
     assert [r["verdict_adjusted"] for r in out] == [intervals.HOLDS, intervals.NOT_RESOLVED, intervals.NOT_RESOLVED,
-                                                   intervals.NOT_RESOLVED, intervals.HOLDS, intervals.EXACT]
-    assert [r["q_bh"] for r in out[:5]] == pytest.approx(list(stats.false_discovery_control([0.01, 0.02, 0.03, 0.5,
-                                                                                               0.04])))
-    assert "p_holm" not in rows[0] and out[5]["p_holm"] is None  # the rows given are not changed
+                                                   intervals.NOT_RESOLVED, intervals.HOLDS, intervals.HOLDS,
+                                                   intervals.EXACT]
+    bandit = stats.false_discovery_control([0.01, 0.02, 0.03, 0.5])  # the bandit's own section
+    smollm2 = stats.false_discovery_control([0.04, 0.03])  # over training and one update: SmolLM2's section
+    assert [r["q_bh"] for r in out[:6]] == pytest.approx([*bandit, *smollm2])
+    assert "p_holm" not in rows[0] and out[6]["p_holm"] is None  # the rows given are not changed
+
+
+def test_a_monte_carlo_p_near_a_threshold_is_read_again_until_no_draw_changes_its_verdict():
+    """20 seeds (random flips: 2^20 is past the exact limit) with a p near 0.05: the report draws more flips until
+    the p's 99.9% bounds are on one side of α, the bounds hold the exact p (all 2^20 flips, enumerated by scipy), and
+    the verdict is the exact p's. A p far from any threshold keeps its 9,999 flips."""
+    rng = np.random.default_rng(3)
+    base = rng.normal(0, 1, 20)
+    near = base + 0.73  # its t interval excludes 0, so only the sign-flip p decides the verdict
+    exact = stats.permutation_test((near,), np.mean, permutation_type="samples", n_resamples=np.inf,
+                                   vectorized=True).pvalue
+    assert intervals.summarize(near).low > 0 and 0.04 < exact < 0.045  # 9,999 flips' bounds reach 0.05; 99,999's not
+    low, high = significance.p_bounds(significance.sign_flip_p(near), significance.RESAMPLES)
+    assert low < significance.ALPHA < high
+    far = base + 3.0
+    rows = []
+    for d in (near, far):
+        s, (median, p_median, up, down) = intervals.summarize(d), significance.sign_test(d)
+        rows.append({"family": "f", "setting": claims.BANDIT, "n": 20, "differences": d.tolist(), "low": s.low,
+                     "high": s.high, "mean": s.mean, "median": median, "p_median": p_median, "predicted_sign": "+",
+                     "p": significance.sign_flip_p(d), "verdict": None})
+    out = claims_report.adjust(rows)
+    low, high = out[0]["p_bounds"]
+    assert out[0]["p_flips"] > significance.RESAMPLES and low <= exact <= high
+    assert (high < significance.ALPHA) or (low > significance.ALPHA)
+    r = rows[0]
+    assert out[0]["verdict"] == significance.verdict(r["low"], r["high"], exact, r["mean"], r["median"], +1,
+                                                     r["p_median"])
+    assert out[1]["p_flips"] == significance.RESAMPLES and out[1]["verdict"] == intervals.HOLDS
 
 
 def test_the_64_seed_bandit_cell_whose_mean_and_median_disagree():
@@ -167,7 +203,7 @@ def test_the_64_seed_bandit_cell_whose_mean_and_median_disagree():
 
 
 def test_the_largest_clip_fraction_against_a_wider_box_is_labelled_by_construction():
-    rows = claims_report.adjust([{"family": "f", "p": 0.001, "verdict": intervals.HOLDS,
+    rows = claims_report.adjust([{"family": "f", "p": 0.001, "verdict": intervals.HOLDS, "setting": claims.LM_TRAINING,
                                   "by_construction": claims.BY_CONSTRUCTION[(claims.KL3_WIDE, "stability/max_clip")]}])
     assert rows[0]["verdict_adjusted"] == claims_report.BY_CONSTRUCTION_VERDICT
     assert (claims.KL3_HIGH_EDGE, "stability/max_clip") not in claims.BY_CONSTRUCTION  # narrower below: not wider
@@ -182,3 +218,21 @@ def test_the_gain_bound_is_where_the_t_half_of_ruling_out_flips():
     assert bound == pytest.approx(interval[1], rel=1e-12)
     for margin, rejected in ((bound + 1e-9, True), (bound - 1e-9, False)):
         assert bool(stats.ttest_1samp(d, margin, alternative="less").pvalue < significance.ALPHA) is rejected
+
+
+@pytest.mark.slow
+def test_the_bandit_counts_readme_quotes_do_not_change_with_ten_times_the_flips(monkeypatch):
+    """The published 64-seed bandit grid read with every Monte Carlo p drawn from 10× the flips (99,999 first, then
+    up to 10⁸ where a verdict could change): every cell's verdict, raw and after Holm, and so README's sentence, the
+    same; and no cell's verdict in the report as published still depends on the draw."""
+    from divviz.evidence import claims_export
+    published = claims_report.build(claims.SEEDS)
+    assert not claims_report.draw_dependent(published.rows)
+    monkeypatch.setattr(significance, "RESAMPLES", 10 * significance.RESAMPLES + 9)
+    monkeypatch.setattr(significance, "MORE_FLIPS", tuple(10 * f + 9 for f in significance.MORE_FLIPS))
+    monkeypatch.setattr(significance, "_TESTED", {})
+    again = claims_report.build(claims.SEEDS)
+    assert all(r["p_flips"] is None or r["p_flips"] >= 99_999 for r in again.rows)
+    assert [(r["verdict"], r["verdict_adjusted"]) for r in again.rows] == \
+        [(r["verdict"], r["verdict_adjusted"]) for r in published.rows]
+    assert claims_export.bandit_sentence(again) == claims_export.bandit_sentence(published)

@@ -1,0 +1,56 @@
+"""The dose search's rule (scripts/dose_search.py, fixed before its first run) read on made-up points, and its
+published summary read again: the choice it states is the rule's on its own points, and every published run is one
+of a summarised point's."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location("dose_search", ROOT / "scripts" / "dose_search.py")
+dose_search = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(dose_search)
+
+
+def run(clip, dose, entropy, evals, collapse=None, step_s=10.0):
+    return {"state": "done", "clip": [clip] * 20, "disagreement": [dose] * 20, "entropy": entropy,
+            "collapse_step": collapse, "evals": [{"eval/accuracy": a} for a in evals], "step_s": step_s}
+
+
+def point(clip, dose, learns=True, collapse=None, step_s=10.0):
+    entropy = [0.8] * 10 + [0.7] * 10  # never falls by half: only a collapse meets condition 4
+    evals = [0.2, 0.5] if learns else [0.5, 0.2]
+    return {"ppo": run(clip, dose, entropy, evals, collapse, step_s), "kl3": run(clip / 2, dose, entropy, evals)}
+
+
+def read(**points):
+    for p in points.values():
+        p["reading"] = dose_search.reading(p)
+    return dose_search.choose(points)
+
+
+def test_the_rule_takes_the_cheapest_point_meeting_all_four_conditions():
+    assert read(a=point(0.04, 0.03, collapse=40, step_s=20), b=point(0.05, 0.05, collapse=30, step_s=10),
+                c=point(0.02, 0.05, collapse=10, step_s=5)) == "b: all four conditions"
+    assert dose_search.reading(point(0.04, 0.03))["destabilises"] is False
+    assert dose_search.reading(point(0.03, 0.02, collapse=5))["binds"] and \
+        dose_search.reading(point(0.03, 0.02, collapse=5))["differ"]  # the thresholds are inclusive
+
+
+def test_without_a_collapse_it_takes_the_largest_disagreement_and_says_stability_is_not_testable():
+    assert read(a=point(0.04, 0.03), b=point(0.05, 0.06), c=point(0.05, 0.09, learns=False)) == \
+        "b: conditions 1–3 (the stability claim not testable)"
+    assert read(a=point(0.01, 0.01, collapse=3)).startswith("none yet (1 of")
+
+
+def test_the_published_summary_states_its_own_points_choice_and_holds_every_published_run():
+    summary = json.loads(dose_search.SUMMARY.read_text())
+    assert summary["rule"] == dose_search.RULE and summary["steps"] == dose_search.STEPS
+    assert dose_search.choose(summary["points"]) == summary["choice"]
+    for name, p in summary["points"].items():
+        if p.get("reading"):
+            assert dose_search.reading(p) == p["reading"]
+    manifest = json.loads((dose_search.GRID / "manifest.json").read_text())
+    for name, cell in manifest["runs"].items():
+        assert name == f"{cell['point']}-{'ppo' if cell['measure'] == 'ratio' else 'kl3'}" and cell["point"] in \
+            summary["points"] and cell["state"] == "done"
