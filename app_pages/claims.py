@@ -150,6 +150,8 @@ if lm_plan is not None and lm_model != claims_lm.BUILTIN and (lm_setting, lm_dev
                        "is published: the seeds above are the defaults."))
 if lm_plan is not None and lm_plan.done:
     result = evidence.report(result)
+    if sentence := claims_export.plain_sentence(result):
+        st.markdown(f"**{literal(sentence)}**")
 if lm_plan is not None and lm_plan.provenance:
     st.info(literal(f"Published runs: {lm_plan.provenance}. They are read, never trained again; a run of your own "
                     "of a cell takes its place."), icon=":material/inventory_2:")

@@ -57,7 +57,7 @@ import platform  # noqa: E402
 import transformers  # noqa: E402
 
 from divviz.engine import published, store  # noqa: E402
-from divviz.evidence.rescore import Tokens, measure_objective, rescore  # noqa: E402
+from divviz.evidence.rescore import disagreement, measure_objective, sampled_tokens  # noqa: E402
 
 STEPS = 100
 BASE = ["--model", "smollm2-135m", "--task", "add", "--prompts", "8", "--group-size", "8", "--max-new-tokens", "24",
@@ -122,36 +122,16 @@ def publish(folder: Path, point: str, objective: str) -> None:
                                      "minibatches": k, "lr": lr}, trained_by, name=f"{point}-{objective}")
 
 
-def step_tokens(folder: Path, step: int) -> Tokens | None:
-    """A step's sampled tokens (the run's per-token sample) as `rescore` reads them; None where none was kept."""
-    try:
-        facts = store.read_tokens(folder, step)
-    except (OSError, ValueError, KeyError, store.CorruptRun):
-        return None
-    if facts is None or "ratio" not in facts or len(facts["ratio"]) == 0:
-        return None
-    keep = np.asarray(facts["state"]) != 5  # a rejected token took no part in the loss
-    pi_old, ratio, adv = (torch.as_tensor(np.asarray(facts[k])[keep], dtype=torch.float64)
-                          for k in ("pi_old", "ratio", "adv"))
-    n = len(ratio)
-    return Tokens([(0, 0, i) for i in range(n)], [""] * n, pi_old, ratio, adv, torch.ones(n),
-                  torch.as_tensor(np.asarray(facts["state"])[keep] % 4).long())
-
-
 def run_summary(folder: Path, other_clip: str) -> dict | None:
     """One run's per-step dose, entropy and stability, its evaluations and its seconds per step."""
     if not folder.is_dir():
         return None
     run, rows, evals = store.read_run(folder), store.read_metrics(folder), store.read_evals(folder)
     other = measure_objective(other_clip)
-    disagreement = []
-    for row in rows:
-        tokens = step_tokens(folder, int(row["step"]))
-        disagreement.append(None if tokens is None
-                            else rescore(tokens, other, other_clip)["changed"] / len(tokens.where))
+    tokens = [sampled_tokens(folder, int(row["step"])) for row in rows]
     return {"state": run.state, "steps": len(rows),
             "clip": [r.get("clip_ratio/region_mean") for r in rows], "entropy": [r.get("entropy") for r in rows],
-            "disagreement": disagreement, "reward": [r.get("reward") for r in rows],
+            "disagreement": [None if t is None else disagreement(t, other) for t in tokens], "reward": [r.get("reward") for r in rows],
             "collapse_step": next((r["stability/collapse_step"] for r in rows if "stability/collapse_step" in r), None),
             "evals": [{k: e[k] for k in ("step", "eval/accuracy", "eval/accuracy_greedy") if k in e} for e in evals],
             "step_s": float(np.median([r["step_time"] for r in rows])) if rows else None}

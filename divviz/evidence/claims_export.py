@@ -13,7 +13,8 @@ import numpy as np
 from divviz.evidence import claims, claims_lm, forest, intervals, lm_evidence, significance
 from divviz.evidence.claims import LM, LM_TRAINING
 from divviz.evidence.claims_report import (BY_CONSTRUCTION_VERDICT, CELL_KEYS, HEADERS, RAW, VERDICT_RULE, VERDICTS,
-                                           Report, effect_text, power_text, summary_key, verdict_power_text)
+                                           Report, dose_text, effect_text, power_text, summary_key,
+                                           verdict_power_text)
 
 
 def to_text(report: Report) -> str:
@@ -36,6 +37,7 @@ def to_text(report: Report) -> str:
         lines.append("")
     if report.lm_details:
         lines.append(f"Over training ({report.lm}):")
+        lines += [f"  {sentence}" for sentence in (plain_sentence(report),) if sentence]
         lines += [f"  {cell_text(r)}" for r in report.rows if r["setting"] in (LM, LM_TRAINING) and r["n"]]
         lines += [f"  {line}" for line in report.lm_details] + [""]
     lines.append("Not testable here:")
@@ -68,7 +70,7 @@ def cell_text(row: dict) -> str:
                 " (before Holm; counted as by construction, not as stability: a wider box clips less)"
                 if row["verdict_adjusted"] == BY_CONSTRUCTION_VERDICT else f" ({row['verdict_adjusted']} after Holm)")
     sized = "".join(f"; {text}" for text in (verdict_power_text(row) and f"verdict power {verdict_power_text(row)}",
-                                             effect_text(row)) if text)
+                                             effect_text(row), dose_text(row) and f"dose: {dose_text(row)}") if text)
     return (f"{row['candidate']} − {row['baseline']} · {row['condition']} · {row['metric']}: {d.text(3)}{tested}: "
             f"{row['verdict']}{adjusted}{sized}")
 
@@ -92,6 +94,8 @@ def shown(row: dict, key: str) -> str:
         return effect_text(row)
     if key == "verdict_power":
         return verdict_power_text(row)
+    if key == "dose":
+        return dose_text(row)
     return number(row[key]) if key in NUMBERS else "" if row[key] is None else str(row[key])
 
 
@@ -150,7 +154,7 @@ def headline_markdown(report: Report) -> str:
     cell has two paired seeds."""
     header = ("candidate − baseline", "metric", "reading", "mean [95%]", "n", "seeds +/−", "sign-flip p (Holm)",
               "median (sign-test p)", "verdict (raw → Holm)", "seeds for 80% power (t-test alone)",
-              "verdict power at n (whole rule, Holm)", "rules out")
+              "verdict power at n (whole rule, Holm)", "rules out", "dose over training")
     rows = []
     for candidate, metric, reading in HEADLINE:
         row = next((r for r in report.rows if r["setting"] in (LM, LM_TRAINING) and r["candidate"] == candidate
@@ -163,7 +167,8 @@ def headline_markdown(report: Report) -> str:
                      f"{row['mean']:+.3f} [{row['low']:+.3f}, {row['high']:+.3f}]", row["n"],
                      f"{row['seeds_up']}/{row['seeds_down']}", f"{row['p']:.3g} ({row['p_holm']:.3g})",
                      f"{row['median']:+.3f} ({number(row['p_median']) or '—'})", verdict, power_text(row) or "—",
-                     verdict_power_text(row) or "—", effect_text(row).removeprefix("rules out ") or "—"))
+                     verdict_power_text(row) or "—", effect_text(row).removeprefix("rules out ") or "—",
+                     dose_text(row) or "—"))
     return markdown_table(header, rows) if rows else "No headline cell has two paired seeds yet.\n"
 
 
@@ -193,7 +198,8 @@ def published_markdown(plan, evidence, report: Report) -> str:
     table = markdown_table(list(collapses[0]), [list(row.values()) for row in collapses])
     closed = (" (closed before its declared seeds: the pilot below)"
               if (plan.setting, plan.device) in claims_lm.CLOSED_AT else "")
-    return "\n".join([f"{plan.done} of the grid's {len(plan.runs)} runs{closed} published: {plan.published_grids}.",
+    return "\n".join([*([plain_sentence(report), ""] if plain_sentence(report) else []),
+                      f"{plan.done} of the grid's {len(plan.runs)} runs{closed} published: {plan.published_grids}.",
                       "", headline_markdown(report).rstrip(), "", table.rstrip(), "",
                       lm_evidence.pilot_text(pilot) if pilot else "No pilot pair has two seeds yet.", ""])
 
@@ -204,14 +210,46 @@ def headline_cell(report: Report) -> dict:
                 and r["reading"] == "end")
 
 
+def plain_sentence(report: Report) -> str:
+    """The over-training headline in one plain sentence, generated: "At learn, KL3 δ=0.05 (wide) and PPO ε=0.2
+    clipped 0.45% and 0.85% of tokens and acted differently on 0.50%; end accuracy −0.010 [−0.041, +0.021] over 8
+    seeds: not resolved — no gain of 5 points or more (rejected at one-sided α = 0.05; margin fixed after this pair
+    was read); the verdict's power for that gain was 0.00" ("" while the headline cell has no two paired seeds)."""
+    row = next((r for r in report.rows if r["setting"] in (LM, LM_TRAINING) and r["candidate"] == claims.KL3_WIDE
+                and r["baseline"] == claims.PPO and r["metric"] == "eval/accuracy" and r["reading"] == "end"), None)
+    if row is None or row["n"] < 2:
+        return ""
+    where = f"At {row['condition'].split(' · ')[0]}" if row["setting"] == LM_TRAINING else "On the built-in LM"
+    dose = row.get("dose") or {}
+    clip = dose.get("clip", {})
+    acted = ""
+    if claims.KL3_WIDE in clip and claims.PPO in clip:
+        acted = (f", {claims.KL3_WIDE} and {claims.PPO} clipped {100 * clip[claims.KL3_WIDE]:.2f}% and "
+                 f"{100 * clip[claims.PPO]:.2f}% of tokens")
+        if dose.get("disagreement") is not None and math.isfinite(dose["disagreement"]):
+            acted += f" and acted differently on {100 * dose['disagreement']:.2f}%"
+    verdict = row["verdict_adjusted"]
+    ruled = (f" — no gain of {100 * row['effect']:.0f} points or more (rejected at one-sided α = 0.05; "
+             f"{row['effect_source']})" if row["rules_out"] else "")
+    power = (f"; the verdict's power for a gain of {row['effect']:+.3f} was {row['verdict_power']:.2f}"
+             if row.get("verdict_power") is not None else "")
+    return (f"{where}{acted}; end accuracy {row['mean']:+.3f} [{row['low']:+.3f}, {row['high']:+.3f}] over "
+            f"{row['n']} seeds: {verdict}{ruled}{power}.")
+
+
 def headline_sentence(plan, report: Report) -> str:
     """The headline cell of a grid's published runs (`published_evidence`) in a phrase, for README: "stress, 12
-    seeds: +0.012 [−0.030, +0.054], sign-flip p 0.62: not resolved"."""
+    seeds (the two clip states differing on 1.01% of tokens): +0.012 [−0.030, +0.054], sign-flip p 0.62: not
+    resolved"."""
     row, setting = headline_cell(report), plan.setting + claims_lm.on_device(plan.device)
     if row["n"] < 2:
         return f"{setting}, {plan.done} of {len(plan.runs)} runs published: fewer than two paired seeds"
-    return (f"{setting}, {row['n']} seeds: {row['mean']:+.3f} [{row['low']:+.3f}, {row['high']:+.3f}], sign-flip p "
-            f"{row['p']:.3g}: {row['verdict_adjusted']}" + (f", {effect_text(row)}" if row["rules_out"] else ""))
+    differ = (row.get("dose") or {}).get("disagreement")
+    dose = (f" (the two clip states differing on {100 * differ:.2f}% of tokens)"
+            if differ is not None and math.isfinite(differ) else "")
+    return (f"{setting}, {row['n']} seeds{dose}: {row['mean']:+.3f} [{row['low']:+.3f}, {row['high']:+.3f}], "
+            f"sign-flip p {row['p']:.3g}: {row['verdict_adjusted']}"
+            + (f", {effect_text(row)}" if row["rules_out"] else ""))
 
 
 def bandit_markdown(report: Report) -> str:

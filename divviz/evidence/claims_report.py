@@ -94,14 +94,15 @@ class Report:
 
 CELL_KEYS = ("claim", "setting", "condition", "metric", "candidate", "baseline", "predicted_sign", "verdict",
              "verdict_adjusted", "mean", "low", "high", "n", "seeds_against_mean", "p", "p_holm", "q_bh", "median",
-             "p_median", "seeds_for_power", "verdict_power", "rules_out",
-             "by_construction")  # a cell's columns, in the order shown
+             "p_median", "seeds_for_power", "verdict_power", "rules_out", "by_construction",
+             "dose")  # a cell's columns, in the order shown
 HEADERS = {**{k: k for k in CELL_KEYS}, "predicted_sign": "predicted", "verdict": "verdict (raw)",
            "verdict_adjusted": "verdict (Holm)", "low": "95% low", "high": "95% high",
            "seeds_against_mean": "seeds against the mean", "p": "sign-flip p", "p_holm": "p (Holm, claim × setting)",
            "q_bh": "q (BH, section)", "median": "median", "p_median": "sign-test p",
            "seeds_for_power": "seeds for 80% power (t-test alone)",
-           "verdict_power": "verdict power (whole rule, Holm)", "rules_out": "rules out the effect",
+           "verdict_power": "verdict power (whole rule, Holm)",
+           "dose": "dose (clip fractions; tokens whose clip state differs)", "rules_out": "rules out the effect",
            "by_construction": "by construction", "cells": "cells", "reading": "reading",
            "largest": "largest |difference|"}  # their headers
 
@@ -120,7 +121,8 @@ def cell_table(rows: list[dict], shared: dict) -> list[dict]:
     keys = [k for k in dict.fromkeys((*first, *CELL_KEYS[1:]))
             if k not in shared and not (identity and k in said_by_mean)]
     headers = {**HEADERS, **({"mean": HEADERS["largest"]} if identity else {})}
-    texts = {"seeds_for_power": power_text, "verdict_power": verdict_power_text, "rules_out": effect_text}
+    texts = {"seeds_for_power": power_text, "verdict_power": verdict_power_text, "rules_out": effect_text,
+             "dose": dose_text}
     return [{headers[k]: texts[k](row) if k in texts else row[k] for k in keys} for row in rows]
 
 
@@ -142,6 +144,27 @@ def verdict_power_text(row: dict) -> str:
         return ""
     family = row.get("family_size")
     return f"{row['verdict_power']:.2f} for {row['effect']:+.3f}" + (f" in a family of {family}" if family else "")
+
+
+FEW_TOKENS = 0.01  # a disagreement below this share of tokens: the two objectives barely act differently
+
+
+def dose_text(row: dict) -> str:
+    """A pair's dose over training in words (`lm_evidence.LMEvidence.dose`): "PPO ε=0.2 clips 0.85% of tokens, KL3
+    δ=0.05 (wide) 0.45%; their clip states differ on 0.50%: a verdict on objectives that act differently on so few
+    tokens can hardly show a difference"; "" where the cell has none."""
+    dose = row.get("dose")
+    if not dose:
+        return ""
+    clips = [f"{name} clips {100 * share:.2f}% of tokens" if i == 0 else f"{name} {100 * share:.2f}%"
+             for i, (name, share) in enumerate(dose["clip"].items())]
+    text = ", ".join(clips)
+    differ = dose.get("disagreement")
+    if differ is not None and math.isfinite(differ):
+        text += f"; their clip states differ on {100 * differ:.2f}%"
+        if differ < FEW_TOKENS:
+            text += ": a verdict on objectives that act differently on so few tokens can hardly show a difference"
+    return text
 
 
 def effect_text(row: dict) -> str:
@@ -407,5 +430,5 @@ def _row(claim: Claim, setting: str, condition: str, metric: str, candidate: str
             "high": _finite(high), "n": n, "seeds_against_mean": against_mean, "verdict": verdict,
             **dict.fromkeys(("p", "median", "p_median", "seeds_up", "seeds_down", "family", "reading",
                              "by_construction", "effect", "effect_source", "seeds_for_power", "seeds_for_power_range",
-                             "verdict_power", "family_size",
+                             "verdict_power", "family_size", "dose",
                              "rules_out", "seeds", "candidate_values", "baseline_values", "differences"))}  # a compared cell's (below)

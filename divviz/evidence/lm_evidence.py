@@ -28,6 +28,7 @@ from divviz.engine import store
 from divviz.engine.models import BUILTIN
 from divviz.evidence import claims, claims_lm, claims_report, intervals, significance
 from divviz.evidence.claims_lm import FINAL, PILOT, LMPlan, measures, run_config
+from divviz.evidence.rescore import disagreement, sampled_tokens
 from divviz.metrics import metric_range, proportion
 
 
@@ -96,7 +97,39 @@ class LMEvidence:
                         candidate=[value(c.candidate, s) for s in seeds],
                         baseline=[value(c.baseline, s) for s in seeds], seeds=seeds, where=self.plan.setting,
                         reading=reading))
-        return claims_report.comparison_rows(cells)
+        rows = claims_report.comparison_rows(cells)
+        for row, cell in zip(rows, cells):
+            row["dose"] = self.dose(cell["c"].candidate, cell["c"].baseline, cell["claim"].reward, cell["seeds"])
+        return rows
+
+    def dose(self, candidate: str, baseline: str, reward: str, seeds: list[int]) -> dict | None:
+        """How strongly the pair's constraints acted over training, on the cell's seeds: each objective's clip
+        fraction (`clip_ratio/region_mean`, the mean over the run's steps, then over seeds) and the **disagreement**,
+        the share of tokens whose clip state the other objective would set otherwise — each run's sampled tokens at
+        the steps it kept (`rescore.sampled_tokens`; the published runs keep the first, middle and last) re-scored
+        under the other's clip test (`rescore.disagreement`), averaged over its steps, the pair's two runs and the
+        seeds. Against START or ZERO only the candidate's clip fraction; None without seeds."""
+        measures = [m for m in (candidate, baseline) if m in claims.OBJECTIVES]
+        if not seeds or not measures:
+            return None
+        clip = {m: float(np.mean([self._clip_fraction((m, reward, s)) for s in seeds])) for m in measures}
+        differ = None
+        if len(measures) == 2:
+            differ = float(np.mean([np.mean([self._disagreement((m, reward, s), other)
+                                             for m, other in ((candidate, baseline), (baseline, candidate))])
+                                    for s in seeds]))
+        return {"clip": clip, "disagreement": differ}
+
+    def _clip_fraction(self, key: tuple) -> float:
+        rows = self.finished_series[key][0].values()
+        return float(np.mean([row.get("clip_ratio/region_mean", 0.0) for row in rows]))
+
+    def _disagreement(self, key: tuple, other: str) -> float:
+        """One run's disagreement with `other`'s clip test over the steps whose tokens it kept (NaN with none)."""
+        folder, objective = self.plan.runs[key].folder, claims.OBJECTIVES[other]
+        shares = [disagreement(tokens, objective) for step in self.finished_series[key][0]
+                  if (tokens := sampled_tokens(folder, step)) is not None]
+        return float(np.mean(shares)) if shares else np.nan
 
     def collapses(self) -> list[dict]:
         """Per measure (task rewards), over its finished seeds: how many collapsed (`engine/stability.py`'s flag at

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from divviz.catalogue.params import DivvizInputError
@@ -57,6 +58,30 @@ def recorded_tokens(record: dict) -> Tokens:
     where, piece, *facts = zip(*rows)
     pi_old, ratio, adv, weight, state = (torch.tensor(x, dtype=torch.float64) for x in facts)
     return Tokens(list(where), list(piece), pi_old, ratio, adv, weight, state.long())
+
+
+def sampled_tokens(folder, step: int) -> Tokens | None:
+    """A step's per-token sample (`store.read_tokens`: every token the loss saw, a run's `tokens/step_*.npz`) as
+    `rescore` reads it, rejected tokens left out; None where the run kept none for that step. Its places are the
+    tokens' indices and its pieces empty (the sample keeps facts, not text)."""
+    from divviz.engine import store
+
+    facts = store.read_tokens(folder, step)
+    if facts is None or len(facts["ratio"]) == 0:
+        return None
+    keep = np.asarray(facts["state"]) != REJECTED
+    if not keep.any():
+        return None
+    pi_old, ratio, adv = (torch.as_tensor(np.asarray(facts[k])[keep], dtype=torch.float64)
+                          for k in ("pi_old", "ratio", "adv"))
+    n = len(ratio)
+    return Tokens([(0, 0, i) for i in range(n)], [""] * n, pi_old, ratio, adv, torch.ones(n, dtype=torch.float64),
+                  torch.as_tensor(np.asarray(facts["state"])[keep] % 4).long())
+
+
+def disagreement(tokens: Tokens, other: Objective) -> float:
+    """The share of the tokens whose clip state `other` would set otherwise than the run's own measure did."""
+    return rescore(tokens, other, "")["changed"] / len(tokens.where)
 
 
 def rescore(tokens: Tokens, objective: Objective, measure: str) -> dict:
