@@ -35,7 +35,7 @@ def queue_lm_runs(plan: claims_lm.LMPlan, owner: str) -> None:
 
 PAGE = "claims"
 SMOLLM2 = "smollm2-135m"
-OPENING = "stress"  # the page opens on SmolLM2's published grid at the stress setting, the one powered to decide
+OPENING = claims_lm.opening_setting(evaluated_settings(SMOLLM2))  # as `divviz claims --lm` does
 HERE = pick_device().type  # where the runs queued from this page train
 CONTROLS = [Control("seeds", claims_report.opening_seeds(), param=claims.SEEDS_PARAM),
             Control("lm_model", SMOLLM2, options=tuple(MODELS)),

@@ -43,7 +43,8 @@ def add_claims_parser(sub) -> None:
                         "settings; 13 minutes for a run alone on 2 cores, 15–35 with two side by side, so a "
                         "grid takes hours: it resumes)")
     p.add_argument("--lm-setting", default=None,
-                   help="a setting of --lm-model: for smollm2-135m learn (default) or stress (lr 2e-4)")
+                   help="a setting of --lm-model: for smollm2-135m learn or stress (lr 2e-4; the default, as on the "
+                        "Claims page)")
     p.add_argument("--lm-device", default=None, choices=tuple(DEVICE_KINDS),
                    help="the kind of device whose runs hold the LM cells (default: this machine's, where runs train): "
                         "cuda with --no-train reads the grid published from a GPU (the stress pair, an H200) on a CPU")
@@ -175,7 +176,7 @@ def _lm_cells(args):
                                + (f"the settings with held-out evaluations {', '.join(settings)}" if settings
                                   else "no settings")
                                + f"; got {args.lm_setting!r}")
-    setting = args.lm_setting or next(iter(settings), "")
+    setting = args.lm_setting or claims_lm.opening_setting(settings)
     here = pick_device().type
     device = args.lm_device or here
     if device != here and not (args.no_train or args.ray):  # a Ray cluster's workers may have the device asked for

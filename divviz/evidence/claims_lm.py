@@ -70,6 +70,14 @@ DECLARED = {("learn", "cpu"): (4, 8), ("stress", "cpu"): (4, 12), ("stress", "cu
 # Grids closed before their declared pilot seeds, for a reason that does not depend on their data: the pilot pair's
 # seeds at the close. The GPU pair: one lease trained seeds 0–15; no GPU was lent in the three sessions after it.
 CLOSED_AT = {("stress", "cuda"): 16}
+OPENING_SETTING = "stress"  # where the Claims page and `divviz claims --lm` open on SmolLM2: the setting powered most
+
+
+def opening_setting(settings) -> str:
+    """The setting a report opens on among a model's `settings` with evaluations: OPENING_SETTING where it has it,
+    else its first ("" with none) — one choice for the page and the CLI."""
+    settings = list(settings)
+    return OPENING_SETTING if OPENING_SETTING in settings else next(iter(settings), "")
 
 
 def declared_seeds(model: str, setting: str, device: str = "cpu") -> tuple[int, int]:

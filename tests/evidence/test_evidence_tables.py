@@ -148,6 +148,21 @@ def test_a_fresh_clones_claims_page_opens_on_the_published_grid(repository_publi
     _, _, report = claims_export.published_evidence("smollm2-135m", "stress")
     assert len(cells) == sum(r["claim_key"] == "kl3_training" for r in report.rows)
     assert "verdict (raw)" in cells and "sign-flip p" in cells
+    assert {"verdict power (whole rule, Holm)", "dose (clip fractions; tokens whose clip state differs)"} <= \
+        set(cells.columns)
+    sentence = claims_export.plain_sentence(report)
+    assert sentence.startswith("At stress, ") and any(sentence in m.value.replace("\\", "") for m in at.markdown)
+
+
+def test_the_cli_opens_on_the_setting_the_claims_page_opens_on(capsys, tmp_path, repository_published):
+    from divviz.cli import main
+    from divviz.evidence import claims_lm
+
+    assert main(["claims", "--seeds", "2", "--lm", "--lm-model", "smollm2-135m", "--no-train", "--runs-dir",
+                 str(tmp_path)]) == 0
+    out = capsys.readouterr()
+    assert claims_lm.opening_setting(["learn", "stress"]) == "stress" and "smollm2-135m-stress-cpu" in out.err
+    assert "At stress, KL3 δ=0.05 (wide) and PPO ε=0.2 clipped" in out.out
 
 
 def test_the_gpu_pair_is_read_on_its_own_from_the_cli_and_the_claims_page(capsys, tmp_path, repository_published,
