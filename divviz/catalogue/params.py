@@ -73,8 +73,9 @@ class Param:
             return "0 or 1 (false/true)"
         left = "(" if self.low_open else "["
         right = ")" if self.high_open else "]"
-        text = f"{left}{self.low:g}, {self.high:g}{right}"
-        return f"an integer in {text}" if self.kind == "int" else f"a finite number in {text}"
+        if self.kind == "int":  # every digit: [0, 2147483647], not [0, 2.14748e+09]
+            return f"an integer in {left}{int(self.low)}, {int(self.high)}{right}"
+        return f"a finite number in {left}{self.low:g}, {self.high:g}{right}"
 
     def check(self, value, owner: str) -> float | int | bool:
         """Return `value` converted to this parameter's kind, or raise `DivvizInputError`."""

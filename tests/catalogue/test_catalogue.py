@@ -152,7 +152,7 @@ def test_importance_weighted_k3():
     (lambda: dv.clip_test("k3"), "unknown clip test 'k3'"),
     (lambda: pn.penalty("kl3"), "unknown penalty 'kl3'; choose k1, k2, k3"),
     (lambda: dv.get_entry("nope"), "unknown measure 'nope'"),
-    (lambda: pn.penalty("mirror", seed=1.5), "mirror: parameter 'seed' must be an integer in [0, 2.14748e+09]"),
+    (lambda: pn.penalty("mirror", seed=1.5), "mirror: parameter 'seed' must be an integer in [0, 2147483647]"),
     (lambda: pn.penalty("k3", importance_weight=2), "'importance_weight' must be 0 or 1"),
     (lambda: dv.check_dual_clip(1.0), "dual_clip: parameter 'c' must be a finite number in (1, 1e+06]; got 1.0"),
     (lambda: dv.check_dual_clip(float("nan")), "parameter 'c'"),
@@ -165,3 +165,12 @@ def test_bad_input_messages(call, message):
         call()
     assert message in str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_integer_ranges_print_every_digit():
+    """`divviz train --help` and every message give an integer range as integers ([0, 2147483647]), never rounded
+    to six significant digits as 2.14748e+09 (which no one can type back)."""
+    from divviz.catalogue.params import Param
+
+    assert Param("seed", 0, 0, 2**31 - 1, kind="int").range_text() == "an integer in [0, 2147483647]"
+    assert Param("x", 0.5, 0, 1e6, low_open=True).range_text() == "a finite number in (0, 1e+06]"
