@@ -124,12 +124,18 @@ class LMEvidence:
         rows = self.finished_series[key][0].values()
         return float(np.mean([row.get("clip_ratio/region_mean", 0.0) for row in rows]))
 
+    @cached_property
+    def _disagreements(self) -> dict:
+        return {}  # (run's cell key, other measure) ↦ its disagreement: a run is re-scored once per other measure
+
     def _disagreement(self, key: tuple, other: str) -> float:
         """One run's disagreement with `other`'s clip test over the steps whose tokens it kept (NaN with none)."""
-        folder, objective = self.plan.runs[key].folder, claims.OBJECTIVES[other]
-        shares = [disagreement(tokens, objective) for step in self.finished_series[key][0]
-                  if (tokens := sampled_tokens(folder, step)) is not None]
-        return float(np.mean(shares)) if shares else np.nan
+        if (key, other) not in self._disagreements:
+            folder, objective = self.plan.runs[key].folder, claims.OBJECTIVES[other]
+            shares = [disagreement(tokens, objective) for step in self.finished_series[key][0]
+                      if (tokens := sampled_tokens(folder, step)) is not None]
+            self._disagreements[(key, other)] = float(np.mean(shares)) if shares else np.nan
+        return self._disagreements[(key, other)]
 
     def collapses(self) -> list[dict]:
         """Per measure (task rewards), over its finished seeds: how many collapsed (`engine/stability.py`'s flag at

@@ -80,8 +80,12 @@ def sampled_tokens(folder, step: int) -> Tokens | None:
 
 
 def disagreement(tokens: Tokens, other: Objective) -> float:
-    """The share of the tokens whose clip state `other` would set otherwise than the run's own measure did."""
-    return rescore(tokens, other, "")["changed"] / len(tokens.where)
+    """The share of the tokens whose clip state `other` would set otherwise than the run's own measure did (`rescore`'s
+    "changed" over its "tokens", without listing them)."""
+    logp_old = tokens.pi_old.log()[None]
+    out = policy_loss(logp_old + tokens.ratio.log()[None], logp_old, tokens.adv[None], torch.ones_like(logp_old),
+                      Objective(clip=other.clip, dual_clip_c=other.dual_clip_c, aggregation="token_sum"))
+    return float((out.clip_state()[0] != tokens.state).double().mean())
 
 
 def rescore(tokens: Tokens, objective: Objective, measure: str) -> dict:

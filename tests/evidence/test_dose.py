@@ -62,3 +62,14 @@ def test_the_plain_sentence_and_the_cli_line_carry_the_dose_the_verdict_and_its_
     assert sentence in claims_export.to_text(report)
     assert json.loads(json.dumps(claims_export.report_json(report)))["cells"][report.rows.index(row)]["dose"] == \
         row["dose"]
+
+
+def test_the_disagreement_counts_the_tokens_rescore_lists(learn):
+    from divviz.evidence import rescore
+
+    plan, _, _ = learn
+    folder = plan.runs[(claims.PPO, "task", 0)].folder
+    tokens = rescore.sampled_tokens(folder, 1)
+    other = claims.OBJECTIVES[claims.KL3_WIDE]
+    listed = rescore.rescore(tokens, other, "kl3")
+    assert rescore.disagreement(tokens, other) == listed["changed"] / listed["tokens"] > 0
