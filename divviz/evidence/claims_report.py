@@ -219,8 +219,8 @@ def adjust(rows: list[dict]) -> list[dict]:
     end of its bounds (`significance.p_bounds`) differ from those with every one at the high end (Holm's adjusted
     p's only grow with each p, so the two ends bound every draw). Each cell keeps its flips (`p_flips`, None: exact)
     and its p's bounds (`p_bounds`)."""
-    out = [dict(row, p_flips=significance.flips_of(row.get("n", 0)) if row.get("p") is not None else None)
-           for row in rows]
+    out = [dict(row, p_flips=row["p_flips"] if "p_flips" in row else  # a row adjusted before keeps its reading
+                significance.flips_of(row.get("n", 0)) if row.get("p") is not None else None) for row in rows]
     tested = [row for row in out if row.get("p") is not None]
     for flips in significance.MORE_FLIPS:
         refine = _draw_dependent(tested)
@@ -243,16 +243,10 @@ def adjust(rows: list[dict]) -> list[dict]:
 
 
 def _readings(tested: list[dict], ps: list[float]) -> list[tuple[str, str, float, float]]:
-    """Each tested row's (raw verdict, adjusted verdict, Holm p, BH q) were its sign-flip p `ps[i]`."""
-    holm, bh = [None] * len(tested), [None] * len(tested)
-    for group_of, adjusted in ((lambda r: r["family"], holm), (lambda r: SECTIONS.get(r["setting"], r["setting"]), bh)):
-        groups: dict[str, list[int]] = {}
-        for i, row in enumerate(tested):
-            groups.setdefault(group_of(row), []).append(i)
-        for members in groups.values():
-            method = significance.holm if adjusted is holm else significance.benjamini_hochberg
-            for i, value in zip(members, method([ps[i] for i in members])):
-                adjusted[i] = float(value)
+    """Each tested row's (raw verdict, adjusted verdict, Holm p, BH q) if its sign-flip p were `ps[i]`."""
+    holm = _adjusted(tested, ps, lambda row: row["family"], significance.holm)
+    bh = _adjusted(tested, ps, lambda row: SECTIONS.get(row["setting"], row["setting"]),
+                   significance.benjamini_hochberg)
     out = []
     for row, p, p_holm, q in zip(tested, ps, holm, bh):
         raw = _raw_verdict(row, p)
@@ -260,6 +254,18 @@ def _readings(tested: list[dict], ps: list[float]) -> list[tuple[str, str, float
         if row.get("by_construction") and raw == intervals.HOLDS:
             adjusted = BY_CONSTRUCTION_VERDICT
         out.append((raw, adjusted, p_holm, q))
+    return out
+
+
+def _adjusted(rows: list[dict], ps: list[float], group_of: Callable[[dict], str], method) -> list[float]:
+    """`ps` adjusted by `method` (Holm's, BH's) within each group of rows `group_of` names, in the rows' order."""
+    groups: dict[str, list[int]] = {}
+    for i, row in enumerate(rows):
+        groups.setdefault(group_of(row), []).append(i)
+    out = [math.nan] * len(rows)
+    for members in groups.values():
+        for i, value in zip(members, method([ps[i] for i in members])):
+            out[i] = float(value)
     return out
 
 

@@ -189,6 +189,8 @@ def test_a_monte_carlo_p_near_a_threshold_is_read_again_until_no_draw_changes_it
     assert out[0]["verdict"] == significance.verdict(r["low"], r["high"], exact, r["mean"], r["median"], +1,
                                                      r["p_median"])
     assert out[1]["p_flips"] == significance.RESAMPLES and out[1]["verdict"] == intervals.HOLDS
+    again = claims_report.adjust(out)  # a report adjusted again (more rows added) keeps each p's reading
+    assert [(r["p"], r["p_flips"]) for r in again] == [(r["p"], r["p_flips"]) for r in out]
 
 
 def test_the_64_seed_bandit_cell_whose_mean_and_median_disagree():
