@@ -150,7 +150,8 @@ HEADLINE = (*((claims.KL3_WIDE, m, r) for m, r in (("eval/accuracy", "end"), ("e
 def headline_markdown(report: Report) -> str:
     """The over-training cells of `HEADLINE` as a Markdown table: mean and interval, n, the seeds each way, the
     sign-flip p and its Holm adjustment, the verdict raw and adjusted, the seeds 80% power needs for the t-test alone,
-    the power of the whole verdict at this n (`verdict_power`) and the gain ruled out — what README and docs/claims.md quote, made from the report's own rows; a line saying so while no headline
+    the power of the whole verdict at this n (`verdict_power`), the gain ruled out and the dose — what README and
+    docs/claims.md quote, made from the report's own rows; a line saying so while no headline
     cell has two paired seeds."""
     header = ("candidate − baseline", "metric", "reading", "mean [95%]", "n", "seeds +/−", "sign-flip p (Holm)",
               "median (sign-test p)", "verdict (raw → Holm)", "seeds for 80% power (t-test alone)",
@@ -213,8 +214,9 @@ def headline_cell(report: Report) -> dict:
 def plain_sentence(report: Report) -> str:
     """The over-training headline in one plain sentence, generated: "At learn, KL3 δ=0.05 (wide) and PPO ε=0.2
     clipped 0.45% and 0.85% of tokens and acted differently on 0.50%; end accuracy −0.010 [−0.041, +0.021] over 8
-    seeds: not resolved — no gain of 5 points or more (rejected at one-sided α = 0.05; margin fixed after this pair
-    was read); the verdict's power for that gain was 0.00" ("" while the headline cell has no two paired seeds)."""
+    seeds: not resolved — no gain of 5 points or more (rejected at one-sided α = 0.05; a 5-point margin, fixed after
+    the learn pair had been read); the verdict's power for a gain of +0.050 was 0.00" ("" while the headline cell has
+    no two paired seeds)."""
     row = next((r for r in report.rows if r["setting"] in (LM, LM_TRAINING) and r["candidate"] == claims.KL3_WIDE
                 and r["baseline"] == claims.PPO and r["metric"] == "eval/accuracy" and r["reading"] == "end"), None)
     if row is None or row["n"] < 2:

@@ -60,8 +60,13 @@ def kept_file() -> Path:
     return cache_dir() / "sign-flip-p.json"
 
 
+KEPT_BYTES = 64 * 2**20  # a kept file larger than this is not read (it holds a few hundred kB)
+
+
 def _read_kept() -> dict:
     try:
+        if kept_file().stat().st_size > KEPT_BYTES:
+            return {}
         rows = json.loads(kept_file().read_text())
         return {(tuple(float(x) for x in d), str(a), int(f)): float(p) for d, a, f, p in rows}
     except (OSError, ValueError, TypeError):
@@ -73,7 +78,7 @@ def _keep(found: dict) -> None:
     costly = {k: p for k, p in found.items() if k[2] >= KEPT_FROM}
     if not costly:
         return
-    kept = {**_read_kept(), **costly}
+    kept = dict(list({**_read_kept(), **costly}.items())[-_MOST_KEPT:])  # the newest, at most _MOST_KEPT
     target = kept_file()
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
