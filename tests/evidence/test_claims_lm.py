@@ -50,7 +50,8 @@ def test_lm_cells_equal_their_runs_metrics(lm_plan):
                     (row["condition"], row["candidate"], row["metric"]))
     assert f"  {claims_export.cell_text(reported)}" in claims_export.to_text(lm_report).splitlines()  # its numbers
     assert f"n = {LM_SEEDS}, {row['seeds_against_mean']} of {LM_SEEDS} seeds against the mean, sign-flip p " in \
-        claims_export.cell_text(reported) and claims_export.cell_text(reported).endswith(row["verdict"])
+        claims_export.cell_text(reported) and f": {row['verdict']}; dose: " in claims_export.cell_text(reported)
+    assert reported["dose"]["disagreement"] >= 0 and set(reported["dose"]["clip"]) == {claims.KL3_WIDE, claims.PPO}
     assert "<h2>Over training</h2>" in claims_export.to_html(lm_report) and "Pilot (" in claims_export.to_html(lm_report)
 
 
