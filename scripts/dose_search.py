@@ -28,7 +28,8 @@ published into published/smollm2-135m-dose-search/<point>-<objective>/ (`engine/
 evaluations, samples and the first, middle and last steps' per-token records, the manifest naming the commit that
 trained it). The training code is held at one commit by training from a worktree (`--tree`) while this script runs
 from the checkout that publishes. A point already in the summary whose runs are not in the runs folder (a machine
-since returned) keeps its summarised reading.
+since returned) keeps its summarised reading, and a finished run summarised by the same commit is kept and not trained
+again while its pair's other run is.
 
     python scripts/dose_search.py [--runs DIR] [--tree WORKTREE] [--parallel N] [POINT …]   # POINT: only these
     python scripts/dose_search.py --table                     # the summary so far, nothing trained
@@ -170,13 +171,19 @@ def choose(points: dict) -> str:
     return f"none yet ({len(read)} of {len(POINTS)} points read)"
 
 
+def kept_run(point: dict, objective: str) -> dict | None:
+    """A finished run summarised earlier by this commit's code whose folder is gone: its summary stands."""
+    run = point.get(objective)
+    return run if run and run["state"] == "done" and point.get("commit") == commit() else None
+
+
 def summary(runs: Path) -> dict:
     """Every point with a run in `runs` summarised from it; a point only in the published summary kept from there."""
     before = json.loads(SUMMARY.read_text())["points"] if SUMMARY.exists() else {}
     points = {}
     for name in POINTS:
         point = {objective: run_summary(runs / name / objective, OBJECTIVES["kl3" if objective == "ppo" else "ppo"][0])
-                 for objective in OBJECTIVES}
+                 or kept_run(before.get(name, {}), objective) for objective in OBJECTIVES}
         point = {k: v for k, v in point.items() if v is not None}
         if not point and name in before:
             points[name] = before[name]
@@ -185,6 +192,14 @@ def summary(runs: Path) -> dict:
             points[name] = {"mu": mu, "minibatches": k, "lr": lr, "commit": commit(), **point}
             points[name]["reading"] = reading(points[name])
     return {"rule": RULE, "steps": STEPS, "flags": BASE, "points": points, "choice": choose(points)}
+
+
+def to_train(summarised: dict, only: list[str]) -> list[tuple[str, str]]:
+    """The (point, objective) runs still to train, in POINTS order: none of a point read, nor a run summarised done."""
+    done = {(name, objective) for name, point in summarised.items() for objective in OBJECTIVES
+            if point.get("reading") or (point.get(objective) or {}).get("state") == "done"}
+    return [(name, objective) for name in POINTS if not only or name in only for objective in OBJECTIVES
+            if (name, objective) not in done]
 
 
 def table(result: dict) -> str:
@@ -237,8 +252,7 @@ def main() -> None:
     if args.table or args.publish:
         write(runs)
         return
-    read = {n for n, p in summary(runs)["points"].items() if p.get("reading")}  # a point read is never trained again
-    queue = [(p, o) for p in POINTS if (not args.points or p in args.points) and p not in read for o in OBJECTIVES]
+    queue = to_train(summary(runs)["points"], args.points)
     started = time.time()
     with open(runs / "search.log", "a") as log, ThreadPoolExecutor(args.parallel) as pool:
         for _ in pool.map(lambda job: (train(runs, *job, log), write(runs)), queue):
