@@ -16,7 +16,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from divviz.evidence import bandit_published, claims, claims_export, claims_lm, claims_real, claims_report
+from divviz.evidence import bandit_cells, bandit_published, claims, claims_export, claims_lm, claims_real, claims_report
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "smollm2-135m"
@@ -36,7 +36,7 @@ ENTROPY_ROW = "| why entropy moves |"
 def publish_bandit() -> None:
     """Compute the bandit grid at `claims.SEEDS` seeds here and publish its cells."""
     start = time.perf_counter()
-    cells = claims_report.bandit_cells(claims.SEEDS, claims.GRID + claims.RANDOM_GRID)
+    cells = bandit_cells.bandit_cells(claims.SEEDS, claims.GRID + claims.RANDOM_GRID)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                             check=True).stdout.strip()
     bandit_published.write(cells, claims.SEEDS, claims.GRID + claims.RANDOM_GRID, time.perf_counter() - start, commit)

@@ -79,6 +79,25 @@ BINARY = ("stability/collapsed",)  # 0/1 per run: paired by `intervals.paired_bi
 TRAINING = ((HELD_OUT[0], +1), (HELD_OUT[1], +1), *((metric, -1) for metric in WHOLE_RUN))
 
 
+# A claim's family holds its primary readings only: those its words name, of the objectives it names. Held-out accuracy
+# sampled at the end ("better at the end"; greedy and the mean over the run, whose step 0 the pair shares, are
+# secondary), the collapse flag ("more stable"; the largest update KL and clip fraction describe how), a per-step
+# metric's late window (the state the run reaches; the early window describes the way there), one update's change;
+# the one-edge boxes of δ = 0.05 are ablations (KL3's shape against its width), not the claim's objective. The other
+# readings are descriptive: shown with their raw verdict, neither adjusted nor counted. Fixed after the published
+# cells had been read; a pre-registered experiment fixes its own before its first run.
+PRIMARY_READINGS = {HELD_OUT[0]: ("end",), "stability/collapsed": ("whole run",)}
+SECONDARY = (HELD_OUT[1], "stability/max_kl", "stability/max_clip")
+ABLATIONS = (BOX_LOW_ONLY, BOX_HIGH_ONLY)
+
+
+def is_primary(candidate: str, metric: str, reading: str) -> bool:
+    """Whether a cell is one of its claim's primary readings (`PRIMARY_READINGS`: the family Holm adjusts over)."""
+    if candidate in ABLATIONS or metric in SECONDARY:
+        return False
+    return reading in PRIMARY_READINGS.get(metric, ("late", ""))
+
+
 @dataclass(frozen=True)
 class Effect:
     """The effect a comparison is sized for: a gain of `size` in its metric, and where the size comes from."""

@@ -12,7 +12,7 @@ import numpy as np
 
 from divviz.evidence import claims, claims_lm, forest, intervals, lm_evidence, significance
 from divviz.evidence.claims import LM, LM_TRAINING
-from divviz.evidence.claims_report import (BY_CONSTRUCTION_VERDICT, CELL_KEYS, HEADERS, RAW, VERDICT_RULE, VERDICTS,
+from divviz.evidence.claims_report import (BY_CONSTRUCTION_VERDICT, DESCRIPTIVE, CELL_KEYS, HEADERS, RAW, VERDICT_RULE, VERDICTS,
                                            Report, dose_text, effect_text, power_text, summary_key,
                                            verdict_power_text)
 
@@ -64,9 +64,11 @@ def cell_text(row: dict) -> str:
     power and, where it does, the gain it rules out after it."""
     value = lambda key: math.nan if row[key] is None else row[key]  # noqa: E731
     d = intervals.Paired(value("mean"), value("low"), value("high"), row["n"], row["seeds_against_mean"])
-    tested = "" if row["p"] is None else (f", sign-flip p {row['p']:.3g} (Holm {row['p_holm']:.3g}), "
-                                          f"median {row['median']:+.3f}")
+    holm = "" if row["p_holm"] is None else f" (Holm {row['p_holm']:.3g})"
+    tested = "" if row["p"] is None else f", sign-flip p {row['p']:.3g}{holm}, median {row['median']:+.3f}"
     adjusted = ("" if row["verdict_adjusted"] == row["verdict"] else
+                " (descriptive: outside the claim's primary readings, not adjusted or counted)"
+                if row["verdict_adjusted"] == DESCRIPTIVE else
                 " (before Holm; counted as by construction, not as stability: a wider box clips less)"
                 if row["verdict_adjusted"] == BY_CONSTRUCTION_VERDICT else f" ({row['verdict_adjusted']} after Holm)")
     sized = "".join(f"; {text}" for text in (verdict_power_text(row) and f"verdict power {verdict_power_text(row)}",
@@ -79,7 +81,7 @@ SUMMARY_KEYS = ("claim", "setting", "candidate", "baseline", "metric", "cells", 
 NUMBERS = ("mean", "low", "high", "p", "p_holm", "q_bh", "median", "p_median")
 VERDICT_COLOURS = {intervals.HOLDS: "#d9f2d9", intervals.REVERSED: "#f8d7d7", intervals.NOT_RESOLVED: "#eeeeee",
                    significance.DISAGREE: "#fde5c8", intervals.IDENTICAL: "#dde8f6", BY_CONSTRUCTION_VERDICT: "#e8def3",
-                   intervals.EXACT: "#d9f2d9", intervals.NOT_EXACT: "#f8d7d7", intervals.NO_DATA: "#ffffff"}
+                   DESCRIPTIVE: "#f7f7f7", intervals.EXACT: "#d9f2d9", intervals.NOT_EXACT: "#f8d7d7", intervals.NO_DATA: "#ffffff"}
 
 
 def number(x: float | None) -> str:
@@ -166,7 +168,7 @@ def headline_markdown(report: Report) -> str:
         verdict = row["verdict"] + ("" if row["verdict_adjusted"] == row["verdict"] else f" → {row['verdict_adjusted']}")
         rows.append((f"{candidate} − {row['baseline']}", metric, reading,
                      f"{row['mean']:+.3f} [{row['low']:+.3f}, {row['high']:+.3f}]", row["n"],
-                     f"{row['seeds_up']}/{row['seeds_down']}", f"{row['p']:.3g} ({row['p_holm']:.3g})",
+                     f"{row['seeds_up']}/{row['seeds_down']}", f"{row['p']:.3g} ({holm_text(row)})",
                      f"{row['median']:+.3f} ({number(row['p_median']) or '—'})", verdict, power_text(row) or "—",
                      verdict_power_text(row) or "—", effect_text(row).removeprefix("rules out ") or "—",
                      dose_text(row) or "—"))
@@ -205,6 +207,11 @@ def published_markdown(plan, evidence, report: Report) -> str:
                       lm_evidence.pilot_text(pilot) if pilot else "No pilot pair has two seeds yet.", ""])
 
 
+def holm_text(row: dict) -> str:
+    """A cell's Holm-adjusted p as the tables print it, "descriptive" for a cell in no family."""
+    return "descriptive" if row["p_holm"] is None else f"{row['p_holm']:.3g}"
+
+
 def headline_cell(report: Report) -> dict:
     """The headline cell of an over-training report: KL3 δ = 0.05 − PPO, held-out accuracy at the end."""
     return next(r for r in report.rows if r["candidate"] == claims.KL3_WIDE and r["metric"] == "eval/accuracy"
@@ -215,7 +222,7 @@ def plain_sentence(report: Report) -> str:
     """The over-training headline in one plain sentence, generated: "At learn, KL3 δ=0.05 (wide) and PPO ε=0.2
     clipped 0.45% and 0.85% of tokens and acted differently on 0.50%; end accuracy −0.010 [−0.041, +0.021] over 8
     seeds: not resolved — no gain of 5 points or more (rejected at one-sided α = 0.05; a 5-point margin, fixed after
-    the learn pair had been read); the verdict's power for a gain of +0.050 was 0.00" ("" while the headline cell has
+    the learn pair had been read); the verdict's power for a gain of +0.050 was 0.50" ("" while the headline cell has
     no two paired seeds)."""
     row = next((r for r in report.rows if r["setting"] in (LM, LM_TRAINING) and r["candidate"] == claims.KL3_WIDE
                 and r["baseline"] == claims.PPO and r["metric"] == "eval/accuracy" and r["reading"] == "end"), None)
@@ -314,9 +321,12 @@ def md(text: str) -> str:
 
 def bandit_sentence(report: Report, candidate: str = claims.KL3_WIDE, metric: str = "entropy") -> str:
     """One summary line of the bandit grid in words, for README: "KL3 δ=0.05 (wide) − PPO ε=0.2, entropy, 64 seeds:
-    reversed in 16 of 24 cells, holds in 1 (after Holm; 17 held or reversed before it)"."""
+    reversed in 7 of its 12 primary cells (the late readings), holds in 1, mean and median disagree in 0 (after Holm;
+    12 more descriptive; 17 of the 24 held or reversed before adjustment)"."""
     s = next(s for s in report.summary() if s["setting"] == claims.BANDIT and s["candidate"] == candidate
              and s["metric"] == metric)
+    primary = s["cells"] - s[DESCRIPTIVE]
     return (f"{candidate} − {s['baseline']}, {metric}, {report.seeds} seeds: reversed in {s[intervals.REVERSED]} of "
-            f"{s['cells']} cells, holds in {s[intervals.HOLDS]}, mean and median disagree in "
-            f"{s[significance.DISAGREE]} (after Holm; {s[RAW]} held or reversed before it)")
+            f"its {primary} primary cells (the late readings), holds in {s[intervals.HOLDS]}, mean and median "
+            f"disagree in {s[significance.DISAGREE]} (after Holm; {s[DESCRIPTIVE]} more descriptive; {s[RAW]} of the "
+            f"{s['cells']} held or reversed before adjustment)")

@@ -4,9 +4,9 @@ A compared cell (`comparison_row`; a report's cells are tested together, `compar
 over the same seeds: the paired mean with its 95% interval (`intervals`), the sign-flip p of the mean, the median
 with its sign test, and the verdict they give together (`significance.verdict`); an identity's cell is its largest
 |difference| against a tolerance. The cells of a report are then adjusted for their number (`adjust`): Holm within a
-family (a claim's readings at one setting), Benjamini–Hochberg within the report's section (`claims.SECTIONS`); each
+family (a claim's primary readings at one setting), Benjamini–Hochberg within the report's section (`claims.SECTIONS`); each
 cell keeps its raw verdict beside the adjusted one, and the counts of a report's summary and overview are of the
-adjusted ones.
+adjusted ones; a cell outside its claim's primary readings (`claims.is_primary`) is descriptive, in no family.
 
 The bandit grid (`evaluate`) makes the first cells; `claims_lm` and `claims_real` add theirs (`Report` is replaced
 with more rows, and adjusted again).
@@ -21,12 +21,11 @@ from typing import Callable
 
 import numpy as np
 
-from divviz.bandit.grpo import run_bandits
 from divviz.evidence import bandit_published, intervals, significance
+from divviz.evidence.bandit_cells import bandit_cells
 from divviz.evidence.verdict_power import verdict_power
-from divviz.evidence.claims import (BANDIT, BINARY, BY_CONSTRUCTION, CLAIMS, EARLY, GRID, IDENTITY_TOLERANCE, LATE,
-                                    OBJECTIVES, QUICK_SEEDS, RANDOM_GRID, SECTIONS, SEEDS, START, UNTESTED, ZERO,
-                                    Claim, Comparison, effect_of)
+from divviz.evidence.claims import (BANDIT, BINARY, BY_CONSTRUCTION, CLAIMS, GRID, IDENTITY_TOLERANCE, QUICK_SEEDS,
+                                    RANDOM_GRID, SECTIONS, SEEDS, UNTESTED, Claim, Comparison, effect_of, is_primary)
 
 
 COMPUTED_HERE = "computed here"  # a report's bandit cells, when they were not read from the published grid
@@ -192,8 +191,9 @@ def in_common(rows: list[dict], keys) -> dict:
 
 
 BY_CONSTRUCTION_VERDICT = "by construction"  # a reading that holds because the candidate's box is wider
+DESCRIPTIVE = "descriptive"  # a reading outside its claim's family (`claims.is_primary`): its raw verdict only
 VERDICTS = (intervals.HOLDS, intervals.REVERSED, intervals.NOT_RESOLVED, significance.DISAGREE, intervals.IDENTICAL,
-            BY_CONSTRUCTION_VERDICT, intervals.EXACT, intervals.NOT_EXACT, intervals.NO_DATA)
+            BY_CONSTRUCTION_VERDICT, DESCRIPTIVE, intervals.EXACT, intervals.NOT_EXACT, intervals.NO_DATA)
 VERDICT_RULE = ("each cell: candidate − baseline seed by seed, its mean with the 95% interval (Student-t; Newcombe's "
                 "for a 0/1 reading such as the collapse flag), n, the seeds that go the other way, the sign-flip "
                 "permutation p of the mean (exact up to 16 seeds: at n seeds it cannot go below 2/2^n, 0.125 at 4; "
@@ -201,18 +201,24 @@ VERDICT_RULE = ("each cell: candidate − baseline seed by seed, its mean with t
                 "test. Holds / reversed: the interval excludes 0 on that side and p < 0.05; mean and median disagree: "
                 "they have opposite signs and one is resolved on its own (t interval or sign test); identical: every "
                 "seed's difference is exactly 0; else not resolved. The adjusted verdict (the counts) uses p adjusted "
-                "by Holm within a claim's readings at one setting; q is Benjamini–Hochberg's within the report's "
-                "section (bandit, built-in LM, SmolLM2); a reading lower by construction (a wider box clips less) "
+                "by Holm within a claim's primary readings at one setting (those its words name: held-out accuracy "
+                "sampled at the end, the collapse flag, a per-step metric's late window, one update's change; of "
+                "its own objectives, not the one-edge ablation boxes — chosen after the published cells were read); "
+                "the other readings are descriptive (their raw verdict shown, not adjusted or counted; the mean over "
+                "the run includes step 0, which the pair shares, so a gain there reads smaller); q is "
+                "Benjamini–Hochberg's over the primary readings of the report's section (bandit, built-in LM, "
+                "SmolLM2); a reading lower by construction (a wider box clips less) "
                 "counts as such, not as stability. Identities: exact below 1e-12; no data: no seed has both runs yet")
 RAW = "raw holds or reversed"  # a summary's count of cells that held or reversed before adjustment
 
 
 def adjust(rows: list[dict]) -> list[dict]:
     """The rows with their multiplicity added (copies; the rows given are not changed): `p_holm`, the sign-flip p
-    adjusted by Holm within the cell's family (a claim's readings at one setting), `q_bh`, adjusted by
-    Benjamini–Hochberg within the cell's section of the report (`claims.SECTIONS`: the bandit's tiny p's never shrink
-    a language model's q's), and `verdict_adjusted`, the verdict with `p_holm` in place of p — a reading lower by
-    construction (`BY_CONSTRUCTION`) that holds is counted as such instead.
+    adjusted by Holm within the cell's family (a claim's primary readings at one setting, `claims.is_primary`),
+    `q_bh`, adjusted by Benjamini–Hochberg over the primary cells of the cell's section of the report
+    (`claims.SECTIONS`: the bandit's tiny p's never shrink a language model's q's), and `verdict_adjusted`, the
+    verdict with `p_holm` in place of p — a reading lower by construction (`BY_CONSTRUCTION`) that holds is counted as
+    such instead, and a descriptive cell (not primary) reads DESCRIPTIVE with neither p_holm nor q_bh.
 
     A p read from random flips (beyond 16 seeds) is read again with more flips (`significance.MORE_FLIPS`) wherever
     a verdict, raw or adjusted, could differ with the draw: where the verdicts with every Monte Carlo p at the low
@@ -233,9 +239,9 @@ def adjust(rows: list[dict]) -> list[dict]:
     for row, reading in zip(tested, _readings(tested, [row["p"] for row in tested])):
         row["verdict"], row["verdict_adjusted"], row["p_holm"], row["q_bh"] = reading
         row["p_bounds"] = [float(b) for b in significance.p_bounds(row["p"], row["p_flips"])]
-    sizes = Counter(row["family"] for row in tested)
-    for row in tested:  # the whole rule's power where the cell is sized for an effect (`verdict_power`)
-        if row.get("effect") is not None and row["n"] >= 2:
+    sizes = Counter(row["family"] for row in tested if row.get("primary", True))
+    for row in tested:  # the whole rule's power where a primary cell is sized for an effect (`verdict_power`)
+        if row.get("primary", True) and row.get("effect") is not None and row["n"] >= 2:
             power = verdict_power(row["n"], row["effect"], float(np.std(row["differences"], ddof=1)),
                                   sizes[row["family"]])
             row["verdict_power"], row["family_size"] = _finite(power), sizes[row["family"]]
@@ -243,13 +249,23 @@ def adjust(rows: list[dict]) -> list[dict]:
 
 
 def _readings(tested: list[dict], ps: list[float]) -> list[tuple[str, str, float, float]]:
-    """Each tested row's (raw verdict, adjusted verdict, Holm p, BH q) if its sign-flip p were `ps[i]`."""
-    holm = _adjusted(tested, ps, lambda row: row["family"], significance.holm)
-    bh = _adjusted(tested, ps, lambda row: SECTIONS.get(row["setting"], row["setting"]),
-                   significance.benjamini_hochberg)
+    """Each tested row's (raw verdict, adjusted verdict, Holm p, BH q) if its sign-flip p were `ps[i]`: Holm within
+    its family and BH within its section, both over the primary rows; a descriptive row's (raw, DESCRIPTIVE, None,
+    None)."""
+    primary = [i for i, row in enumerate(tested) if row.get("primary", True)]
+    holm, bh = [None] * len(tested), [None] * len(tested)
+    for adjusted, group_of, method in ((holm, lambda row: row["family"], significance.holm),
+                                       (bh, lambda row: SECTIONS.get(row["setting"], row["setting"]),
+                                        significance.benjamini_hochberg)):
+        for i, value in zip(primary, _adjusted([tested[i] for i in primary], [ps[i] for i in primary], group_of,
+                                               method)):
+            adjusted[i] = value
     out = []
     for row, p, p_holm, q in zip(tested, ps, holm, bh):
         raw = _raw_verdict(row, p)
+        if not row.get("primary", True):
+            out.append((raw, DESCRIPTIVE, None, None))
+            continue
         adjusted = significance.adjusted_verdict(raw, p_holm)
         if row.get("by_construction") and raw == intervals.HOLDS:
             adjusted = BY_CONSTRUCTION_VERDICT
@@ -293,7 +309,9 @@ def _draw_dependent(tested: list[dict]) -> list[dict]:
     it in Holm's order whose own step, (m − j + 1) × its p's high bound, reaches α (those could carry it over)."""
     refine = {}
     for row in draw_dependent(tested):
-        family = sorted((r for r in tested if r["family"] == row["family"]), key=lambda r: r["p"])
+        family = sorted((r for r in tested if r["family"] == row["family"]
+                         and r.get("primary", True) == row.get("primary", True)),
+                        key=lambda r: r["p"])
         steps = {id(r): (len(family) - j) * significance.p_bounds(r["p"], r["p_flips"])[1]
                  for j, r in enumerate(family)}
         refine.update({id(r): r for r in family if r["p_flips"] and r["p_flips"] < significance.MORE_FLIPS[-1]
@@ -339,47 +357,6 @@ def opening_seeds() -> int:
     return SEEDS if bandit_published.read(SEEDS, GRID + RANDOM_GRID) else QUICK_SEEDS
 
 
-def bandit_cells(seeds: int, grid: tuple, progress: Callable[[float, str], None] | None = None) -> list[dict]:
-    """The bandit claims' cells on `grid` with `seeds` seeds, each as its candidate's and baseline's values seed by
-    seed (with what names the cell: `bandit_published` publishes them so)."""
-    cells, names = [], list(OBJECTIVES)
-    for done, condition in enumerate(grid):
-        if progress:
-            progress(done / len(grid), f"bandit: {condition.text}")
-        runs = run_bandits(condition.config(LATE), list(OBJECTIVES.values()), seeds=range(seeds))
-        by_name = {name: runs[i::len(names)] for i, name in enumerate(names)}
-        for claim in (c for c in CLAIMS if (c.reward == "random") == (condition.reward == "coin")):
-            for c in claim.comparisons:
-                for reading, iteration in (("early", EARLY), ("late", LATE)):
-                    window = range(iteration - EARLY, iteration) if c.metric in PER_UPDATE else range(iteration - 1,
-                                                                                                      iteration)
-                    candidate, baseline = (bandit_readings(by_name, name, c, window) for name in (c.candidate,
-                                                                                                 c.baseline))
-                    span = (f"iterations {window.start + 1}–{window.stop}" if len(window) > 1
-                            else f"iteration {iteration}")
-                    cells.append({"claim": claim.key, "condition": f"{condition.text} · {reading} ({span})",
-                                  "reading": reading, "candidate": c.candidate, "baseline": c.baseline,
-                                  "metric": c.metric, "candidate_values": candidate, "baseline_values": baseline})
-    if progress:
-        progress(1.0, "done")
-    return cells
-
-
-PER_UPDATE = ("entropy/would_masked_low", "entropy/would_masked_high")  # read as their mean over a window of updates
-
-
-def bandit_readings(by_name: dict, name: str, c: Comparison, window: range) -> list[float]:
-    """Each seed's value of `c.metric` for the measure `name`, the mean over the iterations in `window` (0-based):
-    the candidate's own start (its entropy before any update) for START, and 0 for ZERO."""
-    if name == ZERO:
-        return [0.0] * len(by_name[c.candidate])
-    if name == START:
-        return [run.initial_entropy for run in by_name[c.candidate]]
-    return [float(run.history[c.metric][window.start:window.stop].mean()) for run in by_name[name]]
-
-
-
-
 def comparison_rows(cells: list[dict]) -> list[dict]:
     """`comparison_row` for each of `cells` (its arguments by name), their sign-flip tests run together
     (`significance.sign_flip_ps`: one scipy call per seed count, each p the one it would have alone)."""
@@ -413,6 +390,7 @@ def comparison_row(claim: Claim, setting: str, condition: str, c: Comparison, ca
     needed = significance.seeds_needed(difference, effect.size) if effect else (None, None, None)
     row.update(p=_finite(p), median=_finite(median), p_median=_finite(p_median), seeds_up=up, seeds_down=down,
                family=" · ".join(filter(None, (claim.key, setting, where))), reading=reading,
+               primary=is_primary(c.candidate, c.metric, reading),
                by_construction=BY_CONSTRUCTION.get((c.candidate, c.metric), ""),
                effect=effect.size if effect else None, effect_source=effect.source if effect else "",
                seeds_for_power=needed[0], seeds_for_power_range=[needed[1], needed[2]] if effect else None,
@@ -434,6 +412,7 @@ def _row(claim: Claim, setting: str, condition: str, metric: str, candidate: str
             "setting": setting, "condition": condition, "metric": metric, "candidate": candidate,
             "baseline": baseline, "predicted_sign": predicted, "mean": _finite(mean), "low": _finite(low),
             "high": _finite(high), "n": n, "seeds_against_mean": against_mean, "verdict": verdict,
+            "primary": True,
             **dict.fromkeys(("p", "median", "p_median", "seeds_up", "seeds_down", "family", "reading",
                              "by_construction", "effect", "effect_source", "seeds_for_power", "seeds_for_power_range",
                              "verdict_power", "family_size", "dose",

@@ -15,13 +15,13 @@ import textwrap
 import numpy as np
 
 from divviz.evidence import intervals, significance
-from divviz.evidence.claims_report import BY_CONSTRUCTION_VERDICT
+from divviz.evidence.claims_report import BY_CONSTRUCTION_VERDICT, DESCRIPTIVE
 from divviz.metrics import GLOSSARY
 
 VERDICT_COLOURS = {intervals.HOLDS: "#2ca02c", intervals.REVERSED: "#d62728", intervals.NOT_RESOLVED: "#8c8c8c",
                    significance.DISAGREE: "#ff7f0e", intervals.IDENTICAL: "#1f77b4",
-                   BY_CONSTRUCTION_VERDICT: "#9467bd"}  # by the verdict after adjustment for multiplicity
-ROW, LABEL_WIDTH, PLOT_WIDTH, BOTTOM = 17, 430, 360, 60
+                   BY_CONSTRUCTION_VERDICT: "#9467bd", DESCRIPTIVE: "#c7c7c7"}  # by the verdict after adjustment
+ROW, LABEL_WIDTH, PLOT_WIDTH, MARGIN_WIDTH, BOTTOM = 17, 430, 360, 120, 60  # MARGIN_WIDTH: the rules-out column
 CHAR_WIDTH = 6  # about a character's width at 11 px (the title's 13 px bold: 1.3 times that)
 LABEL_CHARS = 72  # a longer label is cut, with "…" (its hover title has everything)
 
@@ -71,7 +71,7 @@ def svg(cells: list[dict], title: str, meaning: str = "") -> str:
     with an arrowhead. Every plot is as wide, so that a claim's plots line up; a long title wraps."""
     e = lambda x: html.escape(str(x), quote=True)  # noqa: E731
     heads, texts = _header(cells, title, meaning)
-    width = LABEL_WIDTH + PLOT_WIDTH + 20
+    width = LABEL_WIDTH + PLOT_WIDTH + MARGIN_WIDTH
     top = 16 * len(heads) + 24  # the wrapped lines, then the upper axis' numbers
     reach = axis_reach(cells)
     x = lambda v: LABEL_WIDTH + PLOT_WIDTH / 2 * (1 + v / reach)  # noqa: E731
@@ -94,14 +94,19 @@ def svg(cells: list[dict], title: str, meaning: str = "") -> str:
         y = top + ROW * i + ROW / 2
         colour = VERDICT_COLOURS.get(cell["verdict_adjusted"], "#8c8c8c")
         parts.append(f"<text x='{LABEL_WIDTH - 6}' y='{y + 4:.1f}' text-anchor='end'>{e(text)}</text>")
+        if cell.get("effect") is not None and cell["predicted_sign"] == "+":
+            parts.append(f"<text x='{LABEL_WIDTH + PLOT_WIDTH + 8}' y='{y + 4:.1f}'"
+                         + (" font-weight='bold'>" if cell["rules_out"] else " fill='#555'>")
+                         + f"{e(_margin_text(cell))}</text>")
         whole = f"{cell['candidate']} − {cell['baseline']} · {cell['setting']} · {cell['condition']}"
         interval = (f"95% [{_num(cell['low'])}, {_num(cell['high'])}]" if cell["low"] is not None
                     else "no interval from one seed")
-        tested = (f", sign-flip p {cell['p']:.3g} (Holm {cell['p_holm']:.3g}), median {cell['median']:.4g}"
+        holm = f" (Holm {cell['p_holm']:.3g})" if cell.get("p_holm") is not None else ""
+        tested = (f", sign-flip p {cell['p']:.3g}{holm}, median {cell['median']:.4g}"
                   if cell["p"] is not None else "")
         numbers = (f"{whole}: mean {cell['mean']:.4g}, {interval}, n = {cell['n']}, {cell['seeds_against_mean']} of "
                    f"{cell['n']} seeds against the mean{tested}: {cell['verdict']}"
-                   + (f", {cell['verdict_adjusted']} after Holm" if cell["verdict_adjusted"] != cell["verdict"] else "")
+                   + _adjusted_text(cell) + _margin_text(cell, ": ")
                    + (" (every seed's difference exactly 0)" if cell["verdict"] == intervals.IDENTICAL else "")
                    if cell["mean"] is not None else f"{whole}: no value")
         if cell["low"] is not None and cell["high"] is not None:
@@ -118,6 +123,10 @@ def svg(cells: list[dict], title: str, meaning: str = "") -> str:
                      else f"fill='white' stroke='{colour}' stroke-width='1.5'")
             parts.append(f"<circle cx='{x(cell['mean']):.1f}' cy='{y:.1f}' r='4' {paint}>"
                          f"<title>{e(numbers)}</title></circle>")
+    margins = {c["effect"] for c in cells if c.get("effect") is not None and c["predicted_sign"] == "+"}
+    parts += [f"<line x1='{x(m):.1f}' x2='{x(m):.1f}' y1='{top - 4}' y2='{bottom}' stroke='#2ca02c' "
+              f"stroke-dasharray='4 3'><title>the margin: a gain of {m:+g}</title></line>"
+              for m in margins if m <= reach]
     for v in ticks:  # above the rows and below them: a long panel is read in a scrolling box
         parts += [f"<text x='{x(v):.1f}' y='{y}' text-anchor='middle' fill='#555'>{_num(v)}</text>"
                   for y in (top - 8, bottom + 14)]
@@ -131,6 +140,20 @@ def svg(cells: list[dict], title: str, meaning: str = "") -> str:
     return "".join(parts)
 
 
+def _adjusted_text(cell: dict) -> str:
+    """After the raw verdict in a point's hover: what adjustment made of it ("", where nothing changed)."""
+    if cell["verdict_adjusted"] == DESCRIPTIVE:
+        return ", descriptive (outside the claim's family: not adjusted, not counted)"
+    return f", {cell['verdict_adjusted']} after Holm" if cell["verdict_adjusted"] != cell["verdict"] else ""
+
+
+def _margin_text(cell: dict, before: str = "") -> str:
+    """Whether a cell sized for a gain rules it out ("rules out +0.05", "+0.05 not ruled out"; "" if not sized)."""
+    if cell.get("effect") is None or cell["predicted_sign"] != "+":
+        return ""
+    return before + (f"rules out {cell['effect']:+g}" if cell["rules_out"] else f"{cell['effect']:+g} not ruled out")
+
+
 def _header(cells: list[dict], title: str, meaning: str) -> tuple[list[tuple[str, bool]], list[str]]:
     """The lines above the rows, wrapped to the plot's width, each with whether it is the (bold) title; and the rows'
     labels (`row_labels`: what every row shares is one of the lines above)."""
@@ -138,8 +161,10 @@ def _header(cells: list[dict], title: str, meaning: str) -> tuple[list[tuple[str
     common, texts = row_labels([label(cell, shared) for cell in cells])
     pair = (f"{cells[0]['candidate'] if shared and cells else 'each candidate'} − "
             f"{cells[0]['baseline'] if cells else ''}, paired over seeds: the mean difference and its 95% interval "
-            "(Student-t; Newcombe's for a 0/1 reading); the predicted side is shaded")
-    width = LABEL_WIDTH + PLOT_WIDTH + 20
+            "(Student-t; Newcombe's for a 0/1 reading); the predicted side is shaded"
+            + ("; dashed: the margin, and at the right whether the cell rules out a gain that large (one-sided "
+               "α = 0.05)" if any(c.get("effect") is not None and c["predicted_sign"] == "+" for c in cells) else ""))
+    width = LABEL_WIDTH + PLOT_WIDTH + MARGIN_WIDTH
     return ([(line, True) for line in textwrap.wrap(title, int(width / (1.3 * CHAR_WIDTH)))]
             + [(line, False) for text in (meaning, pair, f"every row: {' · '.join(common)}" if common else "")
                for line in textwrap.wrap(text, int(width / (0.9 * CHAR_WIDTH)))], texts)  # grey text runs narrower

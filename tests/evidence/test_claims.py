@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from divviz.evidence import claims, claims_export, claims_report, forest, intervals, significance
+from divviz.evidence import bandit_cells, claims, claims_export, claims_report, forest, intervals, significance
 from divviz.bandit.grpo import run_bandit
 from divviz.bandit.setting import BanditConfig
 from divviz.cli import main
@@ -166,12 +166,12 @@ def test_forest_plots_put_each_cell_on_its_side_of_zero_in_its_verdicts_colour(r
         assert forest.panels(report, [claim]) == [panel for panel in panels if panel[0] == claim]
     for claim, metric, cells in panels:
         drawn, tall = forest.panel(claim, metric, cells)
-        assert f"viewBox='0 0 {forest.LABEL_WIDTH + forest.PLOT_WIDTH + 20} {tall}'" in drawn  # every panel as wide
+        assert f"viewBox='0 0 {forest.LABEL_WIDTH + forest.PLOT_WIDTH + forest.MARGIN_WIDTH} {tall}'" in drawn  # every panel as wide
         zero = float(re.search(r"<line x1='([\d.]+)' x2='\1'", drawn).group(1))
         points = re.findall(r"<circle cx='([\d.]+)' cy='[\d.]+' r='4' fill='(#\w+)'><title>", drawn)
         assert len(points) == len(cells)
         for (cx, colour), cell in zip(points, cells):
-            assert colour == forest.VERDICT_COLOURS[cell["verdict"]]
+            assert colour == forest.VERDICT_COLOURS[cell["verdict_adjusted"]]
             assert np.sign(float(cx) - zero) == np.sign(round(cell["mean"], 12)) or abs(float(cx) - zero) < 0.1
         assert "<script" not in drawn and "&lt;" not in claim.text
         assert "viewBox='0 0 " in drawn and "width='100%'" in drawn  # scales down to the page's column
@@ -272,13 +272,13 @@ def test_published_bandit_cells_are_read_only_when_whole_and_this_codes(report, 
     from divviz.evidence import bandit_published
 
     monkeypatch.setenv("DIVVIZ_PUBLISHED", str(tmp_path))
-    written = bandit_published.write(claims_report.bandit_cells(4, SMALL_GRID), 4, SMALL_GRID, 1.0, "abc1234")
+    written = bandit_published.write(bandit_cells.bandit_cells(4, SMALL_GRID), 4, SMALL_GRID, 1.0, "abc1234")
     read = claims_report.build(seeds=4, grid=SMALL_GRID)
     assert read.bandit.startswith(f"read from published/{bandit_published.FILE}, computed by commit abc1234") \
         and report.bandit == claims_report.COMPUTED_HERE
     assert read.rows == report.rows
     assert claims_report.build(seeds=4, grid=SMALL_GRID, recompute=True).bandit == claims_report.COMPUTED_HERE
-    again = bandit_published.write(claims_report.bandit_cells(4, SMALL_GRID), 4, SMALL_GRID, 2.0, "def5678")
+    again = bandit_published.write(bandit_cells.bandit_cells(4, SMALL_GRID), 4, SMALL_GRID, 2.0, "def5678")
     assert "abc1234" in claims_report.build(seeds=4, grid=SMALL_GRID).bandit  # the same cells: the file left as it was
     assert bandit_published.read(3, SMALL_GRID) is None  # another grid's key
     whole = again.read_bytes()

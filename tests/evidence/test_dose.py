@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 from divviz.catalogue import theory
-from divviz.engine import store
 from divviz.evidence import claims, claims_export
 
 

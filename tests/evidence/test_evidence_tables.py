@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from divviz.evidence import bandit_published, claims, claims_export, claims_report
+from divviz.evidence import bandit_cells, bandit_published, claims, claims_export
 from divviz.safetext import literal
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,7 +66,7 @@ def test_the_published_bandit_cells_are_what_the_bandit_computes_here(repository
     what decides them: settings, objectives, comparisons)."""
     published = bandit_published.read(claims.SEEDS, claims.GRID + claims.RANDOM_GRID)
     assert published is not None
-    here = claims_report.bandit_cells(claims.SEEDS, RECOMPUTED)
+    here = bandit_cells.bandit_cells(claims.SEEDS, RECOMPUTED)
     texts = tuple(condition.text for condition in RECOMPUTED)
     shared = [cell for cell in published["cells"] if cell["condition"].startswith(texts)]
     assert len(here) == len(shared) > 0

@@ -162,6 +162,34 @@ def test_adjust_applies_holm_within_a_family_and_bh_within_a_section():
     assert "p_holm" not in rows[0] and out[6]["p_holm"] is None  # the rows given are not changed
 
 
+def test_a_descriptive_reading_is_in_no_family_and_keeps_its_raw_verdict():
+    """Holm and BH run over the primary readings alone: a descriptive row neither dilutes its claim's family nor gets
+    an adjusted p, and reads *descriptive* whatever its raw verdict."""
+    def row(p, primary=True, setting=claims.LM_TRAINING):
+        return {"family": "kl3_training · stress", "p": p, "verdict": intervals.HOLDS, "setting": setting,
+                "primary": primary}
+    out = claims_report.adjust([row(0.02), row(0.03), row(0.001, primary=False), row(0.004, primary=False)])
+    assert [r["p_holm"] for r in out] == pytest.approx([0.04, 0.04, None, None], nan_ok=True)
+    assert [r["q_bh"] for r in out[:2]] == pytest.approx(list(stats.false_discovery_control([0.02, 0.03])))
+    assert [r["verdict_adjusted"] for r in out] == [intervals.HOLDS, intervals.HOLDS, claims_report.DESCRIPTIVE,
+                                                   claims_report.DESCRIPTIVE]
+    assert [r["verdict"] for r in out] == [intervals.HOLDS] * 4 and out[2]["q_bh"] is None
+
+
+def test_the_primary_readings_are_those_the_claims_words_name():
+    assert claims.is_primary(claims.KL3_WIDE, "eval/accuracy", "end")
+    assert claims.is_primary(claims.KL3_HIGH_EDGE, "stability/collapsed", "whole run")
+    assert claims.is_primary(claims.KL3_WIDE, "entropy", "late") and claims.is_primary(claims.KL3_WIDE, "entropy/change", "")
+    for candidate, metric, reading in ((claims.KL3_WIDE, "eval/accuracy", "over the run"),
+                                       (claims.KL3_WIDE, "eval/accuracy_greedy", "end"),
+                                       (claims.KL3_WIDE, "stability/max_kl", "whole run"),
+                                       (claims.KL3_WIDE, "stability/max_clip", "whole run"),
+                                       (claims.KL3_WIDE, "entropy", "early"),
+                                       (claims.BOX_LOW_ONLY, "eval/accuracy", "end"),
+                                       (claims.BOX_HIGH_ONLY, "stability/collapsed", "whole run")):
+        assert not claims.is_primary(candidate, metric, reading), (candidate, metric, reading)
+
+
 def test_a_monte_carlo_p_near_a_threshold_is_read_again_until_no_draw_changes_its_verdict():
     """20 seeds (random flips: 2^20 is past the exact limit) with a p near 0.05: the report draws more flips until
     the p's 99.9% bounds are on one side of α, the bounds hold the exact p (all 2^20 flips, enumerated by scipy), and
