@@ -12,7 +12,8 @@ import numpy as np
 
 from divviz.evidence import claims, claims_lm, forest, intervals, lm_evidence, significance
 from divviz.evidence.claims import LM, LM_TRAINING
-from divviz.evidence.claims_report import (BY_CONSTRUCTION_VERDICT, DESCRIPTIVE, CELL_KEYS, HEADERS, RAW, VERDICT_RULE, VERDICTS,
+from divviz.evidence.claims_report import (BY_CONSTRUCTION_VERDICT, CELL_KEYS, DESCRIPTIVE, HEADERS, RAW, RULES_OUT,
+                                           VERDICT_RULE, VERDICTS,
                                            Report, dose_text, effect_text, power_text, summary_key,
                                            verdict_power_text)
 
@@ -32,8 +33,9 @@ def to_text(report: Report) -> str:
         for s in (s for s in summary if s["claim"] == claim.text):
             counts = ", ".join(f"{s[v]} {v}" for v in VERDICTS if s[v])
             largest = "" if s["largest"] is None else f" (largest |difference| {s['largest']:.3g})"
+            ruled = f"; {s[RULES_OUT]} rule out a gain of the margin" if s[RULES_OUT] else ""
             lines.append(f"  [{s['setting']}] {s['candidate']} vs {s['baseline']} ({s['metric']}): {counts} of "
-                         f"{s['cells']} cells{largest}")
+                         f"{s['cells']} cells{largest}{ruled}")
         lines.append("")
     if report.lm_details:
         lines.append(f"Over training ({report.lm}):")
@@ -77,7 +79,7 @@ def cell_text(row: dict) -> str:
             f"{row['verdict']}{adjusted}{sized}")
 
 
-SUMMARY_KEYS = ("claim", "setting", "candidate", "baseline", "metric", "cells", *VERDICTS, RAW, "largest")
+SUMMARY_KEYS = ("claim", "setting", "candidate", "baseline", "metric", "cells", *VERDICTS, RAW, RULES_OUT, "largest")
 NUMBERS = ("mean", "low", "high", "p", "p_holm", "q_bh", "median", "p_median")
 VERDICT_COLOURS = {intervals.HOLDS: "#d9f2d9", intervals.REVERSED: "#f8d7d7", intervals.NOT_RESOLVED: "#eeeeee",
                    significance.DISAGREE: "#fde5c8", intervals.IDENTICAL: "#dde8f6", BY_CONSTRUCTION_VERDICT: "#e8def3",

@@ -52,17 +52,19 @@ class Report:
 
     def summary(self) -> list[dict]:
         """Per claim, setting, compared pair and metric: how many cells have each verdict after adjustment for
-        multiplicity (`VERDICTS`), and how many held or reversed before it ("raw holds or reversed"); for an
+        multiplicity (`VERDICTS`), how many held or reversed before it ("raw holds or reversed") and how many
+        primary cells rule out the gain they are sized for (`RULES_OUT`); for an
         identity, also the largest |difference| over its cells (None for the other claims)."""
         out: dict[tuple, dict] = {}
         for row in self.rows:
             entry = out.setdefault(summary_key(row),
                                    {"claim": row["claim"], "setting": row["setting"], "candidate": row["candidate"],
                                     "baseline": row["baseline"], "metric": row["metric"], "cells": 0,
-                                    **{v: 0 for v in VERDICTS}, RAW: 0, "largest": None})
+                                    **{v: 0 for v in VERDICTS}, RAW: 0, RULES_OUT: 0, "largest": None})
             entry["cells"] += 1
             entry[row["verdict_adjusted"]] += 1
             entry[RAW] += row["verdict"] in (intervals.HOLDS, intervals.REVERSED)
+            entry[RULES_OUT] += bool(row.get("rules_out")) and row["verdict_adjusted"] != DESCRIPTIVE
             if intervals.is_identity(row["verdict"]):
                 entry["largest"] = max(entry["largest"] or 0.0, abs(row["mean"]))
         return list(out.values())
@@ -70,15 +72,16 @@ class Report:
     def overview(self) -> list[dict]:
         """Per claim, in the catalogue's order, and per setting it is tested in (the bandit, a language model over
         training, one update, …): how many cells, and how many of them hold, reverse, are not resolved, exact or
-        not, or have no data yet (`summary` added up over its rows) — a setting's verdicts never added to another's.
+        not, or have no data yet, and how many primary cells rule out the gain they are sized for (`summary` added up over its rows) — a setting's verdicts never added to another's.
         A claim with no cell yet is one row, its setting ""."""
         out = {}
         for claim in self.claims:
             rows = [s for s in self.summary() if s["claim"] == claim.text] or [{"claim": claim.text, "setting": ""}]
             for s in rows:
                 entry = out.setdefault((claim.text, s["setting"]), {"claim": claim.text, "setting": s["setting"],
-                                                                    "cells": 0, **dict.fromkeys(VERDICTS, 0), RAW: 0})
-                for count in ("cells", *VERDICTS, RAW):
+                                                                    "cells": 0, **dict.fromkeys(VERDICTS, 0), RAW: 0,
+                                                                    RULES_OUT: 0})
+                for count in ("cells", *VERDICTS, RAW, RULES_OUT):
                     entry[count] += s.get(count, 0)
         return list(out.values())
 
@@ -210,6 +213,7 @@ VERDICT_RULE = ("each cell: candidate − baseline seed by seed, its mean with t
                 "SmolLM2); a reading lower by construction (a wider box clips less) "
                 "counts as such, not as stability. Identities: exact below 1e-12; no data: no seed has both runs yet")
 RAW = "raw holds or reversed"  # a summary's count of cells that held or reversed before adjustment
+RULES_OUT = "rules out the margin"  # a summary's count of primary cells ruling out the gain they are sized for
 
 
 def adjust(rows: list[dict]) -> list[dict]:

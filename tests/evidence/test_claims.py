@@ -135,6 +135,11 @@ def test_the_overview_never_adds_one_settings_verdicts_to_anothers(report):
         if setting == claims.BANDIT:
             assert row == alone[claim, setting]  # the copies' verdicts are not added to the bandit's
     assert all(row["setting"] == "" for row in rows.values() if row["cells"] == 0)
+    primary = [row for row in copied if row["primary"] and row["p"] is not None]
+    ruling = [{**primary[0], "rules_out": True}, {**primary[1], "rules_out": True, "primary": False}]
+    ruled = replace(report, rows=report.rows + ruling).overview()  # only a primary cell's ruling out is counted
+    assert sum(row[claims_report.RULES_OUT] for row in ruled) == 1 + sum(r["rules_out"] is True for r in report.rows)
+    assert "rule out a gain of the margin" in claims_export.to_text(replace(report, rows=report.rows + ruling[:1]))
 
 
 def test_claims_across_settings_say_what_the_summary_counts(report):
