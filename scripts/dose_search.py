@@ -25,8 +25,9 @@ folder (default ../runs-dose, outside the checkout); a finished run is never tra
 it stopped. After each run the summary (every run's per-step dose, entropy, stability and evaluations, and the rule's
 reading) is written to published/smollm2-135m-dose-search.json and printed as a table, and the finished run itself is
 published into published/smollm2-135m-dose-search/<point>-<objective>/ (`engine/published.py`: its metrics,
-evaluations, samples and the first, middle and last steps' per-token records, the manifest naming the commit that
-trained it). The training code is held at one commit by training from a worktree (`--tree`) while this script runs
+evaluations, samples and the first, middle and last steps' per-token records, the manifest naming the commit and the
+CPU kernels that trained it; a published grid holds one CPU's runs, so a run trained on another CPU goes into
+smollm2-135m-dose-search-2/, and so on: a pair may cross CPUs, which the dose, read run by run, allows). The training code is held at one commit by training from a worktree (`--tree`) while this script runs
 from the checkout that publishes. A point already in the summary whose runs are not in the runs folder (a machine
 since returned) keeps its summarised reading, and a finished run summarised by the same commit is kept and not trained
 again while its pair's other run is.
@@ -76,7 +77,7 @@ POINTS = {  # name: (μ, K, learning rate), the likeliest to bind first
 }
 TREE = ROOT  # the checkout whose code trains the runs (`--tree`: a worktree held at one commit)
 SUMMARY = ROOT / "published" / "smollm2-135m-dose-search.json"
-GRID = ROOT / "published" / "smollm2-135m-dose-search"
+GRID = ROOT / "published" / "smollm2-135m-dose-search"  # the first CPU's runs; another CPU's in GRID-2, GRID-3, …
 RULE = {"ppo_clip": 0.03, "disagreement": 0.02, "entropy_fraction": 0.5, "entropy_window": 10}
 
 
@@ -107,20 +108,48 @@ def train(runs: Path, point: str, objective: str, log) -> None:
         publish(folder, point, objective)
 
 
+def attempt(runs: Path, job: tuple[str, str], log) -> None:
+    """Train and publish one run of the queue, then write the summary; a failure is logged in one line and the
+    search goes on with the next run (the run stays in the runs folder, to publish again with --publish)."""
+    try:
+        train(runs, *job, log)
+        write(runs)
+    except Exception as error:  # noqa: BLE001 - a worker thread's error would otherwise wait, unseen, in its future
+        log.write(f"\n== {' '.join(job)} failed: {type(error).__name__}: {error}\n")
+        log.flush()
+
+
 def commit() -> str:
     """The commit whose code trains the search: the training checkout's HEAD (`TREE`, a clean worktree)."""
     return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=TREE, capture_output=True, text=True,
                           check=True).stdout.strip()
 
 
+def grids() -> list[Path]:
+    """The search's published grids so far: GRID, then one per further CPU (GRID-2, …), in that order."""
+    return [GRID, *sorted(GRID.parent.glob(f"{GRID.name}-[0-9]*"), key=lambda p: int(p.name.rsplit("-", 1)[1]))]
+
+
+def grid_for(trained_by: dict) -> Path:
+    """The grid a run trained so joins: the first whose manifest says the same of its runs (a published grid holds
+    one CPU's kernels, `published.publish`), else the next new one."""
+    for grid in grids():
+        manifest = grid / "manifest.json"
+        if not manifest.exists() or all(json.loads(manifest.read_text()).get(k) == v for k, v in trained_by.items()):
+            return grid
+    return GRID.parent / f"{GRID.name}-{len(grids()) + 1}"
+
+
 def publish(folder: Path, point: str, objective: str) -> None:
-    """A finished run of the search into GRID, recorded in its manifest under its point and objective."""
+    """A finished run of the search into its CPU's grid (`grid_for`), recorded in its manifest under its point and
+    objective."""
     mu, k, lr = POINTS[point]
     trained_by = {"model": "smollm2-135m", "setting": "dose search", "device": "cpu", "cpu": published.cpu_kernels(),
                   "precision": "bfloat16 autocast", "torch": torch.__version__,
                   "transformers": transformers.__version__, "python": platform.python_version(), "commit": commit()}
-    published.publish(folder, GRID, {"point": point, "measure": OBJECTIVES[objective][0], "seed": 0, "mu": mu,
-                                     "minibatches": k, "lr": lr}, trained_by, name=f"{point}-{objective}")
+    published.publish(folder, grid_for(trained_by), {"point": point, "measure": OBJECTIVES[objective][0], "seed": 0,
+                                                     "mu": mu, "minibatches": k, "lr": lr}, trained_by,
+                      name=f"{point}-{objective}")
 
 
 def run_summary(folder: Path, other_clip: str) -> dict | None:
@@ -255,7 +284,7 @@ def main() -> None:
     queue = to_train(summary(runs)["points"], args.points)
     started = time.time()
     with open(runs / "search.log", "a") as log, ThreadPoolExecutor(args.parallel) as pool:
-        for _ in pool.map(lambda job: (train(runs, *job, log), write(runs)), queue):
+        for _ in pool.map(lambda job: attempt(runs, job, log), queue):
             pass
         log.write(f"\n== the search's queue done in {(time.time() - started) / 60:.1f} min\n")
 

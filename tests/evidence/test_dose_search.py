@@ -50,10 +50,30 @@ def test_the_published_summary_states_its_own_points_choice_and_holds_every_publ
     for name, p in summary["points"].items():
         if p.get("reading"):
             assert dose_search.reading(p) == p["reading"]
-    manifest = json.loads((dose_search.GRID / "manifest.json").read_text())
-    for name, cell in manifest["runs"].items():
-        assert name == f"{cell['point']}-{'ppo' if cell['measure'] == 'ratio' else 'kl3'}" and cell["point"] in \
-            summary["points"] and cell["state"] == "done"
+    names = []
+    for grid in dose_search.grids():  # one CPU's runs each
+        manifest = json.loads((grid / "manifest.json").read_text())
+        for name, cell in manifest["runs"].items():
+            assert name == f"{cell['point']}-{'ppo' if cell['measure'] == 'ratio' else 'kl3'}" and cell["point"] in \
+                summary["points"] and cell["state"] == "done"
+            names.append(name)
+    assert len(names) == len(set(names))  # a run is published once, in its own CPU's grid
+
+
+def test_a_run_joins_the_grid_of_its_own_cpu(tmp_path, monkeypatch):
+    monkeypatch.setattr(dose_search, "GRID", tmp_path / "search")
+    first = {"cpu": "AVX512 amx", "commit": "abc1234"}
+    assert dose_search.grid_for(first) == tmp_path / "search"  # none yet: the first grid
+    (tmp_path / "search").mkdir()
+    (tmp_path / "search" / "manifest.json").write_text(json.dumps({**first, "runs": {}}))
+    other = {"cpu": "AVX512", "commit": "abc1234"}
+    assert dose_search.grid_for(first) == tmp_path / "search"
+    assert dose_search.grid_for(other) == tmp_path / "search-2"
+    (tmp_path / "search-2").mkdir()
+    (tmp_path / "search-2" / "manifest.json").write_text(json.dumps({**other, "runs": {}}))
+    assert dose_search.grid_for(other) == tmp_path / "search-2"
+    assert dose_search.grid_for({"cpu": "AVX2", "commit": "abc1234"}) == tmp_path / "search-3"
+    assert dose_search.grids() == [tmp_path / "search", tmp_path / "search-2"]
 
 
 def test_a_run_summarised_done_is_not_trained_again_while_its_pair_is(tmp_path, monkeypatch):
