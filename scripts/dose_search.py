@@ -27,8 +27,9 @@ reading) is written to published/smollm2-135m-dose-search.json and printed as a 
 published into published/smollm2-135m-dose-search/<point>-<objective>/ (`engine/published.py`: its metrics,
 evaluations, samples and the first, middle and last steps' per-token records, the manifest naming the commit and the
 CPU kernels that trained it; a published grid holds one CPU's runs, so a run trained on another CPU goes into
-smollm2-135m-dose-search-2/, and so on: a pair may cross CPUs, which the dose, read run by run, allows). The training code is held at one commit by training from a worktree (`--tree`) while this script runs
-from the checkout that publishes. A point already in the summary whose runs are not in the runs folder (a machine
+smollm2-135m-dose-search-2/, and so on: a pair may cross CPUs, which the rule, read run by run, allows). The
+training code is held at one commit by training from a worktree (`--tree`) while this script runs from the checkout
+that publishes. A point already in the summary whose runs are not in the runs folder (a machine
 since returned) keeps its summarised reading, and a finished run summarised by the same commit is kept and not trained
 again while its pair's other run is.
 

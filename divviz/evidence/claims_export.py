@@ -83,7 +83,8 @@ SUMMARY_KEYS = ("claim", "setting", "candidate", "baseline", "metric", "cells", 
 NUMBERS = ("mean", "low", "high", "p", "p_holm", "q_bh", "median", "p_median")
 VERDICT_COLOURS = {intervals.HOLDS: "#d9f2d9", intervals.REVERSED: "#f8d7d7", intervals.NOT_RESOLVED: "#eeeeee",
                    significance.DISAGREE: "#fde5c8", intervals.IDENTICAL: "#dde8f6", BY_CONSTRUCTION_VERDICT: "#e8def3",
-                   DESCRIPTIVE: "#f7f7f7", intervals.EXACT: "#d9f2d9", intervals.NOT_EXACT: "#f8d7d7", intervals.NO_DATA: "#ffffff"}
+                   DESCRIPTIVE: "#f7f7f7", intervals.EXACT: "#d9f2d9", intervals.NOT_EXACT: "#f8d7d7",
+                   intervals.NO_DATA: "#ffffff"}
 
 
 def number(x: float | None) -> str:

@@ -4,9 +4,10 @@ A compared cell (`comparison_row`; a report's cells are tested together, `compar
 over the same seeds: the paired mean with its 95% interval (`intervals`), the sign-flip p of the mean, the median
 with its sign test, and the verdict they give together (`significance.verdict`); an identity's cell is its largest
 |difference| against a tolerance. The cells of a report are then adjusted for their number (`adjust`): Holm within a
-family (a claim's primary readings at one setting), Benjamini–Hochberg within the report's section (`claims.SECTIONS`); each
-cell keeps its raw verdict beside the adjusted one, and the counts of a report's summary and overview are of the
-adjusted ones; a cell outside its claim's primary readings (`claims.is_primary`) is descriptive, in no family.
+family (a claim's primary readings at one setting), Benjamini–Hochberg within the report's section
+(`claims.SECTIONS`); each cell keeps its raw verdict beside the adjusted one, and the counts of a report's summary
+and overview are of the adjusted ones; a cell outside its claim's primary readings (`claims.is_primary`) is
+descriptive, in no family.
 
 The bandit grid (`evaluate`) makes the first cells; `claims_lm` and `claims_real` add theirs (`Report` is replaced
 with more rows, and adjusted again).
@@ -72,7 +73,8 @@ class Report:
     def overview(self) -> list[dict]:
         """Per claim, in the catalogue's order, and per setting it is tested in (the bandit, a language model over
         training, one update, …): how many cells, and how many of them hold, reverse, are not resolved, exact or
-        not, or have no data yet, and how many primary cells rule out the gain they are sized for (`summary` added up over its rows) — a setting's verdicts never added to another's.
+        not, or have no data yet, and how many primary cells rule out the gain they are sized for (`summary` added
+        up over its rows) — a setting's verdicts never added to another's.
         A claim with no cell yet is one row, its setting ""."""
         out = {}
         for claim in self.claims:

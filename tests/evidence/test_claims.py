@@ -171,7 +171,8 @@ def test_forest_plots_put_each_cell_on_its_side_of_zero_in_its_verdicts_colour(r
         assert forest.panels(report, [claim]) == [panel for panel in panels if panel[0] == claim]
     for claim, metric, cells in panels:
         drawn, tall = forest.panel(claim, metric, cells)
-        assert f"viewBox='0 0 {forest.LABEL_WIDTH + forest.PLOT_WIDTH + forest.MARGIN_WIDTH} {tall}'" in drawn  # every panel as wide
+        width = forest.LABEL_WIDTH + forest.PLOT_WIDTH + forest.MARGIN_WIDTH
+        assert f"viewBox='0 0 {width} {tall}'" in drawn  # every panel as wide
         zero = float(re.search(r"<line x1='([\d.]+)' x2='\1'", drawn).group(1))
         points = re.findall(r"<circle cx='([\d.]+)' cy='[\d.]+' r='4' fill='(#\w+)'><title>", drawn)
         assert len(points) == len(cells)

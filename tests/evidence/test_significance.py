@@ -179,7 +179,8 @@ def test_a_descriptive_reading_is_in_no_family_and_keeps_its_raw_verdict():
 def test_the_primary_readings_are_those_the_claims_words_name():
     assert claims.is_primary(claims.KL3_WIDE, "eval/accuracy", "end")
     assert claims.is_primary(claims.KL3_HIGH_EDGE, "stability/collapsed", "whole run")
-    assert claims.is_primary(claims.KL3_WIDE, "entropy", "late") and claims.is_primary(claims.KL3_WIDE, "entropy/change", "")
+    assert claims.is_primary(claims.KL3_WIDE, "entropy", "late")
+    assert claims.is_primary(claims.KL3_WIDE, "entropy/change", "")
     for candidate, metric, reading in ((claims.KL3_WIDE, "eval/accuracy", "over the run"),
                                        (claims.KL3_WIDE, "eval/accuracy_greedy", "end"),
                                        (claims.KL3_WIDE, "stability/max_kl", "whole run"),
