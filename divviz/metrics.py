@@ -78,6 +78,8 @@ GLOSSARY = {
                           "largest clip_ratio/region_mean)",
     "stability/collapsed": "1 from the step the run collapsed: reward fell below half its peak while an update's KL "
                            "was large, or the entropy fell to a tenth of its start",
+    "stability/time_to_collapse": "the step a run collapsed at, its last step if it never did (over seeds: the "
+                                  "restricted mean time to collapse)",
 }
 
 # Where a TRL run logs what the engine calls otherwise: TRL names each reward function's mean

@@ -143,6 +143,7 @@ def to_html(report: Report) -> str:
 # The over-training cells a summary shows (candidate, metric, reading), in this order: the headline and its ablations
 HEADLINE = (*((claims.KL3_WIDE, m, r) for m, r in (("eval/accuracy", "end"), ("eval/accuracy_greedy", "end"),
                                                    ("eval/accuracy", "over the run"), ("stability/collapsed", "whole run"),
+                                                   (claims.TIME_TO_COLLAPSE, "whole run"),
                                                    ("stability/max_kl", "whole run"), ("stability/max_clip", "whole run"),
                                                    ("entropy", "late"), ("top1_mass", "late"),
                                                    ("mass_to_argmax", "late"))),

@@ -10,7 +10,8 @@ remain):
     stability (`claims.WHOLE_RUN`)                   once for the whole run: the collapse flag (0 or 1; its paired
                                                      difference has Newcombe's interval, `intervals.paired_binary`),
                                                      the largest update KL, the largest clip fraction
-                                                     (`engine/stability.py`)
+                                                     (`engine/stability.py`), and the time to collapse (the
+                                                     step of collapse, T if none: `claims.TIME_TO_COLLAPSE`)
 
     evidence = LMEvidence(plan)
     evidence.rows()           # the report's cells (`claims_report.comparison_rows`), of the pairs finished so far
@@ -44,6 +45,8 @@ def readings(metric: str, steps: int) -> dict[str, str]:
         return {"end": f"step {steps}", "over the run": f"trapezoid mean of steps 0–{steps}"}
     if metric in claims.WHOLE_RUN:
         return {"whole run": f"steps 1–{steps}"}
+    if metric == claims.TIME_TO_COLLAPSE:
+        return {"whole run": f"the step of collapse, {steps} if none"}
     return {name: f"mean of step {w.start}" if len(w) == 1 else f"mean of steps {w.start}–{w.stop - 1}"
             for name, w in windows(steps).items()}
 
@@ -280,6 +283,8 @@ def _readings(rows: dict[int, dict], evals: dict[int, dict], steps: int) -> dict
            for reading, window in {**windows(steps), "start": range(1, 2)}.items()}
     last = rows.get(steps, {})
     out["whole run"] = {m: float(last.get(m, np.nan)) for m in claims.WHOLE_RUN}
+    out["whole run"][claims.TIME_TO_COLLAPSE] = (float(last.get("stability/collapse_step", steps))
+                                                 if last.get("stability/collapsed") is not None else np.nan)
     for m in claims.HELD_OUT:
         points = sorted((t, row[m]) for t, row in evals.items() if m in row)
         at = dict(points)

@@ -111,6 +111,15 @@ def test_the_numpy_recipe_in_claims_md_recomputes_divvizs_cell(repository_publis
     assert cell["n"] == d.size >= 2 and cell["differences"] == pytest.approx(d.tolist(), abs=1e-12)
     half = stats.t.ppf(0.975, d.size - 1) * scope["se"]
     assert (cell["mean"], cell["low"], cell["high"]) == pytest.approx((d.mean(), d.mean() - half, d.mean() + half))
+    endpoints = re.search(r"```python\n(# the two endpoints.*?)```", (ROOT / "docs" / "claims.md").read_text(), re.S)[1]
+    assert len(endpoints.strip().splitlines()) <= 10
+    with contextlib.chdir(ROOT), contextlib.redirect_stdout(io.StringIO()):
+        exec(compile(endpoints, "docs/claims.md", "exec"), scope)  # our own documentation's code, not user text
+    for metric, reading, values in (("eval/accuracy", "over the run", scope["auc"]),
+                                    (claims.TIME_TO_COLLAPSE, "whole run", scope["ttc"])):
+        cell = next(r for r in report.rows if r["candidate"] == claims.KL3_WIDE and r["baseline"] == claims.PPO
+                    and r["metric"] == metric and r["reading"] == reading)
+        assert cell["n"] == values.size and cell["differences"] == pytest.approx(values.tolist(), abs=1e-12)
 
 
 def test_divviz_claims_json_carries_each_cells_per_seed_values_from_the_published_runs(capsys, tmp_path,
