@@ -94,21 +94,10 @@ def svg(cells: list[dict], title: str, meaning: str = "") -> str:
         y = top + ROW * i + ROW / 2
         colour = VERDICT_COLOURS.get(cell["verdict_adjusted"], "#8c8c8c")
         parts.append(f"<text x='{LABEL_WIDTH - 6}' y='{y + 4:.1f}' text-anchor='end'>{e(text)}</text>")
-        if cell.get("effect") is not None and cell["predicted_sign"] == "+":
+        if _sized(cell):
             parts.append(f"<text x='{LABEL_WIDTH + PLOT_WIDTH + 8}' y='{y + 4:.1f}'"
                          + (" font-weight='bold'>" if cell["rules_out"] else " fill='#555'>")
                          + f"{e(_margin_text(cell))}</text>")
-        whole = f"{cell['candidate']} − {cell['baseline']} · {cell['setting']} · {cell['condition']}"
-        interval = (f"95% [{_num(cell['low'])}, {_num(cell['high'])}]" if cell["low"] is not None
-                    else "no interval from one seed")
-        holm = f" (Holm {cell['p_holm']:.3g})" if cell.get("p_holm") is not None else ""
-        tested = (f", sign-flip p {cell['p']:.3g}{holm}, median {cell['median']:.4g}"
-                  if cell["p"] is not None else "")
-        numbers = (f"{whole}: mean {cell['mean']:.4g}, {interval}, n = {cell['n']}, {cell['seeds_against_mean']} of "
-                   f"{cell['n']} seeds against the mean{tested}: {cell['verdict']}"
-                   + _adjusted_text(cell) + _margin_text(cell, ": ")
-                   + (" (every seed's difference exactly 0)" if cell["verdict"] == intervals.IDENTICAL else "")
-                   if cell["mean"] is not None else f"{whole}: no value")
         if cell["low"] is not None and cell["high"] is not None:
             low, high = max(cell["low"], -reach), min(cell["high"], reach)
             parts.append(f"<line x1='{x(low):.1f}' x2='{x(high):.1f}' y1='{y:.1f}' y2='{y:.1f}' "
@@ -122,8 +111,8 @@ def svg(cells: list[dict], title: str, meaning: str = "") -> str:
             paint = (f"fill='{colour}'" if cell["low"] is not None  # hollow: one seed, no interval
                      else f"fill='white' stroke='{colour}' stroke-width='1.5'")
             parts.append(f"<circle cx='{x(cell['mean']):.1f}' cy='{y:.1f}' r='4' {paint}>"
-                         f"<title>{e(numbers)}</title></circle>")
-    margins = {c["effect"] for c in cells if c.get("effect") is not None and c["predicted_sign"] == "+"}
+                         f"<title>{e(_hover_text(cell))}</title></circle>")
+    margins = {c["effect"] for c in cells if _sized(c)}
     parts += [f"<line x1='{x(m):.1f}' x2='{x(m):.1f}' y1='{top - 4}' y2='{bottom}' stroke='#2ca02c' "
               f"stroke-dasharray='4 3'><title>the margin: a gain of {m:+g}</title></line>"
               for m in margins if m <= reach]
@@ -133,11 +122,35 @@ def svg(cells: list[dict], title: str, meaning: str = "") -> str:
     if past_axis:
         parts.append(f"<text x='4' y='{bottom + 52}' fill='#555'>▸ the interval runs past the axis (hover: its "
                      "numbers)</text>")
-    starts = np.cumsum([8] + [16 + CHAR_WIDTH * len(v) for v in VERDICT_COLOURS])  # one line, each name's width
-    legend = "".join(f"<circle cx='{start}' cy='{bottom + 32}' r='4' fill='{c}'/><text x='{start + 8}' "
-                     f"y='{bottom + 36}'>{e(v)}</text>" for start, (v, c) in zip(starts, VERDICT_COLOURS.items()))
-    parts.append(legend + "</svg>")
+    parts.append(_legend(bottom + 32) + "</svg>")
     return "".join(parts)
+
+
+def _legend(y: float) -> str:
+    """The verdicts' colours in one line at height `y`, each name as wide as its characters."""
+    starts = np.cumsum([8] + [16 + CHAR_WIDTH * len(v) for v in VERDICT_COLOURS])
+    return "".join(f"<circle cx='{start}' cy='{y}' r='4' fill='{c}'/><text x='{start + 8}' y='{y + 4}'>"
+                   f"{html.escape(v, quote=True)}</text>" for start, (v, c) in zip(starts, VERDICT_COLOURS.items()))
+
+
+def _hover_text(cell: dict) -> str:
+    """A point's hover title: the cell in full, its numbers, its verdicts and whether it rules out its margin."""
+    whole = f"{cell['candidate']} − {cell['baseline']} · {cell['setting']} · {cell['condition']}"
+    if cell["mean"] is None:
+        return f"{whole}: no value"
+    interval = (f"95% [{_num(cell['low'])}, {_num(cell['high'])}]" if cell["low"] is not None
+                else "no interval from one seed")
+    holm = f" (Holm {cell['p_holm']:.3g})" if cell.get("p_holm") is not None else ""
+    tested = f", sign-flip p {cell['p']:.3g}{holm}, median {cell['median']:.4g}" if cell["p"] is not None else ""
+    return (f"{whole}: mean {cell['mean']:.4g}, {interval}, n = {cell['n']}, {cell['seeds_against_mean']} of "
+            f"{cell['n']} seeds against the mean{tested}: {cell['verdict']}" + _adjusted_text(cell)
+            + _margin_text(cell, ": ")
+            + (" (every seed's difference exactly 0)" if cell["verdict"] == intervals.IDENTICAL else ""))
+
+
+def _sized(cell: dict) -> bool:
+    """Whether a cell is sized for a gain (a margin it can rule out): an effect, and a predicted gain."""
+    return cell.get("effect") is not None and cell["predicted_sign"] == "+"
 
 
 def _adjusted_text(cell: dict) -> str:
@@ -149,7 +162,7 @@ def _adjusted_text(cell: dict) -> str:
 
 def _margin_text(cell: dict, before: str = "") -> str:
     """Whether a cell sized for a gain rules it out ("rules out +0.05", "+0.05 not ruled out"; "" if not sized)."""
-    if cell.get("effect") is None or cell["predicted_sign"] != "+":
+    if not _sized(cell):
         return ""
     return before + (f"rules out {cell['effect']:+g}" if cell["rules_out"] else f"{cell['effect']:+g} not ruled out")
 
@@ -163,7 +176,7 @@ def _header(cells: list[dict], title: str, meaning: str) -> tuple[list[tuple[str
             f"{cells[0]['baseline'] if cells else ''}, paired over seeds: the mean difference and its 95% interval "
             "(Student-t; Newcombe's for a 0/1 reading); the predicted side is shaded"
             + ("; dashed: the margin, and at the right whether the cell rules out a gain that large (one-sided "
-               "α = 0.05)" if any(c.get("effect") is not None and c["predicted_sign"] == "+" for c in cells) else ""))
+               "α = 0.05)" if any(_sized(c) for c in cells) else ""))
     width = LABEL_WIDTH + PLOT_WIDTH + MARGIN_WIDTH
     return ([(line, True) for line in textwrap.wrap(title, int(width / (1.3 * CHAR_WIDTH)))]
             + [(line, False) for text in (meaning, pair, f"every row: {' · '.join(common)}" if common else "")
