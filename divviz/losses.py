@@ -244,6 +244,39 @@ class LossOutput:
         return self.clip_state() + 4 * self.pulled_back.long()
 
 
+def _masked(active: torch.Tensor, logp_new, logp_old, adv, logp_ref, weight, logp_sampling) -> tuple:
+    """The inputs with what the mask drops set to 0 (a NaN or -inf there, padding, must not reach the sums as
+    0 · NaN), the old and sampling log-probs detached, `adv` as (B, 1) or (B, T), and π_old standing in for the
+    sampling policy where none is given."""
+    if adv.dim() == 1:
+        adv = adv.unsqueeze(1)  # (B, 1)
+    zero = torch.zeros((), dtype=logp_new.dtype, device=logp_new.device)
+    logp_new, logp_old = torch.where(active, logp_new, zero), torch.where(active, logp_old.detach(), zero)
+    adv = torch.where(active, adv.to(logp_new.dtype), zero)
+    logp_ref = None if logp_ref is None else torch.where(active, logp_ref, zero)
+    weight = None if weight is None else torch.where(active, weight.to(logp_new.dtype), zero)
+    logp_sampling = logp_old if logp_sampling is None else torch.where(active, logp_sampling.detach(), zero)
+    return logp_new, logp_old, adv, logp_ref, weight, logp_sampling
+
+
+def _log_ratio(objective: Objective, logp_new: torch.Tensor, logp_old: torch.Tensor, mask: torch.Tensor):
+    """log w = log π_θ − log π_old per token; GSPO-token's sequence level puts the completion's mean log-ratio s_i
+    on every token, with the token's own gradient."""
+    log_ratio = logp_new - logp_old
+    if objective.importance_sampling_level == "sequence":
+        sequence = (log_ratio * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)
+        log_ratio = sequence.detach() + logp_new - logp_new.detach()
+    return log_ratio
+
+
+def _with_penalties(objective: Objective, per_token: torch.Tensor, logp_new, logp_old, logp_ref) -> torch.Tensor:
+    """The per-token policy term plus β · each penalty's per-token loss term (the objective's first and second)."""
+    for penalty, beta in ((objective.penalty, objective.beta), (objective.second_penalty, objective.second_beta)):
+        if penalty is not None:
+            per_token = per_token + beta * penalty.loss_term(logp_new, logp_old, logp_ref)
+    return per_token
+
+
 def policy_loss(logp_new: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
                 objective: Objective = Objective(), *, logp_ref: torch.Tensor | None = None,
                 max_completion_length: int | None = None, num_items_in_batch: int | None = None,
@@ -267,21 +300,10 @@ def policy_loss(logp_new: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tenso
     check_normalisers(max_completion_length, num_items_in_batch)
     check_inputs(logp_new, logp_old, adv, mask, logp_ref, weight, logp_sampling)
     active = mask > 0
-    if adv.dim() == 1:
-        adv = adv.unsqueeze(1)  # (B, 1)
-    # what the mask drops takes no part: a NaN or -inf there (padding) must not reach the sums as 0 · NaN
-    zero = torch.zeros((), dtype=logp_new.dtype, device=logp_new.device)
-    logp_new, logp_old = torch.where(active, logp_new, zero), torch.where(active, logp_old.detach(), zero)
-    adv = torch.where(active, adv.to(logp_new.dtype), zero)
-    logp_ref = None if logp_ref is None else torch.where(active, logp_ref, zero)
-    weight = None if weight is None else torch.where(active, weight.to(logp_new.dtype), zero)
-    logp_sampling = logp_old if logp_sampling is None else torch.where(active, logp_sampling.detach(), zero)
+    logp_new, logp_old, adv, logp_ref, weight, logp_sampling = _masked(active, logp_new, logp_old, adv, logp_ref,
+                                                                       weight, logp_sampling)
     mask = mask.to(logp_new.dtype)
-
-    log_ratio = logp_new - logp_old
-    if objective.importance_sampling_level == "sequence":  # GSPO-token: s_i on every token, the token's own gradient
-        sequence = (log_ratio * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)
-        log_ratio = sequence.detach() + logp_new - logp_new.detach()
+    log_ratio = _log_ratio(objective, logp_new, logp_old, mask)
     ratio = log_ratio.exp()
     measure, outside, bounds = _clip_test(objective, logp_new, logp_old, log_ratio)
     clipped_low = outside & (ratio < 1) & (adv < 0) & active
@@ -296,11 +318,7 @@ def policy_loss(logp_new: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tenso
     weight = _policy_weight(objective, weight, per_token, logp_new, logp_sampling, adv, mask)
     if weight is not None:
         per_token = per_token * weight.detach()
-    for penalty, beta in ((objective.penalty, objective.beta), (objective.second_penalty, objective.second_beta)):
-        if penalty is not None:
-            per_token = per_token + beta * penalty.loss_term(logp_new, logp_old, logp_ref)
-
-    per_token = per_token.expand_as(mask)
+    per_token = _with_penalties(objective, per_token, logp_new, logp_old, logp_ref).expand_as(mask)
     outside = outside.expand_as(active) & active
     loss = aggregate(per_token, mask, objective.aggregation, max_completion_length, num_items_in_batch)
     penalty_value = None if objective.penalty is None else objective.penalty.value(logp_new, logp_old, logp_ref)
