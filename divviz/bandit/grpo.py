@@ -197,6 +197,30 @@ def sample_batch(cfg: BanditConfig, u: np.ndarray, gradient: PolicyLossGradient,
                  gradient.batch(old, adv, ref, weight=weight, mask=kept, logp_sampling=roll), roll, weight, kept), r
 
 
+def _update(cfg: BanditConfig, rows: list[Objective], logp: np.ndarray, batch, gradient: PolicyLossGradient,
+            gradient_of, optimiser) -> tuple:
+    """One iteration's μ passes over `batch` from the logits `logp` (a copy is updated): the new logits, each
+    sampled action's count of low and high clips over the passes, the runs' entropy attribution summed over them
+    (`cfg.attribution`), and how many sampled actions the first pass took past the upper edge. A step that overflows
+    leaves NaN or ±inf in the logits, which the caller refuses."""
+    theta = logp.copy()
+    low_count, high_count = np.zeros(batch.logp_old.shape, dtype=int), np.zeros(batch.logp_old.shape, dtype=int)
+    shares = np.zeros((len(rows), len(ATTRIBUTION)))
+    with np.errstate(over="ignore", invalid="ignore"):
+        for inner in range(cfg.mu):
+            grad, out, (now_logp, now_p) = gradient_of(rows, theta, batch)
+            if cfg.attribution:
+                would = gradient.unclipped_slope(now_logp.reshape(-1)[batch.flat_actions])
+                shares += attribute(now_logp, now_p, batch.flat_actions, out.grad, would, out.clipped_low,
+                                    out.clipped_high, cfg.lr)
+            optimiser(theta, grad)
+            low_count += out.clipped_low
+            high_count += out.clipped_high
+            if inner == 0:
+                first_past_high = gradient.past_upper(sampled_logp(theta, batch)).sum(axis=(1, 2))
+    return theta, low_count, high_count, shares, first_past_high
+
+
 def run_bandits(cfg: BanditConfig, objectives: list[Objective], seeds: list[int] | None = None,
                 rollouts: list[tuple[RolloutCorrection, bool]] | None = None) -> list[BanditRun]:
     """Run `cfg.iterations` GRPO iterations of each objective with each seed (default: `cfg.seed` alone), from π_0;
@@ -233,21 +257,8 @@ def run_bandits(cfg: BanditConfig, objectives: list[Objective], seeds: list[int]
         u = np.repeat(np.stack([g.random(n) for g in generators]), each, axis=0)
         coins = None if coin_generators is None else coins_per_seed(coin_generators, n, each)
         batch, sampled = sample_batch(cfg, u, gradient, logp, p, logp_ref, rewards, mask, rollout, coins)
-        theta = logp.copy()
-        low_count, high_count = np.zeros(batch.logp_old.shape, dtype=int), np.zeros(batch.logp_old.shape, dtype=int)
-        with np.errstate(over="ignore", invalid="ignore"):  # a step that overflows is caught just below
-            shares = np.zeros((runs, len(ATTRIBUTION)))
-            for inner in range(cfg.mu):
-                grad, out, (now_logp, now_p) = gradient_of(rows, theta, batch)
-                if cfg.attribution:
-                    would = gradient.unclipped_slope(now_logp.reshape(-1)[batch.flat_actions])
-                    shares += attribute(now_logp, now_p, batch.flat_actions, out.grad, would, out.clipped_low,
-                                        out.clipped_high, cfg.lr)
-                optimiser(theta, grad)
-                low_count += out.clipped_low
-                high_count += out.clipped_high
-                if inner == 0:
-                    first_past_high = gradient.past_upper(sampled_logp(theta, batch)).sum(axis=(1, 2))
+        theta, low_count, high_count, shares, first_past_high = _update(cfg, rows, logp, batch, gradient,
+                                                                        gradient_of, optimiser)
         finite = np.isfinite(theta.sum(axis=1))  # a NaN or ±inf anywhere in a run makes its sum NaN or ±inf
         if not finite.all():
             label = rows[int(np.argmin(finite))].label
