@@ -201,25 +201,25 @@ def choose(points: dict) -> str:
     return f"none yet ({len(read)} of {len(POINTS)} points read)"
 
 
-def kept_run(point: dict, objective: str) -> dict | None:
-    """A finished run summarised earlier by this commit's code whose folder is gone: its summary stands."""
+def kept_run(point: dict, objective: str, trained_by: str) -> dict | None:
+    """A finished run summarised earlier by the commit `trained_by` whose folder is gone: its summary stands."""
     run = point.get(objective)
-    return run if run and run["state"] == "done" and point.get("commit") == commit() else None
+    return run if run and run["state"] == "done" and point.get("commit") == trained_by else None
 
 
 def summary(runs: Path) -> dict:
     """Every point with a run in `runs` summarised from it; a point only in the published summary kept from there."""
     before = json.loads(SUMMARY.read_text())["points"] if SUMMARY.exists() else {}
-    points = {}
+    points, trained_by = {}, commit()
     for name in POINTS:
         point = {objective: run_summary(runs / name / objective, OBJECTIVES["kl3" if objective == "ppo" else "ppo"][0])
-                 or kept_run(before.get(name, {}), objective) for objective in OBJECTIVES}
+                 or kept_run(before.get(name, {}), objective, trained_by) for objective in OBJECTIVES}
         point = {k: v for k, v in point.items() if v is not None}
         if not point and name in before:
             points[name] = before[name]
         elif point:
             mu, k, lr = POINTS[name]
-            points[name] = {"mu": mu, "minibatches": k, "lr": lr, "commit": commit(), **point}
+            points[name] = {"mu": mu, "minibatches": k, "lr": lr, "commit": trained_by, **point}
             points[name]["reading"] = reading(points[name])
     return {"rule": RULE, "steps": STEPS, "flags": BASE, "points": points, "choice": choose(points)}
 

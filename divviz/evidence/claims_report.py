@@ -76,9 +76,9 @@ class Report:
         not, or have no data yet, and how many primary cells rule out the gain they are sized for (`summary` added
         up over its rows) — a setting's verdicts never added to another's.
         A claim with no cell yet is one row, its setting ""."""
-        out = {}
+        out, summary = {}, self.summary()
         for claim in self.claims:
-            rows = [s for s in self.summary() if s["claim"] == claim.text] or [{"claim": claim.text, "setting": ""}]
+            rows = [s for s in summary if s["claim"] == claim.text] or [{"claim": claim.text, "setting": ""}]
             for s in rows:
                 entry = out.setdefault((claim.text, s["setting"]), {"claim": claim.text, "setting": s["setting"],
                                                                     "cells": 0, **dict.fromkeys(VERDICTS, 0), RAW: 0,

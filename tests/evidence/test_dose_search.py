@@ -76,14 +76,13 @@ def test_a_run_joins_the_grid_of_its_own_cpu(tmp_path, monkeypatch):
     assert dose_search.grids() == [tmp_path / "search", tmp_path / "search-2"]
 
 
-def test_a_run_summarised_done_is_not_trained_again_while_its_pair_is(tmp_path, monkeypatch):
+def test_a_run_summarised_done_is_not_trained_again_while_its_pair_is():
     first, second, *rest = dose_search.POINTS
     half = point(0.02, 0.01)
     del half["kl3"]  # its PPO run done, its KL3 run stopped with the machine
     summarised = {first: {**point(0.02, 0.01), "reading": {}}, second: half}
     assert dose_search.to_train(summarised, []) == [(second, "kl3")] + [(p, o) for p in rest for o in ("ppo", "kl3")]
     assert dose_search.to_train(summarised, [second, rest[0]]) == [(second, "kl3"), (rest[0], "ppo"), (rest[0], "kl3")]
-    monkeypatch.setattr(dose_search, "commit", lambda: "abc1234")
-    assert dose_search.kept_run({**half, "commit": "abc1234"}, "ppo") is half["ppo"]
-    assert dose_search.kept_run({**half, "commit": "0000000"}, "ppo") is None  # another commit's run is trained again
-    assert dose_search.kept_run({**half, "commit": "abc1234"}, "kl3") is None
+    assert dose_search.kept_run({**half, "commit": "abc1234"}, "ppo", "abc1234") is half["ppo"]
+    assert dose_search.kept_run({**half, "commit": "0000000"}, "ppo", "abc1234") is None  # another commit's: again
+    assert dose_search.kept_run({**half, "commit": "abc1234"}, "kl3", "abc1234") is None
