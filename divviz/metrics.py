@@ -37,6 +37,7 @@ GLOSSARY = {
     "kl/k3": "mean w − 1 − log w over completion tokens (unbiased for KL(π_old ‖ π_new))",
     "mass_to_argmax": "share of the probability gained that went to tokens that were already the argmax",
     "tokens_per_s": "completion tokens generated per second of the whole step",
+    "runs_training": "runs of this runs folder training when the step ended, this one included: what shared its time",
     "top1_mass": "probability of the currently most likely action",
     "initial_top_mass": "probability mass on the actions that were most likely at the start (top 10%)",
     "mass_shift": "change in probability summed over actions, binned by the probability they had before",
@@ -89,7 +90,8 @@ METRIC_ALIASES = {"accuracy": "rewards/accuracy/mean"}
 SHARES = ("reward", "accuracy", "frac_reward_zero_std", "top1_mass", "initial_top_mass", "expected_reward",
           "mass_to_argmax", "clip_ratio/", "rollout_corr/rollout_rs_masked_fraction")  # in [0, 1] (a prefix: all)
 NON_NEGATIVE = ("entropy", "reward_std", "grad_norm", "kl", "kl/k2", "kl/k3", "kl_ref/k2", "kl_ref/k3",
-                "completions/mean_length", "step_time", "tokens_per_s", "rollout_corr/rollout_is_eff_sample_size")
+                "completions/mean_length", "step_time", "tokens_per_s", "runs_training",
+                "rollout_corr/rollout_is_eff_sample_size")
 
 
 def metric_range(key: str) -> tuple[float, float]:

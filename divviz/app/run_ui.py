@@ -3,6 +3,7 @@ before Start, and the charts of runs with the notices that go with them."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import streamlit as st
@@ -29,22 +30,24 @@ def expected_step_time(root, configs: list, on_measure) -> None:
         right.button("Measure one step", icon=":material/timer:", key="measure_step",
                      on_click=on_measure, args=(replace(cfg, steps=2, eval_every=0),))  # no evaluation
         return
-    seconds, basis = estimate
-    runs, side_by_side = len(configs), min(len(configs), runner.max_runs())
+    runs = len(configs)
+    at_once = min(runs, runner.max_runs())
+    seconds = estimate.at(at_once)
     evaluations = len(eval_steps(cfg))
     evaluation = runner.eval_time_estimate(root, cfg) if evaluations else None
-    total = (seconds * cfg.steps + evaluations * (evaluation or 0.0)) * runs  # runs side by side share the cores
+    total = math.ceil(runs / at_once) * (seconds * cfg.steps + evaluations * (evaluation or 0.0))
     held_out = ""
     if evaluations:
-        held_out = (f", {evaluations} held-out evaluations each included (about {evaluation:.0f} s each here)"
-                    if evaluation is not None else f", plus {evaluations} held-out evaluations each (not yet timed "
-                                                   "here)")
+        held_out = (f", {evaluations} held-out evaluations each included (about {run_views.seconds_text(evaluation)} "
+                    "each here)" if evaluation is not None else
+                    f", plus {evaluations} held-out evaluations each (not yet timed here)")
     st.caption(literal(
-        f"Expected: about {seconds:.2g} s per step for a run training alone on this machine"
-        + (f", about {seconds * side_by_side:.2g} s while {side_by_side} train side by side" if side_by_side > 1 else "")
-        + f"; about {run_views.duration(total)} of training for these {runs} run{'s' if runs != 1 else ''} of "
-        f"{cfg.steps} steps{held_out} ({basis}). Take it as within a factor of 2: anything else this machine does, "
-        "another browser's runs included, slows every step."))
+        f"Expected: about {run_views.seconds_text(seconds)} per step ({estimate.basis}, "
+        f"{run_views.timed_beside(estimate.side_by_side)}); "
+        + (f"these {runs} runs train {at_once} at a time" if runs > 1 else "this run trains")
+        + f": about {run_views.duration(total)} in all for {cfg.steps} steps{' each' if runs > 1 else ''}{held_out}. "
+        "Take it as within a "
+        "factor of 2: anything else this machine does, another browser's runs included, slows every step."))
 
 
 def one_seed_notice(labels: list[str]) -> None:

@@ -64,6 +64,11 @@ def max_runs() -> int:
     return max(1, min(os.cpu_count() or 1, memory_cap_mb() // RUN_ESTIMATE_MB))
 
 
+def worker_threads() -> int:
+    """The CPU threads each of the pool's runs computes with: $DIVVIZ_WORKER_THREADS, else 1 (a run per core)."""
+    return max(1, int(os.environ.get("DIVVIZ_WORKER_THREADS") or 1))
+
+
 def memory_cap_mb() -> int:
     """The memory the app, the pool and its runs may use together: $DIVVIZ_MEMORY_CAP_MB, else half the machine."""
     given = os.environ.get("DIVVIZ_MEMORY_CAP_MB")
@@ -247,7 +252,7 @@ def main(argv: list[str]) -> None:
     if lock is None:
         return  # another pool serves this runs folder
     lower_priority()
-    os.environ["OMP_NUM_THREADS"] = os.environ.get("DIVVIZ_WORKER_THREADS", "1")
+    os.environ["OMP_NUM_THREADS"] = str(worker_threads())
     preload()
 
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from divviz.engine import resume, store
 from divviz.engine.config import RunConfig
-from divviz.engine.pool import STOP_GRACE_S, QueueLock, control_dir, max_runs, queued_runs
+from divviz.engine.pool import STOP_GRACE_S, QueueLock, control_dir, max_runs, queued_runs, worker_threads
 from divviz.engine.processes import run_process_alive
 from divviz.engine.store import list_runs, new_run_folder, read_metrics, read_status, write_status
 from divviz.catalogue.params import DivvizInputError
@@ -186,29 +186,60 @@ def queue_position(folder: Path) -> tuple[int, float | None]:
 SHAPE = ("prompts", "group_size", "max_new_tokens", "mu", "trainable_blocks")  # what a step's cost depends on
 
 
-def step_time_estimate(root: Path, cfg: RunConfig, newest: int = 20) -> tuple[float, str] | None:
-    """(seconds per step, how it was found) for `cfg` from this machine's own runs of the same model and backend in
-    `root` (the newest `newest` of them), or None when none has timed a step. The median step time of a run (its
-    first step, which warms up, left out unless it is the only one); a run of the same shape (`SHAPE`) is taken as it is, else the nearest one
-    scaled by the tokens a step samples and trains, completions × max_new_tokens × (1 + μ)."""
+@dataclass(frozen=True)
+class StepTime:
+    """A step of the pool's runs on this machine: `alone` seconds with the cores to itself, found as `basis` says
+    from a run timed while `side_by_side` runs trained at once (None where that run did not record it)."""
+    alone: float
+    side_by_side: int | None
+    basis: str
+
+    def at(self, runs: int) -> float:
+        """A step's seconds while `runs` of the pool's runs train at once (`crowding`)."""
+        return self.alone * crowding(runs, worker_threads())
+
+
+def crowding(runs: int, threads: int) -> float:
+    """How much slower a step is while `runs` runs of `threads` threads each share this machine's cores: not at all
+    until their threads outnumber the cores, then in proportion."""
+    return max(1.0, runs * threads / (os.cpu_count() or 1))
+
+
+def step_time_estimate(root: Path, cfg: RunConfig, newest: int = 20) -> StepTime | None:
+    """How long a step of `cfg` takes in the pool on this machine, from the newest `newest` runs of the same model and
+    backend in `root`, or None when none has timed a step. A run's median step (its first, which warms up, left out
+    unless it is the only one), with the runs it trained beside (`runs_training`) and its threads taken out
+    (`crowding`); the run nearest `cfg` is taken: one on the pool's threads first, then one of the same shape
+    (`SHAPE`), else the nearest in tokens a step samples and trains, completions × max_new_tokens × (1 + μ), scaled
+    by them. A run on t threads is scaled to the pool's as if its work shared out perfectly (t / the pool's)."""
     def work(c) -> float:
         return c["prompts"] * c["group_size"] * c["max_new_tokens"] * (1 + c["mu"])
 
-    want = {k: getattr(cfg, k) for k in SHAPE}
+    pool = worker_threads()
     timed = []
     for run in [r for r in list_runs(root) if r.config.get("model") == cfg.model
                 and r.config.get("backend", "divviz") == cfg.backend][:newest]:
-        rows = read_metrics(run.folder)
-        times = [row["step_time"] for row in (rows[1:] if len(rows) > 1 else rows) if "step_time" in row]
-        if times and all(k in run.config for k in SHAPE):
-            timed.append((run, statistics.median(times), len(times)))
+        rows = [row for row in read_metrics(run.folder) if "step_time" in row]
+        rows = rows[1:] if len(rows) > 1 else rows
+        if rows and all(k in run.config for k in SHAPE):
+            beside = [row["runs_training"] for row in rows if "runs_training" in row]
+            timed.append((run, statistics.median(row["step_time"] for row in rows), len(rows),
+                          round(statistics.median(beside)) if beside else None,
+                          int(run.status.get("threads") or pool)))  # older runs did not record their threads
     if not timed:
         return None
-    same = [t for t in timed if all(t[0].config[k] == v for k, v in want.items())]
-    run, seconds, n = (same or sorted(timed, key=lambda t: abs(math.log(work(t[0].config) / work(want)))))[0]
-    if same:
-        return seconds, f"the median of {n} step{'s' if n != 1 else ''} of run {run.name}, same settings"
-    return seconds * work(want) / work(run.config), f"run {run.name}'s median step, scaled by the tokens per step"
+
+    def same_shape(run) -> bool:
+        return all(run.config[k] == getattr(cfg, k) for k in SHAPE)
+
+    run, seconds, n, beside, threads = min(timed, key=lambda t: (t[4] != pool, not same_shape(t[0]),
+                                                                abs(math.log(work(t[0].config) / work(vars(cfg))))))
+    basis = f"the median of {n} step{'s' if n != 1 else ''} of run {run.name}"
+    basis += ", same settings" if same_shape(run) else ", scaled by the tokens per step"
+    if threads != pool:
+        basis += f", scaled from its {threads} threads to the pool's {pool}"
+    alone = seconds * work(vars(cfg)) / work(run.config) * threads / pool / crowding(beside or 1, threads)
+    return StepTime(alone, beside, basis)
 
 
 def eval_time_estimate(root: Path, cfg: RunConfig, newest: int = 20) -> float | None:

@@ -46,8 +46,8 @@ from divviz.engine.completions import MAX_BYTES, check_record
 from divviz.catalogue.params import DivvizInputError
 from divviz.safetext import quoted, shorten
 
-CLOCK_KEYS = ("step_time", "tokens_per_s", "eval/time")  # the wall clock's figures in a run's rows: every other
-                                                        # value comes back to the bit when the run is trained again
+CLOCK_KEYS = ("step_time", "tokens_per_s", "eval/time", "runs_training")  # the wall clock's figures in a run's rows
+                     # and what shared the machine with them: every other value comes back to the bit when trained again
 
 
 def _step_of(line: str) -> int | None:
@@ -139,8 +139,9 @@ class RunWriter:
         self.config = {**self.config, **extra}
         _write_atomic(self.folder / "config.json", json.dumps(self.config, indent=2))
 
-    def set_device(self, device: str) -> None:
-        self.status["device"] = device
+    def set_device(self, device: str, threads: int) -> None:
+        """Where the run trains: its device and the CPU threads it computes with (what its step times depend on)."""
+        self.status.update(device=device, threads=threads)
         self._write_status()
 
     def append(self, step: int, metrics: dict, tokens: dict[str, np.ndarray] | None, samples: list,
@@ -419,6 +420,15 @@ def list_runs(root: Path) -> list[RunInfo]:
     except OSError as err:
         raise DivvizInputError(f"the runs folder {quoted(str(root))} cannot be read ({err.strerror or err})") from None
     return [read_run(p) for p in sorted(folders, key=lambda p: p.name, reverse=True)]
+
+
+def runs_training(root: Path) -> int:
+    """How many of `root`'s runs are training now (their status says running): what a step's time was shared with."""
+    try:
+        folders = [p for p in root.iterdir() if not p.name.startswith(".") and (p / "status.json").is_file()]
+    except OSError:
+        return 0
+    return sum(read_status(p).get("state") == "running" for p in folders)
 
 
 def delete_run(folder: Path) -> None:

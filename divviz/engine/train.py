@@ -18,7 +18,7 @@ from divviz.engine.evaluate import evaluate
 from divviz.engine.grpo import NonFiniteLoss, StepResult, Trainer, grpo_step, make_trainer
 from divviz.engine.prompts import prompting
 from divviz.engine.stability import Stability
-from divviz.engine.store import RunWriter, new_run_folder, read_metrics
+from divviz.engine.store import RunWriter, new_run_folder, read_metrics, runs_training
 from divviz.catalogue.params import DivvizInputError
 
 
@@ -89,7 +89,7 @@ def train(cfg: RunConfig, root: Path, *, folder: Path | None = None, trainer: Tr
         trainer = trainer or make_trainer(cfg)
         writer.add_to_config({"prompting": prompting(trainer.tokenizer, trainer.task, trainer.prompt_format),
                               "precision": str(trainer.dtype or torch.float32).removeprefix("torch.")})
-        writer.set_device(str(trainer.device))
+        writer.set_device(str(trainer.device), torch.get_num_threads())
         if start:
             resume.restore(folder, trainer)
             for row in read_metrics(folder):  # the stability record of the steps already trained
@@ -100,6 +100,7 @@ def train(cfg: RunConfig, root: Path, *, folder: Path | None = None, trainer: Tr
                 writer.add_eval(0, scores)
         for step in range(start, cfg.steps):
             result = grpo_step(trainer, step)
+            result.metrics["runs_training"] = runs_training(folder.parent)
             bad = [k for k, v in result.metrics.items() if not math.isfinite(v)]
             if bad:
                 raise NonFiniteLoss(f"metric '{bad[0]}' became {result.metrics[bad[0]]} at step {step + 1}")

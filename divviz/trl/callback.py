@@ -22,6 +22,7 @@ import os
 import sys
 from pathlib import Path
 
+import torch
 from transformers import TrainerCallback
 
 from divviz.engine.config import RUN_PARAMS, objective_settings
@@ -86,7 +87,7 @@ class DivvizRunCallback(TrainerCallback):
         label = config.get("clip") or config.get("trl", {}).get("loss_type", "run")
         self.folder = self.folder or new_run_folder(self.root, f"trl-{config.get('task') or 'grpo'}-{label}")
         self.writer = RunWriter(self.folder, {**config, "steps": config.get("steps", steps)}, steps)
-        self.writer.set_device(str(args.device))
+        self.writer.set_device(str(args.device), torch.get_num_threads())
         self._hook = sys.excepthook  # a plain GRPOTrainer's exception reaches the callback only this way
         sys.excepthook = self._excepthook
         self._evaluate(0, model)

@@ -398,6 +398,18 @@ def duration(seconds: float) -> str:
     return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60} min"
 
 
+def seconds_text(seconds: float) -> str:
+    """A few seconds in plain numbers: "0.42 s", "8.7 s", "87 s", "174 s"."""
+    return f"{seconds:.2g} s" if seconds < 10 else f"{seconds:.0f} s"
+
+
+def timed_beside(side_by_side: int | None) -> str:
+    """How a step time was measured: alone, or beside how many other runs (`runs_training`)."""
+    if side_by_side is None:
+        return "whether other runs trained beside it was not recorded"
+    return "timed alone" if side_by_side <= 1 else f"timed while {side_by_side} runs trained side by side"
+
+
 def every_run(root) -> list:
     """The runs folder's runs, newest first, then the published runs (`engine/published.py`), read-only: what the
     Runs page and the Step inspector list. A published run's folder is in the published runs' folder."""

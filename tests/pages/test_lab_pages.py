@@ -274,15 +274,15 @@ def test_minibatches_draw_the_clip_fraction_by_optimiser_step(runs_root):
 
 
 def test_the_time_estimate_counts_runs_side_by_side_and_says_how_uncertain(runs_root, monkeypatch):
-    """Two seeds on a machine that trains two runs at once: each step is slower while both train, and the page says
-    so, with the evaluations to come and how far to trust the figure."""
+    """Two seeds on a machine that trains two runs at once: the page says how the step it counts on was timed, that
+    the runs train two at a time, the evaluations to come and how far to trust the figure."""
     from divviz.engine.train import train
 
     monkeypatch.setenv("DIVVIZ_MAX_RUNS", "2")
     train(RunConfig.make(task="reverse", steps=3, prompts=16, group_size=8), runs_root)  # a timed run here
     at = lab({"m": "ratio", "seeds": "2", "task": "reverse", "eval_every": "20"})
     caption = next(c.value for c in at.caption if c.value.startswith("Expected")).replace("\\", "")  # unescaped
-    assert "while 2 train side by side" in caption and "factor of 2" in caption
+    assert "timed alone" in caption and "these 2 runs train 2 at a time" in caption and "factor of 2" in caption
     assert "4 held-out evaluations each (not yet timed here)" in caption  # steps 0, 20, 40 and the last (60)
     train(RunConfig.make(task="reverse", steps=2, prompts=4, group_size=4, eval_every=2), runs_root)  # evaluated
     at = lab({"m": "ratio", "seeds": "2", "task": "reverse", "eval_every": "20"})
