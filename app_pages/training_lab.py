@@ -163,6 +163,9 @@ def draw_runs() -> None:
         st.progress(min(1.0, run.step / max(run.steps, 1)), text=run_views.progress_text(run, rows, time.time()))
         if run.state in ("failed", "interrupted"):
             st.error(literal(f"{label}: {run.message}"), icon=":material/error:")
+    if any(run.state in ("queued", "running") for run in runs):
+        st.caption("These runs go on training if the app is closed: the pool that trains them leaves only once its "
+                   "queue is empty. Stop ends a run here, at once.")
     run_ui.one_seed_notice([label for label, _, _ in data])
     if run_ui.show_training_charts(PAGE, [(label, rows) for label, rows, _ in data],
                                [store.read_evals(run.folder) for _, _, run in data], BINDING_HINT,

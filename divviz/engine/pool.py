@@ -10,10 +10,13 @@ responsive:
 - **Fast, isolated starts.** The pool imports torch and transformers once, then forks one child per run: a run
   starts in a fraction of a second, yet is its own process, so a crash or NaN fails only that run and a stuck
   one can be killed alone.
-- **Low priority that holds.** The pool and its children share one session, hence one scheduler autogroup,
-  whose weight the pool lowers (`/proc/self/autogroup` = 19) before importing anything heavy, and they are
-  niced too (10). Under autogrouping a plain `nice` does not hold across sessions, which is what let twenty
-  workers starve the app before.
+- **Below the user's own work, not starved.** The pool and its children share one session, hence one scheduler
+  autogroup, whose weight the pool lowers (`/proc/self/autogroup` = `POOL_NICE`, 5) before importing anything
+  heavy, and they are niced too (5). Against a busy session of normal priority the pool then gets about a quarter
+  of the cores it shares (weights 335 : 1024), the app and the user's own work the rest; at the lowest weight (19)
+  it got about 1.5% and a run sat minutes at its first step on a busy machine. Under autogrouping a plain `nice`
+  does not hold across sessions, which is what let twenty workers starve the app before. The lab says when a run
+  gets under half its share (`run_views.starved_text`).
 - **Stop at once.** `runner.stop_run` marks a queued run stopped itself; a running one gets SIGTERM, and SIGKILL
   from a background thread if it has not stopped `STOP_GRACE_S` seconds later. A run that dies records how: the
   pool marks it stopped (its folder has a `.stop` request) or failed.
@@ -88,19 +91,21 @@ def pss_mb(pid: int) -> float:
     return next((int(line.split()[1]) / 1024 for line in text.splitlines() if line.startswith("Pss:")), 0.0)
 
 
+POOL_NICE = 5  # the pool's autogroup and processes: weight 335 against a normal session's 1024
+
+
 def lower_priority() -> None:
-    """Give the pool's session (its autogroup) the lowest weight, and the pool itself nice 10 (inherited by the
-    forks), so that training never slows the app's pages. Best effort: where there is no autogroup file, nice alone is
-    what the kernel has. $DIVVIZ_POOL_PRIORITY=normal keeps the pool's priority as it is: beside other work at normal
-    priority, a pool at the lowest weight gets almost no CPU (the test suite sets it, so that its runs finish on a busy
-    machine)."""
+    """Give the pool's session (its autogroup) and the pool itself (inherited by the forks) nice `POOL_NICE`, so that
+    training yields to the app's pages and the user's own work without starving. Best effort: where there is no
+    autogroup file, nice alone is what the kernel has. $DIVVIZ_POOL_PRIORITY=normal keeps the pool's priority as it
+    is: an even share beside other work (the test suite sets it, so that its runs finish on a busy machine)."""
     if os.environ.get("DIVVIZ_POOL_PRIORITY") == "normal":
         return
     try:
-        Path("/proc/self/autogroup").write_text("19")
+        Path("/proc/self/autogroup").write_text(str(POOL_NICE))
     except OSError:
         pass
-    os.nice(10)
+    os.nice(POOL_NICE)
 
 
 def queued_runs(root: Path) -> list[tuple[float, Path]]:

@@ -57,3 +57,19 @@ def run_process_alive(status: dict) -> bool:
     if not process_alive(pid) or "process" not in status:
         return False
     return status["process"] is None or status["process"] == process_identity(pid)
+
+
+def cpu_share(status: dict) -> float | None:
+    """The CPU a running run's own process has had since it started, in cores: its user and system time over its
+    age (fields 14, 15 and 22 of /proc/<pid>/stat; 1.0 is one core all along). None where the status names no process
+    of its own (`run_process_alive`) or there is no /proc."""
+    if not run_process_alive(status):
+        return None
+    try:
+        fields = Path(f"/proc/{status['pid']}/stat").read_text().rsplit(")", 1)[1].split()
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, IndexError, ValueError):
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    age = uptime - int(fields[19]) / tick
+    return (int(fields[11]) + int(fields[12])) / tick / age if age > 0 else None

@@ -4,6 +4,8 @@ these and lay the results out; the explorer pages' are in `explorer.py`."""
 
 from __future__ import annotations
 
+import os
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -15,6 +17,8 @@ from divviz.views import plots, run_plots
 from divviz.catalogue.divergences import ClipTest, clip_test
 from divviz.engine import published, store
 from divviz.engine import runner
+from divviz.engine.pool import worker_threads
+from divviz.engine.processes import cpu_share
 from divviz.engine.runner import TIMING
 from divviz.engine.config import RunConfig, config_label, correction_from, objective_from, setting_of
 from divviz.evidence.intervals import summarize
@@ -339,8 +343,10 @@ def one_seed_each(labels: list[str]) -> bool:
 
 def progress_text(run, rows: list[dict], now: float) -> str:
     """The lab's line for one of its runs (Markdown, the label escaped): queued, its place in the queue and when it
-    starts; before its first step, what it is doing; else its step, time, speed, device and time left."""
-    label = f"**{literal(run_label(run))} · seed {run.config.get('seed')}**"
+    starts; before its first step, what it is doing; else its step, time, speed, device and time left, or the final
+    evaluation it is answering; and, while it trains, when it gets too little of the CPU (`starved_text`)."""
+    timing = "timing run · " if run.status.get("kind") == TIMING else ""
+    label = f"**{timing}{literal(run_label(run))} · seed {run.config.get('seed')}**"
     if run.state == "queued":
         ahead, eta = runner.queue_position(run.folder)
         slots = runner.max_runs()
@@ -348,12 +354,34 @@ def progress_text(run, rows: list[dict], now: float) -> str:
                 + f" (this machine trains {slots} run{'s' if slots != 1 else ''} at a time)")
     started = run.status.get("started", now)
     if not rows:
-        return f"{label} — {run.state}, {before_first_step(run, now - started)}"
+        return f"{label} — {run.state}, {before_first_step(run, now - started)}{starved_text(run)}"
     elapsed = run.status.get("updated", now) - started
+    if run.state == "running" and run.step >= run.steps and int(run.config.get("eval_every") or 0) > 0:
+        return (f"{label} — running, step {run.step}/{run.steps}, answering its held-out problems after the last "
+                f"step ({duration(now - run.status.get('updated', now))} so far){starved_text(run)}")
     return (f"{label} — {run.state}, step {run.step}/{run.steps}, {elapsed:.0f} s, "
             f"{rows[-1].get('tokens_per_s', 0):.0f} tokens/s on {literal(run.status.get('device') or '…')}"
             + (" (a Ray worker)" if run.status.get("executor") == "ray" else "")
-            + time_left_text(run, elapsed))
+            + time_left_text(run, elapsed) + starved_text(run))
+
+
+STARVED_AFTER_S = 30.0  # a run's share of the CPU is judged once it has been alive this long
+STARVED_SHARE = 0.5  # of the cores its threads could use
+
+
+def starved_text(run) -> str:
+    """For a running run whose process has had under half the CPU its threads could use since it started
+    (`processes.cpu_share`): that the machine is busy, that the app's pool trains below the user's own work, and
+    how to give it an even share; "" otherwise (and for a run not yet alive `STARVED_AFTER_S`)."""
+    if run.state != "running" or time.time() - run.status.get("started", time.time()) < STARVED_AFTER_S:
+        return ""
+    share = cpu_share(run.status)
+    threads = run.status.get("threads") or worker_threads()
+    if share is None or share >= STARVED_SHARE * min(threads, os.cpu_count() or 1):
+        return ""
+    return (f". It has had {share:.0%} of a core since it started: this machine is busy with other work, and the "
+            "app's pool trains below the priority of your own work so that the app stays quick. To give training "
+            "an even share, start the app with `DIVVIZ_POOL_PRIORITY=normal` (docs/workshop.md)")
 
 
 def kept_steps_label(steps: list[int]) -> str:

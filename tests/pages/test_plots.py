@@ -4,6 +4,7 @@ the table it was drawn from."""
 import io
 import os
 import json
+import sys
 
 import numpy as np
 import pandas as pd
@@ -340,3 +341,43 @@ def test_a_timing_run_stays_marked_once_it_has_trained(tmp_path):
         time.sleep(0.2)
     run = store.read_run(folder)
     assert run.state == "done" and run.status.get("kind") == runner.TIMING and folder.name.split("-")[2] == "timing"
+
+
+def test_a_run_starved_of_the_cpu_says_so_and_how_to_give_it_a_share(tmp_path, monkeypatch):
+    """A running run whose process has had almost no CPU since it started (here a process that sleeps) says the
+    machine is busy and how to raise the pool's priority; one that computes (a busy loop) says nothing — judged at a
+    tenth of a core, which a busy loop gets even on a machine as loaded as CI's worst (load 9 on 2 cores); a run
+    alive under `STARVED_AFTER_S` is not judged yet."""
+    import subprocess
+    import time
+
+    from divviz.engine import processes
+
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        time.sleep(0.5)
+        starved = a_run(tmp_path, step=3, status={**processes.running(sleeper.pid), "started": time.time() - 60})
+        text = run_views.progress_text(starved, [{"step": 3, "tokens_per_s": 1.0}], time.time())
+        assert "of a core since it started: this machine is busy" in text and "DIVVIZ_POOL_PRIORITY=normal" in text
+        assert run_views.starved_text(a_run(tmp_path, status={**processes.running(sleeper.pid),
+                                                               "started": time.time()})) == ""
+    finally:
+        sleeper.kill()
+    monkeypatch.setattr(run_views, "STARVED_SHARE", 0.1)
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(1.0)
+        assert run_views.starved_text(a_run(tmp_path, status={**processes.running(busy.pid), "threads": 1,
+                                                               "started": time.time() - 60})) == ""
+    finally:
+        busy.kill()
+
+
+def test_the_lab_names_a_timing_run_and_a_final_evaluation(tmp_path):
+    import time
+
+    timing = a_run(tmp_path, step=2, steps=2, config={"eval_every": 0}, status={"kind": "timing"})
+    assert run_views.progress_text(timing, [{"step": 2}], time.time()).startswith("**timing run · ")
+    evaluating = a_run(tmp_path, step=10, steps=10, config={"eval_every": 5}, status={"updated": time.time() - 30})
+    assert "answering its held-out problems after the last step (30 s so far)" in run_views.progress_text(
+        evaluating, [{"step": 10}], time.time())
