@@ -61,8 +61,8 @@ with widgets.shown_errors():  # this tab's runs, and any this browser still has 
 
 def start(configs: list[RunConfig], kind: str = "") -> None:
     try:
-        st.session_state["lab_runs"] = [runner.start_run(cfg, root, owner=me.who, kind=kind).name for cfg in configs]
-    except DivvizInputError as err:  # e.g. a runs folder that cannot be written
+        st.session_state["lab_runs"] = [folder.name for folder in runner.start_runs(configs, root, me, kind)]
+    except DivvizInputError as err:  # e.g. a runs folder that cannot be written, or a student's share of the queue
         st.session_state["lab_error"] = str(err)
 
 

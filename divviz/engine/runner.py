@@ -68,6 +68,28 @@ def start_run(cfg: RunConfig, root: Path, owner: str = "", kind: str = "") -> Pa
     return folder
 
 
+RUNS_PER_BROWSER = 8  # a student's runs queued or running at once, unless $DIVVIZ_RUNS_PER_BROWSER says otherwise
+
+
+def runs_per_browser() -> int:
+    """How many runs one browser that is not the teacher's may have queued or running at once."""
+    return max(1, int(os.environ.get("DIVVIZ_RUNS_PER_BROWSER") or RUNS_PER_BROWSER))
+
+
+def start_runs(configs: list[RunConfig], root: Path, viewer: Viewer, kind: str = "") -> list[Path]:
+    """Queue `configs` for `viewer` (`start_run` each). A browser that is not the teacher's (in room mode: a student)
+    may have at most `runs_per_browser()` runs queued or running at once, so that one Start cannot take a room's
+    queue; a Start past it queues nothing and says so in one line."""
+    if not viewer.teacher:
+        mine, limit = len(active_runs(root, viewer.who)), runs_per_browser()
+        if mine + len(configs) > limit:
+            raise DivvizInputError(
+                f"a browser in this workshop room may have {limit} runs queued or running at once (the teacher has "
+                f"no limit; DIVVIZ_RUNS_PER_BROWSER sets it): this one has {mine}, and this Start asks for "
+                f"{len(configs)} more. Choose fewer objectives or seeds, or stop some of your runs")
+    return [start_run(cfg, root, owner=viewer.who, kind=kind) for cfg in configs]
+
+
 def ensure_pool(root: Path) -> None:
     """Start the runs folder's pool unless one holds its lock (a second one started in a race just leaves)."""
     with open(control_dir(root) / "pool.lock", "a") as lock:

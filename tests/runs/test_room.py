@@ -174,6 +174,30 @@ def test_the_teacher_key_manages_every_run(tmp_path, monkeypatch):
         assert "teacher" not in at.query_params  # the key never stays in a link that could be shared
 
 
+def test_a_students_start_past_its_share_of_the_queue_queues_nothing_and_says_why(tmp_path, monkeypatch):
+    """In room mode one browser may have `runs_per_browser()` runs queued or running at once: a Start past it
+    queues none of its runs and says so in one line; within it, it queues; the teacher has no limit."""
+    monkeypatch.setenv("DIVVIZ_RUNS_DIR", str(tmp_path))
+    monkeypatch.setenv("DIVVIZ_ROOM", "1")
+    monkeypatch.setenv("DIVVIZ_RUNS_PER_BROWSER", "3")
+    monkeypatch.setenv("DIVVIZ_MAX_RUNS", "1")
+    student = lab(tmp_path, {"m": "ratio,kl3", "seeds": "2", "steps": "5000", **{k: str(v) for k, v in SMALL.items()}})
+    next(b for b in student.button if b.label == "Start").click().run()
+    (refused,) = [e.value.replace("\\", "") for e in student.error]  # the one line, unescaped
+    assert "may have 3 runs queued or running at once" in refused
+    assert "this one has 0, and this Start asks for 4 more" in refused
+    assert store.list_runs(tmp_path) == []  # nothing queued, nothing half-queued
+    me = runner.Viewer(student.session_state["_tab_identity"])
+    mine = runner.start_runs([RunConfig.make(steps=5000, **SMALL)] * 3, tmp_path, me)  # within the share
+    with pytest.raises(DivvizInputError, match="this one has 3, and this Start asks for 1 more"):
+        runner.start_runs([RunConfig.make(steps=1, **SMALL)], tmp_path, me)
+    teacher = runner.start_runs([RunConfig.make(steps=5000, **SMALL)] * 4, tmp_path, runner.Viewer("t", teacher=True))
+    assert len(teacher) == 4
+    for folder in [*mine, *teacher]:
+        runner.stop_run(folder)
+    wait(lambda: all(store.read_run(f).state == "stopped" for f in [*mine, *teacher]), 60)
+
+
 def test_only_the_teacher_queues_the_claims_lm_grid_in_room_mode(tmp_path, monkeypatch):
     """The Claims page's "Train the N missing runs" fills the room's queue: a student sees it disabled and why."""
     monkeypatch.setenv("DIVVIZ_RUNS_DIR", str(tmp_path))
