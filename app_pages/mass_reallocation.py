@@ -94,8 +94,9 @@ with widgets.shown_errors():
         st.warning(f"Not trained: {literal(message)}", icon=":material/warning:")
     if not objectives:
         st.stop()
-    with st.spinner("Training the bandit…"):
-        groups = explorer.bandit_runs(cfg, objectives, seeds, variants)
+    progress, bar = widgets.working("Training the bandit: iteration")
+    groups = explorer.bandit_runs(cfg, objectives, seeds, variants, progress)
+    bar.empty()
     charts = explorer.mass_reallocation(groups)
 
     per_row = min(len(groups), 4)  # more in one row would cut the numbers short

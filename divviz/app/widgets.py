@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import time
 
 import streamlit as st
 
@@ -137,6 +138,22 @@ def show_chart(chart: Chart, name: str, key: str | None = None) -> None:
 
 
     # when clicked: a live chart redraws every 2 s
+
+
+def working(text: str, every_s: float = 0.2):
+    """A progress bar for work the page does in its own thread (the bandit's training), as a `progress(done, total)`
+    callback drawn at most every `every_s` seconds. Each drawing is where Streamlit ends a run it was asked to end:
+    a closed tab's (its session shut down), so its work stops instead of holding the shared cores, or one the user
+    replaced by changing a widget, so the new run begins at once. Returns (callback, bar): empty the bar when done."""
+    bar, drawn = st.progress(0.0, text=text), [0.0]
+
+    def progress(done: int, total: int) -> None:
+        if time.monotonic() - drawn[0] < every_s:
+            return
+        bar.progress(done / max(total, 1), text=f"{text} {done}/{total}")
+        drawn[0] = time.monotonic()
+
+    return progress, bar
 
 
 @contextlib.contextmanager

@@ -33,6 +33,7 @@ checks that all give the same runs.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
@@ -222,10 +223,12 @@ def _update(cfg: BanditConfig, rows: list[Objective], logp: np.ndarray, batch, g
 
 
 def run_bandits(cfg: BanditConfig, objectives: list[Objective], seeds: list[int] | None = None,
-                rollouts: list[tuple[RolloutCorrection, bool]] | None = None) -> list[BanditRun]:
+                rollouts: list[tuple[RolloutCorrection, bool]] | None = None,
+                progress: Callable[[int, int], None] | None = None) -> list[BanditRun]:
     """Run `cfg.iterations` GRPO iterations of each objective with each seed (default: `cfg.seed` alone), from π_0;
     `rollouts` gives each objective its rollout correction and bypass flag (default: none, which with no sampler set
-    in `cfg` is on-policy GRPO).
+    in `cfg` is on-policy GRPO); `progress(done, iterations)` hears of each iteration as it ends (and may end the
+    work by raising).
 
     Returns the runs seed by seed: [(seed 0, objective 0), (seed 0, objective 1), …, (seed 1, objective 0), …].
     All runs step together as one (R, K) array of logits, which is several times faster than one by one; each
@@ -278,6 +281,8 @@ def run_bandits(cfg: BanditConfig, objectives: list[Objective], seeds: list[int]
             record_rollout(history, it, rollout, logp, batch)
             rollout.push((new_logp, new_p))
         logp, p = new_logp, new_p
+        if progress is not None:
+            progress(it + 1, cfg.iterations)
     return [BanditRun(o.label, seeds[r // each], initial[r], p[r], rewards[r],
                       {name: values[r] for name, values in history.items()}) for r, o in enumerate(rows)]
 

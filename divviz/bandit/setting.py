@@ -37,7 +37,7 @@ BANDIT_PARAMS = (
     Param("rollout_lag", 0, 0, 64, high_open=False, kind="int", typical=(0, 16, 1),
           doc="the sampler draws from the policy of this many iterations ago (0: the current one)"),
     Param("autograd", False, kind="bool",
-          doc="take each step's gradient by autograd through policy_loss, as training does (~10× slower)"),
+          doc="take each step's gradient by autograd through policy_loss, as training does (about 20× slower)"),
     Param("attribution", False, kind="bool",
           doc="attribute each update's entropy change to each clip state's samples, and to what the masked ones "
               "would have done (every inner step: about a third more time)"),

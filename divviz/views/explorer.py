@@ -5,6 +5,7 @@ times them. The run pages' are in `run_views.py`."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, replace
@@ -186,32 +187,43 @@ BANDIT_CLIPPING = ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/ov
                    "clip_ratio/first_step_past_high", "kl")
 
 
-BANDIT_WORK_CAP = 25_000_000  # `bandit_work` of one view: 50 × the page's default (8 seeds, 3 objectives)
+BANDIT_WORK_CAP = 25_000_000  # `bandit_work` of one view: 50 × the page's default (8 seeds, 3 objectives), about
+                              # 1 s of one core on the closed-form gradient
+AUTOGRAD_COST = 20  # an action-update through torch's autograd against the closed form (13.2 s against 0.66 s for
+                    # 16 M of them, 2 seeds × 2 objectives × 500 iterations, the AMX CPU, 2026-12-02)
+
+
+def bandit_work_cap() -> int:
+    """The most `bandit_work` one view may ask: $DIVVIZ_BANDIT_WORK_CAP (a host's choice), else BANDIT_WORK_CAP."""
+    return int(os.environ.get("DIVVIZ_BANDIT_WORK_CAP") or BANDIT_WORK_CAP)
 
 
 def bandit_work(cfg: dict, runs: int) -> int:
     """What a view of the bandit asks of the CPU, in action-updates: runs × iterations × μ × (K + the samples an
-    iteration draws), the closed-form step's cost (`bandit/grpo.py`) and the sampler's."""
+    iteration draws), the closed-form step's cost (`bandit/grpo.py`) and the sampler's; × AUTOGRAD_COST through
+    autograd."""
     setting = BanditConfig.make(**cfg)
-    return runs * setting.iterations * setting.mu * (setting.k + setting.groups * setting.group_size)
+    updates = runs * setting.iterations * setting.mu * (setting.k + setting.groups * setting.group_size)
+    return updates * (AUTOGRAD_COST if setting.autograd else 1)
 
 
 def check_bandit_work(cfg: dict, objectives: int, seeds: int) -> None:
-    """DivvizInputError saying what to lower when a view asks more than BANDIT_WORK_CAP (a link or the controls can
-    ask for minutes of the CPU every visitor of a room shares)."""
-    work = bandit_work(cfg, objectives * seeds)
-    if work > BANDIT_WORK_CAP:
+    """DivvizInputError saying what to lower when a view asks more than `bandit_work_cap()` (a link or the controls
+    can ask for minutes of the CPU every visitor of a room shares)."""
+    work, cap = bandit_work(cfg, objectives * seeds), bandit_work_cap()
+    if work > cap:
         raise DivvizInputError(f"this view asks for {work:,} action-updates ({objectives} objectives × {seeds} seeds × "
-                               f"iterations × μ × (K + samples)); one view computes at most {BANDIT_WORK_CAP:,}, "
-                               "to keep the shared CPU for everyone: lower the seeds, the iterations, μ, K or the "
-                               "samples per iteration")
+                               "iterations × μ × (K + samples)" + (f" × {AUTOGRAD_COST} through autograd"
+                                                                   if cfg.get("autograd") else "")
+                               + f"); one view computes at most {cap:,}, to keep the shared CPU for everyone: lower "
+                               "the seeds, the iterations, μ, K or the samples per iteration")
 
 
-def bandit_runs(cfg: dict, objectives: list[Objective], seeds: int = 1,
-                variants: list[dict] | None = None) -> list[list[BanditRun]]:
+def bandit_runs(cfg: dict, objectives: list[Objective], seeds: int = 1, variants: list[dict] | None = None,
+                progress=None) -> list[list[BanditRun]]:
     """For each objective under each rollout correction of `variants` (run-config keys, `rollout_variant`; default:
     none), its runs with seeds cfg["seed"], cfg["seed"] + 1, … (`seeds` of them), from plain values; labels made
-    distinct.
+    distinct. `progress(done, iterations)` hears of the training's iterations (`run_bandits`).
 
     The latest runs are kept: a change to one objective re-trains its runs only, more seeds train only the new
     seeds, and what is not kept trains side by side (`run_bandits`; a run is the same alone or together)."""
@@ -230,7 +242,7 @@ def bandit_runs(cfg: dict, objectives: list[Objective], seeds: int = 1,
     missing_seeds = sorted({s for i in missing for s, k in zip(seed_list, keys[i]) if k not in runs})
     if missing:
         trained = run_bandits(BanditConfig.make(**cfg), [pairs[i][0] for i in missing], missing_seeds,
-                              [rollouts[i] for i in missing])
+                              [rollouts[i] for i in missing], progress)
         for r, run in enumerate(trained):  # the product of missing objectives and seeds: keep what was kept
             runs.setdefault(key(missing[r % len(missing)], run.seed), run)
     with _bandit_cache_lock:

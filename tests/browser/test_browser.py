@@ -1,5 +1,6 @@
 """End to end in a real browser: Debian's chromium, driven by Playwright, against `streamlit run app.py`."""
 
+import os
 from urllib.parse import quote, unquote, urlparse
 
 import pytest
@@ -353,3 +354,41 @@ def test_every_token_stays_readable_on_its_colour(page, app_url, app_runs_dir):
     shown = [(wcag_contrast(text, background), special) for text, background, special in page.evaluate(CONTRASTS)]
     assert sum(special for _, special in shown) == 1 and len(shown) > 10
     assert min(ratio for ratio, _ in shown) >= 4.5, shown
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_a_closed_tabs_bandit_training_stops_instead_of_holding_the_cores(browser, tmp_path):
+    """An app whose host raised the bandit's cap, and a link asking it for minutes of autograd: once its tab has
+    closed, the page's run ends at the training's next progress mark (`widgets.working`), so the server's CPU falls
+    to idle in seconds; before, a closed tab's view went on for minutes (129 s after the browser closed)."""
+    import time
+
+    from divviz.app import local_server
+
+    log = open(tmp_path / "streamlit.log", "w")
+    server, url = local_server.start({"DIVVIZ_RUNS_DIR": str(tmp_path / "runs"), "DIVVIZ_BANDIT_WORK_CAP": str(10**13)},
+                                     log)
+    try:
+        context = browser.new_context()
+        page = context.new_page()
+        page.goto(f"{url}/mass_reallocation?m=ratio,kl3&autograd=true&iterations=500&k=1000&groups=16"
+                  "&group_size=64&seeds=64")  # about 7 min of one core through autograd (22.7 s per 100 its × 32)
+        page.get_by_text("Training the bandit: iteration").first.wait_for(timeout=90_000)
+        page.wait_for_timeout(2_000)  # the training well under way
+        before = cpu_seconds(server.pid)
+        page.wait_for_timeout(1_000)
+        assert cpu_seconds(server.pid) - before > 0.5  # it is training
+        context.close()
+        idle, deadline = False, time.monotonic() + 60
+        while not idle and time.monotonic() < deadline:  # the event: a second in which the server does ~nothing
+            before = cpu_seconds(server.pid)
+            time.sleep(1.0)
+            idle = cpu_seconds(server.pid) - before < 0.2
+        assert idle, "the closed tab's training went on"
+    finally:
+        local_server.stop(server)
+        log.close()
