@@ -150,6 +150,15 @@ def summary(count: int, per_token: int, dropped: list[str]) -> str:
     return said
 
 
+def padded(rows: list, width: int) -> torch.Tensor:
+    """Rows of unequal length as one (len(rows), width) float64 tensor, zero after each row's end, filled row by row:
+    time in the tokens, not in completions × the longest (a 20,000-token completion beside 500 short ones)."""
+    out = np.zeros((len(rows), width))
+    for i, row in enumerate(rows):
+        out[i, :len(row)] = row
+    return torch.from_numpy(out)
+
+
 def score_step(step: Step, objective: Objective) -> tuple[dict, dict, dict]:
     """A step's metrics row, token sample and inspector record, scored by `policy_loss` under `objective`."""
     number = step.number
@@ -157,13 +166,10 @@ def score_step(step: Step, objective: Objective) -> tuple[dict, dict, dict]:
     if not completions:
         raise DivvizInputError(f"step {number}: no completion")
     width = max(len(c.ids) for c in completions) or 1
-    pad = lambda values, fill: [list(v) + [fill] * (width - len(v)) for v in values]  # noqa: E731
-    mask = torch.tensor(pad([[1.0] * len(c.ids) for c in completions], 0.0), dtype=torch.float64)
-    logp_old, logp = (torch.tensor(pad([getattr(c, k) for c in completions], 0.0), dtype=torch.float64)
-                      for k in ("logp_old", "logp"))
-    adv = torch.tensor(pad([c.adv for c in completions], 0.0), dtype=torch.float64)
-    ref = None if any(c.logp_ref is None for c in completions) else torch.tensor(
-        pad([c.logp_ref for c in completions], 0.0), dtype=torch.float64)
+    mask = padded([[1.0] * len(c.ids) for c in completions], width)
+    logp_old, logp = (padded([getattr(c, k) for c in completions], width) for k in ("logp_old", "logp"))
+    adv = padded([c.adv for c in completions], width)
+    ref = None if any(c.logp_ref is None for c in completions) else padded([c.logp_ref for c in completions], width)
     out = objective(logp, logp_old, adv, mask)
     log_ratio = (logp - logp_old) * mask
     tokens_seen = max(float(mask.sum()), 1.0)
