@@ -226,14 +226,11 @@ def run_bandits(cfg: BanditConfig, objectives: list[Objective], seeds: list[int]
                 rollouts: list[tuple[RolloutCorrection, bool]] | None = None,
                 progress: Callable[[int, int], None] | None = None) -> list[BanditRun]:
     """Run `cfg.iterations` GRPO iterations of each objective with each seed (default: `cfg.seed` alone), from π_0;
-    `rollouts` gives each objective its rollout correction and bypass flag (default: none, which with no sampler set
-    in `cfg` is on-policy GRPO); `progress(done, iterations)` hears of each iteration as it ends (and may end the
-    work by raising).
-
-    Returns the runs seed by seed: [(seed 0, objective 0), (seed 0, objective 1), …, (seed 1, objective 0), …].
-    All runs step together as one (R, K) array of logits, which is several times faster than one by one; each
-    run is exactly what it would be alone (`run_bandit`): runs of one seed share its random numbers (the same
-    seed giving the same draws), and each seed has its own generator, π_0 and rewards where those are random."""
+    `rollouts` gives each objective its rollout correction and bypass flag (default: none: with no sampler set in `cfg`,
+    on-policy GRPO); `progress(done, iterations)` hears of each iteration as it ends. Returns the runs seed by seed:
+    [(seed 0, objective 0), (seed 0, objective 1), …, (seed 1, objective 0), …]. All runs step together as one (R, K)
+    array of logits, several times faster than one by one; each run is exactly what it would be alone (`run_bandit`):
+    runs of one seed share its random numbers, and each seed has its own generator, π_0 and rewards where random."""
     if not isinstance(cfg, BanditConfig):
         raise DivvizInputError(f"run_bandits takes a BanditConfig (BanditConfig.make(k=50, …)); got a {type(cfg).__name__}")
     if isinstance(objectives, Objective) or not all(isinstance(o, Objective) for o in objectives):
