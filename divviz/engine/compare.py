@@ -22,7 +22,7 @@ from divviz.engine.config import RunConfig
 from divviz.engine.frozen_prefix import FrozenPrefix
 from divviz.engine.grpo import Trainer, make_batch, make_optimiser, make_trainer, update
 from divviz.engine.step_metrics import inspected_record, inspected_rows, update_metrics
-from divviz.engine.rollout import Rollout, completion_logits
+from divviz.engine.rollout import Rollout, completion_logits, token_logps
 from divviz.losses import Objective
 from divviz.metrics import entropy_change, entropy_covariance
 
@@ -52,10 +52,8 @@ def positions(model, rollout: Rollout, temperature: float, autocast, prefix: Fro
     """`model`'s `Positions` on the rollout's completions (no gradient; from the batch's frozen prefix where given)."""
     with torch.no_grad():
         logits = completion_logits(model, rollout, temperature, autocast, prefix)
-        logp_all = torch.log_softmax(logits, dim=-1)
-    mask = rollout.completion_mask
-    logp = logp_all.gather(2, rollout.completion_ids[:, :, None]).squeeze(2)
-    return Positions(logp * mask, logp_all.max(-1).values.exp() * mask, logits)
+        top1 = (logits.max(-1).values - logits.logsumexp(-1)).exp()  # max_v π(v) = exp(max logit − log Σ exp)
+        return Positions(token_logps(logits, rollout), top1 * rollout.completion_mask, logits)
 
 
 def same_batch(cfg: RunConfig, settings: list[tuple[str, RunConfig | Objective]], step: int = 0,
@@ -103,7 +101,7 @@ def same_batch(cfg: RunConfig, settings: list[tuple[str, RunConfig | Objective]]
                    "top1_change": float(((after.top1 - before.top1) * mask).sum() / mask.sum()),
                    "masked_share": float(out.grad_masked[active].float().mean()),
                    "rejected_share": float((done.mask[active] == 0).float().mean())}
-        state = out.clipped_low.long() + 2 * out.clipped_high.long() + 3 * out.dual_clipped.long()
+        state = out.clip_state()
         record = inspected_record(cfg, tr.tokenizer, objective, batch, done, logp_after,
                                   logp_ref if objective.penalties else None, step,
                                   rows=max(inspected_rows(cfg), cfg.group_size))  # ≥ 1 group, side by side

@@ -45,6 +45,10 @@ def check_folder(folder: Path, steps: int, state: str = "done"):
     for row in rows:
         for key in METRICS:
             assert key in row and math.isfinite(row[key]), key
+        assert all(0 <= row[k] <= 1 for k in row if k.startswith("clip_ratio/")), row
+        assert row["kl/k2"] >= 0 and row["kl/k3"] >= 0 and row["entropy"] >= 0, row
+        if row["frac_reward_zero_std"] < 1:  # some advantage is not 0, and the first pass is on-policy (w = 1):
+            assert row["grad_norm"] > 0, row  # the loss has a gradient, whatever the objective
     tokens = store.read_tokens(folder, steps)
     assert tokens is not None and 0 < len(tokens["pi_old"]) <= 256
     assert ((tokens["pi_old"] > 0) & (tokens["pi_old"] <= 1)).all()
@@ -53,7 +57,10 @@ def check_folder(folder: Path, steps: int, state: str = "done"):
 
 @pytest.mark.parametrize("clip", list(CLIP_TESTS))
 def test_a_few_real_steps_for_each_clip_test(tmp_path, clip):
-    check_folder(run_tiny(tmp_path, clip=clip, dual_clip_c=3.0), 2)
+    folder = run_tiny(tmp_path, clip=clip, dual_clip_c=3.0)
+    check_folder(folder, 2)
+    objective = RunConfig.from_dict(store.read_run(folder).config).objective
+    assert objective.clip.name == clip and objective.dual_clip_c == 3.0  # it trained what it was asked
 
 
 @pytest.mark.parametrize("penalty", list(PENALTIES))
