@@ -26,7 +26,6 @@ from divviz.catalogue.params import DivvizInputError
 from divviz.engine import store
 from divviz.engine.completions import BYTE_CAP, check_record, significant
 from divviz.losses import Objective
-from divviz.metrics import clip_fractions
 from divviz.safetext import quoted
 
 
@@ -159,49 +158,82 @@ def padded(rows: list, width: int) -> torch.Tensor:
     return torch.from_numpy(out)
 
 
+def similar_lengths(lengths: list[int], spread: int = 2, least: int = 16) -> list[list[int]]:
+    """Row indices in groups of similar length, shortest first: a group's longest row at most `spread` × its
+    shortest (or `least` tokens), so that a group padded to its longest scores at most about `spread` × its tokens."""
+    groups: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lengths.__getitem__):
+        if not groups or lengths[i] > max(least, spread * lengths[groups[-1][0]]):
+            groups.append([])
+        groups[-1].append(i)
+    return groups
+
+
+def score_rows(completions: list, objective: Objective) -> list[dict]:
+    """Each completion's tokens scored by `policy_loss` under `objective`: its rows of π_old, ratio, advantage, the
+    clip test's measure, per-token loss, clip state (`clip_state`, `token_state`) and log-ratio. Completions of
+    similar length are scored together (`similar_lengths`): every one of these is a function of its own row, so the
+    time grows with the tokens, not with completions × the longest."""
+    scored: list[dict] = [{} for _ in completions]
+    for rows in similar_lengths([len(c.ids) for c in completions]):
+        part = [completions[i] for i in rows]
+        width = max(len(c.ids) for c in part) or 1
+        mask = padded([[1.0] * len(c.ids) for c in part], width)
+        logp_old, logp = (padded([getattr(c, k) for c in part], width) for k in ("logp_old", "logp"))
+        adv = padded([c.adv for c in part], width)
+        out = objective(logp, logp_old, adv, mask)
+        state, token_state = out.clip_state(), out.token_state()
+        for r, (i, c) in enumerate(zip(rows, part)):
+            n = len(c.ids)
+            scored[i] = {"logp_old": logp_old[r, :n], "ratio": out.ratio[r, :n], "adv": adv[r, :n],
+                         "measure": None if out.measure is None else out.measure[r, :n],
+                         "loss": out.per_token_loss[r, :n], "state": state[r, :n], "token_state": token_state[r, :n],
+                         "log_ratio": logp[r, :n] - logp_old[r, :n], "low": out.clipped_low[r, :n],
+                         "high": out.clipped_high[r, :n]}
+    return scored
+
+
 def score_step(step: Step, objective: Objective) -> tuple[dict, dict, dict]:
-    """A step's metrics row, token sample and inspector record, scored by `policy_loss` under `objective`."""
+    """A step's metrics row, token sample and inspector record, scored by `policy_loss` under `objective`
+    (`score_rows`)."""
     number = step.number
     completions = [c for g in step.groups for c in g.completions]
     if not completions:
         raise DivvizInputError(f"step {number}: no completion")
+    scored = score_rows(completions, objective)
     width = max(len(c.ids) for c in completions) or 1
-    mask = padded([[1.0] * len(c.ids) for c in completions], width)
-    logp_old, logp = (padded([getattr(c, k) for c in completions], width) for k in ("logp_old", "logp"))
-    adv = padded([c.adv for c in completions], width)
-    ref = None if any(c.logp_ref is None for c in completions) else padded([c.logp_ref for c in completions], width)
-    out = objective(logp, logp_old, adv, mask)
-    log_ratio = (logp - logp_old) * mask
-    tokens_seen = max(float(mask.sum()), 1.0)
+    tokens_seen = max(sum(len(c.ids) for c in completions), 1)
+    joined = {k: torch.cat([row[k] for row in scored]) for k in ("logp_old", "ratio", "adv", "state", "log_ratio",
+                                                                  "low", "high")}
+    low, high = float(joined["low"].sum()) / tokens_seen, float(joined["high"].sum()) / tokens_seen
     metrics = {"reward": float(np.mean([c.reward for c in completions])),  # of the prompts kept, unless the file says
-               **clip_fractions(out, mask),
-               **{f"kl/{name}": float((fn(log_ratio) * mask).sum()) / tokens_seen
+               "clip_ratio/low_mean": low, "clip_ratio/high_mean": high, "clip_ratio/region_mean": low + high,
+               **{f"kl/{name}": float(fn(joined["log_ratio"]).sum()) / tokens_seen
                   for name, fn in (("k1", k1), ("k2", k2), ("k3", k3))},
-               "completions/mean_length": float(mask.sum(1).mean()),
+               "completions/mean_length": float(np.mean([len(c.ids) for c in completions])),
                **step.metrics, "step": number}  # the file's own numbers (over every rollout) win
-    keep = mask > 0
-    state = out.clip_state()
-    tokens = {"pi_old": logp_old.exp()[keep].float().numpy(), "ratio": out.ratio[keep].float().numpy(),
-              "adv": adv[keep].float().numpy(), "state": state[keep].numpy().astype(np.int8)}
-    weight = aggregation_weights(mask.numpy(), objective.aggregation, width)
+    tokens = {"pi_old": joined["logp_old"].exp().float().numpy(), "ratio": joined["ratio"].float().numpy(),
+              "adv": joined["adv"].float().numpy(), "state": joined["state"].numpy().astype(np.int8)}
+    weight = aggregation_weights(padded([[1.0] * len(c.ids) for c in completions], width).numpy(),
+                                 objective.aggregation, width)
+    with_ref = all(c.logp_ref is not None for c in completions)  # π_ref shown only where every completion has it
     record = {"step": number, "byte_cap": BYTE_CAP, "omitted": 0, "groups": []}
-    token_state = out.token_state()  # once for the batch: each completion's row is read from it
     row = 0
     for group in step.groups:
         entry = {"prompt": group.prompt, "completions": []}
         for c in group.completions:
-            n = len(c.ids)
-            facts = {"pi_old": logp_old[row, :n].exp(), "pi_new": None, "ratio": out.ratio[row, :n],
-                     "adv": adv[row, :n], "measure": None if out.measure is None else out.measure[row, :n],
-                     "penalty": None, "pi_ref": None if ref is None else ref[row, :n].exp(),
-                     "loss": out.per_token_loss[row, :n], "weight": torch.from_numpy(weight[row, :n]), "rho": None,
+            n, facts = len(c.ids), scored[row]
+            shown = {"pi_old": facts["logp_old"].exp(), "pi_new": None, "ratio": facts["ratio"], "adv": facts["adv"],
+                     "measure": facts["measure"], "penalty": None,
+                     "pi_ref": torch.tensor(c.logp_ref, dtype=torch.float64).exp() if with_ref else None,
+                     "loss": facts["loss"], "weight": torch.from_numpy(weight[row, :n]), "rho": None,
                      "pi_roll": None if c.logp_roll is None else torch.tensor(c.logp_roll).exp(), "entropy": None,
                      "top1": None}
             entry["completions"].append({
                 "text": c.text, "reward": c.reward, "advantage": float(np.mean(c.adv)) if c.adv else 0.0,
                 "tokens": {"id": list(c.ids), "piece": list(c.pieces), "raw": list(c.pieces), "special": [False] * n,
-                           **{k: None if v is None else significant(v.tolist(), n) for k, v in facts.items()},
-                           "state": token_state[row, :n].tolist()}})
+                           **{k: None if v is None else significant(v.tolist(), n) for k, v in shown.items()},
+                           "state": facts["token_state"].tolist()}})
             row += 1
         record["groups"].append(entry)
     return metrics, tokens, record
