@@ -95,8 +95,10 @@ with widgets.shown_errors():
     if not objectives:
         st.stop()
     progress, bar = widgets.working("Training the bandit: iteration")
-    groups = explorer.bandit_runs(cfg, objectives, seeds, variants, progress)
-    bar.empty()
+    try:
+        groups = explorer.bandit_runs(cfg, objectives, seeds, variants, progress)
+    finally:  # trained, or refused (too much work, a divergence): the bar goes either way
+        bar.empty()
     charts = explorer.mass_reallocation(groups)
 
     per_row = min(len(groups), 4)  # more in one row would cut the numbers short
