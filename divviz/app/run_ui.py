@@ -46,8 +46,8 @@ def expected_step_time(root, configs: list, on_measure) -> None:
         f"{run_views.timed_beside(estimate.side_by_side)}); "
         + (f"these {runs} runs train {at_once} at a time" if runs > 1 else "this run trains")
         + f": about {run_views.duration(total)} in all for {cfg.steps} steps{' each' if runs > 1 else ''}{held_out}. "
-        "Take it as within a "
-        "factor of 2: anything else this machine does, another browser's runs included, slows every step."))
+        "Take it as within a factor of 2: anything else this machine does, another browser's runs included, slows "
+        "every step."))
 
 
 def one_seed_notice(labels: list[str]) -> None:
