@@ -38,6 +38,12 @@ def aggregation_weights(mask: np.ndarray, how: str, max_completion_length: int |
     raise ValueError(f"unknown aggregation {how!r}")
 
 
+def dapo_tokens(kept: torch.Tensor, minibatches: int) -> torch.Tensor:
+    """DAPO's normaliser for one of K mini-batches, as TRL passes it (`num_items_in_batch`): the tokens the whole
+    batch keeps, over K, so that the K mini-batches' losses sum to the batch's token mean (at least 1 token)."""
+    return kept.sum().clamp(min=1) / minibatches
+
+
 SCALE_REWARDS = ("group", "batch", "none")  # TRL's scale_rewards
 
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from divviz.catalogue.aggregation import group_advantages
+from divviz.catalogue.aggregation import dapo_tokens, group_advantages
 from divviz.engine.batch import Batch, Update
 from divviz.engine.config import RunConfig
 from divviz.engine.frozen_prefix import FrozenPrefix, frozen_prefix
@@ -46,6 +46,55 @@ from divviz.engine.tasks import Task, coin_rewards, get_task
 from divviz.losses import LossOutput, NonFiniteInput, Objective
 from divviz.metrics import entropy_change
 from divviz.catalogue.rollout_correction import RolloutCorrection
+
+
+def grpo_step(tr: Trainer, step: int) -> StepResult:
+    """Run GRPO step `step` (0-based) and return what it measured, in the module docstring's order. Raises
+    NonFiniteLoss on NaN/inf."""
+    start = time.perf_counter()
+    batch = make_batch(tr, step)
+    logp_ref = reference_logps(tr, batch)
+    seen = after_rows(len(batch.adv), inspected_rows(tr.cfg), step).to(tr.device)
+    done = update(tr, batch, tr.objective, logp_ref, step, watch=seen[:ENTROPY_ROWS])
+    if tr.sampler is not None:
+        tr.sampler.after_update(tr.model)
+    rescored, logp_after, changed = policy_after(tr, batch, done, seen, step)
+    metrics = step_metrics(tr.cfg, tr.objective, batch, done, seen, rescored, logp_after, logp_ref, changed, step,
+                           time.perf_counter() - start)
+    return StepResult(metrics, token_sample(batch, done, seen, rescored, logp_after, seed=tr.cfg.seed * 31 + step),
+                      shown_groups(tr.cfg, batch),
+                      inspected_record(tr.cfg, tr.tokenizer, tr.objective, batch, done, logp_after, logp_ref, step))
+
+
+def reference_logps(tr: Trainer, batch: Batch) -> torch.Tensor | None:
+    """π_ref's log-probs of the sampled tokens (the run's start policy, kept where a penalty needs it), no grad."""
+    if tr.reference is None:
+        return None
+    with torch.no_grad():
+        return completion_logps(tr.reference, batch.rollout, tr.cfg.temperature, tr.autocast, prefix=batch.prefix)
+
+
+def policy_after(tr: Trainer, batch: Batch, done: Update, seen: torch.Tensor, step: int):
+    """One no-grad forward after the update, on at most AFTER_ROWS completions (`seen`, a seeded subset): the only
+    cost divviz adds to a bare GRPO step; its log-probs feed metrics only, never autograd, hence inference mode.
+    (the rows re-scored, their log-probs after, the entropy's change on the first ENTROPY_ROWS of them)."""
+    rescored = batch.rollout.rows(seen)
+    with torch.inference_mode():
+        logits_after = completion_logits(tr.model, rescored, tr.cfg.temperature, tr.autocast,
+                                         rows_of(batch.prefix, seen))
+        logp_after = token_logps(logits_after, rescored)
+        changed = entropy_change(done.before, logits_after[:ENTROPY_ROWS], rescored.completion_mask[:ENTROPY_ROWS])
+        del logits_after
+    if not torch.isfinite(logp_after).all():
+        raise NonFiniteLoss(f"the policy's log-probs became NaN/inf after step {step + 1}; "
+                            f"try a smaller learning rate (now {tr.cfg.lr:g})")
+    return rescored, logp_after, changed
+
+
+def shown_groups(cfg: RunConfig, batch: Batch) -> list[tuple[str, str, float]]:
+    """The first completion of each of the first 8 groups, (prompt, text, reward): what the run's samples show."""
+    return [(batch.prompts[i], batch.texts[i], float(batch.rewards[i]))
+            for i in range(0, len(batch.rewards), cfg.group_size)][:8]
 
 
 class NonFiniteLoss(RuntimeError):
@@ -182,20 +231,19 @@ def update(tr: Trainer, batch: Batch, objective: Objective, logp_ref, step: int,
     tally = StepTally(cfg.mu * len(parts), by_minibatch=len(parts) > 1)
     logp_roll = rollout.logp if tr.sampler is not None else None  # π_roll, when a sampler other than π_θ drew
     tr.model.train()
+    logp_first, top_first, logits = training_forward(tr, batch, parts[0])  # the first mini-batch's first forward:
+    before.add(parts[0], logp_first, logits)                                 # π_before is now whole
+    del logits
+    logp_old = rollout.logp if bypass else before.logp
+    measured = tr.sampler is not None or correction.active
+    corrected = correction.apply(before.logp, rollout.logp, mask) if measured else None
+    kept = mask if corrected is None else corrected.mask
+    rho = None if corrected is None else corrected.weight
+    tokens = dapo_tokens(kept, len(parts)) if objective.aggregation == "dapo" else None
     for inner in range(cfg.mu):
         for k, rows in enumerate(parts):
-            part = rollout.rows(rows)
-            logits = completion_logits(tr.model, part, cfg.temperature, tr.autocast, rows_of(batch.prefix, rows))
-            logp_new, top_entropy = policy_logps(logits, part, mask[rows], cfg.top_entropy_quantile)
-            if inner == k == 0:  # the first forward is the policy before the update: π_before is now whole
-                before.add(rows, logp_new, logits)
-                logp_old = rollout.logp if bypass else before.logp
-                measured = tr.sampler is not None or correction.active
-                corrected = correction.apply(before.logp, rollout.logp, mask) if measured else None
-                kept = mask if corrected is None else corrected.mask
-                rho = None if corrected is None else corrected.weight
-                tokens = kept.sum().clamp(min=1) / len(parts) if objective.aggregation == "dapo" else None
-            del logits
+            logp_new, top_entropy = ((logp_first, top_first) if inner == k == 0
+                                     else training_forward(tr, batch, rows)[:2])
             weight = product(top_entropy, rows_of(rho, rows))
             where = f"pass {inner + 1}" + (f", mini-batch {k + 1}" if len(parts) > 1 else "")
             out = finite_loss(objective, f"step {step + 1} ({where})", cfg.lr, logp_new, logp_old[rows],
@@ -212,6 +260,15 @@ def update(tr: Trainer, batch: Batch, objective: Objective, logp_ref, step: int,
     tr.model.eval()
     return Update(in_batch_order(tally.last_pass, len(batch.adv)), logp_old, tally.fractions, tally.grad_norms,
                   corrected, kept, before.logits, minibatch_index(parts, len(batch.adv)) if len(parts) > 1 else None)
+
+
+def training_forward(tr: Trainer, batch: Batch, rows: torch.Tensor):
+    """One mini-batch's forward with grad: (log-probs of its sampled tokens, TRL's top-entropy mask of them or None,
+    the tempered logits), from the batch's frozen prefix where it has one."""
+    part = batch.rollout.rows(rows)
+    logits = completion_logits(tr.model, part, tr.cfg.temperature, tr.autocast, rows_of(batch.prefix, rows))
+    logp, top_entropy = policy_logps(logits, part, batch.rollout.completion_mask[rows], tr.cfg.top_entropy_quantile)
+    return logp, top_entropy, logits
 
 
 def rows_of(x: torch.Tensor | FrozenPrefix | None, rows: torch.Tensor):
@@ -232,34 +289,3 @@ def policy_logps(logits: torch.Tensor, part: Rollout, mask: torch.Tensor,
         return token_logps(logits, part), None
     logp, entropy = token_logps(logits, part, with_entropy=True)
     return logp, top_entropy_mask(entropy, mask, top_entropy_quantile)
-
-
-def grpo_step(tr: Trainer, step: int) -> StepResult:
-    """Run GRPO step `step` (0-based) and return what it measured. Raises NonFiniteLoss on NaN/inf."""
-    cfg = tr.cfg
-    start = time.perf_counter()
-    batch = make_batch(tr, step)
-    with torch.no_grad():
-        logp_ref = None if tr.reference is None else completion_logps(tr.reference, batch.rollout, cfg.temperature,
-                                                                      tr.autocast, prefix=batch.prefix)
-    seen = after_rows(len(batch.adv), inspected_rows(cfg), step).to(tr.device)
-    done = update(tr, batch, tr.objective, logp_ref, step, watch=seen[:ENTROPY_ROWS])
-    if tr.sampler is not None:
-        tr.sampler.after_update(tr.model)
-    # one no-grad forward after the update, on at most AFTER_ROWS completions (a seeded subset): the only cost
-    # divviz adds to a bare GRPO step; its log-probs feed metrics only, never autograd, hence inference mode
-    rescored = batch.rollout.rows(seen)
-    with torch.inference_mode():
-        logits_after = completion_logits(tr.model, rescored, cfg.temperature, tr.autocast, rows_of(batch.prefix, seen))
-        logp_after = token_logps(logits_after, rescored)
-        changed = entropy_change(done.before, logits_after[:ENTROPY_ROWS], rescored.completion_mask[:ENTROPY_ROWS])
-        del logits_after
-    if not torch.isfinite(logp_after).all():
-        raise NonFiniteLoss(f"the policy's log-probs became NaN/inf after step {step + 1}; "
-                            f"try a smaller learning rate (now {cfg.lr:g})")
-    metrics = step_metrics(cfg, tr.objective, batch, done, seen, rescored, logp_after, logp_ref, changed, step,
-                           time.perf_counter() - start)
-    shown = [(batch.prompts[i], batch.texts[i], float(batch.rewards[i]))
-             for i in range(0, len(batch.rewards), cfg.group_size)][:8]
-    return StepResult(metrics, token_sample(batch, done, seen, rescored, logp_after, seed=cfg.seed * 31 + step), shown,
-                      inspected_record(cfg, tr.tokenizer, tr.objective, batch, done, logp_after, logp_ref, step))
