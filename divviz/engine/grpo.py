@@ -77,7 +77,7 @@ def reference_logps(tr: Trainer, batch: Batch) -> torch.Tensor | None:
 def policy_after(tr: Trainer, batch: Batch, done: Update, seen: torch.Tensor, step: int):
     """One no-grad forward after the update, on at most AFTER_ROWS completions (`seen`, a seeded subset): the only
     cost divviz adds to a bare GRPO step; its log-probs feed metrics only, never autograd, hence inference mode.
-    (the rows re-scored, their log-probs after, the entropy's change on the first ENTROPY_ROWS of them)."""
+    Returns the rows re-scored, their log-probs after and the entropy's change on the first ENTROPY_ROWS of them."""
     rescored = batch.rollout.rows(seen)
     with torch.inference_mode():
         logits_after = completion_logits(tr.model, rescored, tr.cfg.temperature, tr.autocast,
