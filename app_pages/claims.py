@@ -7,15 +7,16 @@ import streamlit as st
 
 from divviz.app import page_state, room, widgets
 
+from divviz.app.urlstate import Control
+from divviz.catalogue.params import DivvizInputError
+from divviz.engine import stability
+from divviz.engine.models import MODELS, evaluated_settings
+from divviz.engine.policy import pick_device
 from divviz.evidence import claims, claims_export, claims_lm, claims_real, claims_report, forest, lm_evidence
 from divviz.evidence.claims_lm import DEVICE_KINDS
-from divviz.engine import stability, store
-from divviz.engine.policy import pick_device
-from divviz.engine.models import MODELS, evaluated_settings
-from divviz.catalogue.params import DivvizInputError
-from divviz.app.urlstate import Control
-from divviz.views import claims_tables, run_plots, run_views
+from divviz.runs import store
 from divviz.safetext import literal
+from divviz.views import claims_tables, run_plots, run_views
 
 
 @st.cache_data(show_spinner=False, max_entries=4)

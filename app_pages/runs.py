@@ -6,9 +6,9 @@ import streamlit as st
 
 from divviz.app import room, run_ui, widgets
 
-from divviz.views import run_views, runs_table
-from divviz.engine import runner, store
+from divviz.runs import runner, store
 from divviz.safetext import literal
+from divviz.views import run_views, runs_table
 
 st.title("Runs")
 widgets.published_warnings()

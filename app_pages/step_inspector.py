@@ -9,13 +9,13 @@ import streamlit as st
 
 from divviz.app import objective_sidebar, page_state, widgets
 
-from divviz.evidence import rescore
-from divviz.views import explain, run_views, token_view
-from divviz.engine import store
-from divviz.losses import TOKEN_STATES
-from divviz.catalogue.params import DivvizInputError, Param
-from divviz.safetext import literal
 from divviz.app.urlstate import Control
+from divviz.catalogue.params import DivvizInputError, Param
+from divviz.evidence import rescore
+from divviz.losses import TOKEN_STATES
+from divviz.runs import store
+from divviz.safetext import literal
+from divviz.views import explain, run_views, token_view
 
 PAGE = "inspector"
 INTRO = ("Pick a run and a step: each kept prompt with its G completions, as text, every token coloured by one of "

@@ -6,15 +6,15 @@ import streamlit as st
 
 from divviz.app import objective_sidebar, page_state, room, run_ui, widgets
 
-from divviz.views import run_views, token_view
-from divviz.engine import runner, store
-from divviz.engine.config import BACKENDS, REWARD_SOURCES, ROLLOUT_LAG, RUN_PARAMS, RunConfig
-from divviz.engine.policy import DTYPES
-from divviz.engine.models import MODELS, SMOLLM2_SETTINGS, model_settings
-from divviz.engine.tasks import TASKS
-from divviz.catalogue.params import DivvizInputError, Param
-from divviz.safetext import literal
 from divviz.app.urlstate import Control
+from divviz.catalogue.params import DivvizInputError, Param
+from divviz.engine.config import BACKENDS, REWARD_SOURCES, ROLLOUT_LAG, RUN_PARAMS, RunConfig
+from divviz.engine.models import MODELS, SMOLLM2_SETTINGS, model_settings
+from divviz.engine.policy import DTYPES
+from divviz.engine.tasks import TASKS
+from divviz.runs import runner, store
+from divviz.safetext import literal
+from divviz.views import run_views, token_view
 
 PAGE = "lab"
 INTRO = (f"Train the built-in model (or your own) with GRPO, one run per chosen clip test or surrogate and seed, and "

@@ -24,7 +24,7 @@ from playwright.sync_api import sync_playwright
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from store_scale import make_runs  # noqa: E402
 
-from divviz.engine import store  # noqa: E402
+from divviz.runs import store  # noqa: E402
 from divviz.views import run_views  # noqa: E402
 
 PAGE = """<html><head><script>{plotly}</script></head><body>{divs}<script>

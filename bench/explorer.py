@@ -20,11 +20,11 @@ import time
 
 import plotly.io as pio
 
-from divviz.views import explorer, run_views
 from divviz.bandit.grpo import run_bandit
 from divviz.bandit.setting import BanditConfig
 from divviz.catalogue.divergences import clip_test
 from divviz.losses import Objective
+from divviz.views import explorer, run_views
 
 BUDGET_MS = 50.0
 
@@ -119,10 +119,10 @@ def inspector(repeats: int) -> None:
     import tempfile
     from pathlib import Path
 
-    from divviz.views import explain, token_view
-    from divviz.engine import store
     from divviz.engine.config import RunConfig
-    from divviz.engine.train import train
+    from divviz.runs import store
+    from divviz.runs.train import train
+    from divviz.views import explain, token_view
 
     folder = train(RunConfig.make(steps=repeats, clip="kl3", clip_params={"delta": 0.02}),
                    Path(tempfile.mkdtemp(prefix="divviz-bench-")))

@@ -132,7 +132,7 @@ def said(err: Exception) -> str:
 def make_runs(root: Path) -> list[str]:
     """Two short runs of the built-in model (kl3, ratio), 3 steps each with their completions kept."""
     from divviz.engine.config import RunConfig
-    from divviz.engine.train import train
+    from divviz.runs.train import train
 
     folders = [train(RunConfig.make(steps=3, prompts=2, group_size=4, clip=clip, lr=0.05, max_new_tokens=6), root)
                for clip in ("kl3", "ratio")]

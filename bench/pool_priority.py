@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from divviz.engine.pool import POOL_NICE  # noqa: E402
+from divviz.runs.pool import POOL_NICE  # noqa: E402
 
 BUSY = "import time\nend = time.time() + {s}\nwhile time.time() < end: pass"
 

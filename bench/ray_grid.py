@@ -16,8 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from divviz.engine import runner, store
 from divviz.engine.config import RunConfig
+from divviz.runs import runner, store
 
 
 def grid(root: Path, runs: int, steps: int, ray: bool) -> float:

@@ -54,7 +54,7 @@ from divviz.engine.prompts import prompt_ids
 from divviz.engine.rollout import completion_logps, decode_completions, encode_prompts, sample
 from divviz.engine.smollm2 import NAME
 from divviz.engine.tasks import get_task
-from divviz.engine.train import held_out_evaluation
+from divviz.runs.train import held_out_evaluation
 
 
 def config(device: str, steps: int, blocks: int | None, mu: int | None, minibatches: int | None,

@@ -22,7 +22,7 @@ from divviz.engine import rollout
 from divviz.engine.config import RunConfig
 from divviz.engine.grpo import grpo_step, make_batch, make_trainer
 from divviz.engine.smollm2 import NAME
-from divviz.engine.store import CLOCK_KEYS
+from divviz.runs.store import CLOCK_KEYS
 
 FACTS = ("completion_ids", "completion_mask", "logp", "entropy", "top1", "was_argmax")
 CAST_ONCE = rollout.linear_weights_cast

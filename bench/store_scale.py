@@ -23,8 +23,8 @@ from streamlit.testing.v1 import AppTest
 
 from divviz import cli
 from divviz.engine.config import RunConfig
-from divviz.engine.store import RunWriter
-from divviz.engine.tail import METRICS
+from divviz.runs.store import RunWriter
+from divviz.runs.tail import METRICS
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
 METRIC_NAMES = ("reward", "reward_std", "frac_reward_zero_std", "accuracy", "completions/mean_length",

@@ -32,10 +32,10 @@ import websockets
 from streamlit.proto.BackMsg_pb2 import BackMsg
 from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
 
-from divviz.engine import store
-from divviz.engine.pool import memory_cap_mb, pss_mb
-from divviz.app.ownership import browser_id
 from divviz.app import local_server
+from divviz.app.ownership import browser_id
+from divviz.runs import store
+from divviz.runs.pool import memory_cap_mb, pss_mb
 
 
 

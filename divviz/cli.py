@@ -119,7 +119,7 @@ def cmd_bounds(args) -> int:
 
 
 def cmd_runs(args) -> int:
-    from divviz.engine.store import last_metrics, list_runs, runs_dir
+    from divviz.runs.store import last_metrics, list_runs, runs_dir
 
     runs = list_runs(runs_dir(args.runs_dir))
     rows = []
@@ -144,9 +144,9 @@ def cmd_runs(args) -> int:
 def cmd_rescore(args) -> int:
     from pathlib import Path
 
-    from divviz.engine import published
-    from divviz.engine.store import runs_dir
     from divviz.evidence.rescore import rescore_step, step_coverage
+    from divviz.runs import published
+    from divviz.runs.store import runs_dir
 
     given, root = args.run_folder, runs_dir(args.runs_dir)
     if Path(given).is_dir():
@@ -178,9 +178,9 @@ def cmd_rescore(args) -> int:
 def cmd_import(args) -> int:
     from pathlib import Path
 
-    from divviz.engine.store import read_status, runs_dir
     from divviz.importers.formats import read
     from divviz.importers.steps import write_run
+    from divviz.runs.store import read_status, runs_dir
 
     path = Path(args.file)
     fmt, config, steps = read(path, args.format)
@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         if args.command in READS_PUBLISHED:
-            from divviz.engine import published
+            from divviz.runs import published
 
             for line in published.damaged_lines():
                 print(f"divviz: note: {line}", file=sys.stderr)

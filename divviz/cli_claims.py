@@ -165,8 +165,8 @@ def _lm_cells(args):
     """The LM cells' plan, read from the runs folder, its missing runs queued (none with --no-train)."""
     from divviz.engine.models import MODELS, evaluated_settings
     from divviz.engine.policy import pick_device
-    from divviz.engine.store import runs_dir
     from divviz.evidence import claims_lm
+    from divviz.runs.store import runs_dir
 
     if args.lm_model not in MODELS:
         raise DivvizInputError(f"--lm-model takes a built-in model ({', '.join(MODELS)}); got {args.lm_model!r}")
@@ -202,7 +202,7 @@ def _wait_for_lm_cells(plan, quiet: bool):
     stay, and the next `--lm` reads them)."""
     from tqdm import tqdm
 
-    from divviz.engine.runner import stop_run
+    from divviz.runs.runner import stop_run
 
     bar = tqdm(total=100, desc=f"claims: {plan.name}", unit="%", file=sys.stderr, disable=quiet,
                bar_format="{l_bar}{bar}| {n_fmt}% [{elapsed}{postfix}]")

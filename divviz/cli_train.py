@@ -99,8 +99,8 @@ def formula_clip_test(text: str, params: list[str]):
 
 def cmd_train(args) -> int:
     from divviz.engine.config import RunConfig
-    from divviz.engine.store import read_run, runs_dir, writable_runs_folder
-    from divviz.engine.train import stop_on_sigterm
+    from divviz.runs.store import read_run, runs_dir, writable_runs_folder
+    from divviz.runs.train import stop_on_sigterm
 
     for coefficient, flag in ((args.beta, "penalty"), (args.beta2, "penalty2")):
         if coefficient is not None and not getattr(args, flag):
@@ -133,7 +133,7 @@ def cmd_train(args) -> int:
     root = writable_runs_folder(runs_dir(args.runs_dir))  # refused before a model loads or a bar is drawn
     if not args.now and os.environ.get("RANK", "0") == "0":  # the runs folder's limit, as the app's pool keeps it
         # (under accelerate/torchrun only the first process waits; the others wait for it as they join)
-        from divviz.engine.runner import wait_for_slot
+        from divviz.runs.runner import wait_for_slot
 
         wait_for_slot(root, lambda text: print(f"divviz: {text}; --now starts anyway", file=sys.stderr))
     train = _train_with_trl if cfg.backend == "trl" else _train_with_engine
@@ -219,7 +219,7 @@ def _show(bar, metrics: dict) -> None:
 
 def _train_with_engine(cfg, root):
     from divviz.engine.grpo import make_trainer
-    from divviz.engine.train import train
+    from divviz.runs.train import train
 
     trainer = make_trainer(cfg)  # a model that will not load is bad input: exit 2 before a run folder exists
     bar = _progress_bar(cfg, trainer.device)

@@ -24,7 +24,7 @@ CPU priority (nice 19: the search yields to anything else on the machine), each 
 folder (default ../runs-dose, outside the checkout); a finished run is never trained again, so the search resumes where
 it stopped. After each run the summary (every run's per-step dose, entropy, stability and evaluations, and the rule's
 reading) is written to published/smollm2-135m-dose-search.json and printed as a table, and the finished run itself is
-published into published/smollm2-135m-dose-search/<point>-<objective>/ (`engine/published.py`: its metrics,
+published into published/smollm2-135m-dose-search/<point>-<objective>/ (`runs/published.py`: its metrics,
 evaluations, samples and the first, middle and last steps' per-token records, the manifest naming the commit and the
 CPU kernels that trained it; a published grid holds one CPU's runs, so a run trained on another CPU goes into
 smollm2-135m-dose-search-2/, and so on: a pair may cross CPUs, which the rule, read run by run, allows). The
@@ -59,8 +59,8 @@ import platform  # noqa: E402
 
 import transformers  # noqa: E402
 
-from divviz.engine import published, store  # noqa: E402
 from divviz.evidence.rescore import disagreement, measure_objective, sampled_tokens  # noqa: E402
+from divviz.runs import published, store  # noqa: E402
 
 STEPS = 100
 BASE = ["--model", "smollm2-135m", "--task", "add", "--prompts", "8", "--group-size", "8", "--max-new-tokens", "24",

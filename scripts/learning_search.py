@@ -25,7 +25,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from divviz.engine import store  # noqa: E402
+from divviz.runs import store  # noqa: E402
 
 BASE = ["--model", "smollm2-135m", "--task", "add", "--prompts", "8", "--group-size", "8", "--max-new-tokens", "24",
         "--trainable-blocks", "4", "--mu", "1", "--seed", "0", "--inspect-prompts", "1"]

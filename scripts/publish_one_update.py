@@ -9,8 +9,8 @@ computed here is said, not published."""
 import argparse
 import shutil
 
-from divviz.engine import published
 from divviz.evidence import claims_real
+from divviz.runs import published
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""Publish the finished runs of a model's claims grids from a runs folder into published/ (`engine/published.py`).
+"""Publish the finished runs of a model's claims grids from a runs folder into published/ (`runs/published.py`).
 
     python scripts/publish_runs.py --runs-dir runs-grid --commit 6facbc5 [--model smollm2-135m] [--device cpu]
         [--grid-suffix cpu]
@@ -22,10 +22,10 @@ from pathlib import Path
 import torch
 import transformers
 
-from divviz.engine import published
-from divviz.engine.policy import pick_dtype
 from divviz.engine.models import MODELS, evaluated_settings
+from divviz.engine.policy import pick_dtype
 from divviz.evidence import claims_lm
+from divviz.runs import published
 
 def precision_of(run) -> str:
     """The precision a run's forward passes took on this machine (its config's dtype, `policy.pick_dtype`)."""

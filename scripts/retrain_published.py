@@ -26,9 +26,9 @@ from pathlib import Path
 
 import torch
 
-from divviz.engine import published
 from divviz.engine.config import RunConfig
-from divviz.engine.train import train
+from divviz.runs import published
+from divviz.runs.train import train
 from divviz.safetext import quoted, shorten
 
 
@@ -38,7 +38,7 @@ from pathlib import Path
 import divviz
 assert Path(divviz.__file__).resolve().is_relative_to(Path.cwd().resolve()), f"divviz from {divviz.__file__}"
 from divviz.engine.config import RunConfig
-from divviz.engine.train import train
+from divviz.runs.train import train
 torch.set_num_threads(1)
 print(train(RunConfig.from_dict(json.loads(Path(sys.argv[1]).read_text())), Path(sys.argv[2])))
 """  # as the pool trains a run, with the code of the folder it runs in

@@ -23,10 +23,10 @@ import numpy as np
 
 from divviz.evidence import intervals
 
-from divviz.views import explorer
 from divviz.bandit.setting import BanditConfig
 from divviz.catalogue.divergences import clip_test
 from divviz.losses import Objective
+from divviz.views import explorer
 
 CORRECTIONS = ("none", "TIS token", "IcePop token", "rejection", "bypass")
 WINDOWS = {"early (steps 11–20)": (11, 20), "late (steps 51–60)": (51, 60)}
@@ -69,9 +69,9 @@ def bandit(seeds: int, lag: int) -> None:
 def train_one(job):
     import torch
 
-    from divviz.engine import store
     from divviz.engine.config import RunConfig
-    from divviz.engine.train import train
+    from divviz.runs import store
+    from divviz.runs.train import train
 
     torch.set_num_threads(1)
     name, seed, settings, root = job

@@ -23,8 +23,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from divviz.engine import runner, store
 from divviz.evidence import claims_lm
+from divviz.runs import runner, store
 
 POLL_S = 5
 

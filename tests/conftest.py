@@ -56,7 +56,7 @@ def browser():
 @pytest.fixture(scope="session")
 def lm_plan(tmp_path_factory):
     """The built-in LM's claims grid at `lm_grid`'s seeds and steps, queued to a pool and trained once per session
-    (tests/evidence/test_claims_lm.py reads it as the claims' cells, tests/engine/test_published.py publishes it)."""
+    (tests/evidence/test_claims_lm.py reads it as the claims' cells, tests/runs/test_published.py publishes it)."""
     from divviz.evidence import claims_lm
     from tests.lm_grid import LM_SEEDS, LM_STEPS, wait_until_finished
 
@@ -69,7 +69,7 @@ def lm_plan(tmp_path_factory):
 @pytest.fixture
 def repository_published(monkeypatch):
     """The repository's own published runs (published/), as a fresh clone's app and CLI read them."""
-    from divviz.engine import published
+    from divviz.runs import published
 
     monkeypatch.setenv("DIVVIZ_PUBLISHED", str(published.ROOT))
     return published.ROOT

@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from divviz.engine import published
 from divviz.engine.config import RunConfig
 from divviz.engine.grpo import grpo_step, make_trainer
-from divviz.engine.store import CLOCK_KEYS
 from divviz.evidence import claims
+from divviz.runs import published
+from divviz.runs.store import CLOCK_KEYS
 
 FOLDER = Path(__file__).resolve().parent / "data" / "golden_step"
 GRID = published.ROOT / "smollm2-135m-stress-cpu"

@@ -9,7 +9,7 @@ import secrets
 import streamlit as st
 
 from divviz.app.ownership import browser_id, is_teacher_key
-from divviz.engine.runner import Viewer
+from divviz.runs.runner import Viewer
 
 
 _TEACHERS: set[str] = set()  # browsers that opened a link with the teacher key, for as long as the app runs

@@ -10,8 +10,9 @@ import streamlit as st
 
 from divviz.app.page_state import key
 from divviz.app.widgets import show_chart
-from divviz.engine import runner, stability
-from divviz.engine.train import eval_steps
+from divviz.engine import stability
+from divviz.runs import runner
+from divviz.runs.train import eval_steps
 from divviz.safetext import literal
 from divviz.views import run_views
 

@@ -171,7 +171,7 @@ def shown_errors():
 def published_warnings() -> None:
     """A line for each published grid hidden because a file of it is not what its manifest says
     (`published.damaged_lines`); the other grids and the user's runs are shown as ever."""
-    from divviz.engine import published
+    from divviz.runs import published
 
     for line in published.damaged_lines():
         st.warning(literal(line), icon=":material/report:")

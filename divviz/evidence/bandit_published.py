@@ -27,9 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
-from divviz.engine import published
 from divviz.engine.config import objective_settings
 from divviz.evidence.claims import CLAIMS, LATE, OBJECTIVES
+from divviz.runs import published
 
 FILE = "claims-bandit-64.json.gz"
 DESIGN = 1  # bumped when what a cell holds changes

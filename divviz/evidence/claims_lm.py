@@ -7,9 +7,9 @@ Each run is an ordinary run of the runs folder, queued to its pool like the Trai
 limit with everyone's runs, shows on the Runs page, and survives a restart. A finished run is the cache: a run whose
 config.json equals a cell's config is read, not trained again (a run that failed, e.g. diverged, is a result too;
 a stopped or interrupted one is queued again in its own folder, where it resumes from the resume state it keeps
-every `CHECKPOINT_EVERY` steps, `engine/resume.py`).
+every `CHECKPOINT_EVERY` steps, `runs/resume.py`).
 
-The published runs (`engine/published.py`: SmolLM2's grids, trained for divviz's own evidence) hold every cell whose
+The published runs (`runs/published.py`: SmolLM2's grids, trained for divviz's own evidence) hold every cell whose
 run the user's folder does not have finished: on a fresh clone the SmolLM2 cells are read, not trained.
 
 Runs are queued in `queue_order`: PPO and KL3 δ = 0.05 on every seed first (the pilot whose spread says how many
@@ -29,13 +29,13 @@ from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from pathlib import Path
 
-from divviz.evidence import claims
-from divviz.engine import published, runner, store
-from divviz.engine.config import KEPT_ONLY, RunConfig, objective_settings
-from divviz.engine.policy import pick_device
-from divviz.engine.models import BUILTIN, evaluated_settings, model_defaults, model_settings
-from divviz.engine.pool import max_runs
 from divviz.catalogue.params import DivvizInputError, Param
+from divviz.engine.config import KEPT_ONLY, RunConfig, objective_settings
+from divviz.engine.models import BUILTIN, evaluated_settings, model_defaults, model_settings
+from divviz.engine.policy import pick_device
+from divviz.evidence import claims
+from divviz.runs import published, runner, store
+from divviz.runs.pool import max_runs
 
 TASK = "reverse"
 SEEDS_PARAM = Param("lm_seeds", 8, 0, 64, high_open=False, kind="int", typical=(0, 16, 1),
@@ -47,7 +47,7 @@ PILOT_EXTRA_PARAM = Param("lm_pilot_extra", 0, 0, 56, high_open=False, kind="int
 STEPS_PARAM = Param("lm_steps", 60, 2, 1000, high_open=False, kind="int", typical=(6, 120, 1),
                     doc="GRPO steps of each built-in LM run (SmolLM2's come with its setting)")
 FINAL = ("done", "failed")  # a run in one of these states is a result; any other ends in the queue again
-CHECKPOINT_EVERY = 5  # a cell's run keeps what it needs to resume every 5 steps (`engine/resume.py`)
+CHECKPOINT_EVERY = 5  # a cell's run keeps what it needs to resume every 5 steps (`runs/resume.py`)
 
 
 def measures() -> list[tuple[str, str]]:
@@ -132,7 +132,7 @@ class LMPlan:
     model: str = BUILTIN
     setting: str = ""
     pilot_seeds: int = 0
-    published: Path | None = None  # the published runs' folder when they are read too (`engine/published.py`)
+    published: Path | None = None  # the published runs' folder when they are read too (`runs/published.py`)
     device: str = "cpu"  # the kind of device whose runs hold the cells (`device_kind`)
 
     @staticmethod

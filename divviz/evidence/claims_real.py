@@ -71,7 +71,7 @@ def cache_file(batch: int, reward: str) -> Path:
 def result_file(batch: int, reward: str) -> Path | None:
     """Batch `batch`'s results under `reward`: computed here (`cache_file`), else published with the repository (the
     same file name, so the same config, measures, checkpoint and design), else None."""
-    from divviz.engine import published
+    from divviz.runs import published
 
     here = cache_file(batch, reward)
     shared = published.root() / PUBLISHED / here.name

@@ -25,12 +25,12 @@ from functools import cached_property
 
 import numpy as np
 
-from divviz.engine import store
 from divviz.engine.models import BUILTIN
 from divviz.evidence import claims, claims_lm, claims_report, intervals, significance
 from divviz.evidence.claims_lm import FINAL, PILOT, LMPlan, measures, run_config
 from divviz.evidence.rescore import disagreement, sampled_tokens
 from divviz.metrics import metric_range, proportion
+from divviz.runs import store
 
 
 def windows(steps: int) -> dict[str, range]:

@@ -64,7 +64,7 @@ def sampled_tokens(folder, step: int) -> Tokens | None:
     """A step's per-token sample (`store.read_tokens`: every token the loss saw, a run's `tokens/step_*.npz`) as
     `rescore` reads it, rejected tokens left out; None where the run kept none for that step. Its places are the
     tokens' indices and its pieces empty (the sample keeps facts, not text)."""
-    from divviz.engine import store
+    from divviz.runs import store
 
     facts = store.read_tokens(folder, step)
     if facts is None or len(facts["ratio"]) == 0:
@@ -124,7 +124,7 @@ def measure_objective(spec: str) -> Objective:
 
 def rescore_step(folder, step: int, specs: list[str]) -> list[dict]:
     """A run's recorded step re-scored under the run's own measure (first, "(this run)") and each of `specs`."""
-    from divviz.engine import store
+    from divviz.runs import store
 
     kept = store.completion_steps(folder)
     if not kept and (source := source_of(store.read_run(folder).config)):
@@ -160,7 +160,7 @@ def coverage(record: dict, config: dict) -> str:
 
 def step_coverage(folder, step: int) -> str:
     """`coverage` of a run's recorded step."""
-    from divviz.engine import store
+    from divviz.runs import store
 
     return coverage(store.read_completions(folder, step), store.read_run(folder).config)
 

@@ -23,9 +23,9 @@ from divviz.catalogue.aggregation import aggregation_weights
 from divviz.catalogue.divergences import clip_test
 from divviz.catalogue.estimators import k1, k2, k3
 from divviz.catalogue.params import DivvizInputError
-from divviz.engine import store
 from divviz.engine.completions import BYTE_CAP, check_record, significant
 from divviz.losses import Objective
+from divviz.runs import store
 from divviz.safetext import quoted
 
 

@@ -1,4 +1,4 @@
-"""A runs folder's queue trained on a Ray cluster: the pool's job (`engine/pool.py`) done by Ray's workers.
+"""A runs folder's queue trained on a Ray cluster: the pool's job (`runs/pool.py`) done by Ray's workers.
 
     python -m divviz.ray.pool RUNS_FOLDER ADDRESS [APP_PID]     # started by `runner.ensure_pool` when $DIVVIZ_RAY
                                                                 # names a cluster (`ray://…`, `auto`) or `local`
@@ -35,9 +35,9 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from divviz.engine.config import RunConfig
-from divviz.engine.pool import IDLE_EXIT_S, POLL_S, QueueLock, claim, queued_runs
-from divviz.engine.processes import running
-from divviz.engine.store import read_status, write_status
+from divviz.runs.pool import IDLE_EXIT_S, POLL_S, QueueLock, claim, queued_runs
+from divviz.runs.processes import running
+from divviz.runs.store import read_status, write_status
 
 RUN_CPUS = float(os.environ.get("DIVVIZ_RAY_RUN_CPUS", 1))  # a run's CPU threads
 RUN_GPUS = float(os.environ.get("DIVVIZ_RAY_RUN_GPUS", 0))  # a run's share of a GPU (0.25: four runs share one)
@@ -105,7 +105,7 @@ def train_remote(name: str, files: dict[str, bytes], mirror, threads: int, workd
     to `mirror`."""
     import torch
 
-    from divviz.engine.train import StopRequested, train
+    from divviz.runs.train import StopRequested, train
 
     torch.set_num_threads(threads)
     folder = Path(tempfile.mkdtemp(prefix="divviz-ray-", dir=workdir)) / name

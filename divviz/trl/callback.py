@@ -1,6 +1,6 @@
 """`DivvizRunCallback`: a `transformers.TrainerCallback` that writes a TRL GRPO run as a divviz run folder.
 
-The folder is the engine's contract (`divviz.engine.store`): `config.json`, `metrics.jsonl` appended and flushed,
+The folder is the engine's contract (`divviz.runs.store`): `config.json`, `metrics.jsonl` appended and flushed,
 `status.json` (running / done / stopped / failed, with a message and the pid), and, with `DivvizGRPOTrainer`,
 per-token facts in `tokens/`. Only the main process writes. The Runs page then shows the run live, overlays it with
 engine runs, exports it, and draws its tokens in the scatter.
@@ -25,13 +25,13 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
-from divviz.engine.config import RUN_PARAMS, objective_settings
-from divviz.engine.step_metrics import TOKEN_SAMPLE
-from divviz.engine.stability import Stability
-from divviz.engine.store import RunWriter, new_run_folder, runs_dir
-from divviz.engine.train import StopRequested, writing
-from divviz.losses import Objective
 from divviz.catalogue.params import DivvizInputError
+from divviz.engine.config import RUN_PARAMS, objective_settings
+from divviz.engine.stability import Stability
+from divviz.engine.step_metrics import TOKEN_SAMPLE
+from divviz.losses import Objective
+from divviz.runs.store import RunWriter, new_run_folder, runs_dir
+from divviz.runs.train import StopRequested, writing
 from divviz.trl.options import trl_objective
 
 __all__ = ["DivvizRunCallback", "TOKEN_SAMPLE", "run_end"]

@@ -21,14 +21,14 @@ from datasets import Dataset
 from transformers import PrinterCallback
 from trl import GRPOConfig
 
+from divviz.catalogue.params import DivvizInputError
 from divviz.engine.config import RunConfig
-from divviz.engine.grpo import NonFiniteLoss
 from divviz.engine.evaluate import evaluate
+from divviz.engine.grpo import NonFiniteLoss
 from divviz.engine.policy import load_policy, pick_device, pick_dtype, train_last_blocks
 from divviz.engine.prompts import prompting, resolve_format
 from divviz.engine.tasks import Task, get_task
-from divviz.engine.train import StopRequested, eval_steps
-from divviz.catalogue.params import DivvizInputError
+from divviz.runs.train import StopRequested, eval_steps
 from divviz.trl.callback import DivvizRunCallback
 from divviz.trl.options import trl_loss_type
 from divviz.trl.trainer import DivvizGRPOTrainer

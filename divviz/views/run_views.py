@@ -13,22 +13,22 @@ import pandas as pd
 
 from divviz import loss_grids
 
-from divviz.views import plots, run_plots
 from divviz.catalogue.divergences import ClipTest, clip_test
-from divviz.engine import published, store
-from divviz.engine import runner
-from divviz.engine.pool import worker_threads
-from divviz.engine.processes import cpu_share
-from divviz.engine.runner import TIMING
+from divviz.catalogue.instances import unique_labels
+from divviz.catalogue.params import DivvizInputError
 from divviz.engine.config import RunConfig, config_label, correction_from, objective_from, setting_of
 from divviz.evidence.intervals import summarize
-from divviz.views.figures import Chart, spreadsheet_csv
-from divviz.catalogue.instances import unique_labels
 from divviz.losses import Objective
 from divviz.metrics import METRIC_ALIASES, bin_labels, metric, metric_range
-from divviz.catalogue.params import DivvizInputError
+from divviz.runs import published, store
+from divviz.runs import runner
+from divviz.runs.pool import worker_threads
+from divviz.runs.processes import cpu_share
+from divviz.runs.runner import TIMING
 from divviz.safetext import literal
+from divviz.views import plots, run_plots
 from divviz.views.explorer import PI_OLD_GRID
+from divviz.views.figures import Chart, spreadsheet_csv
 
 TRAINING_PANELS = {
     "reward": ("reward", "accuracy"),
@@ -439,7 +439,7 @@ def timed_beside(side_by_side: int | None) -> str:
 
 
 def every_run(root) -> list:
-    """The runs folder's runs, newest first, then the published runs (`engine/published.py`), read-only: what the
+    """The runs folder's runs, newest first, then the published runs (`runs/published.py`), read-only: what the
     Runs page and the Step inspector list. A published run's folder is in the published runs' folder."""
     shared = published.folder()
     return [*store.list_runs(root), *(store.list_runs(shared) if shared else ())]

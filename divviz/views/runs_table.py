@@ -3,12 +3,12 @@ its objective), the filter over them and what the page was drawn from."""
 
 from __future__ import annotations
 
-from divviz.engine import published, store
+from divviz.catalogue.params import DivvizInputError
 from divviz.engine.config import objective_from, setting_of
-from divviz.engine.runner import TIMING
 from divviz.evidence import claims
 from divviz.importers.source import source_of
-from divviz.catalogue.params import DivvizInputError
+from divviz.runs import published, store
+from divviz.runs.runner import TIMING
 from divviz.views.run_views import run_choice, run_label, task_label
 
 

@@ -142,9 +142,9 @@ def test_step_inspector_colours_tokens_and_explains_one(page, app_url, app_runs_
     run's hostile completion text shows as text."""
     import json
 
-    from divviz.engine import store
     from divviz.engine.config import RunConfig
-    from divviz.engine.train import train
+    from divviz.runs import store
+    from divviz.runs.train import train
     from tests.pages.test_inspector import hostile_record
 
     folder = train(RunConfig.make(steps=2, prompts=2, group_size=4, clip="kl3", lr=0.05, max_new_tokens=6),
@@ -229,7 +229,7 @@ def test_step_inspector_shows_a_real_model_completion(page, app_url, app_runs_di
     entropy; a token explained. (A step of the real model: about 10 s on 2 cores.)"""
     from divviz.engine.config import RunConfig
     from divviz.engine.smollm2 import NAME
-    from divviz.engine.train import train
+    from divviz.runs.train import train
 
     train(RunConfig.make(model=NAME, steps=1, prompts=2, group_size=2, max_new_tokens=12, inspect_prompts=1,
                          minibatches=1, eval_every=0), app_runs_dir)
@@ -330,9 +330,9 @@ def test_every_token_stays_readable_on_its_colour(page, app_url, app_runs_dir):
     computed text and background colours give every token a WCAG 2 contrast ratio of at least 4.5 (AA)."""
     import json
 
-    from divviz.engine import store
     from divviz.engine.config import RunConfig
-    from divviz.engine.train import train
+    from divviz.runs import store
+    from divviz.runs.train import train
 
     assert wcag_contrast("rgb(0, 0, 0)", "rgba(0, 0, 0, 0)") == pytest.approx(21)  # black on white
     folder = train(RunConfig.make(steps=1, prompts=2, group_size=4, lr=0.05, mu=3, max_new_tokens=6), app_runs_dir)

@@ -160,13 +160,13 @@ def test_bad_pi_old_is_refused(pi_old):
 # --- the typed formula as the catalogue's `formula` clip test: loss, bandit, engine, CLI --------------------------
 
 from divviz import cli  # noqa: E402
-from divviz.catalogue import divergences as dv  # noqa: E402
 from divviz.bandit.grpo import run_bandit  # noqa: E402
 from divviz.bandit.setting import BanditConfig  # noqa: E402
-from divviz.engine import store  # noqa: E402
-from divviz.loss_grids import random_token_batch  # noqa: E402
+from divviz.catalogue import divergences as dv  # noqa: E402
 from divviz.catalogue.instances import parse as parse_measure, spell  # noqa: E402
+from divviz.loss_grids import random_token_batch  # noqa: E402
 from divviz.losses import Objective, policy_loss  # noqa: E402
+from divviz.runs import store  # noqa: E402
 
 
 @pytest.mark.parametrize("text, twin", [

@@ -15,15 +15,15 @@ import torch
 
 from divviz.catalogue.aggregation import AGGREGATIONS
 from divviz.catalogue.divergences import CLIP_TESTS
-from divviz.engine import processes, runner, store
+from divviz.catalogue.params import DivvizInputError
+from divviz.catalogue.penalties import PENALTIES
+from divviz.catalogue.surrogates import SURROGATES
 from divviz.engine.config import RunConfig
 from divviz.engine.grpo import make_trainer
 from divviz.engine.policy import char_tokenizer, load_policy
 from divviz.engine.tasks import TASKS, countdown_value, get_task
-from divviz.engine.train import train
-from divviz.catalogue.params import DivvizInputError
-from divviz.catalogue.penalties import PENALTIES
-from divviz.catalogue.surrogates import SURROGATES
+from divviz.runs import processes, runner, store
+from divviz.runs.train import train
 
 TINY = dict(steps=2, prompts=2, group_size=4, max_new_tokens=6, mu=2)
 METRICS = ("reward", "reward_std", "accuracy", "entropy", "clip_ratio/low_mean", "clip_ratio/high_mean",
@@ -266,7 +266,7 @@ def test_a_process_that_ignores_sigterm_is_killed_and_marked_stopped(tmp_path):
 
 
 def test_sigterm_during_a_write_waits_for_the_write(tmp_path):
-    from divviz.engine.train import StopRequested, stop_on_sigterm, writing
+    from divviz.runs.train import StopRequested, stop_on_sigterm, writing
 
     previous = signal.getsignal(signal.SIGTERM)
     stop_on_sigterm()

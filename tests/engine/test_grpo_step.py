@@ -16,7 +16,7 @@ import math
 import numpy as np
 import pytest
 
-from divviz.engine import published
+from divviz.runs import published
 from tests import golden
 
 TOLERANCE = dict(rtol=1e-3, atol=1e-5)  # float32; one thread against two, measured here: relative |Δ| ≤ 4e-5

@@ -13,10 +13,11 @@ import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
-from divviz.engine import smollm2, store
+from divviz.engine import smollm2
 from divviz.engine.policy import cache_dir, cpu_has_bf16
 from divviz.engine.prompts import prompt_ids, resolve_format
 from divviz.engine.tasks import TASKS
+from divviz.runs import store
 from divviz.views import token_view
 
 ROOT = Path(__file__).resolve().parents[2]

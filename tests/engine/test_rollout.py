@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from divviz import cli
-from divviz.engine import store
+from divviz.catalogue.params import DivvizInputError
+from divviz.catalogue.rollout_correction import RolloutCorrection
 from divviz.engine.config import RunConfig, config_label
 from divviz.engine.grpo import grpo_step, make_batch, make_trainer
 from divviz.engine.rollout import completion_logps
 from divviz.engine.sampler import RolloutPolicy
-from divviz.engine.train import train
-from divviz.catalogue.params import DivvizInputError
-from divviz.catalogue.rollout_correction import RolloutCorrection
+from divviz.runs import store
+from divviz.runs.train import train
 
 SMALL = dict(prompts=4, group_size=4, max_new_tokens=6, inspect_prompts=4)
 

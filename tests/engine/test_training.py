@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from divviz.engine import store
+from divviz.catalogue.params import DivvizInputError
 from divviz.engine.config import RunConfig
 from divviz.engine.evaluate import evaluate
 from divviz.engine.grpo import make_batch, make_trainer, update
@@ -17,9 +17,9 @@ from divviz.engine.policy import cpu_has_bf16, pick_dtype
 from divviz.engine.rollout import completion_logps
 from divviz.engine.stability import KL_COLLAPSE, WINDOW, Stability
 from divviz.engine.tasks import HELD_OUT, TASKS
-from divviz.engine.train import eval_steps, train
-from divviz.catalogue.params import DivvizInputError
 from divviz.metrics import proportion
+from divviz.runs import store
+from divviz.runs.train import eval_steps, train
 
 
 def trainer(**settings):
@@ -219,7 +219,7 @@ def test_a_stopped_run_resumes_from_its_resume_state_as_if_never_stopped(tmp_pat
     """Stopped after step 5 (its resume state saved after step 4) and trained again in the same folder, as the pool
     does with a run `runner.resume_run` queued: every metric, evaluation and sample equals an unbroken run's, and
     the state file is gone once the run is done."""
-    from divviz.engine import resume
+    from divviz.runs import resume
 
     cfg = RunConfig.make(task="reverse", prompts=4, group_size=4, seed=5, steps=8, checkpoint_every=4, eval_every=4,
                          minibatches=2, lr=3e-3)
@@ -245,7 +245,7 @@ def test_a_stopped_run_resumes_from_its_resume_state_as_if_never_stopped(tmp_pat
 
 
 def test_resume_run_queues_a_stopped_run_in_its_folder_and_refuses_others(tmp_path, monkeypatch):
-    from divviz.engine import runner
+    from divviz.runs import runner
 
     monkeypatch.setattr(runner, "ensure_pool", lambda root: None)  # the pool itself is tested in test_room
     cfg = RunConfig.make(task="reverse", prompts=4, group_size=4, steps=4, checkpoint_every=2)

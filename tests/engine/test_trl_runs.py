@@ -23,9 +23,9 @@ from trl import GRPOTrainer  # noqa: E402
 from divviz import cli  # noqa: E402
 from divviz.catalogue.aggregation import group_advantages  # noqa: E402
 from divviz.catalogue.divergences import clip_test  # noqa: E402
-from divviz.engine import store  # noqa: E402
 from divviz.engine.tasks import get_task  # noqa: E402
 from divviz.losses import Objective  # noqa: E402
+from divviz.runs import store  # noqa: E402
 from divviz.trl import DivvizGRPOTrainer, DivvizRunCallback  # noqa: E402
 from tests.trl_support import APP, TASK, config, load_policy  # noqa: E402
 
@@ -155,7 +155,7 @@ def test_the_runs_page_lists_and_overlays_a_trl_run_with_an_engine_run(tmp_path,
     from streamlit.testing.v1 import AppTest
 
     from divviz.engine.config import RunConfig
-    from divviz.engine.train import train
+    from divviz.runs.train import train
 
     monkeypatch.setenv("DIVVIZ_RUNS_DIR", str(tmp_path))
     trl_run = train_cli(tmp_path, "--measure", "kl3")

@@ -9,13 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from divviz.catalogue.params import DivvizInputError
+from divviz.cli import main
 from divviz.evidence import claims, claims_export, claims_lm, claims_report, forest, intervals, lm_evidence
 from divviz.evidence.lm_evidence import LMEvidence
-from divviz.cli import main
-from divviz.engine import runner, store
-from divviz.engine.pool import max_runs
-from divviz.engine.store import read_status, write_status
-from divviz.catalogue.params import DivvizInputError
+from divviz.runs import runner, store
+from divviz.runs.pool import max_runs
+from divviz.runs.store import read_status, write_status
 from divviz.safetext import literal
 from tests.lm_grid import LM_SEEDS, LM_STEPS, wait_until_finished
 from tests.evidence.test_claims import SMALL_GRID, report  # noqa: F401  (a fixture: the bandit's report on a small grid)

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from divviz.cli import main
-from divviz.engine import compare, published
+from divviz.engine import compare
 from divviz.evidence import claims, claims_export, claims_real, claims_report, intervals
+from divviz.runs import published
 
 BATCHES = 2
 COMPUTED = (0, "random")  # the one batch the fixture computes (2 measures, a task batch 4); the others are published

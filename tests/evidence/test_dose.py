@@ -17,7 +17,7 @@ def states(ratio, adv, low, high):
 
 @pytest.fixture(scope="module")
 def learn():
-    from divviz.engine import published
+    from divviz.runs import published
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("DIVVIZ_PUBLISHED", str(published.ROOT))

@@ -10,10 +10,10 @@ import pytest
 
 from divviz.catalogue.divergences import clip_test
 from divviz.cli import main
-from divviz.engine import store
 from divviz.engine.config import RunConfig
-from divviz.engine.train import train
 from divviz.evidence.rescore import coverage, rescore_step
+from divviz.runs import store
+from divviz.runs.train import train
 
 ROOT = Path(__file__).resolve().parents[2]
 

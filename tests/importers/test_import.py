@@ -11,11 +11,11 @@ import pytest
 
 from divviz.catalogue.divergences import clip_test
 from divviz.cli import main
-from divviz.engine import store
 from divviz.engine.config import RunConfig
-from divviz.engine.train import train
 from divviz.evidence.rescore import rescore_step
 from divviz.importers import jsonl
+from divviz.runs import store
+from divviz.runs.train import train
 
 ROOT = Path(__file__).resolve().parents[2]
 HOSTILE = "<script>alert('x')</script><img src=x onerror=alert(1)>\u202e\x00"

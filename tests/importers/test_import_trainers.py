@@ -19,11 +19,11 @@ import pytest
 from divviz.catalogue.divergences import clip_test
 from divviz.catalogue.estimators import k1
 from divviz.cli import main
-from divviz.engine import store
 from divviz.evidence.rescore import rescore_step
 from divviz.importers.source import source_of
 from divviz.losses import Objective, policy_loss
 from divviz.metrics import clip_fractions
+from divviz.runs import store
 from divviz.views import run_views
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -270,7 +270,7 @@ def test_the_runs_table_says_where_each_run_came_from_and_filters_by_it(tmp_path
     from streamlit.testing.v1 import AppTest
 
     from divviz.engine.config import RunConfig
-    from divviz.engine.train import train
+    from divviz.runs.train import train
 
     folder, _ = imported(DATA / "unipo_grpo_metrics_head.json", tmp_path, capsys)
     train(RunConfig.make(task="reverse", prompts=2, group_size=4, steps=1), folder.parent)

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
+from divviz.bandit.loss_gradient import PolicyLossGradient
 from divviz.catalogue.aggregation import aggregation_weights, group_advantages
 from divviz.catalogue.divergences import clip_test
-from divviz.bandit.loss_gradient import PolicyLossGradient
-from divviz.losses import Objective
 from divviz.catalogue.penalties import penalty
 from divviz.catalogue.surrogates import surrogate
+from divviz.losses import Objective
 
 DATA = json.loads((Path(__file__).resolve().parents[1] / "data" / "rpg_reference.json").read_text())
 F64 = torch.float64
@@ -86,10 +86,10 @@ def test_rpgs_group_mean_and_batch_mean_baselines():
 def test_the_engine_trains_rpg_with_its_batch_mean_baseline(tmp_path):
     """A real run: RPG's Algorithm 2 with the batch-mean baseline and no std; the recorded advantages are each
     reward minus the step's mean reward. The TRL backend, which subtracts group means, refuses the baseline."""
-    from divviz.engine import store
-    from divviz.engine.config import RunConfig
-    from divviz.engine.train import train
     from divviz.catalogue.params import DivvizInputError
+    from divviz.engine.config import RunConfig
+    from divviz.runs import store
+    from divviz.runs.train import train
 
     settings = {"task": "reverse", "prompts": 3, "group_size": 4, "steps": 2, "mu": 2, "max_new_tokens": 6,
                 "clip": "clip_higher", "surrogate": "rpg_urkl", "surrogate_params": {"beta": 0.1},

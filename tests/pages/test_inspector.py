@@ -11,20 +11,20 @@ import numpy as np
 import pytest
 import torch
 
-from divviz.views import explain, run_views, token_view
 from divviz.catalogue.aggregation import aggregation_weights
 from divviz.catalogue.divergences import clip_test
-from divviz.engine import published, store
+from divviz.catalogue.params import DivvizInputError
+from divviz.catalogue.penalties import penalty
+from divviz.catalogue.surrogates import surrogate
 from divviz.engine.completions import check_record, token_pieces
 from divviz.engine.config import RunConfig
 from divviz.engine.grpo import grpo_step, make_batch, make_trainer, update
 from divviz.engine.rollout import completion_logps
-from divviz.engine.train import train
 from divviz.losses import Objective
-from divviz.catalogue.params import DivvizInputError
-from divviz.catalogue.penalties import penalty
-from divviz.catalogue.surrogates import surrogate
+from divviz.runs import published, store
+from divviz.runs.train import train
 from divviz.safetext import literal
+from divviz.views import explain, run_views, token_view
 
 ROOT = Path(__file__).resolve().parents[2]
 HOSTILE = "<script>alert('x')</script> **bold** [l](http://127.0.0.1:9/) <img src=x onerror=alert(1)>"

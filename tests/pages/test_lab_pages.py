@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from divviz.engine import runner, store
 from divviz.engine.config import RunConfig
+from divviz.runs import runner, store
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
 
@@ -193,8 +193,8 @@ def test_a_terminal_run_appears_on_the_runs_page_and_updates(runs_root):
 def test_checkpoints_feed_the_same_batch_comparison(tmp_path):
     from divviz.catalogue.divergences import clip_test
     from divviz.engine.compare import same_batch
-    from divviz.engine.train import train
     from divviz.losses import Objective
+    from divviz.runs.train import train
 
     cfg = RunConfig.make(steps=4, prompts=4, group_size=4, checkpoint_every=2, lr=0.01)
     folder = train(cfg, tmp_path)
@@ -276,7 +276,7 @@ def test_minibatches_draw_the_clip_fraction_by_optimiser_step(runs_root):
 def test_the_time_estimate_counts_runs_side_by_side_and_says_how_uncertain(runs_root, monkeypatch):
     """Two seeds on a machine that trains two runs at once: the page says how the step it counts on was timed, that
     the runs train two at a time, the evaluations to come and how far to trust the figure."""
-    from divviz.engine.train import train
+    from divviz.runs.train import train
 
     monkeypatch.setenv("DIVVIZ_MAX_RUNS", "2")
     train(RunConfig.make(task="reverse", steps=3, prompts=16, group_size=8), runs_root)  # a timed run here

@@ -11,13 +11,13 @@ import pandas as pd
 import plotly.graph_objects as go
 import pytest
 
-from divviz.views import explorer, run_plots, run_views, runs_table
 from divviz.bandit.grpo import run_bandit
 from divviz.bandit.setting import BanditConfig
 from divviz.catalogue.divergences import clip_test
-from divviz.losses import Objective
 from divviz.catalogue.penalties import PENALTIES, penalty
 from divviz.catalogue.surrogates import SURROGATES, surrogate
+from divviz.losses import Objective
+from divviz.views import explorer, run_plots, run_views, runs_table
 
 
 def validated(chart):
@@ -268,7 +268,7 @@ def test_a_held_out_chart_with_one_evaluation_ticks_whole_steps_once():
 
 
 def test_the_runs_csv_has_the_held_out_accuracy_and_says_which_run_each_row_is(tmp_path):
-    from divviz.engine import store
+    from divviz.runs import store
 
     folder = tmp_path / "run"
     folder.mkdir()
@@ -285,7 +285,7 @@ def test_the_runs_csv_has_the_held_out_accuracy_and_says_which_run_each_row_is(t
 
 
 def a_run(tmp_path, state="running", step=0, steps=30, config=None, status=None):
-    from divviz.engine import processes, store
+    from divviz.runs import processes, store
 
     folder = tmp_path / f"run-{len(list(tmp_path.iterdir()))}"
     folder.mkdir()
@@ -310,8 +310,8 @@ def test_a_run_says_what_it_does_before_its_first_step_and_how_long_it_has_left(
 
 
 def test_a_timing_run_is_listed_as_one(tmp_path):
-    from divviz.engine import runner
-    from divviz.engine.runner import Viewer
+    from divviz.runs import runner
+    from divviz.runs.runner import Viewer
 
     timing = a_run(tmp_path, state="done", step=1, steps=1, status={"kind": runner.TIMING})
     assert run_views.run_choice(timing).startswith("timing run · ")
@@ -332,8 +332,8 @@ def test_a_timing_run_stays_marked_once_it_has_trained(tmp_path):
     model, through the pool, as the lab's button starts it)."""
     import time
 
-    from divviz.engine import runner, store
     from divviz.engine.config import RunConfig
+    from divviz.runs import runner, store
 
     folder = runner.start_run(RunConfig.make(steps=2, eval_every=0), tmp_path, kind=runner.TIMING)
     deadline = time.time() + 300
@@ -351,7 +351,7 @@ def test_a_run_starved_of_the_cpu_says_so_and_how_to_give_it_a_share(tmp_path, m
     import subprocess
     import time
 
-    from divviz.engine import processes
+    from divviz.runs import processes
 
     sleeper = subprocess.Popen(["sleep", "60"])
     try:

@@ -170,7 +170,7 @@ def test_two_threads_can_probe_one_runs_folder_at_once(tmp_path):
     """Two trainers in one process (threads, a notebook) check the runs folder at the same moment: each probe is its
     own file, so neither finds the other's gone."""
     from concurrent.futures import ThreadPoolExecutor
-    from divviz.engine.store import writable_runs_folder
+    from divviz.runs.store import writable_runs_folder
 
     with ThreadPoolExecutor(8) as pool:
         assert list(pool.map(lambda _: writable_runs_folder(tmp_path), range(400))) == [tmp_path] * 400

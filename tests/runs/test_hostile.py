@@ -13,13 +13,13 @@ import torch
 from streamlit.testing.v1 import AppTest
 
 from divviz import cli
+from divviz.app.urlstate import Control, read_query
 from divviz.catalogue.divergences import clip_test
-from divviz.engine import processes, store
+from divviz.catalogue.params import DivvizInputError
 from divviz.engine.config import RunConfig
 from divviz.losses import Objective, policy_loss
-from divviz.catalogue.params import DivvizInputError
+from divviz.runs import processes, store
 from divviz.safetext import WORD_JOINER, literal, shorten
-from divviz.app.urlstate import Control, read_query
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
 HOSTILE = ("[click](http://127.0.0.1:9/x) ![img](http://127.0.0.1:9/i.png) <script>alert(1)</script> **b** "
@@ -205,7 +205,7 @@ def test_stop_signals_no_process_that_is_not_the_runs_own(tmp_path, names):
     import subprocess
     import sys
 
-    from divviz.engine import runner
+    from divviz.runs import runner
 
     bystander = subprocess.Popen([sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(600)"],
                                  stdout=subprocess.PIPE)
@@ -296,7 +296,7 @@ def test_a_damaged_published_grid_is_hidden_in_one_line_and_the_rest_stays(tmp_p
     import gzip
     import shutil
 
-    from divviz.engine import published
+    from divviz.runs import published
 
     source = published.ROOT
     shared = tmp_path / "published"

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from divviz.cli import main
-from divviz.engine import runner, store
 from divviz.engine.config import RunConfig
 from divviz.evidence import claims_lm
+from divviz.runs import runner, store
 from divviz.views import run_views
 from tests.lm_grid import LM_SEEDS, LM_STEPS
 

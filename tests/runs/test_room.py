@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from divviz.engine import processes, runner, store
-from divviz.engine.config import RunConfig
 from divviz.catalogue.params import DivvizInputError
+from divviz.engine.config import RunConfig
+from divviz.runs import processes, runner, store
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
 SMALL = dict(prompts=2, group_size=4, max_new_tokens=6)
@@ -214,8 +214,8 @@ def test_only_the_teacher_queues_the_claims_lm_grid_in_room_mode(tmp_path, monke
 
 APP_STAND_IN = """import sys, time
 from pathlib import Path
-from divviz.engine import runner
 from divviz.engine.config import RunConfig
+from divviz.runs import runner
 root = Path(sys.argv[1])
 if sys.argv[2] == "queue":
     print(runner.start_run(RunConfig.make(steps=5000, prompts=2, group_size=4, max_new_tokens=6), root), flush=True)

@@ -3,9 +3,9 @@ threads or on a terminal's (`runner.step_time_estimate`, `runner.crowding`), and
 
 import pytest
 
-from divviz.engine import runner, store
 from divviz.engine.config import RunConfig
-from divviz.engine.train import train
+from divviz.runs import runner, store
+from divviz.runs.train import train
 
 
 def timed_run(root, name, seconds, side_by_side, threads, **settings):

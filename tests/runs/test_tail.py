@@ -1,4 +1,4 @@
-"""metrics.jsonl read incrementally (engine/tail.py): appended rows appear without the file being read again, a torn
+"""metrics.jsonl read incrementally (runs/tail.py): appended rows appear without the file being read again, a torn
 line waits for its newline, a truncated or replaced file is read again, the cache stays bounded, and whatever
 happens to the file, what is read equals a fresh full read of its complete lines."""
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from divviz.engine import store
-from divviz.engine.tail import MetricsCache, last_row, parse_row
+from divviz.runs import store
+from divviz.runs.tail import MetricsCache, last_row, parse_row
 
 
 def row(step: int) -> bytes:
@@ -118,7 +118,7 @@ def test_any_history_reads_as_a_fresh_full_read(tmp_path_factory, ops):
 
 def long_runs(root: Path, runs: int, steps: int) -> list[Path]:
     from divviz.engine.config import RunConfig
-    from divviz.engine.store import RunWriter
+    from divviz.runs.store import RunWriter
 
     folders = []
     for seed in range(runs):
@@ -201,7 +201,7 @@ def test_a_live_update_computes_and_thins_only_the_run_that_grew(tmp_path, monke
 
 def test_status_and_config_are_parsed_once_per_change(tmp_path, monkeypatch):
     from divviz.engine.config import RunConfig
-    from divviz.engine.store import RunWriter
+    from divviz.runs.store import RunWriter
 
     folder = tmp_path / "run"
     folder.mkdir()

@@ -40,10 +40,10 @@ from pathlib import Path
 
 import numpy as np
 
-from divviz.engine.processes import process_alive, run_process_alive, running
-from divviz.engine.tail import METRICS, last_row, open_regular
-from divviz.engine.completions import MAX_BYTES, check_record
 from divviz.catalogue.params import DivvizInputError
+from divviz.engine.completions import MAX_BYTES, check_record
+from divviz.runs.processes import process_alive, run_process_alive, running
+from divviz.runs.tail import METRICS, last_row, open_regular
 from divviz.safetext import quoted, shorten
 
 CLOCK_KEYS = ("step_time", "tokens_per_s", "eval/time", "runs_training")  # the wall clock's figures in a run's rows

@@ -1,4 +1,4 @@
-"""`python -m divviz.engine.pool RUNS_DIR`: the one process that trains a runs folder's queued runs.
+"""`python -m divviz.runs.pool RUNS_DIR`: the one process that trains a runs folder's queued runs.
 
 A workshop room presses Start thirty times on one small machine. The pool keeps that bounded and the app
 responsive:
@@ -39,8 +39,8 @@ import time
 from pathlib import Path
 
 from divviz.catalogue.params import DivvizInputError
-from divviz.engine.processes import running
-from divviz.engine.store import read_status, writable_runs_folder, write_status
+from divviz.runs.processes import running
+from divviz.runs.store import read_status, writable_runs_folder, write_status
 from divviz.safetext import quoted
 
 STOP_GRACE_S = 10.0
@@ -212,7 +212,7 @@ def train_child(folder: Path) -> int:
     os.dup2(log, 1)
     os.dup2(log, 2)
     try:
-        from divviz.engine.worker import main
+        from divviz.runs.worker import main
 
         main(str(folder))
         return 0
@@ -230,8 +230,8 @@ def preload() -> None:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast  # noqa: F401
 
     import divviz.engine.grpo  # noqa: F401
-    import divviz.engine.train  # noqa: F401
-    import divviz.engine.worker  # noqa: F401
+    import divviz.runs.train  # noqa: F401
+    import divviz.runs.worker  # noqa: F401
 
 
 def claim(root: Path, **about):

@@ -12,14 +12,14 @@ from typing import Callable
 
 import torch
 
-from divviz.engine import resume
+from divviz.catalogue.params import DivvizInputError
 from divviz.engine.config import RunConfig
 from divviz.engine.evaluate import evaluate
 from divviz.engine.grpo import NonFiniteLoss, StepResult, Trainer, grpo_step, make_trainer
 from divviz.engine.prompts import prompting
 from divviz.engine.stability import Stability
-from divviz.engine.store import RunWriter, new_run_folder, read_metrics, runs_training
-from divviz.catalogue.params import DivvizInputError
+from divviz.runs import resume
+from divviz.runs.store import RunWriter, new_run_folder, read_metrics, runs_training
 
 
 class StopRequested(BaseException):

@@ -21,12 +21,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from divviz.engine import resume, store
-from divviz.engine.config import RunConfig
-from divviz.engine.pool import STOP_GRACE_S, QueueLock, control_dir, max_runs, queued_runs, worker_threads
-from divviz.engine.processes import run_process_alive
-from divviz.engine.store import list_runs, new_run_folder, read_metrics, read_status, write_status
 from divviz.catalogue.params import DivvizInputError
+from divviz.engine.config import RunConfig
+from divviz.runs import resume, store
+from divviz.runs.pool import STOP_GRACE_S, QueueLock, control_dir, max_runs, queued_runs, worker_threads
+from divviz.runs.processes import run_process_alive
+from divviz.runs.store import list_runs, new_run_folder, read_metrics, read_status, write_status
 from divviz.safetext import quoted
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ def pool_command(root: Path) -> list[str]:
     name: the engine imports nothing of it) when $DIVVIZ_RAY names one ("local": a cluster of this machine's own).
     Either is told this process's pid, and leaves once idle after it ends."""
     cluster = os.environ.get("DIVVIZ_RAY")
-    return [*(("divviz.ray.pool", str(root), cluster) if cluster else ("divviz.engine.pool", str(root))),
+    return [*(("divviz.ray.pool", str(root), cluster) if cluster else ("divviz.runs.pool", str(root))),
             str(os.getpid())]
 
 

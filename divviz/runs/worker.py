@@ -6,10 +6,10 @@ import json
 import time
 from pathlib import Path
 
-from divviz.engine.config import RunConfig
-from divviz.engine.store import read_status, write_status
-from divviz.engine.train import StopRequested, stop_on_sigterm, train
 from divviz.catalogue.params import DivvizInputError
+from divviz.engine.config import RunConfig
+from divviz.runs.store import read_status, write_status
+from divviz.runs.train import StopRequested, stop_on_sigterm, train
 
 
 def main(folder: str) -> None:

@@ -10,7 +10,7 @@ keeps its identity (device and inode), the offset up to the last complete line r
     replaced or shorter      (a new inode, or truncated) read again from the start
 
 A corrupt line is skipped, as a full read skips it; what is returned equals a fresh full read of the file's complete
-lines (tests/engine/test_tail.py checks that for any sequence of appends, torn writes, truncations and replacements).
+lines (tests/runs/test_tail.py checks that for any sequence of appends, torn writes, truncations and replacements).
 When the rows cached over all files pass `max_rows`, the least recently read files are forgotten (and read again
 from the start if asked for).
 """

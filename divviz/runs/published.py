@@ -39,8 +39,8 @@ from pathlib import Path
 import numpy as np
 
 import divviz
-from divviz.engine import store
-from divviz.engine.tail import open_regular
+from divviz.runs import store
+from divviz.runs.tail import open_regular
 
 ROOT = Path(divviz.__file__).resolve().parent.parent / "published"  # beside the package in a checkout
 JSONL = ("metrics.jsonl", "eval.jsonl", "samples.jsonl")

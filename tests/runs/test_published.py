@@ -1,4 +1,4 @@
-"""The published runs (`engine/published.py`): a grid published run by run, compact and readable with gzip and
+"""The published runs (`runs/published.py`): a grid published run by run, compact and readable with gzip and
 json alone, opened as a runs folder — holding every cell a user's folder lacks, listed read-only on the Runs page,
 opened by the Step inspector — a broken manifest hiding only its own grid, and a published run trained again from its
 config.json coming back to the bit (`scripts/retrain_published.py`)."""
@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from divviz.engine import published, store
 from divviz.evidence import claims, claims_lm, lm_evidence
 from divviz.evidence.lm_evidence import LMEvidence
+from divviz.runs import published, store
 from tests.lm_grid import LM_SEEDS, LM_STEPS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,7 +26,7 @@ TRAINED_BY = {"model": "builtin", "setting": "", "device": "cpu", "cpu": "AVX512
 
 @pytest.fixture
 def published_grid(lm_plan, tmp_path, monkeypatch):
-    """The fixture's grid published (`engine/published.py`) into a folder of its own, read as divviz reads
+    """The fixture's grid published (`runs/published.py`) into a folder of its own, read as divviz reads
     published/ (its unpacked copy in a cache of this test's)."""
     where = tmp_path / "published"
     for (measure, reward, seed), run in lm_plan.runs.items():
