@@ -5,7 +5,7 @@ import streamlit as st
 
 from divviz.catalogue.divergences import CATALOGUE, DUAL_CLIP
 from divviz.catalogue.kinship import GROUPS
-from divviz.losses import RATIO_CAP
+from divviz.loss_checks import RATIO_CAP
 from divviz.catalogue.rollout_correction import CORRECTIONS, OPTIONS
 
 st.title("Catalogue")

@@ -16,7 +16,7 @@ from divviz.evidence import claims, claims_export, claims_lm, claims_real, claim
 from divviz.evidence.claims_lm import DEVICE_KINDS
 from divviz.runs import store
 from divviz.safetext import literal
-from divviz.views import claims_tables, run_plots, run_views
+from divviz.views import claims_tables, run_plots, run_text
 
 
 @st.cache_data(show_spinner=False, max_entries=4)
@@ -185,11 +185,11 @@ elif lm_plan is not None:
             left_s = plan.time_left()
             ahead = len(plan.ahead)
             if plan.pending:  # something trains or waits in the queue
-                eta = ("" if left_s is None else f", about {run_views.duration(left_s)} left at the pace so far"
+                eta = ("" if left_s is None else f", about {run_text.duration(left_s)} left at the pace so far"
                        + (f", {ahead} other queued run{'s' if ahead != 1 else ''} included" if ahead else ""))
             else:  # nothing is training: what Train would cost, not a countdown
                 eta = (f"; the other {len(plan.missing)} are not queued" + (
-                    "" if left_s is None else f" (about {run_views.duration(left_s)} to train them here, at the pace "
+                    "" if left_s is None else f" (about {run_text.duration(left_s)} to train them here, at the pace "
                                               "of the runs so far)"))
             st.progress(plan.progress, text=literal(f"{plan.done} of {len(plan.runs)} runs finished{eta} "
                                                     f"({plan.text})"))

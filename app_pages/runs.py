@@ -8,7 +8,7 @@ from divviz.app import room, run_ui, widgets
 
 from divviz.runs import runner, store
 from divviz.safetext import literal
-from divviz.views import run_views, runs_table
+from divviz.views import run_files, run_text, runs_table
 
 st.title("Runs")
 widgets.published_warnings()
@@ -24,7 +24,7 @@ st.write(f"Every run folder in {literal(str(root))} (set `DIVVIZ_RUNS_DIR` or `-
 def overview() -> None:
     """The table of runs, every 2 s: each run's status and last row only, a page of them at a time."""
     with widgets.shown_errors():
-        runs = run_views.every_run(root)
+        runs = run_files.every_run(root)
         if not runs:
             st.info("No runs yet. Start one in the Training lab, or run `divviz train` in a terminal.")
         else:
@@ -50,12 +50,12 @@ def charts(names: list[str], group: bool) -> None:
     """The chosen runs' curves (read incrementally: only what was appended since); a fragment that refreshes every
     2 s while one of them trains, and rests otherwise."""
     with widgets.shown_errors():
-        every = {run.name: run.folder for run in run_views.every_run(root)}
+        every = {run.name: run.folder for run in run_files.every_run(root)}
         picked = [store.read_run(every[name]) for name in names if name in every]
-        data = [(f"{run_views.task_label(run.config)} · {run_views.run_label(run)}" if group else
-                 run_views.run_label(run, unique=True), store.read_metrics(run.folder)) for run in picked]
+        data = [(f"{run_text.task_label(run.config)} · {run_text.run_label(run)}" if group else
+                 run_text.run_label(run, unique=True), store.read_metrics(run.folder)) for run in picked]
         if any(rows for _, rows in data):
-            st.download_button("Metrics of these runs (CSV)", lambda: run_views.metrics_csv(picked),
+            st.download_button("Metrics of these runs (CSV)", lambda: run_files.metrics_csv(picked),
                                icon=":material/table:", file_name="divviz_metrics.csv", mime="text/csv",
                                key="runs:csv", on_click="ignore", help="every step of every chosen run, made when "
                                                                        "you click")
@@ -67,7 +67,7 @@ def charts(names: list[str], group: bool) -> None:
 
 
 with widgets.shown_errors():
-    runs = run_views.every_run(root)
+    runs = run_files.every_run(root)
     st.session_state["runs:seen"] = runs_table.seen(runs)  # before the table: it compares against this
     overview()
     if runs:
@@ -75,7 +75,7 @@ with widgets.shown_errors():
         left, right = st.columns([4, 1])
         with_data = [name for name in names if names[name].step > 0]  # a run that never trained a step draws no line
         chosen = left.multiselect("Runs to overlay", list(names), default=with_data[:2], key="runs:chosen",
-                                  format_func=lambda name: run_views.run_choice(names[name]),
+                                  format_func=lambda name: run_text.run_choice(names[name]),
                                   help="type part of an objective, a task or a seed to filter; runs with no step yet "
                                        "draw nothing")
         group = right.toggle("Group by objective", key="runs:group",

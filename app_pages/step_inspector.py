@@ -15,7 +15,7 @@ from divviz.evidence import rescore
 from divviz.losses import TOKEN_STATES
 from divviz.runs import store
 from divviz.safetext import literal
-from divviz.views import explain, run_views, token_view
+from divviz.views import explain, run_files, run_text, run_views, token_view
 
 PAGE = "inspector"
 INTRO = ("Pick a run and a step: each kept prompt with its G completions, as text, every token coloured by one of "
@@ -76,7 +76,7 @@ def forget(*names: str) -> None:
 
 with widgets.shown_errors():
     root = store.runs_dir()
-    every = run_views.every_run(root)  # the runs folder's, then the published runs'
+    every = run_files.every_run(root)  # the runs folder's, then the published runs'
     runs = [run for run in every if store.completion_steps(run.folder)]
     listed = {run.name for run in runs}
     metrics_only = [run.name for run in every if run.config.get("backend") == "import" and run.name not in listed]
@@ -94,17 +94,17 @@ with widgets.shown_errors():
     settle("step", steps, steps[-1], "the steps whose completions this run kept")
     with st.sidebar:
         name = st.selectbox("Run", list(names), key=page_state.key(PAGE, "run"), on_change=forget,
-                            args=("step", "completion", "token"), format_func=lambda n: run_views.run_choice(names[n]))
+                            args=("step", "completion", "token"), format_func=lambda n: run_text.run_choice(names[n]))
         run = names[name]
-        step = st.select_slider(run_views.kept_steps_label(steps), steps, key=page_state.key(PAGE, "step"),
+        step = st.select_slider(run_text.kept_steps_label(steps), steps, key=page_state.key(PAGE, "step"),
                                 on_change=forget, args=("token",)) if len(steps) > 1 else steps[0]
         colour_by = widgets.choice(PAGE, BY_NAME["colour"], "Colour tokens by")
         extra = objective_sidebar.measure_list(PAGE, BY_NAME["m"], "Explain the token also under these clip tests (the run's "
                                                     "penalty, β, dual-clip and aggregation kept)")
     record = step_record(run.folder, step)
 
-    st.subheader(literal(f"{run_views.run_label(run)} · step {step}"))
-    st.caption(literal(run_views.run_choice(run)))  # the run whole: the sidebar's select cuts a long one short
+    st.subheader(literal(f"{run_text.run_label(run)} · step {step}"))
+    st.caption(literal(run_text.run_choice(run)))  # the run whole: the sidebar's select cuts a long one short
     choices = [f"{g + 1}.{c + 1}" for g, c in token_view.completions_of(record)]
     if not choices:
         page_state.publish_controls(PAGE, CONTROLS)

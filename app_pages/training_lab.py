@@ -14,7 +14,7 @@ from divviz.engine.policy import DTYPES
 from divviz.engine.tasks import TASKS
 from divviz.runs import runner, store
 from divviz.safetext import literal
-from divviz.views import run_views, token_view
+from divviz.views import run_text, run_views, token_view
 
 PAGE = "lab"
 INTRO = (f"Train the built-in model (or your own) with GRPO, one run per chosen clip test or surrogate and seed, and "
@@ -157,10 +157,10 @@ def draw_runs() -> None:
     data = []
     for run in runs:
         rows = store.read_metrics(run.folder)
-        label = run_views.run_label(run)
+        label = run_text.run_label(run)
         data.append((label, rows, run))
         label = f"{label} · seed {run.config.get('seed')}"
-        st.progress(min(1.0, run.step / max(run.steps, 1)), text=run_views.progress_text(run, rows, time.time()))
+        st.progress(min(1.0, run.step / max(run.steps, 1)), text=run_text.progress_text(run, rows, time.time()))
         if run.state in ("failed", "interrupted"):
             st.error(literal(f"{label}: {run.message}"), icon=":material/error:")
     if any(run.state in ("queued", "running") for run in runs):
@@ -196,7 +196,7 @@ with widgets.shown_errors():
     for name in st.session_state["lab_runs"]:
         run = store.read_run(root / name)
         for k in store.checkpoint_steps(run.folder):
-            starts[f"{run_views.run_label(run)} after step {k}"] = store.checkpoint_path(run.folder, k)
+            starts[f"{run_text.run_label(run)} after step {k}"] = store.checkpoint_path(run.folder, k)
     left, right = st.columns(2)
     start_from = left.selectbox("Starting weights", list(starts), key="lab:compare_from")
     batch_step = right.number_input("Batch of step", 1, 100_000, 1, key="lab:compare_step",

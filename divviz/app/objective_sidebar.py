@@ -16,7 +16,8 @@ from divviz.catalogue.penalties import penalty, PENALTIES
 from divviz.catalogue.rollout_correction import (ICEPOP_HIGH, ICEPOP_LOW, OPTIONS as RS_OPTIONS, RS_BOUND, RS_RATIO_HIGH,
                                        RS_RATIO_LOW, SAMPLER_DTYPES, TIS_CAP)
 from divviz.catalogue.surrogates import LEVELS
-from divviz.losses import OFF_POLICY_MASK, Objective, RATIO_CAP
+from divviz.loss_checks import OFF_POLICY_MASK, RATIO_CAP
+from divviz.losses import Objective
 from divviz.safetext import literal
 from divviz.views import explorer
 

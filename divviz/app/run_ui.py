@@ -14,7 +14,7 @@ from divviz.engine import stability
 from divviz.runs import runner
 from divviz.runs.train import eval_steps
 from divviz.safetext import literal
-from divviz.views import run_views
+from divviz.views import run_text, run_views
 
 
 def expected_step_time(root, configs: list, on_measure) -> None:
@@ -39,14 +39,14 @@ def expected_step_time(root, configs: list, on_measure) -> None:
     total = math.ceil(runs / at_once) * (seconds * cfg.steps + evaluations * (evaluation or 0.0))
     held_out = ""
     if evaluations:
-        held_out = (f", {evaluations} held-out evaluations each included (about {run_views.seconds_text(evaluation)} "
+        held_out = (f", {evaluations} held-out evaluations each included (about {run_text.seconds_text(evaluation)} "
                     "each here)" if evaluation is not None else
                     f", plus {evaluations} held-out evaluations each (not yet timed here)")
     st.caption(literal(
-        f"Expected: about {run_views.seconds_text(seconds)} per step ({estimate.basis}, "
-        f"{run_views.timed_beside(estimate.side_by_side)}); "
+        f"Expected: about {run_text.seconds_text(seconds)} per step ({estimate.basis}, "
+        f"{run_text.timed_beside(estimate.side_by_side)}); "
         + (f"these {runs} runs train {at_once} at a time" if runs > 1 else "this run trains")
-        + f": about {run_views.duration(total)} in all for {cfg.steps} steps{' each' if runs > 1 else ''}{held_out}. "
+        + f": about {run_text.duration(total)} in all for {cfg.steps} steps{' each' if runs > 1 else ''}{held_out}. "
         "Take it as within a factor of 2: anything else this machine does, another browser's runs included, slows "
         "every step."))
 

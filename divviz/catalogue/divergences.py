@@ -305,7 +305,7 @@ def get_entry(name: str, family: str | None = None) -> ClipTestEntry | PenaltyEn
     kind = {"clip": "clip test", "penalty": "penalty", "surrogate": "surrogate", None: "measure"}[family]
     if family is None and isinstance(name, str) and name not in pool:  # too long for one line: its clip tests
         raise DivvizInputError(f"unknown measure {quoted(name)}; clip tests: {', '.join(FAMILIES['clip'])} "
-                               "(`divviz measures` lists the penalties and surrogates too)")
+                               "(`divviz catalogue` lists the penalties and surrogates too)")
     return pool[check_name(name, kind, pool)]
 
 

@@ -1,6 +1,6 @@
 """How the catalogue's entries relate: each one's group, and how it differs from its nearest sibling.
 
-The Catalogue page and `divviz measures` read this map; tests/catalogue/test_catalogue.py checks that it names every entry
+The Catalogue page and `divviz catalogue` read this map; tests/catalogue/test_catalogue.py checks that it names every entry
 once and that every sibling is an entry.
 """
 

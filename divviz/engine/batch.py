@@ -32,8 +32,7 @@ class Update:
     """What `update` did: the last pass's LossOutput (each completion's from its mini-batch), π_old, the clip
     fractions averaged over its μ × K optimiser steps (and by optimiser step when K > 1), the gradient norms, the
     rollout correction (None when the batch is on-policy), the loss's mask (the completions' less the tokens the
-    correction rejected), the tempered logits of the `watch` rows before the update and the mini-batch each
-    completion trained in (None for K = 1)."""
+    correction rejected) and the mini-batch each completion trained in (None for K = 1)."""
 
     out: LossOutput
     logp_old: torch.Tensor
@@ -41,5 +40,4 @@ class Update:
     grad_norms: list[float]
     correction: Correction | None
     mask: torch.Tensor
-    before: torch.Tensor | None = None  # (len(watch), T, V)
     minibatch: torch.Tensor | None = None  # (N,) 0-based

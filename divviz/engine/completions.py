@@ -92,7 +92,7 @@ def step_record(*, step: int, tokenizer, groups: list[tuple[str, list[int]]], te
     unseen = lambda x: x if x is None or rejected is None else x.masked_fill(rejected, float("nan"))  # noqa: E731
     columns = {
         "pi_old": logp_old.exp(), "pi_new": None if logp_after is None else logp_after.exp(),
-        "ratio": unseen(out.ratio), "adv": adv.expand_as(mask), "measure": unseen(out.measure),
+        "ratio": unseen(out.ratio), "adv": adv.expand_as(mask), "measure": unseen(out.clip_value),
         "penalty": unseen(out.penalty), "pi_ref": None if logp_ref is None else logp_ref.exp(),
         "loss": unseen(out.per_token_loss), "weight": weight, "rho": unseen(out.policy_weight),
         "pi_roll": None if logp_roll is None else logp_roll.exp(), "entropy": entropy, "top1": top1}

@@ -34,16 +34,17 @@ from divviz.catalogue.aggregation import dapo_tokens, group_advantages
 from divviz.engine.batch import Batch, Update
 from divviz.engine.config import RunConfig
 from divviz.engine.frozen_prefix import FrozenPrefix, frozen_prefix
-from divviz.engine.minibatch import PolicyBefore, in_batch_order, minibatch_index, minibatch_rows
+from divviz.engine.minibatch import in_batch_order, minibatch_index, minibatch_rows
 from divviz.engine.policy import load_policy, pick_device, pick_dtype, train_last_blocks
 from divviz.engine.prompts import asked_ids, resolve_format, shown_prompts
 from divviz.engine.rollout import (Rollout, completion_logits, completion_logps, decode_completions, encode_prompts,
                                   sample, token_logps)
 from divviz.engine.sampler import RolloutPolicy, rollout_policy
-from divviz.engine.step_metrics import (ENTROPY_ROWS, StepTally, after_rows, inspected_record, inspected_rows,
+from divviz.engine.step_metrics import (ENTROPY_ROWS, MeasuredRows, StepTally, inspected_record, measured_rows,
                                         step_metrics, token_sample)
 from divviz.engine.tasks import Task, coin_rewards, get_task
-from divviz.losses import LossOutput, NonFiniteInput, Objective
+from divviz.loss_checks import NonFiniteInput
+from divviz.losses import LossOutput, Objective
 from divviz.metrics import entropy_change
 from divviz.catalogue.rollout_correction import RolloutCorrection
 
@@ -54,11 +55,12 @@ def grpo_step(tr: Trainer, step: int) -> StepResult:
     start = time.perf_counter()
     batch = make_batch(tr, step)
     logp_ref = reference_logps(tr, batch)
-    seen = after_rows(len(batch.adv), inspected_rows(tr.cfg), step).to(tr.device)
-    done = update(tr, batch, tr.objective, logp_ref, step, watch=seen[:ENTROPY_ROWS])
+    measured = measured_rows(tr.cfg, len(batch.adv), step, tr.device)
+    done = update(tr, batch, tr.objective, logp_ref, step, measured=measured)
     if tr.sampler is not None:
         tr.sampler.after_update(tr.model)
-    rescored, logp_after, changed = policy_after(tr, batch, done, seen, step)
+    seen = measured.after
+    rescored, logp_after, changed = policy_after(tr, batch, measured, step)
     metrics = step_metrics(tr.cfg, tr.objective, batch, done, seen, rescored, logp_after, logp_ref, changed, step,
                            time.perf_counter() - start)
     return StepResult(metrics, token_sample(batch, done, seen, rescored, logp_after, seed=tr.cfg.seed * 31 + step),
@@ -74,16 +76,18 @@ def reference_logps(tr: Trainer, batch: Batch) -> torch.Tensor | None:
         return completion_logps(tr.reference, batch.rollout, tr.cfg.temperature, tr.autocast, prefix=batch.prefix)
 
 
-def policy_after(tr: Trainer, batch: Batch, done: Update, seen: torch.Tensor, step: int):
-    """One no-grad forward after the update, on at most AFTER_ROWS completions (`seen`, a seeded subset): the only
-    cost divviz adds to a bare GRPO step; its log-probs feed metrics only, never autograd, hence inference mode.
-    Returns the rows re-scored, their log-probs after and the entropy's change on the first ENTROPY_ROWS of them."""
+def policy_after(tr: Trainer, batch: Batch, measured: MeasuredRows, step: int):
+    """One no-grad forward after the update, on at most AFTER_ROWS completions (`measured.after`, a seeded subset):
+    the only cost divviz adds to a bare GRPO step; its log-probs feed metrics only, never autograd, hence inference
+    mode. Returns the rows re-scored, their log-probs after and the entropy's change on the first ENTROPY_ROWS of
+    them (against their logits before, `measured.before`)."""
+    seen = measured.after
     rescored = batch.rollout.rows(seen)
     with torch.inference_mode():
         logits_after = completion_logits(tr.model, rescored, tr.cfg.temperature, tr.autocast,
                                          rows_of(batch.prefix, seen))
         logp_after = token_logps(logits_after, rescored)
-        changed = entropy_change(done.before, logits_after[:ENTROPY_ROWS], rescored.completion_mask[:ENTROPY_ROWS])
+        changed = entropy_change(measured.before, logits_after[:ENTROPY_ROWS], rescored.completion_mask[:ENTROPY_ROWS])
         del logits_after
     if not torch.isfinite(logp_after).all():
         raise NonFiniteLoss(f"the policy's log-probs became NaN/inf after step {step + 1}; "
@@ -217,26 +221,23 @@ def top_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float)
 
 def update(tr: Trainer, batch: Batch, objective: Objective, logp_ref, step: int,
            correction: RolloutCorrection | None = None, bypass: bool | None = None,
-           watch: torch.Tensor | None = None) -> Update:
+           measured: MeasuredRows | None = None) -> Update:
     """μ passes of `objective` over `batch`, each K = `minibatches` optimiser steps on the mini-batches of
     `minibatch.minibatch_rows`, all against π_old, as the module's docstring reads. With a sampler or an active
     rollout correction (default: the run's), the correction of π_before against the sampler's π_roll weighs and
     masks every step and its metrics measure the mismatch; in verl's bypass mode (default: the run's) π_old is
-    π_roll. TRL's off-policy sequence mask compares π_θ with π_roll, as TRL does with vLLM's log-probs."""
+    π_roll. TRL's off-policy sequence mask compares π_θ with π_roll, as TRL does with vLLM's log-probs. The
+    `measured` rows' logits before the update are kept in it as its forwards pass them (`step_metrics.MeasuredRows`)."""
     cfg, rollout, mask = tr.cfg, batch.rollout, batch.rollout.completion_mask
     correction = tr.correction if correction is None else correction
     bypass = cfg.bypass_mode if bypass is None else bypass
     parts = minibatch_rows(len(batch.adv), cfg.minibatches, cfg.seed * 104_729 + step)
-    before = PolicyBefore(tr.model, rollout, batch.prefix, parts[1:], cfg.temperature, tr.autocast, watch)
     tally = StepTally(cfg.mu * len(parts), by_minibatch=len(parts) > 1)
     logp_roll = rollout.logp if tr.sampler is not None else None  # π_roll, when a sampler other than π_θ drew
-    tr.model.train()
-    logp_first, top_first, logits = training_forward(tr, batch, parts[0])  # the first mini-batch's first forward:
-    before.add(parts[0], logp_first, logits)                                 # π_before is now whole
-    del logits
-    logp_old = rollout.logp if bypass else before.logp
-    measured = tr.sampler is not None or correction.active
-    corrected = correction.apply(before.logp, rollout.logp, mask) if measured else None
+    logp_before, logp_first, top_first = policy_before(tr, batch, parts, measured)
+    logp_old = rollout.logp if bypass else logp_before
+    mismatched = tr.sampler is not None or correction.active
+    corrected = correction.apply(logp_before, rollout.logp, mask) if mismatched else None
     kept = mask if corrected is None else corrected.mask
     rho = None if corrected is None else corrected.weight
     tokens = dapo_tokens(kept, len(parts)) if objective.aggregation == "dapo" else None
@@ -259,7 +260,34 @@ def update(tr: Trainer, batch: Batch, objective: Objective, logp_ref, step: int,
                 tally.last_pass.append((rows, out))
     tr.model.eval()
     return Update(in_batch_order(tally.last_pass, len(batch.adv)), logp_old, tally.fractions, tally.grad_norms,
-                  corrected, kept, before.logits, minibatch_index(parts, len(batch.adv)) if len(parts) > 1 else None)
+                  corrected, kept, minibatch_index(parts, len(batch.adv)) if len(parts) > 1 else None)
+
+
+def policy_before(tr: Trainer, batch: Batch, parts: list[torch.Tensor], measured: MeasuredRows | None):
+    """π_before, the policy before the update, on every completion, in one place: each later mini-batch's log-probs
+    by a no-grad forward with the shapes its training forwards will have, then (the model put in training mode) the
+    first mini-batch's from its own first training forward, detached, so that its ratios are exactly 1, as TRL's
+    with one optimiser step per batch. Returns the (N, T) log-probs and that first forward's log-probs (with grad)
+    and top-entropy mask, which the update's first optimiser step trains on; the `measured` rows' logits are kept."""
+    rollout = batch.rollout
+    logp_before = torch.zeros_like(rollout.logp)
+    with torch.no_grad():
+        for rows in parts[1:]:
+            part = rollout.rows(rows)
+            logits = completion_logits(tr.model, part, tr.cfg.temperature, tr.autocast, rows_of(batch.prefix, rows))
+            logp_before[rows] = token_logps(logits, part)
+            keep_logits(measured, rows, logits)
+            del logits
+    tr.model.train()
+    logp_first, top_first, logits = training_forward(tr, batch, parts[0])
+    logp_before[parts[0]] = logp_first.detach()
+    keep_logits(measured, parts[0], logits)
+    return logp_before, logp_first, top_first
+
+
+def keep_logits(measured: MeasuredRows | None, rows: torch.Tensor, logits: torch.Tensor) -> None:
+    if measured is not None:
+        measured.keep(rows, logits)
 
 
 def training_forward(tr: Trainer, batch: Batch, rows: torch.Tensor):

@@ -17,8 +17,6 @@ from dataclasses import fields
 
 import torch
 
-from divviz.engine.frozen_prefix import FrozenPrefix
-from divviz.engine.rollout import Rollout, completion_logits, token_logps
 from divviz.losses import LossOutput
 
 
@@ -38,38 +36,6 @@ def minibatch_index(parts: list[torch.Tensor], n: int) -> torch.Tensor:
     for k, rows in enumerate(parts):
         index[rows] = k
     return index
-
-
-class PolicyBefore:
-    """The policy before the update on every completion of the batch: `logp`, the (N, T) log-probs of the sampled
-    tokens (π_old, unless π_roll stands in for it), and `logits`, the tempered logits (len(watch), T, V) of the
-    `watch` rows (the entropy change's "before", `metrics.entropy_change`).
-
-    The first mini-batch's come from its own first training forward, detached (so its ratios are exactly 1, as
-    TRL's with one optimiser step per batch); every later mini-batch's from a no-grad forward before any of them
-    trains, with the shapes its training forwards will have; all of them from the batch's frozen prefix where it has
-    one (`frozen_prefix.py`)."""
-
-    def __init__(self, model, rollout: Rollout, prefix: FrozenPrefix | None, later: list[torch.Tensor],
-                 temperature: float, autocast, watch: torch.Tensor | None):
-        self.logp = torch.zeros_like(rollout.logp)
-        self.logits = None
-        self.place = {} if watch is None else {int(row): i for i, row in enumerate(watch.tolist())}
-        with torch.no_grad():
-            for rows in later:
-                part = rollout.rows(rows)
-                logits = completion_logits(model, part, temperature, autocast, None if prefix is None else prefix[rows])
-                self.add(rows, token_logps(logits, part), logits)
-                del logits
-
-    def add(self, rows: torch.Tensor, logp: torch.Tensor, logits: torch.Tensor) -> None:
-        """Record the policy before the update on the completions `rows`: their log-probs and (N_rows, T, V) logits."""
-        self.logp[rows] = logp.detach()
-        for j, row in enumerate(rows.tolist()):
-            if row in self.place:
-                if self.logits is None:
-                    self.logits = logits.new_zeros((len(self.place), *logits.shape[1:]))
-                self.logits[self.place[row]] = logits[j].detach()
 
 
 def in_batch_order(parts: list[tuple[torch.Tensor, LossOutput]], n: int) -> LossOutput:

@@ -3,6 +3,8 @@ names, `metrics.GLOSSARY`), a bounded sample of per-token facts for the scatter 
 record of whole completions (`completions.step_record`).
 
     during the update   each optimiser step's clip fractions (`StepTally`), averaged over the μ × K steps
+    before the step     the completions it measures (`measured_rows`), of which the update keeps ENTROPY_ROWS'
+                        full distributions as its forwards pass them
     after the update    one no-grad forward on at most AFTER_ROWS completions (`after_rows`): the KL of the update,
                         where probability mass moved, the entropy's change at ENTROPY_ROWS of them (full distributions
                         before and after) and the clip's overshoot
@@ -70,11 +72,39 @@ def after_rows(n: int, inspected: int, step: int) -> torch.Tensor:
     return torch.cat([torch.arange(inspected), inspected + others[:max(AFTER_ROWS - inspected, 0)].sort().values])
 
 
-def step_metrics(cfg: RunConfig, objective: Objective, batch: Batch, done: Update, seen: torch.Tensor, kept: Rollout,
-                 logp_after: torch.Tensor, logp_ref: torch.Tensor | None, changed: dict[str, float], step: int,
-                 elapsed: float) -> dict[str, float]:
+@dataclass
+class MeasuredRows:
+    """The completions a step's metrics look at, chosen before the step (`measured_rows`): `after`, those re-scored
+    after the update, and the first ENTROPY_ROWS of them, whose tempered logits before the update (`before`,
+    (ENTROPY_ROWS, T, V)) the update's forwards leave here as they pass them (`keep`), for the entropy's change."""
+
+    after: torch.Tensor
+    before: torch.Tensor | None = None
+
+    @property
+    def entropy(self) -> torch.Tensor:
+        return self.after[:ENTROPY_ROWS]
+
+    def keep(self, rows: torch.Tensor, logits: torch.Tensor) -> None:
+        """Keep the (len(rows), T, V) tempered `logits` of the completions `rows` that are among the entropy rows."""
+        place = {int(row): i for i, row in enumerate(self.entropy.tolist())}
+        for j, row in enumerate(rows.tolist()):
+            if row in place:
+                if self.before is None:
+                    self.before = logits.new_zeros((len(place), *logits.shape[1:]))
+                self.before[place[row]] = logits[j].detach()
+
+
+def measured_rows(cfg: RunConfig, n: int, step: int, device: torch.device) -> MeasuredRows:
+    """Step `step`'s measured rows of its n completions (`after_rows`), before the update has kept anything."""
+    return MeasuredRows(after_rows(n, inspected_rows(cfg), step).to(device))
+
+
+def step_metrics(cfg: RunConfig, objective: Objective, batch: Batch, done: Update, seen: torch.Tensor,
+                 rescored: Rollout, logp_after: torch.Tensor, logp_ref: torch.Tensor | None, changed: dict[str, float],
+                 step: int, elapsed: float) -> dict[str, float]:
     """Step `step`'s (0-based) metrics row: rewards, the update's clip fractions and rollout correction, the KL and
-    mass shift of the update on the completions `seen` (their rollout `kept`, re-scored after it: `logp_after`), the
+    mass shift of the update on the completions `seen` (their rollout `rescored` after it: `logp_after`), the
     entropy, its change (`changed`) and its covariance, loss, gradient norm and time."""
     rollout, rewards, logp_old = batch.rollout, batch.rewards, done.logp_old
     grouped = rewards.view(cfg.prompts, cfg.group_size)
@@ -87,9 +117,9 @@ def step_metrics(cfg: RunConfig, objective: Objective, batch: Batch, done: Updat
         "completions/mean_length": float(rollout.completion_mask.sum(1).mean()),
         **done.fractions,
         **(done.correction.metrics if done.correction else {}),
-        **update_metrics(kept, logp_old[seen], logp_after, None if logp_ref is None else logp_ref[seen]),
+        **update_metrics(rescored, logp_old[seen], logp_after, None if logp_ref is None else logp_ref[seen]),
         "clip_ratio/overshoot_mean": overshoot((logp_after - logp_old[seen]).exp(), batch.adv[seen],
-                                               kept.completion_mask, objective.clip, logp_old[seen].exp()),
+                                               rescored.completion_mask, objective.clip, logp_old[seen].exp()),
         "entropy": masked_mean(rollout.entropy, rollout.completion_mask),  # over every completion
         **changed,
         **entropy_covariance(logp_old, batch.adv, done.mask, done.out.clip_state(), objective.dual_clip_c is not None),
@@ -125,20 +155,20 @@ def update_metrics(rollout: Rollout, logp_old, logp_after, logp_ref) -> dict[str
     return metrics
 
 
-def token_sample(batch: Batch, done: Update, seen: torch.Tensor, kept: Rollout, logp_after: torch.Tensor,
+def token_sample(batch: Batch, done: Update, seen: torch.Tensor, rescored: Rollout, logp_after: torch.Tensor,
                  seed: int) -> dict[str, np.ndarray]:
     """Up to TOKEN_SAMPLE of the tokens of the completions `seen` that the loss kept (a rollout correction may have
     rejected some): π_old, the ratio at the last inner step, π after the update, the advantage and the clip state
     (0 inside, 1 clipped low, 2 clipped high, 3 dual-clipped)."""
-    rollout, out, logp_old = kept, done.out.rows(seen), done.logp_old[seen]
+    out, logp_old = done.out.rows(seen), done.logp_old[seen]
     rows, cols = (done.mask[seen] > 0).nonzero(as_tuple=True)
-    keep = torch.randperm(len(rows), generator=torch.Generator().manual_seed(seed))[:TOKEN_SAMPLE].sort().values
-    rows, cols = rows[keep.to(rows.device)], cols[keep.to(rows.device)]
+    chosen = torch.randperm(len(rows), generator=torch.Generator().manual_seed(seed))[:TOKEN_SAMPLE].sort().values
+    rows, cols = rows[chosen.to(rows.device)], cols[chosen.to(rows.device)]
     pick = lambda x: x[rows, cols].detach().float().cpu().numpy()  # noqa: E731
     return {
         "pi_old": pick(logp_old.exp()), "ratio": pick(out.ratio), "pi_new": pick(logp_after.exp()),
         "adv": batch.adv[seen][rows].detach().float().cpu().numpy(), "state": pick(out.clip_state()).astype(np.int8),
-        "was_argmax": pick(rollout.was_argmax).astype(bool), "completion": rows.cpu().numpy().astype(np.int32),
+        "was_argmax": pick(rescored.was_argmax).astype(bool), "completion": rows.cpu().numpy().astype(np.int32),
         "position": cols.cpu().numpy().astype(np.int32),
     }
 

@@ -111,14 +111,14 @@ def rescore(tokens: Tokens, objective: Objective, measure: str) -> dict:
 
 
 def measure_objective(spec: str) -> Objective:
-    """A clip test's spelling (`kl3:delta=0.02`, as `divviz measures` lists them), or `none`, as an objective."""
+    """A clip test's spelling (`kl3:delta=0.02`, as `divviz catalogue` lists them), or `none`, as an objective."""
     from divviz.catalogue import instances
     from divviz.catalogue.divergences import get_entry
 
     if spec.strip() == "none":
         return Objective()
     if get_entry(spec.split(":")[0].strip()).family != "clip":
-        raise DivvizInputError(f"rescore compares clip tests; {spec.split(':')[0]!r} is not one (see divviz measures)")
+        raise DivvizInputError(f"rescore compares clip tests; {spec.split(':')[0]!r} is not one (see divviz catalogue)")
     return Objective(clip=instances.parse(spec))
 
 

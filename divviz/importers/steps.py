@@ -186,7 +186,7 @@ def score_rows(completions: list, objective: Objective) -> list[dict]:
         for r, (i, c) in enumerate(zip(rows, part)):
             n = len(c.ids)
             scored[i] = {"logp_old": logp_old[r, :n], "ratio": out.ratio[r, :n], "adv": adv[r, :n],
-                         "measure": None if out.measure is None else out.measure[r, :n],
+                         "measure": None if out.clip_value is None else out.clip_value[r, :n],
                          "loss": out.per_token_loss[r, :n], "state": state[r, :n], "token_state": token_state[r, :n],
                          "log_ratio": logp[r, :n] - logp_old[r, :n], "low": out.clipped_low[r, :n],
                          "high": out.clipped_high[r, :n]}

@@ -16,7 +16,7 @@ responsive:
   of the cores it shares (weights 335 : 1024), the app and the user's own work the rest; at the lowest weight (19)
   it got about 1.5% and a run sat minutes at its first step on a busy machine. Under autogrouping a plain `nice`
   does not hold across sessions, which is what let twenty workers starve the app before. The lab says when a run
-  gets under half its share (`run_views.starved_text`).
+  gets under half its share (`run_text.starved_text`).
 - **Stop at once.** `runner.stop_run` marks a queued run stopped itself; a running one gets SIGTERM, and SIGKILL
   from a background thread if it has not stopped `STOP_GRACE_S` seconds later. A run that dies records how: the
   pool marks it stopped (its folder has a `.stop` request) or failed.

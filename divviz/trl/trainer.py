@@ -213,8 +213,8 @@ class DivvizGRPOTrainer(GRPOTrainer):
         self._log_surrogate(metrics, out, log_ratio, adv, mask)
         for name, estimator in (("k1", k1), ("k2", k2), ("k3", k3)):
             metrics[f"kl/{name}"].append(mean(estimator(log_ratio)))
-        if out.measure is not None:
-            metrics["divviz/measure_mean"].append(mean(out.measure))
+        if out.clip_value is not None:
+            metrics["divviz/measure_mean"].append(mean(out.clip_value))
         metrics["divviz/grad_masked_mean"].append(mean(out.grad_masked))
         metrics["divviz/outside_mean"].append(mean(out.outside))
         if mode == "train" and self._last_inner_step():
@@ -260,8 +260,8 @@ class DivvizGRPOTrainer(GRPOTrainer):
                  "state": pick(out.clip_state()).astype(np.int8), "completion": rows.cpu().numpy().astype(np.int32),
                  "position": cols.cpu().numpy().astype(np.int32),
                  "rank": np.full(len(rows), self.accelerator.process_index, dtype=np.int16)}
-        if out.measure is not None:
-            facts["measure"] = pick(out.measure)
+        if out.clip_value is not None:
+            facts["measure"] = pick(out.clip_value)
         gathered = gather_object([facts])
         if self.accelerator.is_main_process:
             merged = {key: np.concatenate([part[key] for part in gathered]) for key in facts}

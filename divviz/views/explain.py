@@ -46,8 +46,8 @@ class TokenExplanation:
     pi_old: float
     ratio: float
     adv: float
-    measure: str | None  # the clip test's name
-    measure_value: float | None  # its value for this token
+    clip_test: str | None  # the clip test's name
+    clip_value: float | None  # its value for this token
     threshold: str  # "δ = 0.05" or "ε = 0.2"
     lower: float | None
     upper: float | None
@@ -94,9 +94,9 @@ class TokenExplanation:
         g = lambda x: f"{x + 0.0:.6g}"  # noqa: E731 (+ 0.0: a zero gradient prints 0, never -0)
         rows = [("ratio", f"w = π_θ/π_old = {g(self.ratio)}   (π_old = {g(self.pi_old)}, π_θ = "
                           f"{g(self.ratio * self.pi_old)})"), ("advantage", f"A = {g(self.adv)}")]
-        if self.measure is not None:
+        if self.clip_test is not None:
             inside = self.lower <= self.ratio <= self.upper
-            rows.append(("test", f"{self.measure}(w) = {g(self.measure_value)} against {self.threshold}: "
+            rows.append(("test", f"{self.clip_test}(w) = {g(self.clip_value)} against {self.threshold}: "
                                  f"w {'inside' if inside else 'outside'} [l, u] = [{g(self.lower)}, {g(self.upper)}]"))
         if self.rho is not None:
             rows.append(("ρ", f"the policy term is multiplied by ρ = {g(self.rho)}: a rollout importance weight or "
@@ -155,11 +155,11 @@ def explain(objective: Objective, pi_old: float, ratio: float, adv: float, *, pi
     policy_only = objective.policy_term()(logp_new, *args, **options)
     (policy_gradient,) = torch.autograd.grad(policy_only.loss, logp_new)
     w = float(out.ratio)
-    lower = upper = measure_value = None
+    lower = upper = clip_value = None
     clipped_ratio, threshold = w, ""
     if objective.clip is not None:
         lower, upper = (float(np.asarray(b)) for b in objective.clip.bounds(np.asarray(pi_old)))
-        measure_value = float(out.measure)
+        clip_value = float(out.clip_value)
         threshold = ", ".join(f"{k} = {v:g}" for k, v in objective.clip.params.items())
         if bool(out.outside):
             clipped_ratio = upper if w > 1 else lower
@@ -169,7 +169,7 @@ def explain(objective: Objective, pi_old: float, ratio: float, adv: float, *, pi
     penalty_value = None if out.penalty is None else float(out.penalty)
     return TokenExplanation(
         label=label or objective.label, pi_old=pi_old, ratio=w, adv=adv,
-        measure=objective.clip.name if objective.clip else None, measure_value=measure_value, threshold=threshold,
+        clip_test=objective.clip.name if objective.clip else None, clip_value=clip_value, threshold=threshold,
         lower=lower, upper=upper, unclipped=unclipped, clipped=clipped, winner=winner,
         dual_cap=-objective.dual_clip_c * adv if objective.dual_clip_c is not None and adv < 0 else None,
         policy_loss=float(policy_only.loss.detach()),

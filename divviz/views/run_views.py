@@ -1,34 +1,25 @@
-"""Every figure and number of the run pages (Training lab, Runs, Step inspector), from runs and their metrics:
-compute (the engine's records, `explain`, the same-batch comparison) then draw (`run_plots`, `plots`). Pages call
-these and lay the results out; the explorer pages' are in `explorer.py`."""
+"""Every figure and number of the run pages (Training lab, Runs, Step inspector), from runs' metrics: compute (the
+engine's records, `explain`, the same-batch comparison) then draw (`run_plots`, `plots`). Pages call these and lay
+the results out; their words about a run are in `run_text.py`, their reading of run folders in `run_files.py`, the
+explorer pages' figures in `explorer.py`."""
 
 from __future__ import annotations
 
-import os
-import time
 from dataclasses import replace
 
 import numpy as np
 import pandas as pd
 
 from divviz import loss_grids
-
 from divviz.catalogue.divergences import ClipTest, clip_test
 from divviz.catalogue.instances import unique_labels
-from divviz.catalogue.params import DivvizInputError
-from divviz.engine.config import RunConfig, config_label, correction_from, objective_from, setting_of
+from divviz.engine.config import RunConfig, correction_from, objective_from
 from divviz.evidence.intervals import summarize
 from divviz.losses import Objective
 from divviz.metrics import METRIC_ALIASES, bin_labels, metric, metric_range
-from divviz.runs import published, store
-from divviz.runs import runner
-from divviz.runs.pool import worker_threads
-from divviz.runs.processes import cpu_share
-from divviz.runs.runner import TIMING
-from divviz.safetext import literal
 from divviz.views import plots, run_plots
 from divviz.views.explorer import PI_OLD_GRID
-from divviz.views.figures import Chart, spreadsheet_csv
+from divviz.views.figures import Chart
 
 TRAINING_PANELS = {
     "reward": ("reward", "accuracy"),
@@ -44,6 +35,7 @@ WHEN_LOGGED = ("entropy_change", "entropy_cov", "stability")  # panels drawn onl
 # drawn when a run's sampler may differ from its policy: verl's measures of the mismatch and of what corrected it
 ROLLOUT_PANEL = ("rollout_corr/k3_kl", "rollout_corr/rollout_is_mean", "rollout_corr/rollout_is_eff_sample_size",
                  "rollout_corr/rollout_rs_masked_fraction")
+
 
 def trailing_mean(values, window: int) -> np.ndarray:
     """Mean of the last `window` values at each step (fewer at the start); window 1 returns the values."""
@@ -218,21 +210,6 @@ def token_scatter(runs: list[tuple[str, str, dict, dict]]) -> Chart:
     return run_plots.token_scatter(drawn)
 
 
-def run_label(run, unique: bool = False) -> str:
-    """A legend label for a run: its objective, where it came from when not divviz's engine ("(TRL)", "· imported
-    (unipo)"), and the end of its folder name when `unique`."""
-    try:
-        label = config_label(run.config)
-    except (DivvizInputError, TypeError, AttributeError):  # a config written by another version, or none
-        return run.name
-    if run.config.get("backend") == "trl":
-        label = f"{label} (TRL)"
-    if run.config.get("backend") == "import":  # its file's format, as `importers.source.source_config` keeps it
-        source = run.config.get("source") if isinstance(run.config.get("source"), dict) else {}
-        label = f"{label} · imported ({source.get('format', 'unknown format')})"
-    return f"{label} · {run.name[-6:]}" if unique else label
-
-
 COMPARISON_COLUMNS = {"clip_ratio/low_mean": "clipped low, mean of the μ × K steps",
                       "clip_ratio/high_mean": "clipped high, mean of the μ × K steps",
                       "masked_share": "gradient masked at the last step (low, high or dual-clip)",
@@ -288,46 +265,6 @@ def token_region(objectives: list[tuple[str, Objective]], pi_old: float, ratio: 
                               marks)
 
 
-def metrics_csv(runs) -> str:
-    """Every step of `runs` as one CSV (the Runs page's download): each run's metrics rows and its held-out
-    evaluations joined on the step (an evaluation's columns empty at the steps it did not evaluate; step 0's
-    evaluation a row of its own), with the columns that say which run a row is of — its folder, objective, model,
-    setting, task and seed."""
-    frames = []
-    for run in runs:
-        metrics, evals = pd.DataFrame(store.read_metrics(run.folder)), pd.DataFrame(store.read_evals(run.folder))
-        steps = (metrics.merge(evals, on="step", how="outer") if len(metrics) and len(evals)
-                 else metrics if len(metrics) else evals)
-        if len(steps):
-            who = {"run": run.name, "objective": run_label(run), "model": run.config.get("model", ""),
-                   "setting": setting_of(run.config), "task": task_label(run.config), "seed": run.config.get("seed")}
-            frames.append(pd.DataFrame({**who, **steps.sort_values("step").reset_index(drop=True)}))
-    return spreadsheet_csv(pd.concat(frames)) if frames else ""
-
-
-
-def task_label(config: dict) -> str:
-    """A run's task as lists show it, with "random reward" where the task's checker did not give the rewards ("task
-    not given" where its config names none, as an imported file may not)."""
-    task = config.get("task") or "task not given"
-    return f"{task} (random reward)" if config.get("reward") == "random" else task
-
-
-def run_choice(run) -> str:
-    """A run as a list shows it: its measure, model (and the model's setting) and task, seed, state and steps
-    ("kl3 δ=0.05 · add · seed 1 · done, 20 steps · 20261125-143529", "ratio ε=0.2 · smollm2-135m · stress · add · …"),
-    so runs are picked by what they are, not by their folder's name. An imported run has no seed (its file gives
-    none): its label says "imported (format)" instead."""
-    config = run.config
-    setting = setting_of(config)
-    model = ("" if config.get("model", "builtin") == "builtin"
-             else f"{config.get('model')} · {f'{setting} · ' if setting else ''}")
-    seed = "" if config.get("backend") == "import" else f"seed {config.get('seed', '?')} · "
-    timing = "timing run · " if run.status.get("kind") == TIMING else ""
-    return (f"{timing}{run_label(run)} · {model}{task_label(config)} · {seed}{run.state}, "
-            f"{run.step} step{'s' if run.step != 1 else ''} · {run.name[:15]}")
-
-
 def in_colour_order(runs: list[tuple[str, list[dict]]], evals: list | None = None) -> tuple[list, list | None]:
     """Runs [(label, rows)] (and their evaluations, alike) in the order their colours are given: by label, so that a
     measure keeps its colour whatever order the runs were listed in — after a reload, on the lab and the Runs page."""
@@ -341,105 +278,7 @@ def one_seed_each(labels: list[str]) -> bool:
     return len(labels) >= 2 and len(set(labels)) == len(labels)
 
 
-def progress_text(run, rows: list[dict], now: float) -> str:
-    """The lab's line for one of its runs (Markdown, the label escaped): queued, its place in the queue and when it
-    starts; before its first step, what it is doing; else its step, time, speed, device and time left, or the final
-    evaluation it is answering; and, while it trains, when it gets too little of the CPU (`starved_text`)."""
-    timing = "timing run · " if run.status.get("kind") == TIMING else ""
-    label = f"**{timing}{literal(run_label(run))} · seed {run.config.get('seed')}**"
-    if run.state == "queued":
-        ahead, eta = runner.queue_position(run.folder)
-        slots = runner.max_runs()
-        return (f"{label} — queued, {ahead} ahead" + (f", starts in about {duration(eta)}" if eta is not None else "")
-                + f" (this machine trains {slots} run{'s' if slots != 1 else ''} at a time)")
-    started = run.status.get("started", now)
-    if not rows:
-        return f"{label} — {run.state}, {before_first_step(run, now - started)}{starved_text(run)}"
-    elapsed = run.status.get("updated", now) - started
-    if run.state == "running" and run.step >= run.steps and int(run.config.get("eval_every") or 0) > 0:
-        return (f"{label} — running, step {run.step}/{run.steps}, answering its held-out problems after the last "
-                f"step ({duration(now - run.status.get('updated', now))} so far){starved_text(run)}")
-    return (f"{label} — {run.state}, step {run.step}/{run.steps}, {elapsed:.0f} s, "
-            f"{rows[-1].get('tokens_per_s', 0):.0f} tokens/s on {literal(run.status.get('device') or '…')}"
-            + (" (a Ray worker)" if run.status.get("executor") == "ray" else "")
-            + time_left_text(run, elapsed) + starved_text(run))
-
-
-STARVED_AFTER_S = 30.0  # a run's share of the CPU is judged once it has been alive this long
-STARVED_SHARE = 0.5  # of the cores its threads could use
-
-
-def starved_text(run) -> str:
-    """For a running run whose process has had under half the CPU its threads could use since it started
-    (`processes.cpu_share`): that the machine is busy, that the app's pool trains below the user's own work, and
-    how to give it an even share; "" otherwise (and for a run not yet alive `STARVED_AFTER_S`)."""
-    if run.state != "running" or time.time() - run.status.get("started", time.time()) < STARVED_AFTER_S:
-        return ""
-    share = cpu_share(run.status)
-    threads = run.status.get("threads") or worker_threads()
-    if share is None or share >= STARVED_SHARE * min(threads, os.cpu_count() or 1):
-        return ""
-    return (f". It has had {share:.0%} of a core since it started: this machine is busy with other work, and the "
-            "app's pool trains below the priority of your own work so that the app stays quick. To give training "
-            "an even share, start the app with `DIVVIZ_POOL_PRIORITY=normal` (docs/workshop.md)")
-
-
-def kept_steps_label(steps: list[int]) -> str:
-    """The Step inspector's step slider's label: which steps the run kept, "Step (3 kept: 1, 15, 30)", so that a
-    slider between 1 and 30 does not read as 30 steps to choose from."""
-    kept = ", ".join(map(str, steps)) if len(steps) <= 8 else f"{steps[0]}, {steps[1]}, …, {steps[-1]}"
-    return f"Step ({len(steps)} kept: {kept})"
-
-
 def binding_minibatches(completions: int) -> int:
     """The mini-batches that make a clip test bind, as the lab offers them: 4, else the first of 2 and 3 that splits
     a batch of `completions` into equal parts (every mini-batch after the first is off-policy)."""
     return next((k for k in (4, 2, 3) if completions % k == 0), completions)
-
-
-def time_left_text(run, elapsed: float) -> str:
-    """", about 4 min left at its pace" for a running run: its steps to go at the wall time per step so far
-    (evaluations included); "" otherwise."""
-    if run.state != "running" or not run.step or run.step >= run.steps:
-        return ""
-    return f", about {duration((run.steps - run.step) * elapsed / run.step)} left at its pace so far"
-
-
-def before_first_step(run, elapsed: float) -> str:
-    """What a run that has trained no step is doing, in words, `elapsed` seconds after it started: loading its model
-    and answering its held-out problems before the first step (a SmolLM2 run's first evaluation takes minutes on a
-    CPU, with no step to show), or sampling that step; "no step trained yet" when it is not running."""
-    if run.state != "running":
-        return "no step trained yet"
-    evaluates = int(run.config.get("eval_every") or 0) > 0
-    if evaluates and not store.read_evals(run.folder):
-        return (f"loading the model, then answering its held-out problems before the first step ({duration(elapsed)} "
-                "so far; this evaluation comes before any update, so the bars stay empty until it is done)")
-    return f"loading the model and sampling the first step's completions ({duration(elapsed)} so far)"
-
-
-def duration(seconds: float) -> str:
-    """"40 s", "3 min", "1 h 5 min"."""
-    if seconds < 60:
-        return f"{seconds:.0f} s"
-    minutes = round(seconds / 60)
-    return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60} min"
-
-
-def seconds_text(seconds: float) -> str:
-    """A few seconds in plain numbers: "0.42 s", "8.7 s", "87 s", "174 s"."""
-    return f"{seconds:.2g} s" if seconds < 10 else f"{seconds:.0f} s"
-
-
-def timed_beside(side_by_side: int | None) -> str:
-    """How a step time was measured: alone, or beside how many other runs (`runs_training`)."""
-    if side_by_side is None:
-        return "whether other runs trained beside it was not recorded"
-    return "timed alone" if side_by_side <= 1 else f"timed while {side_by_side} runs trained side by side"
-
-
-def every_run(root) -> list:
-    """The runs folder's runs, newest first, then the published runs (`runs/published.py`), read-only: what the
-    Runs page and the Step inspector list. A published run's folder is in the published runs' folder."""
-    shared = published.folder()
-    return [*store.list_runs(root), *(store.list_runs(shared) if shared else ())]

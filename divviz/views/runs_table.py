@@ -9,7 +9,7 @@ from divviz.evidence import claims
 from divviz.importers.source import source_of
 from divviz.runs import published, store
 from divviz.runs.runner import TIMING
-from divviz.views.run_views import run_choice, run_label, task_label
+from divviz.views.run_text import run_choice, run_label, task_label
 
 
 ACTIVE = ("queued", "running")  # states whose files still change

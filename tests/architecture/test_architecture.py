@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-LAYER = {"safetext": 0, "catalogue": 1, "losses": 2, "metrics": 2, "loss_grids": 2, "bandit": 3, "engine": 3,
+LAYER = {"safetext": 0, "catalogue": 1, "losses": 2, "loss_checks": 2, "metrics": 2, "loss_grids": 2, "bandit": 3,
+         "engine": 3,
          "runs": 3.2,  # run management, importing the engine
          "trl": 3.5, "importers": 3.5, "verl": 3.5, "ray": 3.5,  # beside the engine and runs, importing them
          "evidence": 4, "views": 5, "app": 6, "cli": 7, "cli_train": 7, "cli_claims": 7, "cli_output": 7, "__main__": 7}

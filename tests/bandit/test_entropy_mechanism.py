@@ -15,7 +15,7 @@ from divviz.catalogue.divergences import CLIP_TESTS, clip_test
 from divviz.catalogue.rollout_correction import RolloutCorrection
 from divviz.engine.config import RunConfig
 from divviz.engine.grpo import grpo_step, make_batch, make_trainer
-from divviz.engine.step_metrics import ENTROPY_ROWS, after_rows, inspected_rows
+from divviz.engine.step_metrics import measured_rows
 from divviz.engine.rollout import completion_logits
 from divviz.engine.tasks import coin_rewards
 from divviz.losses import Objective, policy_loss
@@ -119,7 +119,7 @@ def test_the_engines_entropy_change_is_the_models_before_and_after(monkeypatch):
     twin = copy.copy(trainer)
     twin.model = before_model
     batch = make_batch(twin, 0)
-    rows = after_rows(len(batch.rewards), inspected_rows(cfg), 0)[:ENTROPY_ROWS]
+    rows = measured_rows(cfg, len(batch.rewards), 0, trainer.device).entropy
     seen = batch.rollout.rows(rows)
     with torch.no_grad():
         z0 = completion_logits(before_model, seen, cfg.temperature, trainer.autocast)

@@ -13,7 +13,8 @@ from divviz.catalogue.divergences import BETA, DUAL_CLIP, FAMILIES
 from divviz.catalogue.instances import configure
 from divviz.catalogue.params import DivvizInputError
 from divviz.loss_grids import random_token_batch
-from divviz.losses import OFF_POLICY_MASK, RATIO_CAP, Objective
+from divviz.loss_checks import OFF_POLICY_MASK, RATIO_CAP
+from divviz.losses import Objective
 
 PI_OLD = np.array([1e-12, 1e-4, 0.3, 0.999, 1.0])
 

@@ -326,7 +326,7 @@ def test_a_runs_setting_is_named_from_its_config_on_the_runs_page(tmp_path):
     """A run folder records its settings, not the setting's name: the Runs page names it back (learn / stress), so
     that the two grids' runs — the same measure, seed and task — can be told apart and filtered."""
     from divviz.engine.config import setting_of
-    from divviz.views import run_views, runs_table
+    from divviz.views import run_text, runs_table
 
     learn = claims_lm.run_config(claims.PPO, 0, 30, "smollm2-135m", setting="learn").to_dict()
     stress = claims_lm.run_config(claims.PPO, 0, 30, "smollm2-135m", setting="stress").to_dict()
@@ -335,7 +335,7 @@ def test_a_runs_setting_is_named_from_its_config_on_the_runs_page(tmp_path):
     runs = [store.RunInfo(tmp_path / name, "done", "", 30, 30, config, {"device": "cpu"})
             for name, config in (("a", learn), ("b", stress))]
     assert [row["setting"] for row in runs_table.overview_rows(runs, None)] == ["learn", "stress"]
-    assert "· smollm2-135m · stress · add · seed 0 ·" in run_views.run_choice(runs[1])
+    assert "· smollm2-135m · stress · add · seed 0 ·" in run_text.run_choice(runs[1])
     assert runs_table.matching(runs, "stress") == [runs[1]]
 
 

@@ -198,13 +198,13 @@ def test_an_imported_run_is_named_as_imported_with_no_seed_and_its_missing_pi_af
     inspector says π after the update is unknown because the run came from that file, not from TRL."""
     from streamlit.testing.v1 import AppTest
 
-    from divviz.views import run_views
+    from divviz.views import run_text
 
     _, folder = imported
     run = store.read_run(folder)
     assert "seed" not in run.config
-    choice = run_views.run_choice(run)
-    assert "imported (unipo)" in choice and "seed" not in choice and "imported (unipo)" in run_views.run_label(run)
+    choice = run_text.run_choice(run)
+    assert "imported (unipo)" in choice and "seed" not in choice and "imported (unipo)" in run_text.run_label(run)
     monkeypatch.setenv("DIVVIZ_RUNS_DIR", str(folder.parent))
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300).run()
     at.switch_page("app_pages/step_inspector.py").run()

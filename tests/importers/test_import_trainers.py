@@ -24,7 +24,7 @@ from divviz.importers.source import source_of
 from divviz.losses import Objective, policy_loss
 from divviz.metrics import clip_fractions
 from divviz.runs import store
-from divviz.views import run_views
+from divviz.views import run_files, run_views
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -44,9 +44,9 @@ def finite(value) -> bool:
 
 def assert_every_number_kept(folder: Path, source: dict[int, dict]) -> None:
     """Every finite number of the source's rows ({step: {name: value}}) is in the run's metrics row of that step under
-    its own name, and in the Runs page's CSV download (`run_views.metrics_csv`); a row's own `step` is its key."""
+    its own name, and in the Runs page's CSV download (`run_files.metrics_csv`); a row's own `step` is its key."""
     rows = {row["step"]: row for row in store.read_metrics(folder)}
-    csv = pd.read_csv(io.StringIO(run_views.metrics_csv([store.read_run(folder)])))
+    csv = pd.read_csv(io.StringIO(run_files.metrics_csv([store.read_run(folder)])))
     table = csv.set_index("step")
     assert sorted(rows) == sorted(source) == sorted(table.index)
     kept = 0

@@ -245,7 +245,7 @@ def test_no_clip_is_plain_importance_weighted_surrogate():
     w = (logp_new - logp_old).exp()
     ref = (-(w * adv[:, None]) * mask).sum() / mask.sum()
     assert float(out.loss) == pytest.approx(float(ref), rel=1e-12)
-    assert out.measure is None and not out.outside.any()
+    assert out.clip_value is None and not out.outside.any()
 
 
 def test_padding_is_ignored():

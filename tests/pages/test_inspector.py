@@ -24,7 +24,7 @@ from divviz.losses import Objective
 from divviz.runs import published, store
 from divviz.runs.train import train
 from divviz.safetext import literal
-from divviz.views import explain, run_views, token_view
+from divviz.views import explain, run_text, token_view
 
 ROOT = Path(__file__).resolve().parents[2]
 HOSTILE = "<script>alert('x')</script> **bold** [l](http://127.0.0.1:9/) <img src=x onerror=alert(1)>"
@@ -48,7 +48,7 @@ def test_kept_facts_equal_policy_loss_on_the_same_batch():
         t = record["groups"][row // 4]["completions"][row % 4]["tokens"]
         n = int(mask[row].sum())
         assert t["id"] == batch.rollout.completion_ids[row, :n].tolist()
-        for fact, expected in (("pi_old", logp_old.exp()), ("ratio", out.ratio), ("measure", out.measure),
+        for fact, expected in (("pi_old", logp_old.exp()), ("ratio", out.ratio), ("measure", out.clip_value),
                                ("penalty", out.penalty), ("loss", out.per_token_loss), ("pi_ref", logp_ref.exp())):
             assert t[fact] == pytest.approx(expected[row, :n].tolist(), rel=1e-6, abs=1e-12), fact
         assert t["adv"] == pytest.approx([float(batch.adv[row])] * n, rel=1e-6)
@@ -89,7 +89,7 @@ def test_the_explainer_adds_the_penalty_and_puts_kl3s_numbers_in():
     r = pi_ref / (pi_old * w)
     lower, upper = 0.7161894551693442, 1.350403255977222  # docs/theory.md §5.1
     assert (e.lower, e.upper) == pytest.approx((lower, upper), rel=1e-9)
-    assert e.measure_value == pytest.approx(w - 1 - math.log(w)) and e.state == "masked high"
+    assert e.clip_value == pytest.approx(w - 1 - math.log(w)) and e.state == "masked high"
     assert e.penalty_term == pytest.approx(0.1 * (r - math.log(r) - 1))
     assert e.loss == pytest.approx(-upper * adv + 0.1 * (r - math.log(r) - 1))
     assert e.gradient == pytest.approx(0.1 * (1 - r))  # the policy term is masked; only the penalty's slope
@@ -274,7 +274,7 @@ def test_the_page_shows_a_run_and_explains_a_token(tmp_path, monkeypatch):
         json.dumps(hostile_record(store.read_completions(folder, 2))))
     at = app()
     assert not at.exception, at.exception
-    assert at.caption[0].value == literal(run_views.run_choice(store.read_run(folder)))  # whole, under the heading
+    assert at.caption[0].value == literal(run_text.run_choice(store.read_run(folder)))  # whole, under the heading
     body = html_bodies(at)
     assert "&lt;script&gt;" in body and "<script" not in body and "<img" not in body
     assert "masked" in body or "inside" in body
@@ -377,7 +377,7 @@ def test_the_link_holds_the_run_step_colouring_completion_and_token(tmp_path, mo
     assert link()["run"] == newest and link()["step"] == "2"
     at.selectbox(key="inspector:run").set_value(older).run()
     assert at.select_slider(key="inspector:step").label == "Step (2 kept: 1, 2)"  # which steps there are to pick
-    assert run_views.kept_steps_label(list(range(5, 55, 5))) == "Step (10 kept: 5, 10, …, 50)"
+    assert run_text.kept_steps_label(list(range(5, 55, 5))) == "Step (10 kept: 5, 10, …, 50)"
     at.select_slider(key="inspector:step").set_value(1).run()
     next(sb for sb in at.selectbox if sb.label == "Colour tokens by").set_value("ratio").run()
     at.selectbox(key="inspector:completion").set_value("2.3").run()

@@ -17,7 +17,7 @@ from divviz.catalogue.divergences import clip_test
 from divviz.catalogue.penalties import PENALTIES, penalty
 from divviz.catalogue.surrogates import SURROGATES, surrogate
 from divviz.losses import Objective
-from divviz.views import explorer, run_plots, run_views, runs_table
+from divviz.views import explorer, run_files, run_plots, run_text, run_views, runs_table
 
 
 def validated(chart):
@@ -278,7 +278,7 @@ def test_the_runs_csv_has_the_held_out_accuracy_and_says_which_run_each_row_is(t
     (folder / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "reward": 0.1 * s}) + "\n" for s in (1, 2)))
     (folder / "eval.jsonl").write_text("".join(json.dumps({"step": s, "eval/accuracy": 0.5 + s / 10}) + "\n"
                                                for s in (0, 2)))
-    csv = pd.read_csv(io.StringIO(run_views.metrics_csv([store.read_run(folder)])))
+    csv = pd.read_csv(io.StringIO(run_files.metrics_csv([store.read_run(folder)])))
     assert list(csv.step) == [0, 1, 2] and csv.step.dtype.kind == "i"
     assert csv.set_index("step")["eval/accuracy"].dropna().to_dict() == {0: 0.5, 2: 0.7}
     assert (csv.seed == 3).all() and (csv.run == "run").all() and {"objective", "model", "setting", "task"} <= set(csv)
@@ -298,14 +298,14 @@ def a_run(tmp_path, state="running", step=0, steps=30, config=None, status=None)
 
 def test_a_run_says_what_it_does_before_its_first_step_and_how_long_it_has_left(tmp_path):
     evaluating = a_run(tmp_path, config={"eval_every": 15})
-    assert "answering its held-out problems before the first step (4 min so far" in run_views.before_first_step(
+    assert "answering its held-out problems before the first step (4 min so far" in run_text.before_first_step(
         evaluating, 240.0)
-    assert "loading the model" in run_views.before_first_step(a_run(tmp_path, step=0, config={"eval_every": 0},
+    assert "loading the model" in run_text.before_first_step(a_run(tmp_path, step=0, config={"eval_every": 0},
                                                                     steps=31), 3.0)
-    assert run_views.before_first_step(a_run(tmp_path, state="queued"), 1.0) == "no step trained yet"
+    assert run_text.before_first_step(a_run(tmp_path, state="queued"), 1.0) == "no step trained yet"
     half = a_run(tmp_path, step=15, steps=30)
-    assert run_views.time_left_text(half, 600.0) == ", about 10 min left at its pace so far"
-    assert run_views.time_left_text(a_run(tmp_path, state="done", step=30), 600.0) == ""
+    assert run_text.time_left_text(half, 600.0) == ", about 10 min left at its pace so far"
+    assert run_text.time_left_text(a_run(tmp_path, state="done", step=30), 600.0) == ""
     assert run_views.one_seed_each(["PPO", "KL3"]) and not run_views.one_seed_each(["PPO", "PPO", "KL3", "KL3"])
 
 
@@ -314,9 +314,9 @@ def test_a_timing_run_is_listed_as_one(tmp_path):
     from divviz.runs.runner import Viewer
 
     timing = a_run(tmp_path, state="done", step=1, steps=1, status={"kind": runner.TIMING})
-    assert run_views.run_choice(timing).startswith("timing run · ")
+    assert run_text.run_choice(timing).startswith("timing run · ")
     assert runs_table.overview_rows([timing], Viewer("x", teacher=True))[0]["source"] == "timing run (Measure one step)"
-    assert not run_views.run_choice(a_run(tmp_path, state="done", step=3)).startswith("timing")
+    assert not run_text.run_choice(a_run(tmp_path, state="done", step=3)).startswith("timing")
 
 
 def test_a_measure_keeps_its_colour_whatever_order_its_runs_come_in():
@@ -357,17 +357,17 @@ def test_a_run_starved_of_the_cpu_says_so_and_how_to_give_it_a_share(tmp_path, m
     try:
         time.sleep(0.5)
         starved = a_run(tmp_path, step=3, status={**processes.running(sleeper.pid), "started": time.time() - 60})
-        text = run_views.progress_text(starved, [{"step": 3, "tokens_per_s": 1.0}], time.time())
+        text = run_text.progress_text(starved, [{"step": 3, "tokens_per_s": 1.0}], time.time())
         assert "of a core since it started: this machine is busy" in text and "DIVVIZ_POOL_PRIORITY=normal" in text
-        assert run_views.starved_text(a_run(tmp_path, status={**processes.running(sleeper.pid),
+        assert run_text.starved_text(a_run(tmp_path, status={**processes.running(sleeper.pid),
                                                                "started": time.time()})) == ""
     finally:
         sleeper.kill()
-    monkeypatch.setattr(run_views, "STARVED_SHARE", 0.1)
+    monkeypatch.setattr(run_text, "STARVED_SHARE", 0.1)
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         time.sleep(1.0)
-        assert run_views.starved_text(a_run(tmp_path, status={**processes.running(busy.pid), "threads": 1,
+        assert run_text.starved_text(a_run(tmp_path, status={**processes.running(busy.pid), "threads": 1,
                                                                "started": time.time() - 60})) == ""
     finally:
         busy.kill()
@@ -377,7 +377,7 @@ def test_the_lab_names_a_timing_run_and_a_final_evaluation(tmp_path):
     import time
 
     timing = a_run(tmp_path, step=2, steps=2, config={"eval_every": 0}, status={"kind": "timing"})
-    assert run_views.progress_text(timing, [{"step": 2}], time.time()).startswith("**timing run · ")
+    assert run_text.progress_text(timing, [{"step": 2}], time.time()).startswith("**timing run · ")
     evaluating = a_run(tmp_path, step=10, steps=10, config={"eval_every": 5}, status={"updated": time.time() - 30})
-    assert "answering its held-out problems after the last step (30 s so far)" in run_views.progress_text(
+    assert "answering its held-out problems after the last step (30 s so far)" in run_text.progress_text(
         evaluating, [{"step": 10}], time.time())

@@ -265,7 +265,7 @@ def test_a_formula_in_a_run_never_runs_in_a_spreadsheet_and_infinity_is_written_
     """A metric named `=HYPERLINK(…)` and a task spelled as a formula go into the Runs page's CSV with a leading
     apostrophe (numbers, negative ones too, as they are); a non-finite metric (an imported log-prob of −1e308 makes
     a KL −inf) is written as JSON null, the row naming it, where Python's json would write `-Infinity`."""
-    from divviz.views.run_views import metrics_csv
+    from divviz.views.run_files import metrics_csv
 
     writer = store.RunWriter(tmp_path / "run", {**RunConfig.make(steps=1).to_dict(), "task": "=1+1"}, 1)
     writer.append(1, {"step": 1, "loss": -0.5, "kl/k3": float("-inf"), '=HYPERLINK("http://x","y")': 1.0}, None, [])
@@ -339,7 +339,7 @@ def test_a_damaged_published_grid_is_hidden_in_one_line_and_the_rest_stays(tmp_p
 def test_markup_in_a_runs_task_shows_as_text_in_the_legends(tmp_path):
     """An imported run whose task is `<a href=…>CLICK</a><b>bold</b>`: every legend of the Runs page's overlay,
     grouped by objective too, names it as text (plotly renders its HTML subset in legend names)."""
-    from divviz.views import run_views
+    from divviz.views import run_text, run_views
 
     hostile = '<a href="http://127.0.0.1:9/x">CLICK</a><b>bold</b>'
     writer = store.RunWriter(tmp_path / "run", {**RunConfig.make(steps=2).to_dict(), "task": hostile}, 2)
@@ -348,7 +348,7 @@ def test_markup_in_a_runs_task_shows_as_text_in_the_legends(tmp_path):
     writer.finish("done")
     run = store.read_run(tmp_path / "run")
     rows = store.read_metrics(run.folder)
-    label = f"{run_views.task_label(run.config)} · {run_views.run_label(run)}"  # the page's label, grouped
+    label = f"{run_text.task_label(run.config)} · {run_text.run_label(run)}"  # the page's label, grouped
     for runs in ([(label, rows)], [(label, rows), (label, rows)]):  # one run; two seeds of one group (a mean too)
         charts = run_views.training_charts(runs)
         names = [trace["name"] for chart in charts.values() for trace in chart.figure.to_dict()["data"]

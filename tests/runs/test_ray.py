@@ -16,7 +16,7 @@ from divviz.cli import main
 from divviz.engine.config import RunConfig
 from divviz.evidence import claims_lm
 from divviz.runs import runner, store
-from divviz.views import run_views
+from divviz.views import run_text
 from tests.lm_grid import LM_SEEDS, LM_STEPS
 
 pytest.importorskip("ray")
@@ -50,7 +50,7 @@ def test_the_claims_grid_on_ray_is_the_pools_run_for_run(lm_plan, tmp_path, caps
     assert set(trained) == set(claims_lm.queue_order(LM_SEEDS)[:ON_RAY])
     for cell, run in trained.items():
         assert run.state == "done" and same_metrics(run.folder, lm_plan.runs[cell].folder), cell
-    assert "(a Ray worker)" in run_views.progress_text(run, store.read_metrics(run.folder), time.time())  # the lab's
+    assert "(a Ray worker)" in run_text.progress_text(run, store.read_metrics(run.folder), time.time())  # the lab's
 
 
 def small_run(steps: int, seed: int = 0) -> RunConfig:
