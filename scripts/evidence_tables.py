@@ -8,6 +8,9 @@ the headline cells, the collapses, the pilot), and two tables of claims across s
 (`claims_export.settings_markdown`: the random-reward control on the bandit, the built-in LM and SmolLM2's published
 one-update batches; the KL3 paper's per-update claims on those batches); README's two claims rows and its row on why
 entropy moves quote the same (`bandit_sentence`, `headline_sentence`, `entropy_row`).
+The sign-flip p's of every cell these reports test are drawn again (the published ones are not read) and published
+as published/sign-flip-p.json (`significance.publish`), which the Claims page and `divviz claims` then read instead
+of drawing 10⁴ flips per cell on a fresh clone's first load.
 tests/evidence/test_evidence_tables.py regenerates them and fails on any difference: publish runs, then run this.
 """
 
@@ -16,7 +19,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from divviz.evidence import bandit_cells, bandit_published, claims, claims_export, claims_lm, claims_real, claims_report
+from divviz.evidence import (bandit_cells, bandit_published, claims, claims_export, claims_lm, claims_real, claims_report,
+                             significance)
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "smollm2-135m"
@@ -107,6 +111,7 @@ def between(text: str, start: str, end: str, new: str) -> str:
 
 
 def main() -> None:
+    significance.published_file().unlink(missing_ok=True)  # every p drawn again, then published
     publish_bandit()
     bandit = bandit_report()
     claims_md = ROOT / "docs" / "claims.md"
@@ -124,6 +129,7 @@ def main() -> None:
     lines = readme.read_text().splitlines(keepends=True)
     readme.write_text("".join(next((new for start, new in rows.items() if line.startswith(start)), line)
                               for line in lines))
+    significance.publish()
 
 
 if __name__ == "__main__":

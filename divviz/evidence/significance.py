@@ -7,10 +7,12 @@ Every statistic is scipy's; this module chooses them and reads their results:
                        seed). `scipy.stats.permutation_test` on the mean with every 2^n sign flip for n ≤ 16 (exact),
                        else random flips from a fixed seed (reproducible): 9,999, and more (MORE_FLIPS) for a cell
                        whose verdict the draw could change (`p_bounds`: the Monte Carlo p's 99.9% Wilson bounds; a
-                       report refines such cells, `claims_report.adjust`). No normality: at n seeds the smallest
+                       report refines such cells, `claims_report.adjust`); the published evidence's p's are read from
+                       published/sign-flip-p.json (`publish`). No normality: at n seeds the smallest
                        possible two-sided p is 2/2^n — 0.125 at n = 4, so nothing can hold at 4 seeds.
     sign test          the median difference and the exact binomial test of #(d > 0) against #(d < 0) (zeros
-                       dropped), `scipy.stats.binomtest`: whether most seeds go one way, however large the few others.
+                       dropped), `scipy.stats.binomtest`'s p (`binomial_p`: at ½ a sum of binomial coefficients):
+                       whether most seeds go one way, however large the few others.
     Holm               within a family (a claim's readings at one setting): p_(i) ↦ max_{j ≤ i} min(1, (m − j + 1) p_(j))
                        over the m sorted p-values, the family-wise error kept at α.
     Benjamini–Hochberg across a report: `scipy.stats.false_discovery_control`, the false-discovery rate kept at α.
@@ -28,7 +30,9 @@ opposite ways the cell says so instead of a verdict from the mean alone.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import os
 from pathlib import Path
 
@@ -37,6 +41,7 @@ from scipy import stats
 
 from divviz.engine.policy import cache_dir
 from divviz.evidence import intervals
+from divviz.runs import published
 
 ALPHA = 0.05
 EXACT_UP_TO = 16  # every sign flip up to 2^16 = 65,536; random flips beyond
@@ -49,9 +54,18 @@ DISAGREE = "mean and median disagree"  # opposite signs, one of them resolved on
 
 
 AT_ONCE = 2 ** 20  # numbers a pass of flips holds (scipy's `batch`: 8 MB at a time, a result that does not change)
-_TESTED: dict[tuple[tuple[float, ...], str, int], float] = {}  # (differences, alternative, flips) ↦ p: tested once
+Key = tuple[str, str, int]  # (the differences' digest, alternative, flips; 0: every flip)
+_TESTED: dict[Key, float] = {}  # each p tested once per process
 _MOST_KEPT = 65_536
 KEPT_FROM = 99_999  # p's from this many flips or more are also kept on disk (`kept_file`): each costs seconds
+PUBLISHED_FILE = "sign-flip-p.json"  # in published/: the p's the published evidence reads, computed with it
+ALTERNATIVES = ("two-sided", "greater", "less")
+
+
+def digest(differences) -> str:
+    """What a p is kept under: the SHA-256 of the differences as float64, in order, so that a kept p answers those
+    differences exactly and no others."""
+    return hashlib.sha256(np.asarray(differences, dtype=np.float64).ravel().tobytes()).hexdigest()
 
 
 def kept_file() -> Path:
@@ -60,60 +74,108 @@ def kept_file() -> Path:
     return cache_dir() / "sign-flip-p.json"
 
 
+def published_file() -> Path:
+    """The p's of the published evidence (`publish`), read like the kept file: a fresh clone's Claims page tests its
+    cells without drawing a flip; tests/evidence/test_significance.py draws every one again and compares."""
+    return published.root() / PUBLISHED_FILE
+
+
 KEPT_BYTES = 64 * 2**20  # a kept file larger than this is not read (it holds a few hundred kB)
 
 
-def _read_kept() -> dict:
+def _read_kept(path: Path) -> dict[Key, float]:
+    """The p's of a kept or published file, each row checked (a file from outside is untrusted): a digest, one of
+    `ALTERNATIVES`, a flip count ≥ 0 and a p in (0, 1]; a damaged row, or a file that cannot be read, is left out."""
     try:
-        if kept_file().stat().st_size > KEPT_BYTES:
+        if path.stat().st_size > KEPT_BYTES:
             return {}
-        rows = json.loads(kept_file().read_text())
-        return {(tuple(float(x) for x in d), str(a), int(f)): float(p) for d, a, f, p in rows}
-    except (OSError, ValueError, TypeError):
+        rows = json.loads(path.read_text())
+    except (OSError, ValueError):
         return {}
+    kept = {}
+    for row in rows if isinstance(rows, list) else ():
+        try:
+            key, flips, p = (str(row[0]), str(row[1]), int(row[2])), int(row[2]), float(row[3])
+        except (TypeError, ValueError, IndexError, KeyError):
+            continue
+        if len(key[0]) == 64 and key[1] in ALTERNATIVES and flips >= 0 and 0 < p <= 1:
+            kept[key] = p
+    return kept
 
 
-def _keep(found: dict) -> None:
-    """Add `found`'s costly p's to the file (written whole, then renamed: a reader never sees half of it)."""
+def _write(path: Path, found: dict[Key, float]) -> None:
+    """`found` as the file `path` (written whole, then renamed: a reader never sees half of it)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    partial.write_text(json.dumps([[*key, p] for key, p in sorted(found.items())], indent=0))
+    partial.replace(path)
+
+
+def _keep(found: dict[Key, float]) -> None:
+    """Add `found`'s costly p's to the kept file (the newest `_MOST_KEPT`)."""
     costly = {k: p for k, p in found.items() if k[2] >= KEPT_FROM}
     if not costly:
         return
-    kept = dict(list({**_read_kept(), **costly}.items())[-_MOST_KEPT:])  # the newest, at most _MOST_KEPT
-    target = kept_file()
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_name(f".{target.name}.{os.getpid()}")
-        partial.write_text(json.dumps([[list(d), a, f, p] for (d, a, f), p in kept.items()]))
-        partial.replace(target)
+        _write(kept_file(), dict(list({**_read_kept(kept_file()), **costly}.items())[-_MOST_KEPT:]))
     except OSError:
         pass  # a read-only cache: the p's are drawn again next time
+
+
+def publish() -> int:
+    """Write every sign-flip p this process has read (`sign_flip_ps`) into `published_file()`: run after building
+    the published evidence's reports, it holds their p's and no others. Returns how many."""
+    found = {key: _TESTED[key] for key in _READ if key in _TESTED}
+    _write(published_file(), found)
+    return len(found)
+
+
+def _drawn(n: int, flips: int | None) -> int:
+    """The flips a p of n seeds is read from: 0 (every flip) for n ≤ EXACT_UP_TO, else `flips` (RESAMPLES)."""
+    return 0 if n <= EXACT_UP_TO else flips or RESAMPLES
+
+
+def _load_kept(flips: int) -> None:
+    """The p's of the published file and, for costly flips, the kept file, into this process's, once each."""
+    for path, wanted in ((published_file(), None), (kept_file(), flips if flips >= KEPT_FROM else -1)):
+        if (path, wanted) in _LOADED:
+            continue
+        _LOADED.add((path, wanted))
+        _TESTED.update({k: p for k, p in _read_kept(path).items() if wanted is None or k[2] == wanted})
+
+
+_LOADED: set[tuple[Path, int | None]] = set()
+_READ: set[Key] = set()  # the p's this process was asked for (`publish`)
 
 
 def sign_flip_ps(samples, alternative: str = "two-sided", flips: int | None = None) -> list[float]:
     """The sign-flip permutation p-value of the mean of each sample of paired differences (`alternative` as
     scipy's; NaN below 2 seeds, 1 when every difference is 0). The samples not tested yet are tested together: one
     `permutation_test` per seed count, along the samples' axis, so they share its flips — every flip for n ≤ 16,
-    else `flips` (RESAMPLES unless given) drawn from a fixed seed, the same flips a call of each sample's own would draw. So each p is the one
-    it would have alone, at a fraction of the time (a report's 344 cells of 64 seeds: 1.3 s instead of 9). Kept per
-    distinct set of differences and flips: a page rerun does not test a cell again."""
-    keys = [tuple(np.asarray(d, dtype=np.float64).ravel().tolist()) for d in samples]
-    flips = flips or RESAMPLES
-    drawn = lambda n: 0 if n <= EXACT_UP_TO else flips  # noqa: E731  (0: every flip)
-    if flips >= KEPT_FROM and not any(key[2] == flips for key in _TESTED):
-        _TESTED.update({key: p for key, p in _read_kept().items() if key[2] == flips})
-    found = {k: _TESTED.get((k, alternative, drawn(len(k)))) for k in keys if len(k) >= 2 and any(k)}
-    untested = sorted(k for k, p in found.items() if p is None)
-    for n in sorted({len(k) for k in untested}):
-        group = [k for k in untested if len(k) == n]
-        result = stats.permutation_test((np.array(group),), np.mean, permutation_type="samples", vectorized=True,
-                                        n_resamples=drawn(n) or np.inf, alternative=alternative, axis=-1,
-                                        batch=max(1, AT_ONCE // (len(group) * n)), rng=np.random.default_rng(0))
-        found.update(zip(group, np.atleast_1d(result.pvalue).tolist()))
+    else `flips` (RESAMPLES unless given) drawn from a fixed seed, the same flips a call of each sample's own would
+    draw. So each p is the one it would have alone, at a fraction of the time (a report's 344 cells of 64 seeds: 1.3
+    s instead of 9). Kept per distinct set of differences and flips (`digest`): a page rerun does not test a cell
+    again, and the published evidence's p's are read from published/ (`publish`)."""
+    arrays = [np.asarray(d, dtype=np.float64).ravel() for d in samples]
+    keys = [(digest(d), alternative, _drawn(d.size, flips)) for d in arrays]
+    _load_kept(flips or RESAMPLES)
+    found = {key: _TESTED.get(key) for key, d in zip(keys, arrays) if d.size >= 2 and d.any()}
+    untested = {key: d for key, d in zip(keys, arrays) if key in found and found[key] is None}
+    for n in sorted({d.size for d in untested.values()}):
+        group = [(key, d) for key, d in untested.items() if d.size == n]
+        drawn = _drawn(n, flips)
+        result = stats.permutation_test((np.array([d for _, d in group]),), np.mean, permutation_type="samples",
+                                        vectorized=True, n_resamples=drawn or np.inf, alternative=alternative,
+                                        axis=-1, batch=max(1, AT_ONCE // (len(group) * n)),
+                                        rng=np.random.default_rng(0))
+        found.update(zip([key for key, _ in group], np.atleast_1d(result.pvalue).tolist()))
     if len(_TESTED) + len(untested) > _MOST_KEPT:
         _TESTED.clear()
-    _TESTED.update({(k, alternative, drawn(len(k))): p for k, p in found.items()})
-    _keep({(k, alternative, drawn(len(k))): found[k] for k in untested})
-    return [np.nan if len(k) < 2 else 1.0 if not any(k) else found[k] for k in keys]
+        _LOADED.clear()
+    _TESTED.update(found)
+    _READ.update(found)
+    _keep({key: found[key] for key in untested})
+    return [np.nan if d.size < 2 else 1.0 if not d.any() else found[key] for key, d in zip(keys, arrays)]
 
 
 def sign_flip_p(differences, alternative: str = "two-sided", flips: int | None = None) -> float:
@@ -145,8 +207,16 @@ def sign_test(differences) -> tuple[float, float, int, int]:
     d = np.asarray(differences, dtype=np.float64)
     up, down = int((d > 0).sum()), int((d < 0).sum())
     median = float(np.median(d)) if d.size else np.nan
-    p = float(stats.binomtest(up, up + down, 0.5).pvalue) if d.size >= 2 and up + down else np.nan
+    p = binomial_p(up, up + down) if d.size >= 2 and up + down else np.nan
     return median, p, up, down
+
+
+def binomial_p(k: int, n: int) -> float:
+    """The two-sided exact binomial test's p of k successes in n trials at probability ½, `scipy.stats.binomtest`'s
+    (tests/evidence/test_significance.py): the distribution is symmetric, so it is min(1, 2 · P(X ≤ min(k, n − k)))
+    — summed in integers, exact, without scipy's search over the other tail."""
+    tail = sum(math.comb(n, i) for i in range(min(k, n - k) + 1))
+    return min(1.0, 2 * tail / 2 ** n)
 
 
 def holm(pvalues) -> np.ndarray:

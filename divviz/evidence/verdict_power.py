@@ -81,3 +81,17 @@ def sign_flip_p_rows(d: np.ndarray) -> np.ndarray:
         greater[part] = (null >= (observed[part] - gamma[part])[:, None]).sum(axis=1)
         less[part] = (null <= (observed[part] + gamma[part])[:, None]).sum(axis=1)
     return np.minimum(1.0, 2 * np.minimum(greater + extra, less + extra) / count)
+
+
+def seeds_for_verdict_power(effect: float, sd: float, family: int = 1, target: float = significance.POWER,
+                            cap: int = 64, simulations: int = SIMULATIONS) -> tuple[int | None, float]:
+    """The fewest seeds at which the whole rule's verdict holds with probability ≥ `target` (`verdict_power`) for
+    a true gain `effect` with differences' standard deviation `sd` in a family of `family` readings, searched from 2
+    seeds up to `cap` (the power is not monotone in n: the sign-flip p's smallest value and the t quantile step
+    with n, so every n is tried in order); with that power. (None, the power at `cap`) when even `cap` falls short:
+    what a pre-registration capped by its cost states."""
+    for n in range(2, cap + 1):
+        found = verdict_power(n, effect, sd, family, simulations)
+        if found >= target:
+            return n, found
+    return None, verdict_power(cap, effect, sd, family, simulations)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from divviz.evidence import bandit_cells, bandit_published, claims, claims_export
+from divviz.evidence import bandit_cells, bandit_published, claims, claims_export, significance
 from divviz.safetext import literal
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,7 +22,16 @@ evidence_tables = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(evidence_tables)
 
 
-def test_readme_and_claims_md_hold_what_the_bandit_grid_and_the_published_runs_say(repository_published):
+def test_readme_and_claims_md_hold_what_the_bandit_grid_and_the_published_runs_say(repository_published, monkeypatch,
+                                                                                   tmp_path):
+    """Every table regenerated, its sign-flip p's drawn again here (the published ones hidden), then those p's
+    compared with published/sign-flip-p.json's: the same p's, for the same cells (within one flip, for a CPU whose
+    float sums break a tie the other way)."""
+    published_ps = significance._read_kept(significance.published_file())
+    monkeypatch.setattr(significance, "published_file", lambda: tmp_path / "hidden.json")
+    monkeypatch.setattr(significance, "_TESTED", {})
+    monkeypatch.setattr(significance, "_LOADED", set())
+    monkeypatch.setattr(significance, "_READ", set())
     claims_md = (ROOT / "docs" / "claims.md").read_text()
     stale = "is stale: run python scripts/evidence_tables.py"
     grids = evidence_tables.published()
@@ -53,6 +62,10 @@ def test_readme_and_claims_md_hold_what_the_bandit_grid_and_the_published_runs_s
         f"README's row on why entropy moves {stale}"
     assert [line for line in readme if line.startswith(evidence_tables.BANDIT_ROW)] == \
         [evidence_tables.bandit_row(bandit)], f"README's bandit row {stale}"
+    drawn = {key: significance._TESTED[key] for key in significance._READ}
+    assert set(drawn) == set(published_ps), f"published/{significance.PUBLISHED_FILE} {stale}"
+    one_flip = {key: 1 / (key[2] + 1) if key[2] else 2.0 ** -20 for key in drawn}
+    assert all(abs(drawn[key] - published_ps[key]) <= 2 * one_flip[key] for key in drawn)
 
 
 # Three of the grid's 16 conditions, computed again here: SGD and Adam, K = 50 and 1000, the coin's random rewards.

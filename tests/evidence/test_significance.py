@@ -4,6 +4,7 @@ power (a textbook value and a simulation), the gain a cell rules out (the 90% in
 verdict's rules, and the 64-seed bandit cell whose mean and median disagree."""
 
 import itertools
+import json
 import math
 
 import numpy as np
@@ -62,6 +63,34 @@ def test_sign_test_is_the_binomial_sum():
     median, p, up, down = significance.sign_test(d)
     tail = sum(math.comb(14, k) for k in range(0, 4)) / 2 ** 14
     assert (up, down, median) == (3, 11, pytest.approx(-0.2)) and p == pytest.approx(2 * tail, rel=1e-12)
+
+
+def test_the_binomial_p_is_scipys_binomtest():
+    """`binomial_p`, summed in integers, against scipy's binomtest for every k of every n up to 70."""
+    from scipy.stats import binomtest
+
+    for n in range(1, 71):
+        for k in range(n + 1):
+            assert significance.binomial_p(k, n) == pytest.approx(binomtest(k, n, 0.5).pvalue, rel=1e-12, abs=1e-300)
+
+
+def test_a_damaged_published_p_file_is_read_row_by_row_and_never_trusted_blindly(tmp_path, monkeypatch):
+    """Each row of a kept or published p file is checked: a wrong digest, alternative, flip count or p leaves that
+    row out; a file that is not JSON, or too large, gives nothing; the p's are then drawn as without a file."""
+    good = significance.digest([0.1, -0.2, 0.3])
+    path = tmp_path / "sign-flip-p.json"
+    path.write_text(json.dumps([[good, "two-sided", 0, 0.75], ["short", "two-sided", 0, 0.5],
+                                [good, "sideways", 0, 0.5], [good, "less", -1, 0.5], [good, "greater", 0, 1.5],
+                                [good, "greater", 0, "nan"], "a row", [good]]))
+    assert significance._read_kept(path) == {(good, "two-sided", 0): 0.75}
+    path.write_text("{not json")
+    assert significance._read_kept(path) == {}
+    monkeypatch.setattr(significance, "published_file", lambda: path)
+    monkeypatch.setattr(significance, "_TESTED", {})
+    monkeypatch.setattr(significance, "_LOADED", set())
+    d = [0.3, -0.1, 0.2, 0.4, 0.5]
+    assert significance.sign_flip_p(d) == pytest.approx(stats.permutation_test(
+        (np.array(d),), np.mean, permutation_type="samples", n_resamples=np.inf).pvalue)
 
 
 def holm_step_down(p, alpha):

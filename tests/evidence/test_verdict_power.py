@@ -48,3 +48,15 @@ def test_what_the_rule_can_and_cannot_reach():
         assert verdict_power.verdict_power(n, ratio, 1.0) <= significance.power(n, ratio, 1.0) + 0.03
     assert verdict_power.verdict_power(12, 0.05, 0.0) != verdict_power.verdict_power(12, 0.05, 0.0)  # NaN: no spread
     assert verdict_power.verdict_power(12, 0.05, 0.04) == verdict_power.verdict_power(12, 0.5, 0.4)  # scale-free
+
+
+def test_the_seeds_for_the_verdicts_power_are_the_first_n_that_reaches_it_and_a_cap_says_what_it_leaves():
+    """The search returns the first n whose simulated power reaches the target (every smaller n's falls short), and
+    at a cap below it, no n and the cap's own power."""
+    n, found = verdict_power.seeds_for_verdict_power(1.0, 1.0, family=2, target=0.8, cap=30, simulations=300)
+    assert n is not None and found >= 0.8 and found == verdict_power.verdict_power(n, 1.0, 1.0, 2, 300)
+    assert all(verdict_power.verdict_power(m, 1.0, 1.0, 2, 300) < 0.8 for m in range(2, n))
+    assert significance.seeds_for_power(1.0, 1.0) < n <= 16  # more than the t-test alone (10 here) needs
+    capped, at_cap = verdict_power.seeds_for_verdict_power(1.0, 1.0, family=2, target=0.8, cap=n - 1,
+                                                           simulations=300)
+    assert capped is None and at_cap == verdict_power.verdict_power(n - 1, 1.0, 1.0, 2, 300) < 0.8
