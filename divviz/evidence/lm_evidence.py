@@ -32,6 +32,11 @@ from divviz.evidence.rescore import disagreement, sampled_tokens
 from divviz.metrics import metric_range, proportion
 from divviz.runs import store
 
+# (run folder, its tokens folder's mtime, steps, other measure) ↦ the run's disagreement with the other's clip test:
+# a page's rerun re-scores no run it has re-scored before (each reads its token files)
+_RESCORED: dict[tuple, float] = {}
+_MOST_RESCORED = 4096
+
 
 def windows(steps: int) -> dict[str, range]:
     """The early and late readings of a per-step metric, as step ranges (1-based, inclusive of both ends' steps)."""
@@ -127,18 +132,23 @@ class LMEvidence:
         rows = self.finished_series[key][0].values()
         return float(np.mean([row.get("clip_ratio/region_mean", 0.0) for row in rows]))
 
-    @cached_property
-    def _disagreements(self) -> dict:
-        return {}  # (run's cell key, other measure) ↦ its disagreement: a run is re-scored once per other measure
-
     def _disagreement(self, key: tuple, other: str) -> float:
-        """One run's disagreement with `other`'s clip test over the steps whose tokens it kept (NaN with none)."""
-        if (key, other) not in self._disagreements:
-            folder, objective = self.plan.runs[key].folder, claims.OBJECTIVES[other]
-            shares = [disagreement(tokens, objective) for step in self.finished_series[key][0]
+        """One run's disagreement with `other`'s clip test over the steps whose tokens it kept (NaN with none),
+        re-scored once per process for as long as the run's token files stay as they are (`_RESCORED`)."""
+        folder, steps = self.plan.runs[key].folder, tuple(self.finished_series[key][0])
+        try:
+            kept = (folder / "tokens").stat().st_mtime_ns
+        except OSError:
+            kept = None
+        known = (str(folder), kept, steps, other)
+        if known not in _RESCORED:
+            if len(_RESCORED) >= _MOST_RESCORED:
+                _RESCORED.clear()
+            objective = claims.OBJECTIVES[other]
+            shares = [disagreement(tokens, objective) for step in steps
                       if (tokens := sampled_tokens(folder, step)) is not None]
-            self._disagreements[(key, other)] = float(np.mean(shares)) if shares else np.nan
-        return self._disagreements[(key, other)]
+            _RESCORED[known] = float(np.mean(shares)) if shares else np.nan
+        return _RESCORED[known]
 
     def collapses(self) -> list[dict]:
         """Per measure (task rewards), over its finished seeds: how many collapsed (`engine/stability.py`'s flag at
