@@ -136,8 +136,9 @@ def _drawn(n: int, flips: int | None) -> int:
 
 
 def _load_kept(flips: int) -> None:
-    """The p's of the published file and, for costly flips, the kept file, into this process's, once each."""
-    for path, wanted in ((published_file(), None), (kept_file(), flips if flips >= KEPT_FROM else -1)):
+    """The p's of the published file and, for costly flips, the kept file's of those flips, into this process's,
+    each file once."""
+    for path, wanted in ((published_file(), None), *(((kept_file(), flips),) if flips >= KEPT_FROM else ())):
         if (path, wanted) in _LOADED:
             continue
         _LOADED.add((path, wanted))
@@ -172,6 +173,7 @@ def sign_flip_ps(samples, alternative: str = "two-sided", flips: int | None = No
     if len(_TESTED) + len(untested) > _MOST_KEPT:
         _TESTED.clear()
         _LOADED.clear()
+        _READ.clear()
     _TESTED.update(found)
     _READ.update(found)
     _keep({key: found[key] for key in untested})
