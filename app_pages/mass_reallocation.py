@@ -51,7 +51,7 @@ APPLIES = {"correct_rank": lambda cfg: cfg["reward"] in ("top_k", "one_correct")
            "correct_percent": lambda cfg: cfg["reward"] == "random_correct",  # not shown (its value is kept)
            "sharpness": lambda cfg: cfg["init"] != "uniform"}
 OPTIMIZER_LABELS = {"sgd": "SGD (the loss's own step)", "adam": "Adam, its state kept across iterations"}
-PAST_HIGH_WARNING = 0.05  # share of A > 0 samples above u after one inner step, over the first iterations
+PAST_HIGH_WARNING = 0.05  # share of A > 0 samples above u after one optimiser step, over the first iterations
 
 
 def optimizer_changed() -> None:
@@ -108,8 +108,8 @@ with widgets.shown_errors():
     past_high, early = explorer.first_step_past_high(groups, cfg["iterations"])
     if past_high > PAST_HIGH_WARNING:
         st.warning(f"At this learning rate, {past_high:.0%} of the positive-advantage samples are already above u "
-                   f"after the first inner step (mean of the first {early} iterations, worst objective): one step jumps "
-                   "past the box before the clip can act, so differences between boxes here mostly measure how far "
+                   f"after the first optimiser step (mean of the first {early} iterations, worst objective): one step "
+                   "jumps past the box before the clip can act, so differences between boxes here mostly measure how far "
                    "each lets that step overshoot. Lower lr to compare the constraints themselves.",
                    icon=":material/warning:")
     widgets.show_chart(charts["distribution"], "distribution before and after")

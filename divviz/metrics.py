@@ -26,7 +26,7 @@ GLOSSARY = {
     "clip_ratio/region_mean": "low + high: share of tokens whose gradient the clip removes (TRL)",
     "clip_ratio/overshoot_mean": "share of tokens the update carried past the bound their advantage pushes toward "
                                  "(A > 0 above u, A < 0 below l), measured after the update: what the clip did not stop",
-    "clip_ratio/first_step_past_high": "share of the A > 0 samples already above u after the first inner step: "
+    "clip_ratio/first_step_past_high": "share of the A > 0 samples already above u after the first optimiser step: "
                                        "when it is large, the learning rate decides more than the clip test",
     "initial_top_moved": "Σ |π − π_0| over the actions most likely at the start (top 10%): how far they moved",
     "initial_rare_moved": "Σ |π − π_0| over the actions least likely at the start (bottom half)",
@@ -41,10 +41,10 @@ GLOSSARY = {
     "top1_mass": "probability of the currently most likely action",
     "initial_top_mass": "probability mass on the actions that were most likely at the start (top 10%)",
     "mass_shift": "change in probability summed over actions, binned by the probability they had before",
-    "divviz/measure_mean": "mean of the clip test's own measure per token (e.g. k3 for kl3), at each inner step",
+    "divviz/measure_mean": "mean of the clip test's own measure per token (e.g. k3 for kl3), at each optimiser step",
     "divviz/grad_masked_mean": "share of tokens whose gradient through w is masked (clipped or dual-capped)",
     "divviz/outside_mean": "share of tokens outside the clip test's region, whatever their advantage",
-    "divviz/outside_last_mean": "the same at the last of the μ inner steps (after μ − 1 updates)",
+    "divviz/outside_last_mean": "the same at the last of the μ optimiser steps (after μ − 1 updates)",
     "entropy/change": "the update's change of the mean entropy over the sampled positions, from the full "
                       "distributions before and after it (same prefixes), in nats",
     "entropy/change_predicted": "the first-order prediction −Cov_π(log π, Δz) of that change, Δz the logits' change "
@@ -66,8 +66,8 @@ GLOSSARY = {
     "rollout_corr/rollout_is_eff_sample_size": "verl: 1 / mean (w / mean w)², the weights' effective sample size "
                                                "as a share of the tokens (1: all weights equal)",
     "rollout_corr/rollout_rs_masked_fraction": "verl: share of tokens the rejection took out of the loss",
-    "clip_ratio/region_mean_by_minibatch": "clip_ratio/region_mean at each optimiser step of an update, in order (1 … K "
-                                           "the first pass's mini-batches, K + 1 … 2K the second's, …; step 1's "
+    "clip_ratio/region_mean_by_minibatch": "clip_ratio/region_mean at each optimiser step of an update, in order "
+                                           "(1 … K the first pass's mini-batches, K + 1 … 2K the second's, …; step 1's "
                                            "ratios are exactly 1)",
     "kl/k3_by_minibatch": "mean k3 of w = π_θ/π_old at each optimiser step of an update, before it: how far the "
                           "earlier steps already moved the policy",
@@ -186,7 +186,7 @@ def clip_fractions(out: LossOutput, mask: torch.Tensor) -> dict[str, float]:
 def overshoot(ratio_after: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, clip, pi_old: torch.Tensor) -> float:
     """Share of completion tokens that the update carried past the bound their advantage pushes toward: w =
     π_after/π_old above u where A > 0, below l where A < 0 ([l, u] = the clip test's interval at π_old; 0 without
-    a test). TRL's clip fractions count the tokens the clip stopped during the μ inner steps (the first of which
+    a test). TRL's clip fractions count the tokens the clip stopped during the μ optimiser steps (the first of which
     has w = 1); this counts where they ended. (B, T) tensors; adv (B,) or (B, T)."""
     if clip is None:
         return 0.0

@@ -20,7 +20,7 @@ same formula with that slope (Park et al. 2025, "Clip-Low Increases Entropy and 
 Reinforcement Learning of Large Language Models", arXiv 2509.26114: masking A < 0 samples below l removes
 entropy-lowering steps, masking A > 0 samples above u removes entropy-raising ones).
 
-With μ inner steps each step is attributed at its own π; with SGD and μ = 1 the shares add up to the predicted
+With μ optimiser steps each step is attributed at its own π; with SGD and μ = 1 the shares add up to the predicted
 change of the whole update exactly. With Adam, the shares are those of the loss gradient's own step (lr × g), not
 of Adam's rescaled one, and do not add up to the observed change.
 """
@@ -59,7 +59,7 @@ def sample_shares(logp: np.ndarray, p: np.ndarray, flat_actions: np.ndarray, lr:
 
 def attribute(logp: np.ndarray, p: np.ndarray, flat_actions: np.ndarray, slope: np.ndarray, would: np.ndarray,
               low: np.ndarray, high: np.ndarray, lr: float) -> np.ndarray:
-    """One inner step's first-order entropy change by clip state, (R, 5) in `ATTRIBUTION`'s order: caused by the
+    """One optimiser step's first-order entropy change by clip state, (R, 5) in `ATTRIBUTION`'s order: caused by the
     samples inside (or kept), masked low (A < 0, w < l) and masked high (A > 0, w > u), and what the masked ones
     would have caused with the unclipped slope `would` (one (R, n) product per column: the bandit steps hundreds
     of runs at once, so it is written in few numpy calls)."""

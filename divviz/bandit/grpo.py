@@ -321,7 +321,7 @@ def record(history: dict[str, np.ndarray], it: int, initial: np.ndarray, old_log
     expected reward; TRL's clip fractions from the clip counts over `tokens` = μ × samples per iteration;
     `reward`, the sampled actions' mean reward; `overshoot`, the share of the iteration's samples the update
     carried past the bound their advantage pushes toward (after the μ steps); `first_step_past_high`, the share
-    of positive-advantage samples already above u after the first inner step (a warning: a step that large makes
+    of positive-advantage samples already above u after the first optimiser step (a warning: a step that large makes
     a comparison of boxes mostly a comparison of how far each lets one step overshoot); how far π moved from π_0
     (Σ |π − π_0|) on the initially likely actions (top tenth) and on the initially rare ones (bottom half)."""
     k = new.shape[1]

@@ -26,7 +26,7 @@ class PolicyLossGradient:
     at once: the softmax bandit's step.
 
         gradient = PolicyLossGradient(objectives, weights)   # once: what the objectives fix
-        gradient.batch(logp_old, adv, logp_ref)              # each batch: what its μ inner steps share
+        gradient.batch(logp_old, adv, logp_ref)              # each batch: what its μ optimiser steps share
         gradient(logp_new)                                   # each step -> LossGradient
 
     Arrays carry a leading run axis, (R, B, T), and `objectives[r]` applies to row r, so that several bandit
@@ -97,7 +97,7 @@ class PolicyLossGradient:
         return tuple(self._per_run(side) for side in zip(*bounds))
 
     def batch(self, logp_old, adv, logp_ref=None, weight=None, mask=None, logp_sampling=None) -> "PolicyLossGradient":
-        """Take the batch whose inner steps come next; returns self. `weight` (R, B, T) multiplies the policy term
+        """Take the batch whose optimiser steps come next; returns self. `weight` (R, B, T) multiplies the policy term
         (`policy_loss`'s weight); `mask` (R, B, T), where given, replaces the batch's mask, so the aggregation weighs
         the tokens it keeps (a rollout correction's rejection); `logp_sampling` is the sampling policy that the
         off-policy mask judges (default π_old)."""

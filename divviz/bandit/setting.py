@@ -28,7 +28,7 @@ BANDIT_PARAMS = (
     Param("group_size", 8, 2, 256, high_open=False, kind="int", typical=(2, 64, 1), doc="G, samples per group"),
     Param("groups", 2, 1, 64, high_open=False, kind="int", typical=(1, 32, 1), doc="groups per iteration"),
     Param("mu", 4, 1, 16, high_open=False, kind="int", typical=(1, 8, 1),
-          doc="inner steps per batch (TRL's num_iterations)"),
+          doc="optimiser steps per batch (TRL's num_iterations)"),
     Param("lr", DEFAULT_LR["sgd"], 0.0, 100.0, low_open=True, high_open=False, typical=(0.005, 20.0, 0.005),
           doc="step size on the logits (SGD), or Adam's learning rate"),
     Param("iterations", 80, 1, 2000, high_open=False, kind="int", typical=(1, 500, 1), doc="GRPO iterations"),
@@ -40,7 +40,7 @@ BANDIT_PARAMS = (
           doc="take each step's gradient by autograd through policy_loss, as training does (about 20× slower)"),
     Param("attribution", False, kind="bool",
           doc="attribute each update's entropy change to each clip state's samples, and to what the masked ones "
-              "would have done (every inner step: about a third more time)"),
+              "would have done (every optimiser step: about a third more time)"),
 )
 
 
@@ -66,7 +66,7 @@ class BanditConfig:
     rollout_dtype: str = "same"  # the sampler's logits rounded to bfloat16 or float16 (`BanditRollout`)
     rollout_lag: int = 0
     autograd: bool = False
-    attribution: bool = False  # `entropy.attribute` at every inner step, as the random-reward claims ask
+    attribution: bool = False  # `entropy.attribute` at every optimiser step, as the random-reward claims ask
 
     def __post_init__(self):
         """Every field checked however the setting is built: options against their lists, numbers against their

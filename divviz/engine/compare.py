@@ -33,7 +33,7 @@ class Comparison:
     metrics: dict[str, float]  # clip fractions, KL of the update, mass shift, entropy and top-1 change, entropy/…
     pi_old: np.ndarray  # completion tokens, flattened
     pi_new: np.ndarray
-    ratio: np.ndarray  # at the last inner step
+    ratio: np.ndarray  # at the last optimiser step
     state: np.ndarray  # 0 inside, 1 clipped low, 2 clipped high, 3 dual-clipped
     record: dict  # the first `inspect_prompts` prompts' completions, every token's facts (`completions.step_record`)
 

@@ -4,9 +4,9 @@
 A record holds the first `inspect_prompts` prompts of the step, each with its token ids as the model saw them
 (`prompt_ids`) and its G completions: the text, reward and advantage, and per token its id, its piece as the tokenizer decodes it alone, the tokenizer's raw piece and whether
 it is a special token, the mini-batch it trained in (1-based, when the update had several), and the facts of the last
-inner step of the update (its last pass, in its mini-batch):
+optimiser step of the update (its last pass, in its mini-batch):
 
-    pi_old   π_old of the sampled token          ratio    w = π_θ/π_old at the last inner step (what the loss saw)
+    pi_old   π_old of the sampled token          ratio    w = π_θ/π_old at the last optimiser step (as the loss saw it)
     pi_new   π after the update                  adv      the advantage A
     measure  the clip test's value (None: none)  state    `losses.TOKEN_STATES` code
     penalty  the penalty's value (None: none)    pi_ref   π_ref (None without a reference)

@@ -106,8 +106,8 @@ class NonFiniteLoss(RuntimeError):
 
 
 def finite_loss(objective: Objective, where: str, lr: float, *args, **kwargs) -> LossOutput:
-    """`objective(*args, **kwargs)`, or NonFiniteLoss naming `where` ("step 3 (inner step 2)") and the learning rate
-    when the policy's log-probs or the loss are not finite (divviz's engine and its TRL trainer alike)."""
+    """`objective(*args, **kwargs)`, or NonFiniteLoss naming `where` ("step 3 (pass 1, mini-batch 2)") and the
+    learning rate when the policy's log-probs or the loss are not finite (divviz's engine and its TRL trainer alike)."""
     try:
         out = objective(*args, **kwargs)
     except NonFiniteInput as err:

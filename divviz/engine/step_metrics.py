@@ -158,7 +158,7 @@ def update_metrics(rollout: Rollout, logp_old, logp_after, logp_ref) -> dict[str
 def token_sample(batch: Batch, done: Update, seen: torch.Tensor, rescored: Rollout, logp_after: torch.Tensor,
                  seed: int) -> dict[str, np.ndarray]:
     """Up to TOKEN_SAMPLE of the tokens of the completions `seen` that the loss kept (a rollout correction may have
-    rejected some): π_old, the ratio at the last inner step, π after the update, the advantage and the clip state
+    rejected some): π_old, the ratio at the last optimiser step, π after the update, the advantage and the clip state
     (0 inside, 1 clipped low, 2 clipped high, 3 dual-clipped)."""
     out, logp_old = done.out.rows(seen), done.logp_old[seen]
     rows, cols = (done.mask[seen] > 0).nonzero(as_tuple=True)

@@ -2,8 +2,8 @@
 same starting weights on the same rollouts (`engine.compare.same_batch`), paired over the batches.
 
 For each of N batches (batch b: the model's own task and prompt format, sampled with seed b from the shipped weights):
-sample the completions once, then for each measure restore the weights and take μ inner steps, and read what that one
-update did over the full vocabulary at every sampled position — the exact change of the entropy (and its first-order
+sample the completions once, then for each measure restore the weights and take μ optimiser steps, and read what that
+one update did over the full vocabulary at every sampled position — the exact change of the entropy (and its first-order
 prediction), of the top-1 mass, the share of the mass gained by argmax tokens, and the covariance of log π_old and A
 by clip state. The claims of the random-reward control use the same batches with a coin per completion as reward.
 The settings are the model's "look only" setting (`engine/models.py`: 4 prompts × 4, one full-batch step per pass,

@@ -1,7 +1,7 @@
 """Re-scoring a recorded step: what another measure would have done to the very tokens a run's update saw.
 
-A step's record (`engine.completions`) keeps, for every token the loss saw, π_old, the ratio w at the last inner step,
-the advantage A, its aggregation weight and the clip state the run's own measure gave it. Under any other clip test,
+A step's record (`engine.completions`) keeps, for every token the loss saw, π_old, the ratio w at the last optimiser
+step, the advantage A, its aggregation weight and the clip state the run's own measure gave it. Under any other clip test,
 `losses.policy_loss` on those same (π_old, w, A) says, with TRL's definitions,
 
     masked low   w < l(π_old) and A < 0        masked high   w > u(π_old) and A > 0

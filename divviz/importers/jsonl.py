@@ -78,7 +78,7 @@ def _step(value: object, line: int, number: int) -> Step:
 
 def export_record(record: dict, metrics: dict | None = None) -> dict:
     """An engine step record (`engine.completions`) as one line of this format: log π_old from π_old, log π at the
-    update from π_old·w (the ratio at its last inner step). Tokens the loss did not see cannot be exported (no
+    update from π_old·w (the ratio at its last optimiser step). Tokens the loss did not see cannot be exported (no
     ratio): such a record is refused."""
     prompts = []
     for group in record["groups"]:

@@ -58,17 +58,17 @@ class DivvizGRPOTrainer(GRPOTrainer):
     `clip_ratio/low_mean`, `…/high_mean`, `…/region_mean`, `…/low_min`, `…/high_max`), gathered across processes
     as TRL gathers them, and divviz's per-token ones, which need no extra forward pass:
 
-        kl/k1, kl/k2, kl/k3          k1/k2/k3 of the current ratio w = π_θ/π_old at each inner step
+        kl/k1, kl/k2, kl/k3          k1/k2/k3 of the current ratio w = π_θ/π_old at each optimiser step
         divviz/measure_mean          the clip test's own measure (e.g. k3 for kl3)
         divviz/penalty_mean          the penalty's value (TRL's `kl` too when the penalty is toward the reference)
         divviz/grad_masked_mean      share of tokens whose gradient through w is masked (clipped or dual-capped)
         divviz/outside_mean          share of tokens outside the clip test's region, whatever their advantage
-        divviz/outside_last_mean     the same at the last of the μ inner steps only (after μ − 1 updates)
+        divviz/outside_last_mean     the same at the last of the μ optimiser steps only (after μ − 1 updates)
         entropy/cov_<clip state>     Cov(log π_old, A) over the micro-batch's tokens, summed by clip state
                                      (`metrics.entropy_covariance`); entropy/change is not known: TRL makes no
                                      forward pass after its update
 
-    With a `DivvizRunCallback` among its callbacks it also hands over, at the last inner step, a sample of per-token
+    With a `DivvizRunCallback` among its callbacks it also hands over, at the last optimiser step, a sample of per-token
     facts gathered from every process (≤ 256 tokens), which the callback writes as the run's `tokens/`, and the step
     inspector's record of whole completions (`completions/`, see `_hand_over_completions`).
     """

@@ -274,7 +274,7 @@ def group_cards(groups: list[list[BanditRun]]) -> list[tuple[str, str, str]]:
 
 
 def first_step_past_high(groups: list[list[BanditRun]], iterations: int) -> tuple[float, int]:
-    """The share of A > 0 samples already above u after the first inner step, averaged over the first iterations
+    """The share of A > 0 samples already above u after the first optimiser step, averaged over the first iterations
     (at most 10), for the objective where it is largest; and how many iterations that mean is over."""
     early = min(10, iterations)
     return max(float(across_seeds(runs, "clip_ratio/first_step_past_high").mean[:early].mean())
@@ -299,7 +299,7 @@ def mass_reallocation(groups: list[list[BanditRun]]) -> dict[str, Chart]:
                                        "Expected reward, entropy, and where the mass sits"),
         "clipping": run_plots.history_chart(series(BANDIT_CLIPPING), BANDIT_CLIPPING, "iteration",
                                         "How often each clip binds, how many samples end past it (after the update, "
-                                        "and after one inner step), how far π moves"),
+                                        "and after one optimiser step), how far π moves"),
         "entropy": run_plots.history_chart(series(ENTROPY_CHANGE), ENTROPY_CHANGE, "iteration",
                                            "Entropy change of each update: observed (exact) and predicted to first "
                                            "order, −Cov_π(log π, Δz) (Cui et al. 2025)"),

@@ -38,7 +38,7 @@ BANDIT_PRESETS: dict[str, dict] = {
     "A sampler 2 iterations behind in bf16: no correction, TIS, IcePop, bypass": {
         "m": ["ratio"], "rollout_lag": 2, "rollout_dtype": "bfloat16",
         "rc": ["none", "TIS token", "IcePop token", "bypass"], "k": 50, "reward": "top_k", "correct_rank": 2, "mu": 4,
-        "optimizer": "sgd", "lr": 0.1},  # at SGD's 0.5 the first inner step already jumps past u (42% of samples)
+        "optimizer": "sgd", "lr": 0.1},  # at SGD's 0.5 the first optimiser step already jumps past u (42% of samples)
 }
 ON_POLICY = {"s": [], "rollout_lag": 0, "rollout_dtype": "same", "rc": ["none"]}
 BANDIT_PRESETS = {name: {**ON_POLICY, **values} for name, values in BANDIT_PRESETS.items()}  # a preset names its runs

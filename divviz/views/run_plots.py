@@ -210,7 +210,7 @@ def token_scatter(runs: list[tuple[str, str, dict, tuple[np.ndarray, np.ndarray,
     layout = {"height": 480, "title": {"text": "Tokens of one step: π_old against the ratio, with each measure's "
                                                "feasible region"},
               "xaxis": {"title": {"text": "π_old of the sampled token"}, "range": [0, 1]},
-              "yaxis": {"title": {"text": "ratio w at the last inner step (log scale)"}, "type": "log"}}
+              "yaxis": {"title": {"text": "ratio w at the last optimiser step (log scale)"}, "type": "log"}}
     return Chart(figure(keys + traces, layout, [hline(1.0)]), concat(frames))
 
 

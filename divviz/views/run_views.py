@@ -256,9 +256,9 @@ def rejected_note(config: dict, tokens: dict, i: int) -> str:
 
 def token_region(objectives: list[tuple[str, Objective]], pi_old: float, ratio: float | None, pi_after: float | None):
     """The Clipping regions picture (π_old, π_new) of the objectives' clip tests, with the token on it: at the
-    last inner step (π_old·w; not for a token the loss did not see) and after the update."""
+    last optimiser step (π_old·w; not for a token the loss did not see) and after the update."""
     tests = [(label, o.clip) for label, o in objectives if o.clip is not None]
-    marks = [] if ratio is None else [("token at the last inner step", pi_old, pi_old * ratio)]
+    marks = [] if ratio is None else [("token at the last optimiser step", pi_old, pi_old * ratio)]
     if pi_after is not None:
         marks.append(("token after the update", pi_old, pi_after))
     return plots.region_chart(PI_OLD_GRID, [(label, *loss_grids.feasible_region(t, PI_OLD_GRID)) for label, t in tests],

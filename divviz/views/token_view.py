@@ -70,7 +70,7 @@ def _rho_from_one(t, i):
 
 COLOUR_BY = {  # name → (value of token i of tokens t, what the legend says)
     "clip state": (None, "what the constraint did to the token"),
-    "ratio": (_log_ratio, "w = π_θ/π_old at the last inner step (scale on log w, white at w = 1)"),
+    "ratio": (_log_ratio, "w = π_θ/π_old at the last optimiser step (scale on log w, white at w = 1)"),
     "Δπ": (_delta_pi, "π after the update − π_old (white at 0)"),
     "A·w": (_adv_times_ratio, "advantage × ratio, the unclipped surrogate term (white at 0)"),
     "penalty": (lambda t, i: fact(t, "penalty", i), "the penalty's value (white at 0)"),

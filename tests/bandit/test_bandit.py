@@ -129,7 +129,7 @@ def test_clipping_binds_and_measures_differ_at_the_defaults():
 
 
 def test_mu_one_never_clips():
-    # with one inner step the ratio is exactly 1 when the gradient is taken: no test can bind
+    # with one optimiser step the ratio is exactly 1 when the gradient is taken: no test can bind
     run = run_bandit(BanditConfig.make(mu=1, **SMALL), Objective(clip=clip_test("ratio", eps=0.01)))
     assert run.history["clip_ratio/region_mean"].max() == 0
 
@@ -213,8 +213,8 @@ def test_adam_in_the_bandit_equals_autograd_with_adam():
 
 
 def test_first_step_past_high_warns_at_a_large_step_only():
-    """The share of A > 0 samples above u after the first inner step: none at the default lr (the clip acts
-    from the second inner step on, as designed), a large share when one step leaps past the box."""
+    """The share of A > 0 samples above u after the first optimiser step: none at the default lr (the clip acts
+    from the second optimiser step on, as designed), a large share when one step leaps past the box."""
     objective = Objective(clip=clip_test("ratio"))
     calm = run_bandits(BanditConfig.make(), [objective], seeds=range(4))
     leap = run_bandits(BanditConfig.make(lr=5.0), [objective], seeds=range(4))

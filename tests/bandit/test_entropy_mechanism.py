@@ -26,7 +26,7 @@ STATES = ("entropy/from_inside", "entropy/from_masked_low", "entropy/from_masked
 
 @pytest.mark.parametrize("name", sorted(CLIP_TESTS))
 def test_bandit_prediction_converges_to_the_observed_change_as_lr_shrinks(name):
-    """ΔH observed / ΔH predicted → 1 as lr → 0, for every clip test (μ = 2, so that the second inner step clips)."""
+    """ΔH observed / ΔH predicted → 1 as lr → 0, for every clip test (μ = 2: the second optimiser step clips)."""
     gaps = []
     for lr in (0.4, 0.04, 0.004):
         run = run_bandits(BanditConfig.make(k=30, lr=lr, mu=2, iterations=4, reward="graded"),

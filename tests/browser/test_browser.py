@@ -248,7 +248,7 @@ def test_step_inspector_shows_a_real_model_completion(page, app_url, app_runs_di
 
 def test_the_runs_page_draws_long_runs(page, app_url, app_runs_dir):
     """Two runs of 20,000 steps overlaid: the charts draw (thinned, WebGL), no error."""
-    from tests.engine.test_tail import long_runs
+    from tests.runs.test_tail import long_runs
 
     folders = long_runs(app_runs_dir, 2, 20_000)
     page.goto(f"{app_url}/runs")

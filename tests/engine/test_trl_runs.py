@@ -130,7 +130,7 @@ def test_a_sigkilled_trl_run_reads_interrupted_and_a_sigtermed_one_stopped(tmp_p
 
 def test_two_processes_under_accelerate_write_one_gathered_run(tmp_path):
     """`accelerate launch --multi_gpu --num_processes 2 … --device cpu`: two gloo processes each train their half
-    of the completions; the main one writes the one run folder. Gathered: the per-token facts of the last inner step
+    of the completions; the main one writes the one run folder. Gathered: the per-token facts of the last optimiser step
     come from both processes, and the logged share outside the region at that step is the share over both."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
@@ -174,7 +174,7 @@ def test_the_runs_page_lists_and_overlays_a_trl_run_with_an_engine_run(tmp_path,
     assert not at.exception, at.exception
     assert any("π after the update is not known" in c.value for c in at.caption) and not at.warning
     assert any("This token's loss" in h.value for h in at.subheader)
-    assert len(at.get("plotly_chart")) == 1  # the token on the clipping regions, at its last inner step
+    assert len(at.get("plotly_chart")) == 1  # the token on the clipping regions, at its last optimiser step
 
 
 def test_the_training_lab_trains_with_the_trl_backend(tmp_path, monkeypatch):

@@ -158,7 +158,7 @@ OBJECTIVES = [*[Objective(clip=dv.clip_test(name)) for name in dv.CLIP_TESTS],
 @pytest.mark.parametrize("aggregation", ["grpo", "bnpo", "dr_grpo", "dapo"])
 def test_closed_form_gradient_equals_autograd(objective, dual_clip_c, aggregation):
     """`PolicyLossGradient` (the bandit's fast step) against autograd through `policy_loss`. It is set to a
-    batch and called at each inner step, so it is first set to another batch and called there."""
+    batch and called at each optimiser step, so it is first set to another batch and called there."""
     objective = Objective(objective.clip, objective.penalty, objective.beta, dual_clip_c, aggregation)
     logp_new, logp_old, adv, mask, logp_ref = random_batch(11, spread=1.0)
     out = objective(logp_new, logp_old, adv, mask, logp_ref=logp_ref)

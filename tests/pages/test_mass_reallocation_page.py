@@ -11,7 +11,7 @@ from tests.page_helpers import open_page, open_tab, shown, slider, specs, titles
 def test_mass_reallocation_page():
     at = open_page("app_pages/mass_reallocation.py", {"iterations": "20", "k": "20"})
     assert len(at.metric) == 3 and "n = 8" in at.metric[0].delta and "band [" in at.metric[0].delta
-    assert not at.warning  # at the default lr no sample passes u in the first inner step
+    assert not at.warning  # at the default lr no sample passes u in the first optimiser step
     # distribution, mass, the open tab's curves (reward, entropy, mass) and the paired difference: a change redraws
     # four charts, not six: only the open tab is drawn
     assert [t.label for t in at.tabs] == ["Reward, entropy and mass", "Clip fractions and KL", "Why the entropy moves"]
@@ -38,7 +38,7 @@ def test_mass_reallocation_page():
     slider(at, "lr").set_value(20.0).run()
     next(s for s in at.selectbox if s.label == "Optimiser").set_value("sgd").run()
     slider(at, "lr").set_value(8.0).run()
-    assert not at.exception and "already above u after the first inner step" in at.warning[0].value
+    assert not at.exception and "already above u after the first optimiser step" in at.warning[0].value
     # an impossible combination is a message in the page, not a traceback
     slider(at, "correct_rank: ranks 0 … this one are correct").set_value(30).run()
     assert not at.exception and "'correct_rank' must be below k = 20" in shown(at.error[0])

@@ -60,7 +60,7 @@ def test_a_confident_token_shows_whole_in_the_regions_corner_and_says_where_it_i
     chart = run_views.token_region([("PPO", Objective(clip=clip_test("ratio")))], 0.9991, 1.0004, 0.9996)
     fig = validated(chart)
     marks = [t for t in fig.data if t.mode == "markers"]
-    assert [t.name for t in marks] == ["token at the last inner step (0.9991, 0.9995)",
+    assert [t.name for t in marks] == ["token at the last optimiser step (0.9991, 0.9995)",
                                        "token after the update (0.9991, 0.9996)"]
     assert all(t.cliponaxis is False for t in marks)
     assert all(low < 0 and high > 1 for low, high in (fig.layout.xaxis.range, fig.layout.yaxis.range))
