@@ -76,7 +76,7 @@ def test_the_binomial_p_is_scipys_binomtest():
 
 def test_a_damaged_published_p_file_is_read_row_by_row_and_never_trusted_blindly(tmp_path, monkeypatch):
     """Each row of a kept or published p file is checked: a wrong digest, alternative, flip count or p leaves that
-    row out; a file that is not JSON, or too large, gives nothing; the p's are then drawn as without a file."""
+    row out; a file that is not JSON gives nothing; the p's are then drawn as without a file."""
     good = significance.digest([0.1, -0.2, 0.3])
     path = tmp_path / "sign-flip-p.json"
     path.write_text(json.dumps([[good, "two-sided", 0, 0.75], ["short", "two-sided", 0, 0.5],
