@@ -234,6 +234,7 @@ def update(tr: Trainer, batch: Batch, objective: Objective, logp_ref, step: int,
     parts = minibatch_rows(len(batch.adv), cfg.minibatches, cfg.seed * 104_729 + step)
     tally = StepTally(cfg.mu * len(parts), by_minibatch=len(parts) > 1)
     logp_roll = rollout.logp if tr.sampler is not None else None  # π_roll, when a sampler other than π_θ drew
+    measured = measured or MeasuredRows(torch.zeros(0, dtype=torch.long))  # none: no logits kept
     logp_before, logp_first, top_first = policy_before(tr, batch, parts, measured)
     logp_old = rollout.logp if bypass else logp_before
     mismatched = tr.sampler is not None or correction.active
@@ -263,7 +264,7 @@ def update(tr: Trainer, batch: Batch, objective: Objective, logp_ref, step: int,
                   corrected, kept, minibatch_index(parts, len(batch.adv)) if len(parts) > 1 else None)
 
 
-def policy_before(tr: Trainer, batch: Batch, parts: list[torch.Tensor], measured: MeasuredRows | None):
+def policy_before(tr: Trainer, batch: Batch, parts: list[torch.Tensor], measured: MeasuredRows):
     """π_before, the policy before the update, on every completion, in one place: each later mini-batch's log-probs
     by a no-grad forward with the shapes its training forwards will have, then (the model put in training mode) the
     first mini-batch's from its own first training forward, detached, so that its ratios are exactly 1, as TRL's
@@ -276,18 +277,13 @@ def policy_before(tr: Trainer, batch: Batch, parts: list[torch.Tensor], measured
             part = rollout.rows(rows)
             logits = completion_logits(tr.model, part, tr.cfg.temperature, tr.autocast, rows_of(batch.prefix, rows))
             logp_before[rows] = token_logps(logits, part)
-            keep_logits(measured, rows, logits)
+            measured.keep(rows, logits)
             del logits
     tr.model.train()
     logp_first, top_first, logits = training_forward(tr, batch, parts[0])
     logp_before[parts[0]] = logp_first.detach()
-    keep_logits(measured, parts[0], logits)
+    measured.keep(parts[0], logits)
     return logp_before, logp_first, top_first
-
-
-def keep_logits(measured: MeasuredRows | None, rows: torch.Tensor, logits: torch.Tensor) -> None:
-    if measured is not None:
-        measured.keep(rows, logits)
 
 
 def training_forward(tr: Trainer, batch: Batch, rows: torch.Tensor):
