@@ -21,17 +21,17 @@ reported as not testable here; if none meets 1–3, the search is reported as fi
 
 Points are trained in POINTS order (the likeliest to bind first), two runs at a time on one thread each at the lowest
 CPU priority (nice 19: the search yields to anything else on the machine), each run in its own folder under the runs
-folder (default ../runs-dose, outside the checkout); a finished run is never trained again, so the search resumes where
-it stopped. After each run the summary (every run's per-step dose, entropy, stability and evaluations, and the rule's
-reading) is written to published/smollm2-135m-dose-search.json and printed as a table, and the finished run itself is
-published into published/smollm2-135m-dose-search/<point>-<objective>/ (`runs/published.py`: its metrics,
-evaluations, samples and the first, middle and last steps' per-token records, the manifest naming the commit and the
-CPU kernels that trained it; a published grid holds one CPU's runs, so a run trained on another CPU goes into
-smollm2-135m-dose-search-2/, and so on: a pair may cross CPUs, which the rule, read run by run, allows). The
-training code is held at one commit by training from a worktree (`--tree`) while this script runs from the checkout
-that publishes. A point already in the summary whose runs are not in the runs folder (a machine
-since returned) keeps its summarised reading, and a finished run summarised by the same commit is kept and not trained
-again while its pair's other run is.
+folder (default ../runs-dose, outside the checkout); a finished run is never trained again and one stopped part-way goes
+on from its last resume state (every CHECKPOINT steps), so the search resumes where it stopped. After each run the
+summary (every run's per-step dose, entropy, stability and evaluations, and the rule's reading) is written to
+published/smollm2-135m-dose-search.json and printed as a table, and the finished run itself is published into
+published/smollm2-135m-dose-search/<point>-<objective>/ (`runs/published.py`: its metrics, evaluations, samples and the
+first, middle and last steps' per-token records, the manifest naming the commit and the CPU kernels that trained it; a
+published grid holds one CPU's runs, so a run trained on another CPU goes into smollm2-135m-dose-search-2/, and so on: a
+pair may cross CPUs, which the rule, read run by run, allows). The training code is held at one commit by training from
+a worktree (`--tree`) while this script runs from the checkout that publishes. A point already in the summary whose runs
+are not in the runs folder (a machine since returned) keeps its summarised reading, and a finished run summarised by the
+same commit is kept and not trained again while its pair's other run is.
 
     python scripts/dose_search.py [--runs DIR] [--tree WORKTREE] [--parallel N] [POINT …]   # POINT: only these
     python scripts/dose_search.py --table                     # the summary so far, nothing trained
@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -60,7 +61,7 @@ import platform  # noqa: E402
 import transformers  # noqa: E402
 
 from divviz.evidence.rescore import disagreement, measure_objective, sampled_tokens  # noqa: E402
-from divviz.runs import published, store  # noqa: E402
+from divviz.runs import published, resume, store  # noqa: E402
 
 STEPS = 100
 BASE = ["--model", "smollm2-135m", "--task", "add", "--prompts", "8", "--group-size", "8", "--max-new-tokens", "24",
@@ -79,6 +80,13 @@ POINTS = {  # name: (μ, K, learning rate), the likeliest to bind first
 TREE = ROOT  # the checkout whose code trains the runs (`--tree`: a worktree held at one commit)
 SUMMARY = ROOT / "published" / "smollm2-135m-dose-search.json"
 GRID = ROOT / "published" / "smollm2-135m-dose-search"  # the first CPU's runs; another CPU's in GRID-2, GRID-3, …
+CHECKPOINT = 5  # steps between a run's resume states (what a run keeps, not how it trains: `config.KEPT_ONLY`)
+RESUME = """import sys
+try:
+    from divviz.runs.worker import main
+except ImportError:  # a tree from before run management had its own folder
+    from divviz.engine.worker import main
+main(sys.argv[1])"""  # trains a stopped run on in its folder, as the pool does
 RULE = {"ppo_clip": 0.03, "disagreement": 0.02, "entropy_fraction": 0.5, "entropy_window": 10}
 
 
@@ -88,24 +96,31 @@ def flags(point: str, objective: str) -> list[str]:
 
 
 def train(runs: Path, point: str, objective: str, log) -> None:
-    """Train one run of the search into runs/<point>/<objective> unless it is done there (a stopped one restarts)."""
-    folder = runs / point / objective
+    """Train one run of the search into runs/<point>/<objective> unless it is done there. It trains in
+    runs/<point>/<objective>.training/ and keeps its resume state every CHECKPOINT steps (`runs/resume.py`: a resumed run
+    writes the rows an unbroken one would), so a run stopped with the machine goes on from its last resume state; one
+    stopped without any starts again."""
+    folder, training = runs / point / objective, runs / point / f"{objective}.training"
     if folder.is_dir() and store.read_run(folder).state == "done":
         return
-    if folder.exists():
-        import shutil
-
-        shutil.rmtree(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "divviz", "train", *flags(point, objective), "--runs-dir", str(folder.parent),
-               "--now"]
-    log.write(f"\n== {point} {objective} ({time.strftime('%H:%M:%S')}): {' '.join(command[3:])}\n")
+    stopped = next((f for f in sorted(training.glob("*/")) if resume.saved_step(f)), None) if training.is_dir() else None
+    if stopped is None:
+        shutil.rmtree(training, ignore_errors=True)
+        training.mkdir(parents=True)
+        command = [sys.executable, "-m", "divviz", "train", *flags(point, objective), "--checkpoint-every",
+                   str(CHECKPOINT), "--runs-dir", str(training), "--now"]
+    else:
+        command = [sys.executable, "-c", RESUME, str(stopped)]
+    log.write(f"\n== {point} {objective} ({time.strftime('%H:%M:%S')}): "
+              f"{'resumed after step ' + str(resume.saved_step(stopped)) if stopped else ' '.join(command[3:])}\n")
     log.flush()
-    made = subprocess.run(command, stdout=subprocess.PIPE, stderr=log, text=True, cwd=TREE,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=lambda: os.nice(19))
-    made_folder = Path(made.stdout.strip().splitlines()[-1]) if made.stdout.strip() else None
-    if made_folder and made_folder.is_dir():
-        made_folder.rename(folder)
+    subprocess.run(command, stdout=subprocess.DEVNULL, stderr=log, cwd=TREE,
+                   env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=lambda: os.nice(19))
+    made = [f for f in training.glob("*/") if store.read_run(f).state == "done"]
+    if made:
+        shutil.rmtree(folder, ignore_errors=True)
+        made[0].rename(folder)
+        shutil.rmtree(training)
         publish(folder, point, objective)
 
 

@@ -86,3 +86,29 @@ def test_a_run_summarised_done_is_not_trained_again_while_its_pair_is():
     assert dose_search.kept_run({**half, "commit": "abc1234"}, "ppo", "abc1234") is half["ppo"]
     assert dose_search.kept_run({**half, "commit": "0000000"}, "ppo", "abc1234") is None  # another commit's: again
     assert dose_search.kept_run({**half, "commit": "abc1234"}, "kl3", "abc1234") is None
+
+
+def test_a_run_stopped_with_the_machine_goes_on_from_its_resume_state_and_is_published(tmp_path, monkeypatch):
+    """A search run stopped after step 3 (its resume state after step 2) is trained on by `train`, not from step 0:
+    the log says so, the finished run replaces its training folder under its point and is published once."""
+    from divviz.engine.config import RunConfig
+    from divviz.runs import resume, store
+    from divviz.runs.train import train
+
+    def stop_after_3(result):
+        if result.metrics["step"] == 3:
+            raise KeyboardInterrupt
+
+    point = next(iter(dose_search.POINTS))
+    cfg = RunConfig.make(task="reverse", prompts=4, group_size=4, steps=5, checkpoint_every=2)
+    stopped = train(cfg, tmp_path / point / "kl3.training", on_step=stop_after_3)
+    assert store.read_run(stopped).state == "stopped" and resume.saved_step(stopped) == 2
+    published = []
+    monkeypatch.setattr(dose_search, "publish", lambda folder, p, o: published.append((folder, p, o)))
+    log = tmp_path / "search.log"
+    with log.open("w") as out:
+        dose_search.train(tmp_path, point, "kl3", out)
+    folder = tmp_path / point / "kl3"
+    assert "resumed after step 2" in log.read_text()
+    assert store.read_run(folder).state == "done" and [r["step"] for r in store.read_metrics(folder)] == [1, 2, 3, 4, 5]
+    assert not (tmp_path / point / "kl3.training").exists() and published == [(folder, point, "kl3")]
