@@ -163,15 +163,15 @@ def cmd_rescore(args) -> int:
         return print_json(rows, indent=1)
     print(f"run {folder.name}, step {step}: {rows[0]['tokens']} tokens the loss saw, in "
           f"{step_coverage(folder, step)}")
-    print(f"{'measure':<44} {'masked low':>10} {'masked high':>11} {'outside':>8} {'grad kept':>9} {'changed':>8}")
+    print(f"{'measure':<44} {'masked low':>10} {'masked high':>11} {'outside':>8} {'grad flows':>10} {'changed':>8}")
     for r in rows:
-        kept = "—" if math.isnan(r["gradient_kept"]) else f"{r['gradient_kept']:.3f}"
+        flows = "—" if math.isnan(r["gradient_flows"]) else f"{r['gradient_flows']:.3f}"
         print(f"{shorten(r['measure'], 44):<44} {r['masked_low']:>10.3%} {r['masked_high']:>11.3%} {r['outside']:>8.2%} "
-              f"{kept:>9} {r['changed']:>8}")
+              f"{flows:>10} {r['changed']:>8}")
         for g, c, i, piece, before, after in r["changed_tokens"][:5]:
             print(f"    prompt {g + 1}, completion {c + 1}, token {i} {shorten(repr(piece), 30)}: {before} → {after}")
-    if any(math.isnan(r["gradient_kept"]) for r in rows):
-        print("grad kept —: every advantage is 0 in these completions, so no token has a gradient to keep or mask")
+    if any(math.isnan(r["gradient_flows"]) for r in rows):
+        print("grad flows —: every advantage is 0 in these completions, so no token has a gradient to keep or mask")
     return 0
 
 
@@ -236,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "objective always comes first")
     p.add_argument("--runs-dir", help="runs folder (default: $DIVVIZ_RUNS_DIR, else ./runs)")
     p.add_argument("--json", action="store_true",
-                   help="print a list: measure, tokens, masked_low, masked_high, outside, gradient_kept, changed, "
+                   help="print a list: measure, tokens, masked_low, masked_high, outside, gradient_flows, changed, "
                         "changed_tokens")
     p.set_defaults(run=cmd_rescore)
 

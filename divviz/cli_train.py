@@ -31,8 +31,9 @@ def add_train_parser(sub) -> None:
                    help="replace PPO's clipped surrogate: cispo, sapo, vespo, gpg (no clip test), dppo, geo_mean (with one)")
     p.add_argument("--importance-sampling-level", default="token",
                    help="token, or sequence for GSPO (one ratio per completion, its geometric mean)")
-    p.add_argument("--off-policy-mask", default=None, metavar="DELTA",
-                   help="TRL's off_policy_mask_threshold: drop A < 0 completions whose mean log π_old − log π_θ > δ")
+    p.add_argument("--off-policy-mask-threshold", "--off-policy-mask", default=None, metavar="DELTA",
+                   help="TRL's off_policy_mask_threshold: drop A < 0 completions whose mean log π_old − log π_θ > δ "
+                        "(--off-policy-mask: its earlier spelling)")
     p.add_argument("--ratio-cap", default=None, metavar="DELTA", help="TRL's delta > 1: the unclipped term uses min(w, δ)")
     p.add_argument("--aggregation", default="grpo",
                    help="grpo, bnpo, dr_grpo, dapo, luspo (TRL's loss_type) or token_sum (verl's)")
@@ -124,7 +125,7 @@ def cmd_train(args) -> int:
         second_beta=0.0 if args.beta2 is None else args.beta2,
         beta=0.04 if args.beta is None else args.beta, dual_clip_c=args.dual_clip, aggregation=args.aggregation,
         scale_rewards="none" if args.no_scale_rewards else args.scale_rewards, baseline=args.baseline,
-        off_policy_mask=args.off_policy_mask, rollout_dtype=args.rollout_dtype,
+        off_policy_mask_threshold=args.off_policy_mask_threshold, rollout_dtype=args.rollout_dtype,
         rollout_is=None if args.rollout_is == "none" else args.rollout_is, rollout_is_threshold=args.rollout_is_threshold,
         rollout_is_batch_normalize=args.rollout_is_batch_normalize, rollout_rs=args.rollout_rs,
         rollout_rs_threshold=args.rollout_rs_threshold, bypass_mode=args.bypass_mode,

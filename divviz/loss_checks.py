@@ -25,13 +25,15 @@ def check_ratio_cap(value) -> float | None:
     return None if value is None else RATIO_CAP.check(value, "ratio_cap")
 
 
-OFF_POLICY_MASK = Param("off_policy_mask", 0.5, 0.0, trl_name="off_policy_mask_threshold", typical=(0.0, 2.0, 0.01),
-                        doc="DeepSeek-V3.2's off-policy sequence mask (TRL's off_policy_mask_threshold): a completion "
-                            "with A < 0 whose mean log π_old − log π_θ exceeds δ takes no part in the policy term")
+OFF_POLICY_MASK_THRESHOLD = Param("off_policy_mask_threshold", 0.5, 0.0, trl_name="off_policy_mask_threshold",
+                                  typical=(0.0, 2.0, 0.01),
+                                  doc="DeepSeek-V3.2's off-policy sequence mask (TRL's off_policy_mask_threshold): a "
+                                      "completion with A < 0 whose mean log π_old − log π_θ exceeds δ takes no part in "
+                                      "the policy term")
 
 
-def check_off_policy_mask(value) -> float | None:
-    return None if value is None else OFF_POLICY_MASK.check(value, "off_policy_mask")
+def check_off_policy_mask_threshold(value) -> float | None:
+    return None if value is None else OFF_POLICY_MASK_THRESHOLD.check(value, "off_policy_mask_threshold")
 
 
 def check_combination(clip: ClipTest | None, surrogate: Surrogate | None, level: str, dual_clip_c, ratio_cap) -> None:

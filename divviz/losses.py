@@ -37,7 +37,7 @@ from divviz.catalogue.params import DivvizInputError
 from divviz.catalogue.penalties import Penalty
 from divviz.catalogue.surrogates import Surrogate, SurrogateInputs
 from divviz.loss_checks import (check_combination, check_inputs, check_measure, check_normalisers,
-                                check_off_policy_mask, check_ratio_cap)
+                                check_off_policy_mask_threshold, check_ratio_cap)
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ class Objective:
     every token of completion i takes the ratio s_i = exp(mean_t log w_t), and the clip test judges s_i. Written as
     GSPO-token (verl's form): log s_i,t = sg(log s_i) + log π_t − sg(log π_t), so a token's gradient is its own; with
     one advantage per completion (TRL's) this is TRL's (B, 1) ratio exactly, with per-token advantages verl's.
-    off_policy_mask: None or TRL's off_policy_mask_threshold δ ≥ 0 (`off_policy_sequence_mask`), applied to the
+    off_policy_mask_threshold: None or TRL's off_policy_mask_threshold δ ≥ 0 (`off_policy_sequence_mask`), applied to the
     policy term as a weight is.
     """
 
@@ -69,14 +69,14 @@ class Objective:
     ratio_cap: float | None = None
     second_penalty: Penalty | None = None
     second_beta: float = 0.0
-    off_policy_mask: float | None = None
+    off_policy_mask_threshold: float | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "beta", check_beta(self.beta))
         object.__setattr__(self, "second_beta", check_beta(self.second_beta))
         object.__setattr__(self, "dual_clip_c", check_dual_clip(self.dual_clip_c))
         object.__setattr__(self, "ratio_cap", check_ratio_cap(self.ratio_cap))
-        object.__setattr__(self, "off_policy_mask", check_off_policy_mask(self.off_policy_mask))
+        object.__setattr__(self, "off_policy_mask_threshold", check_off_policy_mask_threshold(self.off_policy_mask_threshold))
         check_aggregation(self.aggregation)
         check_combination(self.clip, self.surrogate, self.importance_sampling_level, self.dual_clip_c, self.ratio_cap)
         for role, given in (("penalty", self.penalty), ("second_penalty", self.second_penalty)):
@@ -95,8 +95,8 @@ class Objective:
             parts.append(f"c={self.dual_clip_c:g}")
         if self.ratio_cap is not None:
             parts.append(f"δ_cap={self.ratio_cap:g}")
-        if self.off_policy_mask is not None:
-            parts.append(f"OPSM δ={self.off_policy_mask:g}")
+        if self.off_policy_mask_threshold is not None:
+            parts.append(f"OPSM δ={self.off_policy_mask_threshold:g}")
         return " ".join(parts)
 
     @property
@@ -120,7 +120,7 @@ class Objective:
 
 
 def off_policy_sequence_mask(logp_new, logp_old, adv, mask, threshold: float) -> torch.Tensor:
-    """1 where a completion is kept, 0 where it is dropped: A < 0 and its mean KL(π_old‖π_θ) estimate,
+    """1 where a completion stays in the policy term, 0 where it is dropped: A < 0 and its mean KL(π_old‖π_θ) estimate,
     mean_t (log π_old − log π_θ) over its tokens, above δ (DeepSeek-V3.2; TRL 1.16's `get_off_policy_mask`).
     (B, 1) for one advantage per completion, else (B, T); detached."""
     kl = ((logp_old - logp_new.detach()) * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)
@@ -141,11 +141,11 @@ class LossOutput:
     ratio: torch.Tensor
     clip_value: torch.Tensor | None  # the clip test's value per token (e.g. k3), None without a test
     outside: torch.Tensor  # fails the clip test, whatever the advantage's sign
-    clipped_low: torch.Tensor  # w < l and A < 0 (TRL's is_low_clipped)
-    clipped_high: torch.Tensor  # w > u and A > 0 (TRL's is_high_clipped)
-    dual_clipped: torch.Tensor  # a cap binds: dual-clip's −c·A (A < 0), or the ratio cap's −δ·A
-    grad_masked: torch.Tensor  # no gradient through w: clipped_low | clipped_high | dual_clipped
-    pulled_back: torch.Tensor  # fails the test where A ≠ 0 pulls it back toward the region (gradient kept)
+    masked_low: torch.Tensor  # w < l and A < 0 (TRL's is_low_clipped)
+    masked_high: torch.Tensor  # w > u and A > 0 (TRL's is_high_clipped)
+    dual_clip: torch.Tensor  # a cap binds: dual-clip's −c·A (A < 0), or the ratio cap's −δ·A
+    grad_masked: torch.Tensor  # no gradient through w: masked_low | masked_high | dual_clip
+    pulled_back: torch.Tensor  # fails the test where A ≠ 0 pulls it back toward the region (its gradient flows)
     penalty: torch.Tensor | None  # the penalty's value per token, None without a penalty
     policy_weight: torch.Tensor | None = None  # ρ_t, what multiplies the policy term (`weight` × the off-policy
     # mask), None when nothing does
@@ -157,15 +157,21 @@ class LossOutput:
         picked = {f.name: getattr(self, f.name) for f in fields(self)}
         return LossOutput(**{k: v if k == "loss" or v is None else v[index] for k, v in picked.items()})
 
+    # the earlier spellings of the clip states (one name per idea, docs/architecture.md), for code written with them
+    clipped_low = property(lambda self: self.masked_low)
+    clipped_high = property(lambda self: self.masked_high)
+    dual_clipped = property(lambda self: self.dual_clip)
+    clipped_region = property(lambda self: self.masked_region)
+
     @property
-    def clipped_region(self) -> torch.Tensor:
-        """TRL's is_region_clipped = is_low_clipped | is_high_clipped."""
-        return self.clipped_low | self.clipped_high
+    def masked_region(self) -> torch.Tensor:
+        """Masked low or high: TRL's is_region_clipped = is_low_clipped | is_high_clipped."""
+        return self.masked_low | self.masked_high
 
     def clip_state(self) -> torch.Tensor:
-        """Each token's clip state as one code, as the run store keeps it: 0 inside (or its gradient kept),
-        1 clipped low, 2 clipped high, 3 dual-clipped."""
-        return self.clipped_low.long() + 2 * self.clipped_high.long() + 3 * self.dual_clipped.long()
+        """Each token's clip state as one code, as the run store keeps it: 0 inside (or its gradient flows),
+        1 masked low, 2 masked high, 3 dual-clip."""
+        return self.masked_low.long() + 2 * self.masked_high.long() + 3 * self.dual_clip.long()
 
     def token_state(self) -> torch.Tensor:
         """`clip_state` with the outside tokens that keep their gradient told apart: code 4 when the token fails
@@ -237,15 +243,15 @@ def policy_loss(logp_new: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tenso
     log_ratio = _log_ratio(objective, logp_new, logp_old, mask)
     ratio = log_ratio.exp()
     clip_value, outside, bounds = _clip_test(objective, logp_new, logp_old, log_ratio)
-    clipped_low = outside & (ratio < 1) & (adv < 0) & active
-    clipped_high = outside & (ratio > 1) & (adv > 0) & active
+    masked_low = outside & (ratio < 1) & (adv < 0) & active
+    masked_high = outside & (ratio > 1) & (adv > 0) & active
     capped = torch.zeros_like(active)
     if objective.surrogate is None:
         per_token, capped = _clipped_surrogate(ratio, adv, outside, bounds, objective.dual_clip_c, objective.ratio_cap)
-        capped = capped & ~clipped_high & active
+        capped = capped & ~masked_high & active
     else:
-        kept = (~(clipped_low | clipped_high)).to(logp_new.dtype)
-        per_token = objective.surrogate.term(SurrogateInputs(log_ratio, logp_new, adv, mask, bounds, kept))
+        unmasked = (~(masked_low | masked_high)).to(logp_new.dtype)
+        per_token = objective.surrogate.term(SurrogateInputs(log_ratio, logp_new, adv, mask, bounds, unmasked))
     weight = _policy_weight(objective, weight, per_token, logp_new, logp_sampling, adv, mask)
     if weight is not None:
         per_token = per_token * weight.detach()
@@ -259,11 +265,11 @@ def policy_loss(logp_new: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tenso
         ratio=(ratio * mask).detach(),
         clip_value=None if clip_value is None else (clip_value * mask).detach(),
         outside=outside,
-        clipped_low=clipped_low,
-        clipped_high=clipped_high,
-        dual_clipped=capped,
-        grad_masked=clipped_low | clipped_high | capped,
-        pulled_back=outside & (adv != 0) & ~(clipped_low | clipped_high | capped),
+        masked_low=masked_low,
+        masked_high=masked_high,
+        dual_clip=capped,
+        grad_masked=masked_low | masked_high | capped,
+        pulled_back=outside & (adv != 0) & ~(masked_low | masked_high | capped),
         penalty=None if penalty_value is None else penalty_value.detach() * mask,
         policy_weight=None if weight is None else (weight.detach() * mask).expand_as(mask),
         token_loss=per_token * mask,
@@ -287,9 +293,9 @@ def _policy_weight(objective: Objective, weight, per_token, logp_new, logp_sampl
     if weight is not None and per_token.shape[-1] == 1 and weight.shape[-1] > 1:
         log_mean = ((weight + 1e-10).log() * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)
         weight = log_mean.exp()
-    if objective.off_policy_mask is not None:
-        kept = off_policy_sequence_mask(logp_new, logp_sampling, adv, mask, objective.off_policy_mask)
-        weight = kept if weight is None else weight * kept
+    if objective.off_policy_mask_threshold is not None:
+        sequences = off_policy_sequence_mask(logp_new, logp_sampling, adv, mask, objective.off_policy_mask_threshold)
+        weight = sequences if weight is None else weight * sequences
     return weight
 
 

@@ -49,12 +49,12 @@ GLOSSARY = {
                       "distributions before and after it (same prefixes), in nats",
     "entropy/change_predicted": "the first-order prediction −Cov_π(log π, Δz) of that change, Δz the logits' change "
                                 "(Cui et al. 2025, arXiv 2505.22617)",
-    "entropy/cov_inside": "Σ over the tokens inside the region (or kept) of (log π_old − mean)(A − mean) / tokens: "
+    "entropy/cov_inside": "Σ over the tokens inside the region (or pulled back) of (log π_old − mean)(A − mean) / tokens: "
                           "the tokens that drive entropy down when positive (Cui et al. 2025)",
     "entropy/cov_masked_low": "the same over the tokens masked low (A < 0, w < l)",
     "entropy/cov_masked_high": "the same over the tokens masked high (A > 0, w > u)",
-    "entropy/cov_dual": "the same over the dual-clipped tokens (A < 0 past the cap c)",
-    "entropy/from_inside": "bandit: first-order entropy change per update caused by the samples kept (exact with SGD)",
+    "entropy/cov_dual": "the same over the dual-clip tokens (A < 0 past the cap c)",
+    "entropy/from_inside": "bandit: first-order entropy change per update caused by the samples inside (exact with SGD)",
     "entropy/from_masked_low": "bandit: the same caused by the samples masked low (only a penalty's slope is left)",
     "entropy/from_masked_high": "bandit: the same caused by the samples masked high",
     "entropy/would_masked_low": "bandit: what the samples masked low would have caused had the constraint let them "
@@ -165,7 +165,7 @@ def entropy_covariance(logp_old: torch.Tensor, adv: torch.Tensor, mask: torch.Te
 
     means and tokens over the loss's tokens (`mask`), so the states add up to the batch's covariance. A positive
     term is a confident token pushed up or a rare one pushed down: entropy falls. `state`: `LossOutput.clip_state`
-    (B, T); adv (B,) or (B, T); the dual-clipped state only where `dual`."""
+    (B, T); adv (B,) or (B, T); the dual-clip state only where `dual`."""
     adv = adv[:, None].expand_as(logp_old) if adv.dim() == 1 else adv
     keep = mask > 0
     lp, a, s = logp_old[keep].double(), adv[keep].double(), state[keep]
@@ -178,8 +178,8 @@ def entropy_covariance(logp_old: torch.Tensor, adv: torch.Tensor, mask: torch.Te
 def clip_fractions(out: LossOutput, mask: torch.Tensor) -> dict[str, float]:
     """TRL's clip_ratio/low_mean, high_mean and region_mean: shares of completion tokens."""
     tokens = float(mask.sum().clamp(min=1))
-    low = float(out.clipped_low.sum()) / tokens
-    high = float(out.clipped_high.sum()) / tokens
+    low = float(out.masked_low.sum()) / tokens
+    high = float(out.masked_high.sum()) / tokens
     return {"clip_ratio/low_mean": low, "clip_ratio/high_mean": high, "clip_ratio/region_mean": low + high}
 
 

@@ -16,7 +16,7 @@ from divviz.catalogue.penalties import penalty, PENALTIES
 from divviz.catalogue.rollout_correction import (ICEPOP_HIGH, ICEPOP_LOW, OPTIONS as RS_OPTIONS, RS_BOUND, RS_RATIO_HIGH,
                                        RS_RATIO_LOW, SAMPLER_DTYPES, TIS_CAP)
 from divviz.catalogue.surrogates import LEVELS
-from divviz.loss_checks import OFF_POLICY_MASK, RATIO_CAP
+from divviz.loss_checks import OFF_POLICY_MASK_THRESHOLD, RATIO_CAP
 from divviz.losses import Objective
 from divviz.safetext import literal
 from divviz.views import explorer
@@ -98,8 +98,8 @@ def objective_controls(tests: list[str], beta: float) -> list[Control]:
             Control("c", 3.0, param=DUAL_CLIP),
             Control("cap_on", False, param=Param("cap_on", False, kind="bool", doc=RATIO_CAP.doc)),
             Control("cap", RATIO_CAP.default, param=RATIO_CAP),
-            Control("opsm_on", False, param=Param("opsm_on", False, kind="bool", doc=OFF_POLICY_MASK.doc)),
-            Control("opsm", OFF_POLICY_MASK.default, param=OFF_POLICY_MASK),
+            Control("opsm_on", False, param=Param("opsm_on", False, kind="bool", doc=OFF_POLICY_MASK_THRESHOLD.doc)),
+            Control("opsm", OFF_POLICY_MASK_THRESHOLD.default, param=OFF_POLICY_MASK_THRESHOLD),
             Control("level", "token", options=LEVELS), Control("agg", "grpo", options=AGGREGATIONS),
             *measure_param_controls(("penalty",))]
 
@@ -142,7 +142,7 @@ def correction_widgets(page: str, controls: dict[str, Control]) -> list[dict]:
             values["rs_ratio"] = (number(page, controls["rs_l"], "kept for ratio bounds from l"),
                                   number(page, controls["rs_u"], "to u"))
         else:
-            values["rs_bound"] = number(page, controls["rs_bound"], f"kept while {values['rs_option']} ≤")
+            values["rs_bound"] = number(page, controls["rs_bound"], f"in the loss while {values['rs_option']} ≤")
     return [explorer.rollout_variant(name, **values) for name in names]
 
 
@@ -196,7 +196,7 @@ def objective_widgets(page: str, controls: dict[str, Control], bandit: bool = Fa
     if number(page, controls["cap_on"], "Ratio cap δ (TRL's delta)"):
         shared["ratio_cap"] = number(page, controls["cap"], "δ")
     if number(page, controls["opsm_on"], "Off-policy sequence mask (TRL's)"):
-        shared["off_policy_mask"] = number(page, controls["opsm"], "mask threshold δ")
+        shared["off_policy_mask_threshold"] = number(page, controls["opsm"], "mask threshold δ")
     shared["importance_sampling_level"] = choice(page, controls["level"], "Importance sampling (TRL's level)",
                                                  labels={"token": "token (GRPO)", "sequence": "sequence (GSPO)"})
     shared["aggregation"] = choice(page, controls["agg"], "Aggregation (TRL loss_type)")

@@ -60,7 +60,7 @@ def sample_shares(logp: np.ndarray, p: np.ndarray, flat_actions: np.ndarray, lr:
 def attribute(logp: np.ndarray, p: np.ndarray, flat_actions: np.ndarray, slope: np.ndarray, would: np.ndarray,
               low: np.ndarray, high: np.ndarray, lr: float) -> np.ndarray:
     """One optimiser step's first-order entropy change by clip state, (R, 5) in `ATTRIBUTION`'s order: caused by the
-    samples inside (or kept), masked low (A < 0, w < l) and masked high (A > 0, w > u), and what the masked ones
+    samples inside (or pulled back), masked low (A < 0, w < l) and masked high (A > 0, w > u), and what the masked ones
     would have caused with the unclipped slope `would` (one (R, n) product per column: the bandit steps hundreds
     of runs at once, so it is written in few numpy calls)."""
     per_slope = sample_shares(logp, p, flat_actions, lr)[..., 0]

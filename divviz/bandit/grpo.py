@@ -82,7 +82,7 @@ class BanditBatch:
     gradient: PolicyLossGradient
     logp_roll: np.ndarray | None = None
     weight: np.ndarray | None = None
-    kept: np.ndarray | None = None
+    loss_mask: np.ndarray | None = None
 
 
 def sampled_logp(theta: np.ndarray, batch: BanditBatch) -> np.ndarray:
@@ -127,13 +127,13 @@ def autograd_gradient(objectives: list[Objective], theta: np.ndarray,
         old, ref, adv = (torch.from_numpy(x[r]) for x in (batch.logp_old, batch.logp_ref, batch.adv))
         row = {name: None if x is None else torch.from_numpy(x[r])
                for name, x in (("weight", batch.weight), ("logp_sampling", batch.logp_roll))}
-        mask = torch.from_numpy(batch.mask if batch.kept is None else batch.kept[r])
+        mask = torch.from_numpy(batch.mask if batch.loss_mask is None else batch.loss_mask[r])
         out = objective(sampled, old, adv, mask, logp_ref=ref, **row)
         slope = torch.autograd.grad(out.loss, sampled)[0]
         grads.append(torch.autograd.grad(logp_new, theta_t, grad_outputs=slope)[0].numpy())
         slopes.append(slope.numpy())
         outs.append(out)
-    flags = (np.stack([getattr(out, flag).numpy() for out in outs]) for flag in ("clipped_low", "clipped_high"))
+    flags = (np.stack([getattr(out, flag).numpy() for out in outs]) for flag in ("masked_low", "masked_high"))
     return np.stack(grads), LossGradient(np.stack(slopes), *flags), softmax(theta)
 
 
@@ -193,9 +193,10 @@ def sample_batch(cfg: BanditConfig, u: np.ndarray, gradient: PolicyLossGradient,
     if rollout is None:
         return BanditBatch(actions, flat_actions, adv, old, ref, mask, gradient.batch(old, adv, ref)), r
     roll = logp_roll.reshape(-1)[flat_actions]
-    old, weight, kept = rollout.correct(old, roll, mask)
+    old, weight, loss_mask = rollout.correct(old, roll, mask)
     return BanditBatch(actions, flat_actions, adv, old, ref, mask,
-                 gradient.batch(old, adv, ref, weight=weight, mask=kept, logp_sampling=roll), roll, weight, kept), r
+                       gradient.batch(old, adv, ref, weight=weight, mask=loss_mask, logp_sampling=roll), roll, weight,
+                       loss_mask), r
 
 
 def _update(cfg: BanditConfig, rows: list[Objective], logp: np.ndarray, batch, gradient: PolicyLossGradient,
@@ -212,11 +213,11 @@ def _update(cfg: BanditConfig, rows: list[Objective], logp: np.ndarray, batch, g
             grad, out, (now_logp, now_p) = gradient_of(rows, theta, batch)
             if cfg.attribution:
                 would = gradient.unclipped_slope(now_logp.reshape(-1)[batch.flat_actions])
-                shares += attribute(now_logp, now_p, batch.flat_actions, out.grad, would, out.clipped_low,
-                                    out.clipped_high, cfg.lr)
+                shares += attribute(now_logp, now_p, batch.flat_actions, out.grad, would, out.masked_low,
+                                    out.masked_high, cfg.lr)
             optimiser(theta, grad)
-            low_count += out.clipped_low
-            high_count += out.clipped_high
+            low_count += out.masked_low
+            high_count += out.masked_high
             if inner == 0:
                 first_past_high = gradient.past_upper(sampled_logp(theta, batch)).sum(axis=(1, 2))
     return theta, low_count, high_count, shares, first_past_high
@@ -251,8 +252,8 @@ def run_bandits(cfg: BanditConfig, objectives: list[Objective], seeds: list[int]
     optimiser = (Adam if cfg.optimizer == "adam" else SGD)((runs, cfg.k), cfg.lr)
 
     rollout = BanditRollout(cfg, corrections, (logp, p)) if BanditRollout.needed(cfg, corrections) else None
-    kept = HISTORY + (ROLLOUT_HISTORY if rollout else ()) + (ATTRIBUTION if cfg.attribution else ())
-    history = {name: np.full((runs, cfg.iterations), np.nan) for name in kept}
+    recorded = HISTORY + (ROLLOUT_HISTORY if rollout else ()) + (ATTRIBUTION if cfg.attribution else ())
+    history = {name: np.full((runs, cfg.iterations), np.nan) for name in recorded}
     for it in range(cfg.iterations):
         u = np.repeat(np.stack([g.random(n) for g in generators]), each, axis=0)
         coins = None if coin_generators is None else coins_per_seed(coin_generators, n, each)
@@ -307,14 +308,14 @@ def record_rollout(history: dict[str, np.ndarray], it: int, rollout: BanditRollo
     weighs = np.array([c.rollout_is is not None for c, _ in rollout.rows])
     if batch.weight is not None:
         history["rollout_corr/rollout_is_mean"][weighs, it] = batch.weight[weighs].mean(axis=(1, 2))
-    kept = batch.mask if batch.kept is None else batch.kept
-    history["rollout_corr/rollout_rs_masked_fraction"][:, it] = 1 - np.broadcast_to(kept, batch.logp_old.shape).mean(
-        axis=(1, 2))
+    loss_mask = batch.mask if batch.loss_mask is None else batch.loss_mask
+    rejected = 1 - np.broadcast_to(loss_mask, batch.logp_old.shape).mean(axis=(1, 2))
+    history["rollout_corr/rollout_rs_masked_fraction"][:, it] = rejected
 
 
 def record(history: dict[str, np.ndarray], it: int, initial: np.ndarray, old_logp: np.ndarray, old: np.ndarray,
            logp: np.ndarray, new: np.ndarray, rewards: np.ndarray, sampled_reward: np.ndarray,
-           clipped_low: np.ndarray, clipped_high: np.ndarray, tokens: int, overshoot: np.ndarray,
+           masked_low: np.ndarray, masked_high: np.ndarray, tokens: int, overshoot: np.ndarray,
            first_past_high: np.ndarray) -> None:
     """Iteration `it`'s metrics of every run, from π_old and π_new (R, K): exact entropy, top-1 mass, mass on
     the initially likely actions (the top tenth: actions are ranked by π_0), exact KL(π_old‖π_new) of the update,
@@ -335,9 +336,9 @@ def record(history: dict[str, np.ndarray], it: int, initial: np.ndarray, old_log
         "initial_top_mass": new[:, : max(1, new.shape[1] // 10)].sum(axis=1),
         "kl": (old * (old_logp - logp)).sum(axis=1),
         "expected_reward": (new * rewards).sum(axis=1),
-        "clip_ratio/low_mean": clipped_low / tokens,
-        "clip_ratio/high_mean": clipped_high / tokens,
-        "clip_ratio/region_mean": (clipped_low + clipped_high) / tokens,
+        "clip_ratio/low_mean": masked_low / tokens,
+        "clip_ratio/high_mean": masked_high / tokens,
+        "clip_ratio/region_mean": (masked_low + masked_high) / tokens,
         "clip_ratio/overshoot_mean": overshoot,
         "clip_ratio/first_step_past_high": first_past_high,
     }

@@ -17,8 +17,8 @@ class LossGradient:
     """∂loss/∂logp_new and TRL's clip flags of one batch, numpy arrays shaped (B, T)."""
 
     grad: np.ndarray
-    clipped_low: np.ndarray
-    clipped_high: np.ndarray
+    masked_low: np.ndarray
+    masked_high: np.ndarray
 
 
 class PolicyLossGradient:
@@ -64,10 +64,10 @@ class PolicyLossGradient:
         self.ratio_capped = any(o.ratio_cap is not None for o in objectives)
         if self.ratio_capped:
             self.ratio_cap = self._per_run([np.inf if o.ratio_cap is None else o.ratio_cap for o in objectives])
-        self.masks_off_policy = any(o.off_policy_mask is not None for o in objectives)
+        self.masks_off_policy = any(o.off_policy_mask_threshold is not None for o in objectives)
         if self.masks_off_policy:
-            self.off_policy = self._per_run([np.inf if o.off_policy_mask is None else o.off_policy_mask
-                                             for o in objectives])
+            thresholds = [o.off_policy_mask_threshold for o in objectives]
+            self.off_policy = self._per_run([np.inf if t is None else t for t in thresholds])
         self.surrogates = [(r, o.surrogate) for r, o in enumerate(objectives) if o.surrogate is not None]
         drawn = [s.name for _, s in self.surrogates if s.entry.random]
         if drawn:
@@ -125,20 +125,20 @@ class PolicyLossGradient:
         w = np.exp(logp_new - self.logp_old)
         slope = self.surrogate_slope * w
         if self.clips:
-            clipped_low = (w < self.lower) & self.negative
-            clipped_high = (w > self.upper) & self.positive
-            slope[clipped_low | clipped_high] = 0.0
+            masked_low = (w < self.lower) & self.negative
+            masked_high = (w > self.upper) & self.positive
+            slope[masked_low | masked_high] = 0.0
         else:
-            clipped_low = clipped_high = self.unclipped
+            masked_low = masked_high = self.unclipped
         if self.capped:
             slope[(w > self.cap) & self.negative] = 0.0
         if self.ratio_capped:  # −δ A is taken: A > 0 past δ, A < 0 past δ and u (`_clipped_surrogate`)
             slope[(w > self.ratio_cap) & (self.positive | (self.negative & (w > self.upper)))] = 0.0
         for r, surrogate in self.surrogates:
-            kept = ~(clipped_low[r] | clipped_high[r])
-            selected = surrogate.selected(logp_new[r], self.logp_old[r], self.adv[r], self.active[r], kept)
+            unmasked = ~(masked_low[r] | masked_high[r])
+            selected = surrogate.selected(logp_new[r], self.logp_old[r], self.adv[r], self.active[r], unmasked)
             bounds = tuple(b[r] if np.ndim(b) else b for b in (self.lower, self.upper))
-            slope[r] = self.weights[r] * surrogate.slope(w[r], self.adv[r], kept, selected, bounds)
+            slope[r] = self.weights[r] * surrogate.slope(w[r], self.adv[r], unmasked, selected, bounds)
         if self.masks_off_policy:  # `losses.off_policy_sequence_mask`, on the policy term only
             kl = ((self.logp_sampling - logp_new) * self.active).sum(-1, keepdims=True) / np.maximum(
                 self.active.sum(-1, keepdims=True), 1)
@@ -148,7 +148,7 @@ class PolicyLossGradient:
         for rows, penalty, beta in self.penalties:
             ref = None if self.logp_ref is None else self.logp_ref[rows]
             slope[rows] += beta * self.weights[rows] * penalty.slope(logp_new[rows], self.logp_old[rows], ref)
-        return LossGradient(slope, clipped_low, clipped_high)
+        return LossGradient(slope, masked_low, masked_high)
 
     def unclipped_slope(self, logp_new) -> np.ndarray:
         """Each token's slope had no clip, cap or mask taken its gradient away: the surrogate's −A w (its

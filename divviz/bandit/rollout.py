@@ -56,10 +56,10 @@ class BanditRollout:
         self.roll = self._sampler()
 
     def correct(self, logp_old: np.ndarray, logp_roll: np.ndarray, mask: np.ndarray):
-        """(π_old the loss divides by, the policy term's weights or None, each run's kept samples or None), each
-        (R, n, 1), from the samples' log-probs under π_old and π_roll."""
+        """(π_old the loss divides by, the policy term's weights or None, each run's loss mask — its samples less the
+        rejected ones — or None), each (R, n, 1), from the samples' log-probs under π_old and π_roll."""
         weight = np.ones_like(logp_old) if self.weighs else None
-        kept = np.broadcast_to(mask, logp_old.shape).copy() if self.rejects else None
+        loss_mask = np.broadcast_to(mask, logp_old.shape).copy() if self.rejects else None
         log_ratio = torch.from_numpy(logp_old - logp_roll)
         for correction, rows in self.groups.items():
             # every sample is a one-token completion, so the runs' samples stack into one batch, (runs · n, 1), but
@@ -73,7 +73,7 @@ class BanditRollout:
                                                    correction.rollout_is_batch_normalize, with_metrics=False)[0].reshape(
                         len(part), -1, 1).numpy()
                 if correction.rollout_rs is not None:
-                    kept[part] *= rejection_mask(ratio, ones, correction.rollout_rs, correction.rollout_rs_threshold,
+                    loss_mask[part] *= rejection_mask(ratio, ones, correction.rollout_rs, correction.rollout_rs_threshold,
                                                  with_metrics=False)[0].reshape(len(part), -1, 1).numpy()
         old = np.where(self.bypass[:, None, None], logp_roll, logp_old) if self.bypass.any() else logp_old
-        return old, weight, kept
+        return old, weight, loss_mask

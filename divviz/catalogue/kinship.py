@@ -78,13 +78,13 @@ GROUPS = (
                              "gradient"),
     )),
     Group("Surrogates with a clip test", "surrogate", "They keep the objective's clip test for masking.", (
-        ("dppo", "cispo", "tokens the test masks get no gradient (as PPO); kept ones the weight min(w, c)"),
+        ("dppo", "cispo", "tokens the test masks get no gradient (as PPO); unmasked ones the weight min(w, c)"),
     )),
     Group("RPG's Algorithm 2 (KL inside the clipped advantage)", "surrogate", "RPG's REINFORCE-style loss with its "
           "clip: the KL term β·g joins the advantage the clip test and c judge, so a held token loses it too.", (
         ("rpg_ufkl", "ufkl_rf", "the same β(w − 1) pull, but only on tokens the clip keeps, and read at the clipped w̄"),
         ("rpg_urkl", "rpg_ufkl", "g = −w̄ log w̄: the reverse direction's pull"),
-        ("rpg_fkl", "rpg_ufkl", "g = 1: a constant push up every kept token's log-prob, its value unbounded"),
+        ("rpg_fkl", "rpg_ufkl", "g = 1: a constant push up every unmasked token's log-prob, its value unbounded"),
         ("rpg_rkl", "rpg_urkl", "g = −w̄(log w̄ + 1): URKL's pull minus a constant"),
     )),
     Group("Sequence-level surrogates", "surrogate", "A completion's tokens share one ratio (PPO's own sequence level is "

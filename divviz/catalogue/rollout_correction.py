@@ -11,7 +11,7 @@ divides by):
               TIS "u":   min(ρ, u)                        IcePop "l_u": ρ where l ≤ ρ ≤ u, else 0
               batch_normalize: divided by their mean over the batch's tokens (token) or completions (sequence)
     rejection a statistic of k1 = −log ρ, k2 = ½(log ρ)² or k3 = ρ − 1 − log ρ, per token (token_kX) or per
-              completion (seq_sum_kX, seq_mean_kX, seq_max_kX), kept when within its threshold: k1 in [log l, log u]
+              completion (seq_sum_kX, seq_mean_kX, seq_max_kX), in the loss when within its threshold: k1 in [log l, log u]
               ("l_u"; one number u means l = 1/u), k2 and k3 at most u; several options (comma-separated, with one
               threshold each or one for all) must all keep a token.
 
@@ -45,14 +45,14 @@ SAMPLER_DTYPES = {"same": None, "bfloat16": torch.bfloat16, "float16": torch.flo
 # token, 2–10 per completion)
 TIS_CAP = Param("tis_u", 2.0, 0.0, low_open=True, typical=(1.05, 10.0, 0.05), doc="TIS: the weight is min(ρ, u)")
 ICEPOP_LOW = Param("icepop_l", 0.5, 0.0, 1.0, low_open=True, high_open=False, typical=(0.05, 1.0, 0.05),
-                   doc="IcePop: ρ is kept in [l, u], else 0")
-ICEPOP_HIGH = Param("icepop_u", 2.0, 1.0, typical=(1.05, 10.0, 0.05), doc="IcePop: ρ is kept in [l, u], else 0")
+                   doc="IcePop: ρ where it lies in [l, u], else 0")
+ICEPOP_HIGH = Param("icepop_u", 2.0, 1.0, typical=(1.05, 10.0, 0.05), doc="IcePop: ρ where it lies in [l, u], else 0")
 RS_RATIO_LOW = Param("rs_l", 0.5, 0.0, 1.0, low_open=True, high_open=False, typical=(0.05, 1.0, 0.05),
-                     doc="k1 rejection: kept where the token's (or completion's) statistic lies in [log l, log u]")
+                     doc="k1 rejection: in the loss where the token's (or completion's) statistic lies in [log l, log u]")
 RS_RATIO_HIGH = Param("rs_u", 2.0, 1.0, typical=(1.05, 10.0, 0.05),
-                      doc="k1 rejection: kept where the token's (or completion's) statistic lies in [log l, log u]")
+                      doc="k1 rejection: in the loss where the token's (or completion's) statistic lies in [log l, log u]")
 RS_BOUND = Param("rs_bound", 0.05, 0.0, low_open=True, typical=(0.0001, 1.0, 0.0001),
-                 doc="k2/k3 rejection: kept where the statistic is at most this")
+                 doc="k2/k3 rejection: in the loss where the statistic is at most this")
 
 
 @dataclass(frozen=True)
@@ -211,8 +211,8 @@ def rollout_weights(log_ratio: torch.Tensor, mask: torch.Tensor, level: str = "t
 def _weight_metrics(weights, raw, judged, mask, level: str, floor: float, high: float) -> dict[str, float]:
     """verl's `compute_is_metrics` (its per-completion breakdowns left out)."""
     if level == "token":
-        kept = mask > 0
-        metrics = {"rollout_is_max": float(weights[kept].max()), "rollout_is_min": float(weights[kept].min()),
+        active = mask > 0
+        metrics = {"rollout_is_max": float(weights[active].max()), "rollout_is_min": float(weights[active].min()),
                    "rollout_is_ratio_fraction_high": float(_mean((raw > high).to(mask.dtype), mask)),
                    "rollout_is_ratio_fraction_low": float(_mean((raw < floor).to(mask.dtype), mask))}
     else:
@@ -257,21 +257,21 @@ def rejection_mask(log_ratio: torch.Tensor, mask: torch.Tensor, options: str, th
         keep, metrics = active.clone(), {}
         for name, low, high in parsed:
             value = rejection_statistic(log_ratio, mask, name)
-            kept = (value >= math.log(low)) & (value <= math.log(high)) if name.endswith("k1") else value <= high
-            kept = kept.expand_as(mask)
+            within = (value >= math.log(low)) & (value <= math.log(high)) if name.endswith("k1") else value <= high
+            within = within.expand_as(mask)
             if with_metrics:
-                metrics.update(_rejected(f"rollout_rs_{name}_", kept, active, mask, active.any(-1)))
-            keep &= kept
+                metrics.update(_rejected(f"rollout_rs_{name}_", within, active, mask, active.any(-1)))
+            keep &= within
         if with_metrics:
             metrics.update(_rejected("rollout_rs_", keep, active, mask, torch.ones_like(active[:, 0])))
     return mask * keep, metrics
 
 
-def _rejected(prefix: str, kept: torch.Tensor, active: torch.Tensor, mask: torch.Tensor,
+def _rejected(prefix: str, within: torch.Tensor, active: torch.Tensor, mask: torch.Tensor,
               rows: torch.Tensor) -> dict[str, float]:
     """The share of tokens, and of the completions in `rows`, that lose a token to the rejection (verl counts the
     completions of one option among those with tokens, and those of all options together among all)."""
-    rejected = active & ~kept
+    rejected = active & ~within
     return {f"{prefix}masked_fraction": float(_mean(rejected.to(mask.dtype), mask)),
             f"{prefix}seq_masked_fraction": float(rejected.any(-1)[rows].float().mean())}
 

@@ -13,9 +13,9 @@ so what a surrogate does is read off γ against the ratio (PPO: γ = w inside th
     vespo     γ = φ(W) = e^{λ + k log W − λ W}       −sg(φ(W)) A log π, W the sequence's ratio Π_t w_t (VESPO)
     gpg       γ = 1                                  −A log π (GPG: REINFORCE, no ratio)
     icepop    γ = w on [lo, hi], else 0              −sg(w [lo ≤ w ≤ hi]) A log π (IcePop; verl's bypass mode)
-    dppo      γ = min(w, c) where the test keeps     −sg(min(w, c)) A log π on kept tokens (verl's DPPO losses)
+    dppo      γ = min(w, c) where the test keeps     −sg(min(w, c)) A log π on unmasked tokens (verl's DPPO losses)
                 the token, else 0
-    geo_mean  γ_t = s_i / |o_i| on kept tokens       −Ā_i s_i, s_i = exp(mean_t clip-min(log w_t)) (GMPO)
+    geo_mean  γ_t = s_i / |o_i| on unmasked tokens       −Ā_i s_i, s_i = exp(mean_t clip-min(log w_t)) (GMPO)
 
 A few add a term that A does not scale, so the primitive is the slope ∂ℓ/∂log π_θ, and γ = −slope/A:
 
@@ -53,21 +53,21 @@ LEVELS = ("token", "sequence")  # TRL's importance_sampling_level: w_t, or the s
 class SurrogateInputs:
     """What a surrogate's term reads (torch, (B, T) unless said): the log-ratio (B, T), or (B, 1) at sequence level,
     with its gradient; logp_new with its gradient; A ((B, 1) or (B, T)); the float mask; the clip test's (l, u) and
-    `kept` (no token masked by it), or None without a test."""
+    `unmasked` (no token masked by it), or None without a test."""
 
     log_ratio: torch.Tensor
     logp_new: torch.Tensor
     adv: torch.Tensor
     mask: torch.Tensor
     bounds: tuple | None
-    kept: torch.Tensor | None
+    unmasked: torch.Tensor | None
     selected: torch.Tensor | None = None  # the tokens a batch-selecting surrogate picked (`SurrogateEntry.select`)
 
 
 @dataclass(frozen=True)
 class SurrogateEntry(CatalogueEntry):
     """One surrogate: `term` gives the per-token loss ℓ (torch, with its gradient); `slope` gives ∂ℓ/∂log π_θ in
-    numpy from (w, A, params, kept, selected, the test's bounds), the bandit's step and the explorer's curves (tests
+    numpy from (w, A, params, unmasked, selected, the test's bounds), the bandit's step and the explorer's curves (tests
     check it against autograd). `select`, for the batch-selecting ones (clip_cov, kl_cov), picks their tokens from
     the whole batch (torch, detached; `random` if it draws from torch's global generator, as verl does).
     `clip` says whether it takes the objective's clip test ("needs"), refuses one ("none"); `sequence` whether it
@@ -76,7 +76,7 @@ class SurrogateEntry(CatalogueEntry):
     source: str
     params: tuple[Param, ...]
     term: Callable  # (SurrogateInputs, params) -> ℓ, (B, T) or (B, 1)
-    slope: Callable  # (w, adv, params, kept, selected, bounds) -> ∂ℓ/∂log π_θ, numpy
+    slope: Callable  # (w, adv, params, unmasked, selected, bounds) -> ∂ℓ/∂log π_θ, numpy
     clip: str = "none"
     sequence: bool = False
     own_level: bool = False
@@ -100,33 +100,33 @@ class Surrogate(Configured):
             inputs = replace(inputs, selected=self.entry.select(inputs, self.params))
         return self.entry.term(inputs, self.params)
 
-    def slope(self, w, adv, kept=None, selected=None, bounds=(0.0, np.inf)) -> np.ndarray:
-        """∂ℓ/∂log π_θ for one-token completions; `kept`: not masked by the clip test; `selected`: picked by a
-        batch-selecting surrogate (default: all kept, none selected); `bounds`: the clip test's (l, u)."""
+    def slope(self, w, adv, unmasked=None, selected=None, bounds=(0.0, np.inf)) -> np.ndarray:
+        """∂ℓ/∂log π_θ for one-token completions; `unmasked`: not masked by the clip test; `selected`: picked by a
+        batch-selecting surrogate (default: all unmasked, none selected); `bounds`: the clip test's (l, u)."""
         w, adv = np.asarray(w, dtype=np.float64), np.asarray(adv, dtype=np.float64)
-        kept = np.ones(np.shape(w), dtype=bool) if kept is None else kept
+        unmasked = np.ones(np.shape(w), dtype=bool) if unmasked is None else unmasked
         selected = np.zeros(np.shape(w), dtype=bool) if selected is None else selected
-        return self.entry.slope(w, adv, self.params, kept, selected, bounds)
+        return self.entry.slope(w, adv, self.params, unmasked, selected, bounds)
 
     def selected(self, logp_new: np.ndarray, logp_old: np.ndarray, adv: np.ndarray, mask: np.ndarray,
-                 kept: np.ndarray) -> np.ndarray | None:
+                 unmasked: np.ndarray) -> np.ndarray | None:
         """The tokens a batch-selecting surrogate picks in one (B, T) batch, by the same `select` as training (numpy in
         and out); None for the others."""
         if self.entry.select is None:
             return None
         as_torch = lambda x: torch.as_tensor(np.ascontiguousarray(x, dtype=np.float64))  # noqa: E731
         inputs = SurrogateInputs(as_torch(logp_new - logp_old), as_torch(logp_new), as_torch(adv), as_torch(mask),
-                                 None, as_torch(kept))
+                                 None, as_torch(unmasked))
         return self.entry.select(inputs, self.params).numpy()
 
-    def weight(self, w, adv, kept=None, selected=None, bounds=(0.0, np.inf)) -> np.ndarray:
+    def weight(self, w, adv, unmasked=None, selected=None, bounds=(0.0, np.inf)) -> np.ndarray:
         """γ(w) = −(∂ℓ/∂log π_θ)/A for one-token completions (A ≠ 0; the explorer draws A = ±1)."""
-        return -self.slope(w, adv, kept, selected, bounds) / np.asarray(adv, dtype=np.float64)
+        return -self.slope(w, adv, unmasked, selected, bounds) / np.asarray(adv, dtype=np.float64)
 
 
 def _gamma(weight: Callable) -> Callable:
-    """The slope −A γ of a surrogate given by its gradient weight γ(w, A, params, kept)."""
-    return lambda w, adv, p, kept, selected, bounds: -adv * weight(w, adv, p, kept)
+    """The slope −A γ of a surrogate given by its gradient weight γ(w, A, params, unmasked)."""
+    return lambda w, adv, p, unmasked, selected, bounds: -adv * weight(w, adv, p, unmasked)
 
 
 def _cispo(s: SurrogateInputs, p):
@@ -150,7 +150,7 @@ def _sapo(s: SurrogateInputs, p):
     return -torch.sigmoid(tau * (s.log_ratio.exp() - 1)) * 4 / tau * s.adv
 
 
-def _sapo_weight(w, adv, p, kept):
+def _sapo_weight(w, adv, p, unmasked):
     gate = 1 / (1 + np.exp(-_sapo_tau(adv, p) * (w - 1)))
     return 4 * gate * (1 - gate) * w
 
@@ -182,7 +182,7 @@ def _vespo(s: SurrogateInputs, p):
 
 def _dppo(s: SurrogateInputs, p):
     weight = s.log_ratio.exp().clamp(max=p["c"]).detach()
-    return -s.adv * weight * s.logp_new * s.kept
+    return -s.adv * weight * s.logp_new * s.unmasked
 
 
 def _geo_mean(s: SurrogateInputs, p):
@@ -204,7 +204,7 @@ def _dro(s: SurrogateInputs, p):
 
 
 def _covariance(s: SurrogateInputs) -> torch.Tensor:
-    """verl's per-token covariance of advantage and log-prob over the batch's kept tokens,
+    """verl's per-token covariance of advantage and log-prob over the batch's unmasked tokens,
     (A_t − mean A)(log π_t − mean log π), plain means over the tokens the mask keeps (detached)."""
     valid = s.mask > 0
     adv, logp = s.adv.expand_as(s.logp_new).detach(), s.logp_new.detach()
@@ -213,7 +213,7 @@ def _covariance(s: SurrogateInputs) -> torch.Tensor:
 
 
 def _top_covariance(s: SurrogateInputs, p) -> torch.Tensor:
-    """kl_cov's tokens: the k = max(1, ⌊n · ratio⌋) kept tokens of largest covariance (torch.topk, row-major)."""
+    """kl_cov's tokens: the k = max(1, ⌊n · ratio⌋) unmasked tokens of largest covariance (torch.topk, row-major)."""
     valid = s.mask > 0
     selected = torch.zeros_like(valid)
     count = int(valid.sum())
@@ -230,9 +230,9 @@ def _kl_cov(s: SurrogateInputs, p):
 
 def _random_covariance_band(s: SurrogateInputs, p) -> torch.Tensor:
     """clip_cov's tokens: min(max(1, ⌊n · ratio⌋), #candidates) drawn without replacement (torch.randperm on torch's
-    global generator, as verl) among the kept tokens whose covariance lies in (lb, ub) and whose gradient PPO's clip
+    global generator, as verl) among the unmasked tokens whose covariance lies in (lb, ub) and whose gradient PPO's clip
     does not already mask."""
-    valid = (s.mask > 0) & (s.kept > 0)
+    valid = (s.mask > 0) & (s.unmasked > 0)
     covariance = _covariance(s)
     candidates = ((covariance > p["lb"]) & (covariance < p["ub"]) & valid).nonzero()
     selected = torch.zeros_like(valid)
@@ -251,11 +251,11 @@ def _clip_cov(s: SurrogateInputs, p):
     return -torch.minimum(ratio * s.adv, clipped * s.adv) * ~s.selected
 
 
-def _clip_cov_slope(w, adv, p, kept, selected, bounds):
-    return -adv * w * kept * ~selected
+def _clip_cov_slope(w, adv, p, unmasked, selected, bounds):
+    return -adv * w * unmasked * ~selected
 
 
-def _kl_cov_slope(w, adv, p, kept, selected, bounds):
+def _kl_cov_slope(w, adv, p, unmasked, selected, bounds):
     return -adv * w + p["coef"] * np.sign(np.log(w)) * selected
 
 
@@ -276,7 +276,7 @@ def _rpg_algorithm_2(g: Callable) -> tuple[Callable, Callable]:
         below = torch.where(w < p["c"], below, s.adv * fixed * p["c"] + kl * fixed)
         return -torch.where(s.adv > 0, above, below)
 
-    def slope(w, adv, p, kept, selected, bounds):
+    def slope(w, adv, p, unmasked, selected, bounds):
         lower, upper = bounds
         inside = np.where(adv > 0, w < upper, (w >= lower) & (w < p["c"]))
         return -(adv * w + p["beta"] * g(np.log(np.clip(w, lower, upper)))) * inside
@@ -301,7 +301,7 @@ def _rpg_entries():
             term, slope, clip="needs")
 
 
-RATIO_SHARE = "share of the batch's kept tokens it picks, at least 1 (verl's {name}, default 2e-4)"
+RATIO_SHARE = "share of the batch's unmasked tokens it picks, at least 1 (verl's {name}, default 2e-4)"
 LO = Param("lo", 0.0, 0.0, 1.0, high_open=False, typical=(0.0, 1.0, 0.01),
            doc="lowest weight (TRL: 0; verl: 1 − ε_low)")
 HI = Param("hi", 5.0, 1.0, trl_name="epsilon_high", typical=(1.0, 10.0, 0.05), doc="highest weight (TRL: epsilon_high; verl: 1 + ε_high)")
@@ -325,7 +325,7 @@ SURROGATES: dict[str, SurrogateEntry] = by_name(
         "learns, at the capped weight.",
         "TRL 1.16 grpo_trainer.py loss_type='cispo' (lo = 0, hi = epsilon_high); verl core_algos.py "
         "compute_policy_loss_cispo (lo = 1 − clip_ratio_low, hi = 1 + clip_ratio_high)",
-        (LO, HI), _cispo, _gamma(lambda w, adv, p, kept: np.clip(w, p["lo"], p["hi"])), sequence=True),
+        (LO, HI), _cispo, _gamma(lambda w, adv, p, unmasked: np.clip(w, p["lo"], p["hi"])), sequence=True),
     SurrogateEntry(
         "sapo", "SAPO: soft sigmoid gate",
         r"-\tfrac{4}{\tau}\,\sigma(\tau(w_t-1))\,A,\quad \tau=\tau_{+}\ (A>0),\ \tau_{-}\ (A\le 0)",
@@ -341,22 +341,22 @@ SURROGATES: dict[str, SurrogateEntry] = by_name(
         "Sequence-level: every token of a completion gets φ of the completion's whole ratio W (product of its "
         "token ratios), φ(1) = 1 and φ → 0 for W far from 1 on either side.",
         "TRL 1.16 loss_type='vespo', GRPOTrainer.get_gamma_weights (vespo_k_pos/neg, vespo_lambda_pos/neg)",
-        _vespo_params(), _vespo, _gamma(lambda w, adv, p, kept: vespo_phi(np.log(w), adv, p)), own_level=True),
+        _vespo_params(), _vespo, _gamma(lambda w, adv, p, unmasked: vespo_phi(np.log(w), adv, p)), own_level=True),
     SurrogateEntry(
         "gpg", "GPG: plain policy gradient",
         r"-A\,\log\pi_\theta",
         "REINFORCE with the group's advantage and no ratio at all (Chu et al. 2025, GPG): γ = 1 whatever w.",
         "verl core_algos.py compute_policy_loss_gpg (and compute_policy_loss_reinforce)",
-        (), lambda s, p: -s.adv * s.logp_new, _gamma(lambda w, adv, p, kept: np.ones_like(w))),
+        (), lambda s, p: -s.adv * s.logp_new, _gamma(lambda w, adv, p, unmasked: np.ones_like(w))),
     SurrogateEntry(
         "dppo", "DPPO: REINFORCE on the tokens the test keeps",
         r"-\,\mathrm{sg}(\min(w_t,c))\,A\,\log\pi_\theta\cdot[C_t\text{ or pulled back}]",
-        "verl's DPPO losses: the clip test masks as PPO's does (A > 0 above u, A < 0 below l), but a kept "
+        "verl's DPPO losses: the clip test masks as PPO's does (A > 0 above u, A < 0 below l), but a unmasked "
         "token's loss is REINFORCE-style with the weight min(w, c). With the dppo_tv or dppo_kl clip test this "
         "is verl's dppo_tv / dppo_kl.",
         "verl core_algos.py compute_policy_loss_dppo_tv / compute_policy_loss_dppo_kl (c = clip_ratio_c)",
         (Param("c", 3.0, 1.0, low_open=True, typical=(1.05, 20.0, 0.05), doc="largest weight (clip_ratio_c)"),),
-        _dppo, _gamma(lambda w, adv, p, kept: np.minimum(w, p["c"]) * kept), clip="needs"),
+        _dppo, _gamma(lambda w, adv, p, unmasked: np.minimum(w, p["c"]) * unmasked), clip="needs"),
     SurrogateEntry(
         "icepop", "IcePop: REINFORCE weighted by w, zero outside [lo, hi]",
         r"-\,\mathrm{sg}(w_t\,[lo\le w_t\le hi])\,A\,\log\pi_\theta",
@@ -365,11 +365,11 @@ SURROGATES: dict[str, SurrogateEntry] = by_name(
         "truncated sibling, TIS, min(w, hi), is cispo with lo = 0.",
         "verl rollout_corr_helper.compute_rollout_correction_weights(rollout_is='token', threshold 'lo_hi') with "
         "compute_policy_loss_bypass_mode(loss_type='reinforce')",
-        (Param("lo", 0.5, 0.0, 1.0, high_open=False, typical=(0.0, 1.0, 0.01), doc="lowest ratio kept"),
-         Param("hi", 2.0, 1.0, typical=(1.0, 10.0, 0.05), doc="highest ratio kept")),
+        (Param("lo", 0.5, 0.0, 1.0, high_open=False, typical=(0.0, 1.0, 0.01), doc="lowest ratio with a gradient"),
+         Param("hi", 2.0, 1.0, typical=(1.0, 10.0, 0.05), doc="highest ratio with a gradient")),
         lambda s, p: -(s.log_ratio.exp() * ((s.log_ratio.exp() >= p["lo"]) & (s.log_ratio.exp() <= p["hi"]))
                        ).detach() * s.adv * s.logp_new,
-        _gamma(lambda w, adv, p, kept: w * ((w >= p["lo"]) & (w <= p["hi"])))),
+        _gamma(lambda w, adv, p, unmasked: w * ((w >= p["lo"]) & (w <= p["hi"])))),
     SurrogateEntry(
         "geo_mean", "GMPO: geometric mean of clipped token ratios",
         r"-\bar A_i\,\exp\!\big(\tfrac{1}{|o_i|}\textstyle\sum_t \mathrm{sgn}(A)\min(\mathrm{sgn}(A)\log w_t,"
@@ -378,7 +378,7 @@ SURROGATES: dict[str, SurrogateEntry] = by_name(
         "ratios, each clipped in log space to the test's [l, u] on the side A pushes toward; one loss per "
         "completion. verl's eps bound the log-ratio: its (ε_low, ε_high) is the box [e^−ε_low, e^ε_high].",
         "verl core_algos.py compute_policy_loss_geo_mean (loss_agg_mode ignored: mean over completions)",
-        (), _geo_mean, _gamma(lambda w, adv, p, kept: w * kept), clip="needs", own_level=True),
+        (), _geo_mean, _gamma(lambda w, adv, p, unmasked: w * unmasked), clip="needs", own_level=True),
     SurrogateEntry(
         "dro", "DRO: REINFORCE with a squared log-ratio pull toward π_old",
         r"-\big(A\,\log\pi_\theta-\tfrac{\beta}{2}\,(\log w_t)^2\big)",
@@ -388,7 +388,7 @@ SURROGATES: dict[str, SurrogateEntry] = by_name(
         "verl core_algos.py compute_policy_loss_dro (policy_loss.dro_beta, which verl requires > 0)",
         (Param("beta", 0.1, 0.0, low_open=True, typical=(0.01, 5.0, 0.01), doc="β of the squared log-ratio "
                "(verl's dro_beta)"),),
-        _dro, lambda w, adv, p, kept, selected, bounds: -adv + p["beta"] * np.log(w)),
+        _dro, lambda w, adv, p, unmasked, selected, bounds: -adv + p["beta"] * np.log(w)),
     SurrogateEntry(
         "kl_cov", "KL-Cov: a |log w| penalty on the tokens of largest covariance",
         r"-w_t A+\kappa\,|\log w_t|\cdot[t\in\mathrm{top}_k\ \mathrm{Cov}(A,\log\pi)]",

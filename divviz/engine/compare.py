@@ -34,7 +34,7 @@ class Comparison:
     pi_old: np.ndarray  # completion tokens, flattened
     pi_new: np.ndarray
     ratio: np.ndarray  # at the last optimiser step
-    state: np.ndarray  # 0 inside, 1 clipped low, 2 clipped high, 3 dual-clipped
+    state: np.ndarray  # 0 inside, 1 masked low, 2 masked high, 3 dual-clip
     record: dict  # the first `inspect_prompts` prompts' completions, every token's facts (`completions.step_record`)
 
 

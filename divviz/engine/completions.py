@@ -72,7 +72,7 @@ def significant(values: list | None, n: int) -> list | None:
 def step_record(*, step: int, tokenizer, groups: list[tuple[str, list[int]]], texts, rewards, adv: "torch.Tensor",
                 completion_ids: "torch.Tensor", mask: "torch.Tensor", out: "LossOutput", logp_old: "torch.Tensor",
                 logp_after: "torch.Tensor | None", logp_ref: "torch.Tensor | None", weight: np.ndarray,
-                byte_cap: int = BYTE_CAP, kept: "torch.Tensor | None" = None,
+                byte_cap: int = BYTE_CAP, loss_mask: "torch.Tensor | None" = None,
                 logp_roll: "torch.Tensor | None" = None, prompt_ids: list[list[int]] | None = None,
                 entropy: "torch.Tensor | None" = None, top1: "torch.Tensor | None" = None,
                 minibatch: "torch.Tensor | None" = None) -> dict:
@@ -80,7 +80,7 @@ def step_record(*, step: int, tokenizer, groups: list[tuple[str, list[int]]], te
 
     `out`, `logp_old`, `adv` ((B,) or (B, T)), `mask`, `logp_ref`, `weight`, `completion_ids`, `texts` and
     `rewards` are indexed by the batch's rows; so is `logp_after` (log-probs after the update, at least up to the
-    last row kept), or it is None where π after the update is not known (a TRL run makes no such forward). `kept` is
+    last row kept), or it is None where π after the update is not known (a TRL run makes no such forward). `loss_mask` is
     the loss's mask where a rollout correction rejected tokens of `mask` (the completions'), and `logp_roll` the
     sampler's log-probs where the batch may be off-policy. `prompt_ids` (one list per group) are each prompt's token
     ids as the model saw them (chat template applied), so π_old can be recomputed from the record. `minibatch` (B,)
@@ -88,7 +88,7 @@ def step_record(*, step: int, tokenizer, groups: list[tuple[str, list[int]]], te
     rows = [i for _, members in groups for i in members]
     lengths = mask.detach()[rows].sum(-1).long().tolist()
     adv = adv.unsqueeze(1) if adv.dim() == 1 else adv
-    rejected = None if kept is None else (mask > 0) & ~(kept > 0)
+    rejected = None if loss_mask is None else (mask > 0) & ~(loss_mask > 0)
     unseen = lambda x: x if x is None or rejected is None else x.masked_fill(rejected, float("nan"))  # noqa: E731
     columns = {
         "pi_old": logp_old.exp(), "pi_new": None if logp_after is None else logp_after.exp(),

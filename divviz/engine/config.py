@@ -70,16 +70,25 @@ ROLLOUT_KEYS = ("rollout_is", "rollout_is_threshold", "rollout_is_batch_normaliz
                 "rollout_rs_threshold")  # verl's RolloutCorrectionConfig, as a run config holds them
 
 
+RENAMED_KEYS = {"off_policy_mask": "off_policy_mask_threshold"}  # a config.json's earlier spelling: its key now
+
+
+def current_keys(settings: Mapping) -> dict:
+    """A run config's settings with earlier spellings read as today's (`RENAMED_KEYS`): published runs keep theirs."""
+    return {RENAMED_KEYS.get(k, k): v for k, v in settings.items()}
+
+
 OBJECTIVE_KEYS = ("clip", "clip_params", "surrogate", "surrogate_params", "penalty", "penalty_params", "beta",
-                  "second_penalty", "second_penalty_params", "second_beta", "off_policy_mask", "dual_clip_c",
+                  "second_penalty", "second_penalty_params", "second_beta", "off_policy_mask_threshold", "dual_clip_c",
                   "ratio_cap", "importance_sampling_level", "aggregation")  # an objective in a config.json
 
 
 def objective_from(settings: Mapping) -> Objective:
     """The objective named by a run config's objective keys (clip, clip_params, surrogate, surrogate_params, penalty,
     penalty_params, beta, second_penalty, second_penalty_params, second_beta, dual_clip_c, ratio_cap,
-    off_policy_mask, importance_sampling_level, aggregation): a `RunConfig`, or a config.json written by the engine or by `divviz.trl`
-    (an older one lacks the newer keys)."""
+    off_policy_mask_threshold, importance_sampling_level, aggregation): a `RunConfig`, or a config.json written by the engine or by `divviz.trl`
+    (an older one lacks the newer keys or spells one as it was, `current_keys`)."""
+    settings = current_keys(settings)
     clip, pen, sur = settings.get("clip"), settings.get("penalty"), settings.get("surrogate")
     second = settings.get("second_penalty")
     return Objective(
@@ -92,7 +101,7 @@ def objective_from(settings: Mapping) -> Objective:
         ratio_cap=settings.get("ratio_cap"),
         second_penalty=penalty(second, **(settings.get("second_penalty_params") or {})) if second else None,
         second_beta=settings.get("second_beta", 0.0) if second else 0.0,
-        off_policy_mask=settings.get("off_policy_mask"),
+        off_policy_mask_threshold=settings.get("off_policy_mask_threshold"),
     )
 
 
@@ -146,7 +155,7 @@ def objective_settings(objective: Objective) -> dict:
             "importance_sampling_level": objective.importance_sampling_level, "aggregation": objective.aggregation,
             "second_penalty": objective.second_penalty.name if objective.second_penalty else None,
             "second_penalty_params": dict(objective.second_penalty.params) if objective.second_penalty else {},
-            "second_beta": objective.second_beta, "off_policy_mask": objective.off_policy_mask}
+            "second_beta": objective.second_beta, "off_policy_mask_threshold": objective.off_policy_mask_threshold}
 
 
 RECORDED = ("prompting", "precision")  # what the run writes into its config.json once started: facts, not settings
@@ -248,7 +257,7 @@ class RunConfig:
         """A checked run; what is not given takes the model's defaults (`engine/models.py`), then the fields'."""
         if not isinstance(values.get("model", "builtin"), str):
             raise DivvizInputError(f"run: model must be a name or a folder; got {quoted(values['model'])}")
-        values = {**model_defaults(values.get("model", "builtin")), **values}
+        values = {**model_defaults(values.get("model", "builtin")), **current_keys(values)}
         if "objective" not in values:  # a config.json's keys, or the CLI's and the pages' settings
             values["objective"] = _objective_of({k: values.pop(k) for k in OBJECTIVE_KEYS if k in values})
         elif not isinstance(values["objective"], Objective) or set(OBJECTIVE_KEYS) & set(values):

@@ -11,9 +11,10 @@
         π_before = the policy before the update on every completion (the first mini-batch's from its own first
             forward, detached; the others' by a no-grad forward first)
         π_old = π_before, or π_roll in verl's bypass mode
-        ρ, kept = verl's rollout correction of π_before against π_roll: importance weights and a rejection mask
+        ρ, loss_mask = verl's rollout correction of π_before against π_roll: importance weights and the completion
+            mask less the tokens its rejection takes out
         repeat μ times, for each mini-batch:
-            loss = Objective(logp_new, logp_old, A, kept, logp_ref, weight=ρ [· TRL's top-entropy mask]); AdamW step
+            loss = Objective(logp_new, logp_old, A, loss_mask, logp_ref, weight=ρ [· TRL's top-entropy mask]); AdamW step
         one no-grad forward after the update for the KL, the mass that moved and the entropy's change at the
             positions of ENTROPY_ROWS completions (full distributions before and after); π_roll synced
 """
@@ -212,11 +213,11 @@ def top_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float)
     """TRL's top-entropy token mask (`get_high_entropy_mask`, after Wang et al. 2025, "Beyond the 80/20 rule"): the
     completion tokens whose entropy is at least the batch's (1 − quantile)-quantile of them; the policy term acts on
     those alone. Bool (N, T)."""
-    kept = mask > 0
-    if not kept.any():
-        return torch.zeros_like(kept)
-    threshold = torch.quantile(entropy[kept].float(), 1 - quantile)
-    return (entropy * mask >= threshold) & kept
+    completion = mask > 0
+    if not completion.any():
+        return torch.zeros_like(completion)
+    threshold = torch.quantile(entropy[completion].float(), 1 - quantile)
+    return (entropy * mask >= threshold) & completion
 
 
 def update(tr: Trainer, batch: Batch, objective: Objective, logp_ref, step: int,
@@ -239,9 +240,9 @@ def update(tr: Trainer, batch: Batch, objective: Objective, logp_ref, step: int,
     logp_old = rollout.logp if bypass else logp_before
     mismatched = tr.sampler is not None or correction.active
     corrected = correction.apply(logp_before, rollout.logp, mask) if mismatched else None
-    kept = mask if corrected is None else corrected.mask
+    loss_mask = mask if corrected is None else corrected.mask
     rho = None if corrected is None else corrected.weight
-    tokens = dapo_tokens(kept, len(parts)) if objective.aggregation == "dapo" else None
+    tokens = dapo_tokens(loss_mask, len(parts)) if objective.aggregation == "dapo" else None
     for inner in range(cfg.mu):
         for k, rows in enumerate(parts):
             logp_new, top_entropy = ((logp_first, top_first) if inner == k == 0
@@ -249,19 +250,19 @@ def update(tr: Trainer, batch: Batch, objective: Objective, logp_ref, step: int,
             weight = product(top_entropy, rows_of(rho, rows))
             where = f"pass {inner + 1}" + (f", mini-batch {k + 1}" if len(parts) > 1 else "")
             out = finite_loss(objective, f"step {step + 1} ({where})", cfg.lr, logp_new, logp_old[rows],
-                              batch.adv[rows], kept[rows], logp_ref=rows_of(logp_ref, rows),
+                              batch.adv[rows], loss_mask[rows], logp_ref=rows_of(logp_ref, rows),
                               max_completion_length=cfg.max_new_tokens, weight=weight, num_items_in_batch=tokens,
                               logp_sampling=rows_of(logp_roll, rows))
             tr.optimiser.zero_grad(set_to_none=True)
             out.loss.backward()
             grad_norm = float(torch.nn.utils.clip_grad_norm_(tr.model.parameters(), cfg.max_grad_norm))
             tr.optimiser.step()
-            tally.add(inner * len(parts) + k + 1, out, kept[rows], logp_new.detach() - logp_old[rows], grad_norm)
+            tally.add(inner * len(parts) + k + 1, out, loss_mask[rows], logp_new.detach() - logp_old[rows], grad_norm)
             if inner == cfg.mu - 1:
                 tally.last_pass.append((rows, out))
     tr.model.eval()
     return Update(in_batch_order(tally.last_pass, len(batch.adv)), logp_old, tally.fractions, tally.grad_norms,
-                  corrected, kept, minibatch_index(parts, len(batch.adv)) if len(parts) > 1 else None)
+                  corrected, loss_mask, minibatch_index(parts, len(batch.adv)) if len(parts) > 1 else None)
 
 
 def policy_before(tr: Trainer, batch: Batch, parts: list[torch.Tensor], measured: MeasuredRows):

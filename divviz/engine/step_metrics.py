@@ -157,9 +157,9 @@ def update_metrics(rollout: Rollout, logp_old, logp_after, logp_ref) -> dict[str
 
 def token_sample(batch: Batch, done: Update, seen: torch.Tensor, rescored: Rollout, logp_after: torch.Tensor,
                  seed: int) -> dict[str, np.ndarray]:
-    """Up to TOKEN_SAMPLE of the tokens of the completions `seen` that the loss kept (a rollout correction may have
+    """Up to TOKEN_SAMPLE of the tokens of the completions `seen` that the loss trains on (a rollout correction may have
     rejected some): π_old, the ratio at the last optimiser step, π after the update, the advantage and the clip state
-    (0 inside, 1 clipped low, 2 clipped high, 3 dual-clipped)."""
+    (0 inside, 1 masked low, 2 masked high, 3 dual-clip)."""
     out, logp_old = done.out.rows(seen), done.logp_old[seen]
     rows, cols = (done.mask[seen] > 0).nonzero(as_tuple=True)
     chosen = torch.randperm(len(rows), generator=torch.Generator().manual_seed(seed))[:TOKEN_SAMPLE].sort().values
@@ -190,7 +190,7 @@ def inspected_record(cfg: RunConfig, tokenizer, objective: Objective, batch: Bat
     return step_record(step=step + 1, tokenizer=tokenizer, groups=groups, texts=batch.texts, prompt_ids=prompt_ids,
                        rewards=batch.rewards, adv=batch.adv, completion_ids=batch.rollout.completion_ids, mask=mask,
                        out=done.out, logp_old=done.logp_old, logp_after=logp_after, logp_ref=logp_ref, weight=weight,
-                       byte_cap=cfg.inspect_bytes, kept=None if done.correction is None else done.mask,
+                       byte_cap=cfg.inspect_bytes, loss_mask=None if done.correction is None else done.mask,
                        entropy=batch.rollout.entropy, top1=batch.rollout.top1,
                        logp_roll=None if done.correction is None else batch.rollout.logp, minibatch=done.minibatch)
 

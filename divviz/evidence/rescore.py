@@ -25,7 +25,7 @@ from divviz.engine.completions import REJECTED
 from divviz.importers.source import source_of
 from divviz.losses import Objective, policy_loss
 
-STATE_NAMES = ("inside", "masked low", "masked high", "dual-clipped")
+STATE_NAMES = ("inside", "masked low", "masked high", "dual-clip")
 
 
 @dataclass
@@ -103,10 +103,10 @@ def rescore(tokens: Tokens, objective: Objective, measure: str) -> dict:
     n = len(tokens.where)
     changed = [(*tokens.where[k], tokens.piece[k], STATE_NAMES[int(tokens.state[k])], STATE_NAMES[int(state[k])])
                for k in range(n) if int(state[k]) != int(tokens.state[k])]
-    kept = float((tokens.weight * free).sum())
-    return {"measure": measure, "tokens": n, "masked_low": float(out.clipped_low.sum()) / n,
-            "masked_high": float(out.clipped_high.sum()) / n, "outside": float(out.outside.sum()) / n,
-            "gradient_kept": float((tokens.weight * slope).sum()) / kept if kept > 0 else math.nan,
+    unconstrained = float((tokens.weight * free).sum())
+    return {"measure": measure, "tokens": n, "masked_low": float(out.masked_low.sum()) / n,
+            "masked_high": float(out.masked_high.sum()) / n, "outside": float(out.outside.sum()) / n,
+            "gradient_flows": float((tokens.weight * slope).sum()) / unconstrained if unconstrained > 0 else math.nan,
             "changed": len(changed), "changed_tokens": changed}
 
 

@@ -188,8 +188,8 @@ def score_rows(completions: list, objective: Objective) -> list[dict]:
             scored[i] = {"logp_old": logp_old[r, :n], "ratio": out.ratio[r, :n], "adv": adv[r, :n],
                          "measure": None if out.clip_value is None else out.clip_value[r, :n],
                          "loss": out.per_token_loss[r, :n], "state": state[r, :n], "token_state": token_state[r, :n],
-                         "log_ratio": logp[r, :n] - logp_old[r, :n], "low": out.clipped_low[r, :n],
-                         "high": out.clipped_high[r, :n]}
+                         "log_ratio": logp[r, :n] - logp_old[r, :n], "low": out.masked_low[r, :n],
+                         "high": out.masked_high[r, :n]}
     return scored
 
 

@@ -40,7 +40,7 @@ def trl_args_for(objective: Objective, args: GRPOConfig) -> GRPOConfig:
     check_loss_type(objective, args.loss_type)
     for option, ours, name in (("delta", objective.ratio_cap, "ratio cap"),
                                ("importance_sampling_level", objective.importance_sampling_level, "level"),
-                               ("off_policy_mask_threshold", objective.off_policy_mask, "off-policy mask")):
+                               ("off_policy_mask_threshold", objective.off_policy_mask_threshold, "off-policy mask")):
         theirs = getattr(args, option)
         if theirs != _default(option) and theirs != ours:
             raise DivvizInputError(f"GRPOConfig({option}={theirs!r}) contradicts the objective's {name} {ours!r}; "
@@ -73,7 +73,7 @@ def trl_args_for(objective: Objective, args: GRPOConfig) -> GRPOConfig:
     args = copy.copy(args)
     args.beta = beta if needs_ref else 0.0
     args.delta, args.importance_sampling_level = objective.ratio_cap, objective.importance_sampling_level
-    args.off_policy_mask_threshold = objective.off_policy_mask  # TRL computes it, from vLLM's log-probs where any
+    args.off_policy_mask_threshold = objective.off_policy_mask_threshold  # TRL computes it, from vLLM's log-probs where any
     return args
 
 
@@ -134,7 +134,7 @@ def trl_objective(args) -> Objective | None:
         high = args.epsilon if args.epsilon_high is None else args.epsilon_high
         k3 = penalty("k3", importance_weight=bool(args.use_bias_correction_kl)) if args.beta else None
         level = dict(penalty=k3, beta=args.beta, importance_sampling_level=args.importance_sampling_level,
-                     off_policy_mask=args.off_policy_mask_threshold)
+                     off_policy_mask_threshold=args.off_policy_mask_threshold)
         for name, (loss_type, aggregation) in TRL_SURROGATES.items():
             if args.loss_type == loss_type:
                 params = {param: getattr(args, option) for param, option in trl_options(name).items()

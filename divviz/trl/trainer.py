@@ -81,7 +81,7 @@ class DivvizGRPOTrainer(GRPOTrainer):
         else:
             kwargs["args"] = trl_args_for(objective, kwargs.get("args") or GRPOConfig())
         self.objective = objective
-        self._loss_objective = replace(objective, off_policy_mask=None)  # TRL's own mask is a weight (`_token_weight`)
+        self._loss_objective = replace(objective, off_policy_mask_threshold=None)  # TRL's own mask is a weight (`_token_weight`)
         super().__init__(*args, **kwargs)
 
     def _run_callbacks(self) -> list[DivvizRunCallback]:
@@ -203,13 +203,13 @@ class DivvizGRPOTrainer(GRPOTrainer):
                 metrics["kl"].append(metrics["divviz/penalty_mean"][-1])
         metrics["entropy"].append(mean(entropies))
         if self.objective.surrogate is None or self.objective.surrogate.entry.clip == "needs":
-            for name, clipped in (("low", out.clipped_low), ("high", out.clipped_high),
-                                  ("region", out.clipped_region)):
+            for name, clipped in (("low", out.masked_low), ("high", out.masked_high),
+                                  ("region", out.masked_region)):
                 metrics[f"clip_ratio/{name}_mean"].append(mean(clipped))
             per_completion = lambda x: (x.float() * mask).sum(-1) / mask.sum(-1)  # noqa: E731 — TRL's masked_seq_mean
-            metrics["clip_ratio/low_min"].append(nanmin(self.accelerator.gather(per_completion(out.clipped_low))).item())
+            metrics["clip_ratio/low_min"].append(nanmin(self.accelerator.gather(per_completion(out.masked_low))).item())
             metrics["clip_ratio/high_max"].append(
-                nanmax(self.accelerator.gather(per_completion(out.clipped_high))).item())
+                nanmax(self.accelerator.gather(per_completion(out.masked_high))).item())
         self._log_surrogate(metrics, out, log_ratio, adv, mask)
         for name, estimator in (("k1", k1), ("k2", k2), ("k3", k3)):
             metrics[f"kl/{name}"].append(mean(estimator(log_ratio)))
@@ -244,7 +244,7 @@ class DivvizGRPOTrainer(GRPOTrainer):
         """A sample of this micro-batch's per-token facts from every process, to the run callbacks of the main one.
 
         Columns as in the engine's `tokens/` (π after the update is not known without another forward, so there is
-        no `pi_new`): pi_old, ratio, adv, state (0 inside, 1 clipped low, 2 clipped high, 3 dual-clipped), measure,
+        no `pi_new`): pi_old, ratio, adv, state (0 inside, 1 masked low, 2 masked high, 3 dual-clip), measure,
         completion and position (row and column in this process's micro-batch), rank."""
         callbacks = self._run_callbacks()
         if not callbacks:

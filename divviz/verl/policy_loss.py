@@ -68,11 +68,11 @@ def verl_loss(spec: str):
         loss = agg_loss(loss_mat=out.token_loss, loss_mask=response_mask, loss_agg_mode=loss_agg_mode, **info)
         tokens = mask.sum().clamp(min=1)
         share = lambda flags: float((flags.to(mask.dtype) * mask).sum() / tokens)  # noqa: E731
-        metrics = {"actor/pg_clipfrac": share(out.clipped_low | out.clipped_high),
+        metrics = {"actor/pg_clipfrac": share(out.masked_low | out.masked_high),
                    "actor/ppo_kl": float(((old_log_prob - log_prob).detach() * mask).sum() / tokens),
-                   "actor/pg_clipfrac_lower": share(out.dual_clipped),
-                   "divviz/clip_ratio/low_mean": share(out.clipped_low),
-                   "divviz/clip_ratio/high_mean": share(out.clipped_high), "divviz/outside_mean": share(out.outside)}
+                   "actor/pg_clipfrac_lower": share(out.dual_clip),
+                   "divviz/clip_ratio/low_mean": share(out.masked_low),
+                   "divviz/clip_ratio/high_mean": share(out.masked_high), "divviz/outside_mean": share(out.outside)}
         return loss, metrics
 
     return compute

@@ -122,7 +122,7 @@ class TokenExplanation:
         total = f" + {self.penalty} = {g(self.policy_loss)} + {g(self.penalty_term)}" if self.penalty else ""
         rows.append(("loss", f"ℓ = {policy}{total} = {g(self.loss)};  ∂ℓ/∂log π_θ = {g(self.gradient)}"
                              + (" (the penalty's slope included)" if self.penalty else "")))
-        rows.append(("gradient", f"{'masked' if self.masked else 'kept'} ({self.state}): {self.why}"))
+        rows.append(("gradient", f"{'masked' if self.masked else 'flows'} ({self.state}): {self.why}"))
         if self.weight is not None:
             rows.append(("weight", f"∂L/∂ℓ = {g(self.weight)}: the token adds {g(self.contribution)} to the loss"))
         return rows
@@ -148,7 +148,7 @@ def explain(objective: Objective, pi_old: float, ratio: float, adv: float, *, pi
     args = (logp_old, torch.tensor([float(adv)], dtype=torch.float64), torch.ones(1, 1, dtype=torch.float64))
     options = {"logp_ref": logp_ref, "max_completion_length": 1}  # one token: every aggregation gives ℓ itself
     if rho is not None:
-        objective, options["weight"] = replace(objective, off_policy_mask=None), _one(rho)
+        objective, options["weight"] = replace(objective, off_policy_mask_threshold=None), _one(rho)
     out = objective(logp_new, *args, **options)
     loss = float(out.loss.detach())
     (gradient,) = torch.autograd.grad(out.loss, logp_new)

@@ -166,8 +166,8 @@ def mass_shift_chart(series: list[tuple[str, Summary]]) -> Chart:
                            height=400)
 
 
-CLIP_STATES = {0: ("inside / kept", "#7f7f7f"), 1: ("clipped low (A < 0)", "#1f77b4"),
-               2: ("clipped high (A > 0)", "#d62728"), 3: ("dual-clipped", "#ff7f0e")}
+CLIP_STATES = {0: ("inside", "#7f7f7f"), 1: ("masked low (A < 0)", "#1f77b4"),
+               2: ("masked high (A > 0)", "#d62728"), 3: ("dual-clip", "#ff7f0e")}
 
 
 SYMBOLS = ("circle", "diamond", "square", "triangle-up", "x", "star", "cross", "pentagon")
@@ -250,7 +250,7 @@ def probability_shift_scatter(series: list[tuple[str, np.ndarray, np.ndarray]]) 
 
 
 ATTRIBUTION_PARTS = {  # bandit.entropy's shares: (legend, colour, which bar)
-    "entropy/from_inside": ("samples inside (kept)", "#7f7f7f", "caused"),
+    "entropy/from_inside": ("samples inside", "#7f7f7f", "caused"),
     "entropy/from_masked_low": ("masked low (A < 0, w < l)", "#1f77b4", "caused"),
     "entropy/from_masked_high": ("masked high (A > 0, w > u)", "#d62728", "caused"),
     "entropy/would_masked_low": ("masked low, had they been let through", "#9ecae1", "would have"),

@@ -210,8 +210,8 @@ def token_scatter(runs: list[tuple[str, str, dict, dict]]) -> Chart:
     return run_plots.token_scatter(drawn)
 
 
-COMPARISON_COLUMNS = {"clip_ratio/low_mean": "clipped low, mean of the μ × K steps",
-                      "clip_ratio/high_mean": "clipped high, mean of the μ × K steps",
+COMPARISON_COLUMNS = {"clip_ratio/low_mean": "masked low, mean of the μ × K steps",
+                      "clip_ratio/high_mean": "masked high, mean of the μ × K steps",
                       "masked_share": "gradient masked at the last step (low, high or dual-clip)",
                       "kl/k3": "KL k3 of the update",
                       "entropy/change": "entropy change", "mass_to_argmax": "mass gain to argmax tokens"}

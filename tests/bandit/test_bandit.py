@@ -228,7 +228,7 @@ ROLLOUTS = [(RolloutCorrection(), False), (RolloutCorrection("token", 1.1), Fals
             (RolloutCorrection(rollout_rs="token_k1,token_k3", rollout_rs_threshold="0.95_1.05,0.001"), False),
             (RolloutCorrection(), True)]
 ROLLOUT_OBJECTIVES = [Objective(clip=clip_test("kl3", delta=0.02)), Objective(clip=clip_test("ratio"),
-                                                                               off_policy_mask=0.01),
+                                                                               off_policy_mask_threshold=0.01),
                       Objective(clip=clip_test("clip_higher"), penalty=penalty("k3"), beta=0.1, aggregation="bnpo"),
                       Objective(clip=clip_test("ratio"), aggregation="dr_grpo"), Objective(clip=clip_test("kl3"))]
 

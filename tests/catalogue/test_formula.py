@@ -188,7 +188,7 @@ def test_a_formula_trains_as_its_catalogue_twin(text, twin, delta):
     assert 0 < outs[1].grad_masked.float().mean() < 1  # the batch masks some tokens and not others
     torch.testing.assert_close(outs[0].loss, outs[1].loss, rtol=1e-12, atol=1e-14)
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-12, atol=1e-14)
-    for fact in ("outside", "clipped_low", "clipped_high", "dual_clipped"):
+    for fact in ("outside", "masked_low", "masked_high", "dual_clip"):
         assert torch.equal(getattr(outs[0], fact), getattr(outs[1], fact)), fact
     torch.testing.assert_close(outs[0].clip_value, outs[1].clip_value, rtol=1e-12, atol=1e-14)
     assert typed.needs_pi_old == own.entry.needs_pi_old

@@ -13,7 +13,7 @@ from divviz.catalogue.divergences import BETA, DUAL_CLIP, FAMILIES
 from divviz.catalogue.instances import configure
 from divviz.catalogue.params import DivvizInputError
 from divviz.loss_grids import random_token_batch
-from divviz.loss_checks import OFF_POLICY_MASK, RATIO_CAP
+from divviz.loss_checks import OFF_POLICY_MASK_THRESHOLD, RATIO_CAP
 from divviz.losses import Objective
 
 PI_OLD = np.array([1e-12, 1e-4, 0.3, 0.999, 1.0])
@@ -59,7 +59,7 @@ def test_each_parameter_works_at_both_ends_of_its_range(family, name, param, val
 
 
 OBJECTIVE_PARAMS = [("beta", BETA), ("dual_clip_c", DUAL_CLIP), ("ratio_cap", RATIO_CAP),
-                    ("off_policy_mask", OFF_POLICY_MASK)]
+                    ("off_policy_mask_threshold", OFF_POLICY_MASK_THRESHOLD)]
 OBJECTIVE_CASES = [(field, value) for field, p in OBJECTIVE_PARAMS for value in extremes(p)]
 
 

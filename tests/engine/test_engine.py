@@ -18,7 +18,7 @@ from divviz.catalogue.divergences import CLIP_TESTS
 from divviz.catalogue.params import DivvizInputError
 from divviz.catalogue.penalties import PENALTIES
 from divviz.catalogue.surrogates import SURROGATES
-from divviz.engine.config import RunConfig
+from divviz.engine.config import RunConfig, objective_from
 from divviz.engine.grpo import make_trainer
 from divviz.engine.policy import char_tokenizer, load_policy
 from divviz.engine.tasks import TASKS, countdown_value, get_task
@@ -93,9 +93,18 @@ def test_two_penalties_train(tmp_path):
 
 
 def test_the_off_policy_sequence_mask_trains(tmp_path):
-    folder = run_tiny(tmp_path, clip="kl3", off_policy_mask=0.0)
+    folder = run_tiny(tmp_path, clip="kl3", off_policy_mask_threshold=0.0)
     check_folder(folder, 2)
-    assert RunConfig.from_dict(store.read_run(folder).config).objective.off_policy_mask == 0.0
+    assert RunConfig.from_dict(store.read_run(folder).config).objective.off_policy_mask_threshold == 0.0
+
+
+def test_a_config_with_the_earlier_off_policy_mask_key_reads_as_its_threshold():
+    """Published runs' config.json spell the threshold `off_policy_mask`: read as `off_policy_mask_threshold`, by the
+    run config and by the objective alone, and written back in today's spelling."""
+    cfg = RunConfig.from_dict({"clip": "ratio", "off_policy_mask": 0.25})
+    assert cfg.objective.off_policy_mask_threshold == 0.25
+    assert cfg.to_dict()["off_policy_mask_threshold"] == 0.25 and "off_policy_mask" not in cfg.to_dict()
+    assert objective_from({"clip": "kl3", "off_policy_mask": 0.5}).off_policy_mask_threshold == 0.5
 
 
 def test_no_clip_and_every_aggregation(tmp_path):

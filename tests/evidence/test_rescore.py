@@ -45,7 +45,7 @@ def test_shares_are_a_hand_count_from_the_records_ratios_and_advantages(run, spe
     assert other["masked_low"] == low.mean() and other["masked_high"] == high.mean()
     assert other["outside"] == ((t["ratio"] < lower) | (t["ratio"] > upper)).mean()
     free = t["weight"] * t["ratio"] * np.abs(t["adv"])  # |∂ℓ/∂log π| = |A| w, weighed by the aggregation
-    assert other["gradient_kept"] == pytest.approx(free[~(low | high)].sum() / free.sum(), rel=1e-12)
+    assert other["gradient_flows"] == pytest.approx(free[~(low | high)].sum() / free.sum(), rel=1e-12)
     assert own["measure"] == "kl3 δ=0.05 (this run)"
     assert other["changed"] == int((low * 1 + high * 2 != t["state"]).sum())
 
@@ -64,7 +64,7 @@ def test_the_cli_prints_each_measure_and_refuses_what_it_cannot_rescore(run, cap
     assert main(["rescore", str(run), "--step", "2", "--measure", "ratio", "--measure", "kl3:delta=0.02", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [r["measure"] for r in rows] == ["kl3 δ=0.05 (this run)", "ratio", "kl3:delta=0.02"]
-    assert {"measure", "tokens", "masked_low", "masked_high", "outside", "gradient_kept", "changed"} <= set(rows[0])
+    assert {"measure", "tokens", "masked_low", "masked_high", "outside", "gradient_flows", "changed"} <= set(rows[0])
     assert main(["rescore", run.name, "--runs-dir", str(run.parent), "--step", "2"]) == 0
     assert "masked low" in capsys.readouterr().out
     for argv, message in ((["rescore", str(run), "--step", "9"], "kept no completions for step 9"),
@@ -86,7 +86,7 @@ def test_the_inspector_rescores_the_step_and_marks_the_tokens_judged_otherwise(r
     at.run()
     at.switch_page("app_pages/step_inspector.py").run()
     assert not at.exception, at.exception
-    table = next(d.value for d in at.dataframe if "gradient_kept" in d.value.columns)
+    table = next(d.value for d in at.dataframe if "gradient_flows" in d.value.columns)
     step = int(at.select_slider[0].value) if at.select_slider else 2
     expected = rescore_step(run, step, ["ratio:eps=0.1"])
     assert list(table["masked_low"]) == [r["masked_low"] for r in expected]
@@ -112,7 +112,7 @@ def test_the_cli_says_which_completions_it_counted(run, tmp_path, capsys):
         "prompts' completions; the record's byte cap left out 1 more")
 
 
-def test_the_cli_explains_a_gradient_kept_that_there_is_none_of(run, tmp_path, capsys):
+def test_the_cli_explains_a_gradient_flows_that_there_is_none_of(run, tmp_path, capsys):
     """A step whose advantages are all 0 (every reward of each group equal) has no gradient to keep: the CLI says so
     instead of printing nan."""
     import shutil

@@ -186,7 +186,7 @@ def test_an_imported_run_opens_in_the_inspector_with_its_text_escaped(imported, 
     assert not at.exception, at.exception
     body = "".join(element.proto.body for element in at.get("html"))
     assert "&lt;script&gt;" in body and "<script" not in body and "<img" not in body
-    assert any("gradient_kept" in d.value.columns for d in at.dataframe)
+    assert any("gradient_flows" in d.value.columns for d in at.dataframe)
     at.switch_page("app_pages/runs.py").run()
     assert not at.exception and "done" in set(at.dataframe[0].value["state"])
     assert math.isfinite(store.last_metrics(folder)["kl/k3"])

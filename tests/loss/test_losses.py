@@ -45,7 +45,7 @@ def test_masking_and_dual_clip_spot_checks():
     g = grads(out, logp_new).flatten()
     assert [bool(x != 0) for x in g] == list(has_grad)
     assert out.grad_masked.flatten().tolist() == [not h for h in has_grad]
-    assert out.dual_clipped.flatten().tolist() == [False, False, False, False, True]
+    assert out.dual_clip.flatten().tolist() == [False, False, False, False, True]
 
 
 def test_kl3_masking_rule_at_delta_005():
@@ -54,8 +54,8 @@ def test_kl3_masking_rule_at_delta_005():
     logp_new, logp_old, adv, mask = one_token_batch(ratios, [1, 1, -1, -1])
     out = policy_loss(logp_new, logp_old, adv, mask, Objective(clip=dv.clip_test("kl3", delta=0.05)))
     assert out.grad_masked.flatten().tolist() == [False, True, False, True]
-    assert out.clipped_high.flatten().tolist() == [False, True, False, False]
-    assert out.clipped_low.flatten().tolist() == [False, False, False, True]
+    assert out.masked_high.flatten().tolist() == [False, True, False, False]
+    assert out.masked_low.flatten().tolist() == [False, False, False, True]
 
 
 def test_trl_clip_fraction_convention():
@@ -63,10 +63,13 @@ def test_trl_clip_fraction_convention():
     logp_new, logp_old, adv, mask = one_token_batch([0.5, 1.5, 0.5, 1.5], [1, -1, -1, 1])
     out = policy_loss(logp_new, logp_old, adv, mask, Objective(clip=dv.clip_test("ratio", eps=0.2)))
     assert out.outside.flatten().tolist() == [True, True, True, True]
-    assert out.clipped_low.flatten().tolist() == [False, False, True, False]
-    assert out.clipped_high.flatten().tolist() == [False, False, False, True]
-    assert out.clipped_region.flatten().tolist() == [False, False, True, True]
+    assert out.masked_low.flatten().tolist() == [False, False, True, False]
+    assert out.masked_high.flatten().tolist() == [False, False, False, True]
+    assert out.masked_region.flatten().tolist() == [False, False, True, True]
     assert (grads(out, logp_new).flatten() != 0).tolist() == [True, True, False, False]
+    # the earlier spellings, for code written with them, read the same tensors
+    assert out.clipped_low is out.masked_low and out.clipped_high is out.masked_high
+    assert out.dual_clipped is out.dual_clip and out.clipped_region.equal(out.masked_region)
 
 
 def random_batch(seed, B=16, T=12, spread=0.6):
@@ -167,12 +170,12 @@ def test_closed_form_gradient_equals_autograd(objective, dual_clip_c, aggregatio
     gradient.batch(old - 0.3, -a, ref)(old)
     fast = gradient.batch(old, a, ref)(new)
     assert abs(fast.grad[0] - grads(out, logp_new).numpy()).max() < 1e-12
-    assert (fast.clipped_low[0] == out.clipped_low.numpy()).all()
-    assert (fast.clipped_high[0] == out.clipped_high.numpy()).all()
+    assert (fast.masked_low[0] == out.masked_low.numpy()).all()
+    assert (fast.masked_high[0] == out.masked_high.numpy()).all()
     if objective.clip is not None:
-        assert out.clipped_region.any()
+        assert out.masked_region.any()
     if dual_clip_c is not None:
-        assert out.dual_clipped.any()
+        assert out.dual_clip.any()
 
 
 def test_stacked_closed_form_gradient_equals_each_alone():
@@ -192,8 +195,8 @@ def test_stacked_closed_form_gradient_equals_each_alone():
         for r, objective in enumerate(objectives):
             alone = PolicyLossGradient([objective], weights[r:r + 1]).batch(*(x[r:r + 1] for x in rows[1:]))(rows[0][r:r + 1])
             assert np.array_equal(stacked.grad[r], alone.grad[0]), objective.label
-            assert np.array_equal(stacked.clipped_low[r], alone.clipped_low[0])
-            assert np.array_equal(stacked.clipped_high[r], alone.clipped_high[0])
+            assert np.array_equal(stacked.masked_low[r], alone.masked_low[0])
+            assert np.array_equal(stacked.masked_high[r], alone.masked_high[0])
 
 
 @pytest.mark.parametrize("name", ["fkl", "rkl", "ufkl", "urkl"])
@@ -353,7 +356,7 @@ def test_the_off_policy_sequence_mask_is_trls_and_acts_on_the_policy_term_only()
     trl_mask = GRPOTrainer.get_off_policy_mask(advantages=adv[:, None], per_token_logps=logp_new,
                                                sampling_per_token_logps=logp_old, mask=mask, off_policy_threshold=0.1)
     assert 0 < trl_mask.sum() < len(trl_mask)
-    masked = Objective(clip=dv.clip_test("kl3"), penalty=pn.penalty("k3"), beta=0.1, off_policy_mask=0.1)
+    masked = Objective(clip=dv.clip_test("kl3"), penalty=pn.penalty("k3"), beta=0.1, off_policy_mask_threshold=0.1)
     weighted = Objective(clip=dv.clip_test("kl3"), penalty=pn.penalty("k3"), beta=0.1)
     ours = masked(logp_new, logp_old, adv, mask, logp_ref)
     theirs = weighted(logp_new, logp_old, adv, mask, logp_ref, weight=trl_mask)
@@ -382,7 +385,7 @@ def test_the_off_policy_mask_reads_the_sampling_policy_where_one_is_given():
                                               sampling_per_token_logps=logp_old, mask=mask, off_policy_threshold=0.1)
     assert not torch.equal(trl_mask, for_old) and 0 < trl_mask.sum() < len(trl_mask)
     weight = torch.rand(logp_old.shape, generator=torch.Generator().manual_seed(2), dtype=logp_old.dtype)
-    masked = Objective(clip=dv.clip_test("ratio"), off_policy_mask=0.1)
+    masked = Objective(clip=dv.clip_test("ratio"), off_policy_mask_threshold=0.1)
     ours = masked(logp_new, logp_old, adv, mask, weight=weight, logp_sampling=logp_sampling)
     theirs = Objective(clip=dv.clip_test("ratio"))(logp_new, logp_old, adv, mask, weight=weight * trl_mask)
     assert ours.loss.item() == pytest.approx(theirs.loss.item(), rel=1e-12)

@@ -139,13 +139,13 @@ def test_dual_clip_and_trl_weights_enter_the_loss(tmp_path, policy, batch):
     for weighting, mask in (({"top_entropy_quantile": 0.5}, None), ({"off_policy_mask_threshold": 0.01}, 0.01)):
         theirs = make_trainer(GRPOTrainer, policy, config(tmp_path, loss_type="bnpo", **weighting))
         ours = make_trainer(DivvizGRPOTrainer, policy, config(tmp_path, loss_type="bnpo", **weighting),
-                            objective=Objective(clip=clip_test("ratio"), aggregation="bnpo", off_policy_mask=mask))
+                            objective=Objective(clip=clip_test("ratio"), aggregation="bnpo", off_policy_mask_threshold=mask))
         assert_same(loss_and_grads(ours, batch), loss_and_grads(theirs, batch), exact=True)
 
 
 @pytest.mark.parametrize("settings, objective", [
     (dict(loss_type="bnpo", off_policy_mask_threshold=0.05),
-     Objective(clip=clip_test("ratio"), aggregation="bnpo", off_policy_mask=0.05)),
+     Objective(clip=clip_test("ratio"), aggregation="bnpo", off_policy_mask_threshold=0.05)),
     (dict(loss_type="vespo"), Objective(surrogate=surrogate("vespo"), aggregation="dapo")),
 ], ids=["ppo-with-opsm", "vespo"])
 def test_vllms_importance_sampling_correction_is_trls(tmp_path, policy, batch, settings, objective):
@@ -199,14 +199,14 @@ GSPO_BOX = dict(eps_low=0.03, eps_high=0.04)  # the batch's sequence ratios fall
     (dict(loss_type="grpo", delta=1.1, epsilon_high=0.28),
      Objective(clip=clip_test("clip_higher", eps_high=0.28), ratio_cap=1.1), ("clip_ratio/low_mean", "entropy")),
     (dict(loss_type="grpo", off_policy_mask_threshold=0.01, epsilon_high=0.28),
-     Objective(clip=clip_test("clip_higher", eps_high=0.28), off_policy_mask=0.01), TRL_METRICS),
+     Objective(clip=clip_test("clip_higher", eps_high=0.28), off_policy_mask_threshold=0.01), TRL_METRICS),
 ], ids=["cispo", "sapo", "vespo", "luspo", "gspo", "sapo-sequence", "delta", "delta-below-u", "off-policy-mask"])
 def test_trls_own_surrogates_levels_and_caps_equal_trl(tmp_path, policy, batch, settings, objective, metrics):
     """TRL's cispo, sapo, vespo and luspo losses, GSPO's sequence level, INTELLECT-2's delta and DeepSeek-V3.2's
     off-policy sequence mask, through TRL's own
     `_compute_loss` and through DivvizGRPOTrainer with the catalogue's surrogate, level or ratio cap: loss, every
     gradient and the metrics TRL logs for that loss agree to float32 rounding. (With δ < u TRL counts a capped
-    A > 0 token as not clipped high, so only its low clip metric is compared.)"""
+    A > 0 token as not masked high, so only its low clip metric is compared.)"""
     theirs = make_trainer(GRPOTrainer, policy, config(tmp_path, **settings))
     ours = make_trainer(DivvizGRPOTrainer, policy, config(tmp_path, loss_type=settings["loss_type"]),
                         objective=objective)
@@ -233,7 +233,7 @@ def test_trls_own_surrogates_levels_and_caps_equal_trl(tmp_path, policy, batch, 
     (dict(loss_type="grpo", epsilon=0.3), Objective(clip=clip_test("kl3")), "drop epsilon"),
     (dict(loss_type="grpo", epsilon_high=0.28), Objective(clip=clip_test("ratio")), "drop epsilon_high"),
     (dict(loss_type="grpo", delta=2.0), Objective(clip=clip_test("kl3")), "or drop delta"),
-    (dict(loss_type="grpo", off_policy_mask_threshold=0.1), Objective(clip=clip_test("kl3"), off_policy_mask=0.2),
+    (dict(loss_type="grpo", off_policy_mask_threshold=0.1), Objective(clip=clip_test("kl3"), off_policy_mask_threshold=0.2),
      "contradicts the objective's off-policy mask 0.2"),
     (dict(loss_type="grpo", beta=0.04), Objective(clip=clip_test("kl3")), "drop beta"),
     (dict(loss_type="grpo", beta=0.04), Objective(penalty=penalty("ufkl"), beta=0.04), "drop beta"),

@@ -73,7 +73,7 @@ def test_minibatch_clip_states_equal_trls_steps_per_generation(tmp_path, monkeyp
     for position, out in enumerate(seen, start=1):
         rows = parts[(position - 1) % K]
         tokens = float(rollout.completion_mask[rows].sum())
-        fraction = float(out.clipped_region.sum()) / tokens
+        fraction = float(out.masked_region.sum()) / tokens
         borderline = float((near(out) & (rollout.completion_mask[rows] > 0)).sum()) / tokens
         assert abs(fraction - done.fractions[f"clip_ratio/region_mean_by_minibatch/{position}"]) <= borderline + 1e-9
     states, unsure = torch.zeros_like(done.out.clip_state()), torch.zeros_like(rollout.completion_mask, dtype=torch.bool)
@@ -82,4 +82,4 @@ def test_minibatch_clip_states_equal_trls_steps_per_generation(tmp_path, monkeyp
     sure = (rollout.completion_mask > 0) & ~unsure & ~near(done.out)
     assert sure.float().sum() >= 0.9 * rollout.completion_mask.sum()  # the margin leaves out few tokens
     assert torch.equal(states[sure], done.out.clip_state()[sure])
-    assert 0 < float(done.out.clipped_region.float().mean()) < 1  # some tokens clip, not all
+    assert 0 < float(done.out.masked_region.float().mean()) < 1  # some tokens clip, not all

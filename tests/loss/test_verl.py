@@ -53,7 +53,7 @@ VANILLA = [key for key, case in DATA["policy_loss"].items() if case["loss_mode"]
 def test_verls_vanilla_policy_loss_is_divvizs_box_with_dual_clip(key):
     """verl's `compute_policy_loss_vanilla` (box [1 − clip_ratio_low, 1 + clip_ratio_high], dual-clip cap
     clip_ratio_c, always on) equals policy_loss with clip_higher and dual_clip_c: the loss, its gradient in log π,
-    pg_clipfrac (divviz's clip_ratio/region) and pg_clipfrac_lower (divviz's dual-clipped share), with and without
+    pg_clipfrac (divviz's clip_ratio/region) and pg_clipfrac_lower (divviz's dual-clip share), with and without
     verl's rollout importance weights (policy_loss's `weight`). The 'wide' batch
     has an empty row, which verl's per-sequence modes do not count and divviz's grpo/dr_grpo/luspo do, so it is
     tested with the token modes only."""
@@ -72,8 +72,8 @@ def test_verls_vanilla_policy_loss_is_divvizs_box_with_dual_clip(key):
     torch.testing.assert_close(grad, torch.tensor(case["grad_log_prob"], dtype=F64), rtol=close["rel"] * 100,
                                atol=close["abs"])
     share = lambda x: float((x.double() * mask).sum() / mask.sum())  # noqa: E731
-    assert share(out.clipped_region) == pytest.approx(case["metrics"]["actor/pg_clipfrac"], rel=1e-6)
-    assert share(out.dual_clipped) == pytest.approx(case["metrics"]["actor/pg_clipfrac_lower"], rel=1e-6, abs=1e-9)
+    assert share(out.masked_region) == pytest.approx(case["metrics"]["actor/pg_clipfrac"], rel=1e-6)
+    assert share(out.dual_clip) == pytest.approx(case["metrics"]["actor/pg_clipfrac_lower"], rel=1e-6, abs=1e-9)
     assert 0 < case["metrics"]["actor/pg_clipfrac"] < 1
 
 

@@ -96,9 +96,9 @@ def test_verls_dispatch_on_a_divviz_loss_equals_policy_loss(mode, kwargs, agg, o
     assert loss.item() == pytest.approx(out.loss.item(), **tolerance)  # verl's seq-mean adds 1e-8 to each count
     torch.testing.assert_close(grad, expected_grad, rtol=1e-6, atol=1e-8)
     tokens = mask.sum().item()
-    assert metrics["divviz/clip_ratio/low_mean"] == pytest.approx((out.clipped_low & mask).sum().item() / tokens)
-    assert metrics["divviz/clip_ratio/high_mean"] == pytest.approx((out.clipped_high & mask).sum().item() / tokens)
-    assert metrics["actor/pg_clipfrac"] == pytest.approx(((out.clipped_low | out.clipped_high) & mask).sum().item()
+    assert metrics["divviz/clip_ratio/low_mean"] == pytest.approx((out.masked_low & mask).sum().item() / tokens)
+    assert metrics["divviz/clip_ratio/high_mean"] == pytest.approx((out.masked_high & mask).sum().item() / tokens)
+    assert metrics["actor/pg_clipfrac"] == pytest.approx(((out.masked_low | out.masked_high) & mask).sum().item()
                                                          / tokens)
     per_token = agg_loss(loss_mat=out.per_token_loss, loss_mask=mask, loss_agg_mode=agg)
     assert loss.item() == pytest.approx(per_token.item(), rel=1e-12)

@@ -78,7 +78,7 @@ def test_the_explainer_equals_a_hand_computation(w, adv, state, loss, gradient):
     assert (e.unclipped, e.clipped) == pytest.approx((w * adv, min(max(w, 0.8), 1.2) * adv))
     assert e.contribution == pytest.approx(0.25 * loss)
     lines = dict(e.lines())
-    assert lines["gradient"].startswith("masked" if e.masked else "kept") and state in lines["gradient"]
+    assert lines["gradient"].startswith("masked" if e.masked else "flows") and state in lines["gradient"]
 
 
 def test_the_explainer_adds_the_penalty_and_puts_kl3s_numbers_in():
@@ -121,8 +121,8 @@ def test_the_explainer_multiplies_the_policy_term_by_the_recorded_rho():
     penalty and its gradient likewise, the off-policy mask left to ρ (it judged the whole completion); ρ = 0 masks
     the gradient."""
     pi_old, w, adv, pi_ref = 0.3, 1.1, 0.8, 0.2
-    objective = Objective(clip=clip_test("ratio"), penalty=penalty("k3"), beta=0.04, off_policy_mask=0.0)
-    plain = explain.explain(replace(objective, off_policy_mask=None), pi_old, w, adv, pi_ref=pi_ref)
+    objective = Objective(clip=clip_test("ratio"), penalty=penalty("k3"), beta=0.04, off_policy_mask_threshold=0.0)
+    plain = explain.explain(replace(objective, off_policy_mask_threshold=None), pi_old, w, adv, pi_ref=pi_ref)
     for rho in (0.0, 0.4, 1.7):
         e = explain.explain(objective, pi_old, w, adv, pi_ref=pi_ref, rho=rho)
         assert e.loss == pytest.approx(rho * plain.policy_loss + plain.penalty_term, rel=1e-12)
@@ -283,7 +283,7 @@ def test_the_page_shows_a_run_and_explains_a_token(tmp_path, monkeypatch):
     token.set_value(len(token.options) - 1).run()
     assert not at.exception
     body = html_bodies(at)
-    assert "the min" in body and "kl3(w)" in body and ("masked" in body or "kept" in body)
+    assert "the min" in body and "kl3(w)" in body and ("masked" in body or "flows" in body)
     colour = next(sb for sb in at.selectbox if sb.label == "Colour tokens by")
     for choice in token_view.COLOUR_BY:
         colour.set_value(choice).run()
@@ -357,7 +357,7 @@ def test_rescore_colouring_marks_the_tokens_any_added_test_judges_otherwise(tmp_
     assert agreeing["changed"] == 0 and narrow["changed"] > 0
     at = app({"m": "ratio,ratio:eps=0.01", "colour": "re-score"})
     assert not at.exception, at.exception
-    table = next(d.value for d in at.dataframe if "gradient_kept" in d.value.columns)
+    table = next(d.value for d in at.dataframe if "gradient_flows" in d.value.columns)
     assert list(table["changed"]) == [own["changed"], 0, narrow["changed"]]
     next(sb for sb in at.selectbox if sb.label == "Colour tokens by").set_value("re-score").run()
     assert marked_tokens(html_bodies(at)) == narrow["changed"]

@@ -106,7 +106,9 @@ def test_bounds_unbounded_and_pi_old(capsys):
     (["train", "--beta2", "0.1"], "--beta2 was given without a penalty (--penalty2)"),
     (["train", "--scale-rewards", "std"], "unknown scale_rewards 'std'; choose group, batch or none"),
     (["train", "--baseline", "prompt"], "unknown baseline 'prompt'; choose group or batch"),
-    (["train", "--off-policy-mask", "-1"], "parameter 'off_policy_mask' must be a finite number in [0, 1e+06]"),
+    (["train", "--off-policy-mask", "-1"], "parameter 'off_policy_mask_threshold' must be a finite number in [0, 1e+06]"),
+    (["train", "--off-policy-mask-threshold", "-1"],
+     "parameter 'off_policy_mask_threshold' must be a finite number in [0, 1e+06]"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
     ([], "the following arguments are required: command"),
 ])
