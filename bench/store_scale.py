@@ -15,18 +15,21 @@ import argparse
 import contextlib
 import io
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 from streamlit.testing.v1 import AppTest
 
-from divviz import cli
-from divviz.engine.config import RunConfig
-from divviz.runs.store import RunWriter
-from divviz.runs.tail import METRICS
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
-APP = str(Path(__file__).resolve().parents[1] / "app.py")
+from divviz import cli  # noqa: E402
+from divviz.runs.tail import METRICS  # noqa: E402
+from tests.runs.test_tail import long_runs  # noqa: E402  (the tests' run folders, with this bench's rows)
+
+APP = str(ROOT / "app.py")
 METRIC_NAMES = ("reward", "reward_std", "frac_reward_zero_std", "accuracy", "completions/mean_length",
                 "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "kl/k1", "kl/k2", "kl/k3",
                 "clip_ratio/overshoot_mean", "entropy", "top1_mass", "loss", "grad_norm", "step_time", "tokens_per_s",
@@ -35,23 +38,14 @@ METRIC_NAMES = ("reward", "reward_std", "frac_reward_zero_std", "accuracy", "com
                                                                "[0.8, 1]")))
 
 
-def row(step: int, seed: int) -> str:
+def row(step: int, seed: int) -> bytes:
     values = {name: round(((step * 7919 + seed * 104729 + k * 31) % 1000) / 1000, 6)
               for k, name in enumerate(METRIC_NAMES)}
-    return json.dumps({"step": step, **values}) + "\n"
+    return (json.dumps({"step": step, **values}) + "\n").encode()
 
 
 def make_runs(root: Path, runs: int, steps: int) -> list[Path]:
-    folders = []
-    for seed in range(runs):
-        folder = root / f"run-{seed:03d}"
-        folder.mkdir(parents=True)
-        writer = RunWriter(folder, RunConfig.make(steps=steps, seed=seed).to_dict(), steps)
-        writer.finish("done", f"{steps} steps")
-        with open(folder / "metrics.jsonl", "w") as handle:
-            handle.writelines(row(s, seed) for s in range(1, steps + 1))
-        folders.append(folder)
-    return folders
+    return long_runs(root, runs, steps, row)
 
 
 def timed(fn):

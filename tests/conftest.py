@@ -1,12 +1,24 @@
 """Shared fixtures: a real `streamlit run app.py` server on a free localhost port, and Debian's chromium."""
 
 import os
+
+# `./run test` runs the suite in two processes (pytest-xdist, below): each computes on one core, since torch's and
+# BLAS's default of a thread per core in both made them fight for the cores (a SmolLM2 step three times slower). A
+# test may still ask for more (the float32 golden step's two threads).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ.setdefault(variable, "1")
+
 import shutil
 import signal
 import tempfile
 from pathlib import Path
 
 import pytest
+import torch
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))  # where torch was imported before the variable was set
 
 from divviz.app import local_server
 from divviz.evidence import bandit_published
@@ -103,3 +115,20 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if item.module.__name__.rsplit(".", 1)[-1] in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
+
+
+# `./run test`'s processes (pytest-xdist) take whole test modules, so that a module's fixtures are made once; the
+# modules reading the built-in LM grid (`lm_plan`, trained once per process) go to one process together.
+LM_PLAN_MODULES = {"test_claims_lm", "test_published", "test_ray"}
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModule(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "lm_plan" if Path(module).stem in LM_PLAN_MODULES else module
+
+    return ByModule(config, log)

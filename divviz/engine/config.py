@@ -78,6 +78,13 @@ def current_keys(settings: Mapping) -> dict:
     return {RENAMED_KEYS.get(k, k): v for k, v in settings.items()}
 
 
+def identity_keys(settings: Mapping) -> dict:
+    """Settings as the hashes that name published results spell them: a renamed key under its earlier spelling
+    (`RENAMED_KEYS`), so that a rename leaves every published cell and batch this code's."""
+    earlier = {new: old for old, new in RENAMED_KEYS.items()}
+    return {earlier.get(k, k): v for k, v in settings.items()}
+
+
 OBJECTIVE_KEYS = ("clip", "clip_params", "surrogate", "surrogate_params", "penalty", "penalty_params", "beta",
                   "second_penalty", "second_penalty_params", "second_beta", "off_policy_mask_threshold", "dual_clip_c",
                   "ratio_cap", "importance_sampling_level", "aggregation")  # an objective in a config.json

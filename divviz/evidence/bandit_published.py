@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from divviz.engine.config import objective_settings
+from divviz.engine.config import identity_keys, objective_settings
 from divviz.evidence.claims import CLAIMS, LATE, OBJECTIVES
 from divviz.runs import published
 
@@ -39,7 +39,7 @@ DESIGN = 1  # bumped when what a cell holds changes
 def key(seeds: int, grid: tuple) -> str:
     """The hash of what decides a grid's cells (see the module's docstring)."""
     what = {"seeds": seeds, "design": DESIGN, "grid": [condition.config(LATE).to_dict() for condition in grid],
-            "objectives": {name: objective_settings(o) for name, o in OBJECTIVES.items()},
+            "objectives": {name: identity_keys(objective_settings(o)) for name, o in OBJECTIVES.items()},
             "comparisons": [(claim.key, claim.reward, c.candidate, c.baseline, c.metric, c.sign)
                             for claim in CLAIMS for c in claim.comparisons]}
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -32,7 +32,7 @@ from pathlib import Path
 
 
 from divviz.catalogue.params import Param
-from divviz.engine.config import RunConfig, objective_settings
+from divviz.engine.config import RunConfig, identity_keys, objective_settings
 from divviz.engine.models import SMOLLM2_LOOK
 from divviz.evidence import claims, claims_report
 
@@ -83,8 +83,10 @@ def _cache_key(batch: int, reward: str) -> str:
     """The hash of what decides a batch's results: made once per batch (a page rerun asks for every batch's file)."""
     from divviz.engine import smollm2
 
-    key = json.dumps({"config": config(batch, reward).to_dict(), "design": DESIGN, "checkpoint": smollm2.SHA256,
-                      "measures": {m: objective_settings(claims.OBJECTIVES[m]) for m in measures()[reward]}},
+    key = json.dumps({"config": identity_keys(config(batch, reward).to_dict()), "design": DESIGN,
+                      "checkpoint": smollm2.SHA256,
+                      "measures": {m: identity_keys(objective_settings(claims.OBJECTIVES[m]))
+                                   for m in measures()[reward]}},
                      sort_keys=True, default=str)
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 

@@ -18,7 +18,7 @@ from divviz.catalogue.divergences import CLIP_TESTS
 from divviz.catalogue.params import DivvizInputError
 from divviz.catalogue.penalties import PENALTIES
 from divviz.catalogue.surrogates import SURROGATES
-from divviz.engine.config import RunConfig, objective_from
+from divviz.engine.config import RunConfig, identity_keys, objective_from
 from divviz.engine.grpo import make_trainer
 from divviz.engine.policy import char_tokenizer, load_policy
 from divviz.engine.tasks import TASKS, countdown_value, get_task
@@ -105,6 +105,9 @@ def test_a_config_with_the_earlier_off_policy_mask_key_reads_as_its_threshold():
     assert cfg.objective.off_policy_mask_threshold == 0.25
     assert cfg.to_dict()["off_policy_mask_threshold"] == 0.25 and "off_policy_mask" not in cfg.to_dict()
     assert objective_from({"clip": "kl3", "off_policy_mask": 0.5}).off_policy_mask_threshold == 0.5
+    # the hashes naming published results (claims_real's batches, the bandit grid) spell it as they were made
+    assert identity_keys(cfg.to_dict()) == {**{k: v for k, v in cfg.to_dict().items()
+                                               if k != "off_policy_mask_threshold"}, "off_policy_mask": 0.25}
 
 
 def test_no_clip_and_every_aggregation(tmp_path):

@@ -116,7 +116,9 @@ def test_any_history_reads_as_a_fresh_full_read(tmp_path_factory, ops):
         assert cache._rows == sum(len(f.rows) for f in cache._files.values())  # the running total is exact
 
 
-def long_runs(root: Path, runs: int, steps: int) -> list[Path]:
+def long_runs(root: Path, runs: int, steps: int, row_of=lambda step, seed: row(step)) -> list[Path]:
+    """`runs` finished runs of `steps` metric rows each (`row_of(step, seed)`: a line's bytes), made without training
+    (bench/store_scale.py gives its own rows)."""
     from divviz.engine.config import RunConfig
     from divviz.runs.store import RunWriter
 
@@ -127,7 +129,7 @@ def long_runs(root: Path, runs: int, steps: int) -> list[Path]:
         writer = RunWriter(folder, RunConfig.make(steps=steps, seed=seed).to_dict(), steps)
         writer.status["step"] = steps
         writer.finish("done", f"{steps} steps")
-        (folder / "metrics.jsonl").write_bytes(b"".join(row(s) for s in range(1, steps + 1)))
+        (folder / "metrics.jsonl").write_bytes(b"".join(row_of(s, seed) for s in range(1, steps + 1)))
         folders.append(folder)
     return folders
 
