@@ -155,8 +155,8 @@ with widgets.shown_errors():
     st.html(token_view.record_html(record, colour_by, selected=(g, c, i)))
     st.markdown("**Re-score this step.** Every token the loss saw, under the run's own objective and each clip test "
                 "added in the sidebar: the share each would have masked low (w < l, A < 0) and high (w > u, A > 0), "
-                "the share outside its region, the share of the gradient weight that still flows, and how many tokens it judges otherwise "
-                "(colour by *re-score* to see them). `divviz rescore` prints the same.")
+                "the share outside its region, the share of the gradient weight that still flows, and how many tokens "
+                "it judges otherwise (colour by *re-score* to see them). `divviz rescore` prints the same.")
     if rescored:
         st.caption(literal(f"Counted: the tokens the loss saw in {rescore.coverage(record, run.config)}."))
         widgets.show_table(pd.DataFrame([{k: v for k, v in r.items() if k != "changed_tokens"} for r in rescored]),
@@ -164,8 +164,8 @@ with widgets.shown_errors():
                            column_config={k: st.column_config.NumberColumn(format="percent") for k in
                                           ("masked_low", "masked_high", "outside")})
         if any(math.isnan(r["gradient_flows"]) for r in rescored):
-            st.caption("gradient_flows has no value (—): every advantage in this step's record is 0, so no token has a "
-                       "gradient for a clip test to let through or mask.")
+            st.caption("gradient_flows has no value (—): every advantage in this step's record is 0, so no token has "
+                       "a gradient for a clip test to let through or mask.")
     else:
         st.caption(literal(why))
     if tokens["pi_new"] is None:

@@ -32,8 +32,8 @@ def add_train_parser(sub) -> None:
     p.add_argument("--importance-sampling-level", default="token",
                    help="token, or sequence for GSPO (one ratio per completion, its geometric mean)")
     p.add_argument("--off-policy-mask-threshold", "--off-policy-mask", default=None, metavar="DELTA",
-                   help="TRL's off_policy_mask_threshold: drop A < 0 completions whose mean log π_old − log π_θ > δ "
-                        "(--off-policy-mask: its earlier spelling)")
+                   help="TRL's off_policy_mask_threshold: drop A < 0 completions whose mean log π_old − log π_θ "
+                        "> δ (--off-policy-mask: its earlier spelling)")
     p.add_argument("--ratio-cap", default=None, metavar="DELTA", help="TRL's delta > 1: the unclipped term uses min(w, δ)")
     p.add_argument("--aggregation", default="grpo",
                    help="grpo, bnpo, dr_grpo, dapo, luspo (TRL's loss_type) or token_sum (verl's)")

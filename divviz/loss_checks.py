@@ -27,9 +27,9 @@ def check_ratio_cap(value) -> float | None:
 
 OFF_POLICY_MASK_THRESHOLD = Param("off_policy_mask_threshold", 0.5, 0.0, trl_name="off_policy_mask_threshold",
                                   typical=(0.0, 2.0, 0.01),
-                                  doc="DeepSeek-V3.2's off-policy sequence mask (TRL's off_policy_mask_threshold): a "
-                                      "completion with A < 0 whose mean log π_old − log π_θ exceeds δ takes no part in "
-                                      "the policy term")
+                                  doc="DeepSeek-V3.2's off-policy sequence mask (TRL's off_policy_mask_threshold): "
+                                      "a completion with A < 0 whose mean log π_old − log π_θ exceeds δ takes no part "
+                                      "in the policy term")
 
 
 def check_off_policy_mask_threshold(value) -> float | None:

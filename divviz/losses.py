@@ -55,8 +55,8 @@ class Objective:
     every token of completion i takes the ratio s_i = exp(mean_t log w_t), and the clip test judges s_i. Written as
     GSPO-token (verl's form): log s_i,t = sg(log s_i) + log π_t − sg(log π_t), so a token's gradient is its own; with
     one advantage per completion (TRL's) this is TRL's (B, 1) ratio exactly, with per-token advantages verl's.
-    off_policy_mask_threshold: None or TRL's off_policy_mask_threshold δ ≥ 0 (`off_policy_sequence_mask`), applied to the
-    policy term as a weight is.
+    off_policy_mask_threshold: None or TRL's off_policy_mask_threshold δ ≥ 0 (`off_policy_sequence_mask`), applied to
+    the policy term as a weight is.
     """
 
     clip: ClipTest | None = None
@@ -76,7 +76,8 @@ class Objective:
         object.__setattr__(self, "second_beta", check_beta(self.second_beta))
         object.__setattr__(self, "dual_clip_c", check_dual_clip(self.dual_clip_c))
         object.__setattr__(self, "ratio_cap", check_ratio_cap(self.ratio_cap))
-        object.__setattr__(self, "off_policy_mask_threshold", check_off_policy_mask_threshold(self.off_policy_mask_threshold))
+        object.__setattr__(self, "off_policy_mask_threshold",
+                           check_off_policy_mask_threshold(self.off_policy_mask_threshold))
         check_aggregation(self.aggregation)
         check_combination(self.clip, self.surrogate, self.importance_sampling_level, self.dual_clip_c, self.ratio_cap)
         for role, given in (("penalty", self.penalty), ("second_penalty", self.second_penalty)):

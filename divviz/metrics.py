@@ -49,8 +49,8 @@ GLOSSARY = {
                       "distributions before and after it (same prefixes), in nats",
     "entropy/change_predicted": "the first-order prediction −Cov_π(log π, Δz) of that change, Δz the logits' change "
                                 "(Cui et al. 2025, arXiv 2505.22617)",
-    "entropy/cov_inside": "Σ over the tokens inside the region (or pulled back) of (log π_old − mean)(A − mean) / tokens: "
-                          "the tokens that drive entropy down when positive (Cui et al. 2025)",
+    "entropy/cov_inside": "Σ over the tokens inside the region (or pulled back) of (log π_old − mean)(A − mean) / "
+                          "tokens: the tokens that drive entropy down when positive (Cui et al. 2025)",
     "entropy/cov_masked_low": "the same over the tokens masked low (A < 0, w < l)",
     "entropy/cov_masked_high": "the same over the tokens masked high (A > 0, w > u)",
     "entropy/cov_dual": "the same over the dual-clip tokens (A < 0 past the cap c)",

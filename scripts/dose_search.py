@@ -97,13 +97,14 @@ def flags(point: str, objective: str) -> list[str]:
 
 def train(runs: Path, point: str, objective: str, log) -> None:
     """Train one run of the search into runs/<point>/<objective> unless it is done there. It trains in
-    runs/<point>/<objective>.training/ and keeps its resume state every CHECKPOINT steps (`runs/resume.py`: a resumed run
-    writes the rows an unbroken one would), so a run stopped with the machine goes on from its last resume state; one
-    stopped without any starts again."""
+    runs/<point>/<objective>.training/ and keeps its resume state every CHECKPOINT steps (`runs/resume.py`: a resumed
+    run writes the rows an unbroken one would), so a run stopped with the machine goes on from its last resume state;
+    one stopped without any starts again."""
     folder, training = runs / point / objective, runs / point / f"{objective}.training"
     if folder.is_dir() and store.read_run(folder).state == "done":
         return
-    stopped = next((f for f in sorted(training.glob("*/")) if resume.saved_step(f)), None) if training.is_dir() else None
+    stopped = next((f for f in sorted(training.glob("*/")) if resume.saved_step(f)), None) if training.is_dir() \
+        else None
     if stopped is None:
         shutil.rmtree(training, ignore_errors=True)
         training.mkdir(parents=True)

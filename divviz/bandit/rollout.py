@@ -73,7 +73,8 @@ class BanditRollout:
                                                    correction.rollout_is_batch_normalize, with_metrics=False)[0].reshape(
                         len(part), -1, 1).numpy()
                 if correction.rollout_rs is not None:
-                    loss_mask[part] *= rejection_mask(ratio, ones, correction.rollout_rs, correction.rollout_rs_threshold,
-                                                 with_metrics=False)[0].reshape(len(part), -1, 1).numpy()
+                    loss_mask[part] *= rejection_mask(ratio, ones, correction.rollout_rs,
+                                                      correction.rollout_rs_threshold,
+                                                      with_metrics=False)[0].reshape(len(part), -1, 1).numpy()
         old = np.where(self.bypass[:, None, None], logp_roll, logp_old) if self.bypass.any() else logp_old
         return old, weight, loss_mask

@@ -11,9 +11,9 @@ divides by):
               TIS "u":   min(ρ, u)                        IcePop "l_u": ρ where l ≤ ρ ≤ u, else 0
               batch_normalize: divided by their mean over the batch's tokens (token) or completions (sequence)
     rejection a statistic of k1 = −log ρ, k2 = ½(log ρ)² or k3 = ρ − 1 − log ρ, per token (token_kX) or per
-              completion (seq_sum_kX, seq_mean_kX, seq_max_kX), in the loss when within its threshold: k1 in [log l, log u]
-              ("l_u"; one number u means l = 1/u), k2 and k3 at most u; several options (comma-separated, with one
-              threshold each or one for all) must all keep a token.
+              completion (seq_sum_kX, seq_mean_kX, seq_max_kX), in the loss when within its threshold: k1 in
+              [log l, log u] ("l_u"; one number u means l = 1/u), k2 and k3 at most u; several options
+              (comma-separated, with one threshold each or one for all) must all keep a token.
 
 `RolloutCorrection` is one such setting under verl's names (`RolloutCorrectionConfig`); `apply` gives the weights,
 which enter `losses.policy_loss` as its `weight` (detached), the mask, which replaces the loss's (a rejected token
@@ -48,9 +48,9 @@ ICEPOP_LOW = Param("icepop_l", 0.5, 0.0, 1.0, low_open=True, high_open=False, ty
                    doc="IcePop: ρ where it lies in [l, u], else 0")
 ICEPOP_HIGH = Param("icepop_u", 2.0, 1.0, typical=(1.05, 10.0, 0.05), doc="IcePop: ρ where it lies in [l, u], else 0")
 RS_RATIO_LOW = Param("rs_l", 0.5, 0.0, 1.0, low_open=True, high_open=False, typical=(0.05, 1.0, 0.05),
-                     doc="k1 rejection: in the loss where the token's (or completion's) statistic lies in [log l, log u]")
+                     doc="k1 rejection: in the loss where a token's (or completion's) statistic is in [log l, log u]")
 RS_RATIO_HIGH = Param("rs_u", 2.0, 1.0, typical=(1.05, 10.0, 0.05),
-                      doc="k1 rejection: in the loss where the token's (or completion's) statistic lies in [log l, log u]")
+                      doc="k1 rejection: in the loss where a token's (or completion's) statistic is in [log l, log u]")
 RS_BOUND = Param("rs_bound", 0.05, 0.0, low_open=True, typical=(0.0001, 1.0, 0.0001),
                  doc="k2/k3 rejection: in the loss where the statistic is at most this")
 

@@ -15,7 +15,7 @@ so what a surrogate does is read off γ against the ratio (PPO: γ = w inside th
     icepop    γ = w on [lo, hi], else 0              −sg(w [lo ≤ w ≤ hi]) A log π (IcePop; verl's bypass mode)
     dppo      γ = min(w, c) where the test keeps     −sg(min(w, c)) A log π on unmasked tokens (verl's DPPO losses)
                 the token, else 0
-    geo_mean  γ_t = s_i / |o_i| on unmasked tokens       −Ā_i s_i, s_i = exp(mean_t clip-min(log w_t)) (GMPO)
+    geo_mean  γ_t = s_i / |o_i|, unmasked tokens     −Ā_i s_i, s_i = exp(mean_t clip-min(log w_t)) (GMPO)
 
 A few add a term that A does not scale, so the primitive is the slope ∂ℓ/∂log π_θ, and γ = −slope/A:
 
@@ -101,8 +101,8 @@ class Surrogate(Configured):
         return self.entry.term(inputs, self.params)
 
     def slope(self, w, adv, unmasked=None, selected=None, bounds=(0.0, np.inf)) -> np.ndarray:
-        """∂ℓ/∂log π_θ for one-token completions; `unmasked`: not masked by the clip test; `selected`: picked by a
-        batch-selecting surrogate (default: all unmasked, none selected); `bounds`: the clip test's (l, u)."""
+        """∂ℓ/∂log π_θ for one-token completions; `unmasked`: not masked by the clip test; `selected`: picked by
+        a batch-selecting surrogate (default: all unmasked, none selected); `bounds`: the clip test's (l, u)."""
         w, adv = np.asarray(w, dtype=np.float64), np.asarray(adv, dtype=np.float64)
         unmasked = np.ones(np.shape(w), dtype=bool) if unmasked is None else unmasked
         selected = np.zeros(np.shape(w), dtype=bool) if selected is None else selected
@@ -213,7 +213,7 @@ def _covariance(s: SurrogateInputs) -> torch.Tensor:
 
 
 def _top_covariance(s: SurrogateInputs, p) -> torch.Tensor:
-    """kl_cov's tokens: the k = max(1, ⌊n · ratio⌋) unmasked tokens of largest covariance (torch.topk, row-major)."""
+    """kl_cov's tokens: the k = max(1, ⌊n · ratio⌋) unmasked tokens of largest covariance (torch.topk, by row)."""
     valid = s.mask > 0
     selected = torch.zeros_like(valid)
     count = int(valid.sum())

@@ -79,10 +79,10 @@ def step_record(*, step: int, tokenizer, groups: list[tuple[str, list[int]]], te
     """The record of the completions in `groups`: (prompt, its completions' rows of the batch), in order.
 
     `out`, `logp_old`, `adv` ((B,) or (B, T)), `mask`, `logp_ref`, `weight`, `completion_ids`, `texts` and
-    `rewards` are indexed by the batch's rows; so is `logp_after` (log-probs after the update, at least up to the
-    last row kept), or it is None where π after the update is not known (a TRL run makes no such forward). `loss_mask` is
-    the loss's mask where a rollout correction rejected tokens of `mask` (the completions'), and `logp_roll` the
-    sampler's log-probs where the batch may be off-policy. `prompt_ids` (one list per group) are each prompt's token
+    `rewards` are indexed by the batch's rows; so is `logp_after` (log-probs after the update, at least up to the last
+    row kept), or it is None where π after the update is not known (a TRL run makes no such forward). `loss_mask` is the
+    loss's mask where a rollout correction rejected tokens of `mask` (the completions'), and `logp_roll` the sampler's
+    log-probs where the batch may be off-policy. `prompt_ids` (one list per group) are each prompt's token
     ids as the model saw them (chat template applied), so π_old can be recomputed from the record. `minibatch` (B,)
     is the 0-based mini-batch each completion trained in, when the update had several (recorded 1-based)."""
     rows = [i for _, members in groups for i in members]

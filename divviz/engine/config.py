@@ -93,8 +93,8 @@ OBJECTIVE_KEYS = ("clip", "clip_params", "surrogate", "surrogate_params", "penal
 def objective_from(settings: Mapping) -> Objective:
     """The objective named by a run config's objective keys (clip, clip_params, surrogate, surrogate_params, penalty,
     penalty_params, beta, second_penalty, second_penalty_params, second_beta, dual_clip_c, ratio_cap,
-    off_policy_mask_threshold, importance_sampling_level, aggregation): a `RunConfig`, or a config.json written by the engine or by `divviz.trl`
-    (an older one lacks the newer keys or spells one as it was, `current_keys`)."""
+    off_policy_mask_threshold, importance_sampling_level, aggregation): a `RunConfig`, or a config.json written by the
+    engine or by `divviz.trl` (an older one lacks the newer keys or spells one as it was, `current_keys`)."""
     settings = current_keys(settings)
     clip, pen, sur = settings.get("clip"), settings.get("penalty"), settings.get("surrogate")
     second = settings.get("second_penalty")

@@ -14,7 +14,8 @@
         ρ, loss_mask = verl's rollout correction of π_before against π_roll: importance weights and the completion
             mask less the tokens its rejection takes out
         repeat μ times, for each mini-batch:
-            loss = Objective(logp_new, logp_old, A, loss_mask, logp_ref, weight=ρ [· TRL's top-entropy mask]); AdamW step
+            loss = Objective(logp_new, logp_old, A, loss_mask, logp_ref, weight=ρ [· TRL's top-entropy mask])
+            AdamW step
         one no-grad forward after the update for the KL, the mass that moved and the entropy's change at the
             positions of ENTROPY_ROWS completions (full distributions before and after); π_roll synced
 """

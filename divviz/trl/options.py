@@ -73,7 +73,7 @@ def trl_args_for(objective: Objective, args: GRPOConfig) -> GRPOConfig:
     args = copy.copy(args)
     args.beta = beta if needs_ref else 0.0
     args.delta, args.importance_sampling_level = objective.ratio_cap, objective.importance_sampling_level
-    args.off_policy_mask_threshold = objective.off_policy_mask_threshold  # TRL computes it, from vLLM's log-probs where any
+    args.off_policy_mask_threshold = objective.off_policy_mask_threshold  # TRL computes it, from vLLM's log-probs
     return args
 
 

@@ -81,7 +81,8 @@ class DivvizGRPOTrainer(GRPOTrainer):
         else:
             kwargs["args"] = trl_args_for(objective, kwargs.get("args") or GRPOConfig())
         self.objective = objective
-        self._loss_objective = replace(objective, off_policy_mask_threshold=None)  # TRL's own mask is a weight (`_token_weight`)
+        # TRL's own mask is a weight (`_token_weight`)
+        self._loss_objective = replace(objective, off_policy_mask_threshold=None)
         super().__init__(*args, **kwargs)
 
     def _run_callbacks(self) -> list[DivvizRunCallback]:

@@ -43,11 +43,11 @@ PENALTY_GRID = np.linspace(0.2, 3.0, 400)  # r = π_θ/π_ref; below 0.2 k3's 1/
 def compared_objectives(tests: list[ClipTest], surrogates: list[Surrogate], bandit: bool = False,
                         **shared) -> tuple[list[Objective], list[str]]:
     """The objectives a page compares: each clip test under PPO's surrogate, then each surrogate. A surrogate that
-    masks with a clip test (dppo, geo_mean, clip_cov, RPG's) takes the first of `tests`; dual-clip and the ratio cap act on PPO's
-    surrogate, so the surrogates go without them. `shared` holds the other `Objective` fields (penalties and their
-    coefficients, dual_clip_c, ratio_cap, off_policy_mask_threshold, aggregation, importance_sampling_level). With neither a test nor a surrogate: one
-    objective without a clip. For the `bandit`, a surrogate that draws its tokens at random (clip_cov) is refused.
-    Returns (objectives, one message per entry that these settings refuse)."""
+    masks with a clip test (dppo, geo_mean, clip_cov, RPG's) takes the first of `tests`; dual-clip and the ratio cap act
+    on PPO's surrogate, so the surrogates go without them. `shared` holds the other `Objective` fields (penalties and
+    their coefficients, dual_clip_c, ratio_cap, off_policy_mask_threshold, aggregation, importance_sampling_level). With
+    neither a test nor a surrogate: one objective without a clip. For the `bandit`, a surrogate that draws its tokens at
+    random (clip_cov) is refused. Returns (objectives, one message per entry that these settings refuse)."""
     uncapped = {k: v for k, v in shared.items() if k not in ("dual_clip_c", "ratio_cap")}
     wanted = [(t.label, {"clip": t, **shared}) for t in tests]
     refused = []
