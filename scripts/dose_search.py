@@ -34,7 +34,7 @@ are not in the runs folder (a machine since returned) keeps its summarised readi
 same commit is kept and not trained again while its pair's other run is.
 
     python scripts/dose_search.py [--runs DIR] [--tree WORKTREE] [--parallel N] [POINT …]   # POINT: only these
-    python scripts/dose_search.py --table                     # the summary so far, nothing trained
+    python scripts/dose_search.py --table                     # the published summary, nothing read again
     python scripts/dose_search.py --publish --tree WORKTREE   # publish the finished runs again, nothing trained
 """
 
@@ -277,7 +277,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", default=str(ROOT.parent / "runs-dose"))
     parser.add_argument("--parallel", type=int, default=2, help="runs at a time (each on one thread)")
-    parser.add_argument("--table", action="store_true", help="only write the summary of the runs there are")
+    parser.add_argument("--table", action="store_true", help="only print the published summary as a table")
     parser.add_argument("--publish", action="store_true",
                         help="only publish every finished run of the runs folder (again) and write the summary")
     parser.add_argument("--tree", default=str(ROOT),
@@ -287,6 +287,9 @@ def main() -> None:
     args = parser.parse_args()
     global TREE
     TREE = Path(args.tree).resolve()
+    if args.table:  # as the search last wrote it: read again here, a run kept only in the summary would need --tree
+        print(table(json.loads(SUMMARY.read_text())))
+        return
     runs = Path(args.runs).resolve()
     runs.mkdir(parents=True, exist_ok=True)
     if args.publish:
@@ -295,7 +298,7 @@ def main() -> None:
                 folder = runs / point / objective
                 if folder.is_dir() and store.read_run(folder).state == "done":
                     publish(folder, point, objective)
-    if args.table or args.publish:
+    if args.publish:
         write(runs)
         return
     queue = to_train(summary(runs)["points"], args.points)

@@ -112,3 +112,26 @@ def test_a_run_stopped_with_the_machine_goes_on_from_its_resume_state_and_is_pub
     assert "resumed after step 2" in log.read_text()
     assert store.read_run(folder).state == "done" and [r["step"] for r in store.read_metrics(folder)] == [1, 2, 3, 4, 5]
     assert not (tmp_path / point / "kl3.training").exists() and published == [(folder, point, "kl3")]
+
+
+def test_the_table_prints_the_published_summary_and_changes_nothing(tmp_path, monkeypatch, capsys):
+    """`--table` reads the summary the search wrote, with the runs it keeps only there (trained on a machine since
+    returned), whatever this checkout's commit: nothing is read again or written."""
+    published = (ROOT / "published" / "smollm2-135m-dose-search.json").read_text()
+    copy = tmp_path / "summary.json"
+    copy.write_text(published)
+    monkeypatch.setattr(dose_search, "SUMMARY", copy)
+    monkeypatch.setattr("sys.argv", ["dose_search.py", "--table", "--runs", str(tmp_path / "no-runs")])
+    dose_search.main()
+    printed = capsys.readouterr().out
+    summary = json.loads(published)
+    assert printed.strip().endswith(f"The rule's choice so far: {summary['choice']}") and copy.read_text() == published
+    assert all(f"| {name} | " in printed for name in summary["points"])
+
+
+def test_docs_claims_md_shows_every_published_point_as_the_table_reads_it():
+    summary = json.loads((ROOT / "published" / "smollm2-135m-dose-search.json").read_text())
+    rows = [line for line in dose_search.table(summary).splitlines() if line.startswith("| mu")]
+    text = (ROOT / "docs" / "claims.md").read_text()
+    assert len(rows) == len(summary["points"]) and all(row in text for row in rows)
+    assert f"**Read so far: {sum(1 for p in summary['points'].values() if p.get('reading'))} of 18 points**" in text
