@@ -103,8 +103,8 @@ def train(runs: Path, point: str, objective: str, log) -> None:
     folder, training = runs / point / objective, runs / point / f"{objective}.training"
     if folder.is_dir() and store.read_run(folder).state == "done":
         return
-    stopped = next((f for f in sorted(training.glob("*/")) if resume.saved_step(f)), None) if training.is_dir() \
-        else None
+    saved = {f: resume.saved_step(f) for f in sorted(training.glob("*/"))} if training.is_dir() else {}
+    stopped = next((f for f, step in saved.items() if step), None)
     if stopped is None:
         shutil.rmtree(training, ignore_errors=True)
         training.mkdir(parents=True)
@@ -113,7 +113,7 @@ def train(runs: Path, point: str, objective: str, log) -> None:
     else:
         command = [sys.executable, "-c", RESUME, str(stopped)]
     log.write(f"\n== {point} {objective} ({time.strftime('%H:%M:%S')}): "
-              f"{'resumed after step ' + str(resume.saved_step(stopped)) if stopped else ' '.join(command[3:])}\n")
+              f"{f'resumed after step {saved[stopped]}' if stopped else ' '.join(command[3:])}\n")
     log.flush()
     subprocess.run(command, stdout=subprocess.DEVNULL, stderr=log, cwd=TREE,
                    env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=lambda: os.nice(19))

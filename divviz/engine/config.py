@@ -71,6 +71,7 @@ ROLLOUT_KEYS = ("rollout_is", "rollout_is_threshold", "rollout_is_batch_normaliz
 
 
 RENAMED_KEYS = {"off_policy_mask": "off_policy_mask_threshold"}  # a config.json's earlier spelling: its key now
+EARLIER_KEYS = {new: old for old, new in RENAMED_KEYS.items()}
 
 
 def current_keys(settings: Mapping) -> dict:
@@ -81,8 +82,7 @@ def current_keys(settings: Mapping) -> dict:
 def identity_keys(settings: Mapping) -> dict:
     """Settings as the hashes that name published results spell them: a renamed key under its earlier spelling
     (`RENAMED_KEYS`), so that a rename leaves every published cell and batch this code's."""
-    earlier = {new: old for old, new in RENAMED_KEYS.items()}
-    return {earlier.get(k, k): v for k, v in settings.items()}
+    return {EARLIER_KEYS.get(k, k): v for k, v in settings.items()}
 
 
 OBJECTIVE_KEYS = ("clip", "clip_params", "surrogate", "surrogate_params", "penalty", "penalty_params", "beta",
