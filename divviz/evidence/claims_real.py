@@ -35,6 +35,7 @@ from divviz.catalogue.params import Param
 from divviz.engine.config import RunConfig, identity_keys, objective_settings
 from divviz.engine.models import SMOLLM2_LOOK
 from divviz.evidence import claims, claims_report
+from divviz.evidence.kept import Kept, identity
 
 MODEL = "smollm2-135m"
 SETTINGS = {**{k: v for k, v in SMOLLM2_LOOK.items() if k not in ("steps", "checkpoint_every")},
@@ -43,6 +44,7 @@ BATCHES_PARAM = Param("batches", 16, 2, 256, high_open=False, kind="int", typica
                       doc="rollout batches of SmolLM2-135M, each updated once by every measure from the same weights")
 DESIGN = 1  # bumped when what a cached batch holds changes: older files are then computed again
 PUBLISHED = "smollm2-135m-one-update"  # the published batches' folder in `published.root()`
+COMPUTED = Kept()  # (batches, each batch file's path and identity) ↦ the cells
 
 
 def measures() -> dict[str, list[str]]:
@@ -124,8 +126,14 @@ class RealPlan:
         progress(len(missing), len(missing), "done")
 
     def rows(self) -> list[dict]:
-        """The report's cells: per claim and comparison, the paired difference over the cached batches."""
-        found = {job: json.loads(path.read_text()) for job in self.jobs if (path := result_file(*job)) is not None}
+        """The report's cells: per claim and comparison, the paired difference over the cached batches — computed
+        once for as long as the batches' files stay as they are (`kept.Kept`)."""
+        files = {job: path for job in self.jobs if (path := result_file(*job)) is not None}
+        return COMPUTED.get((self.batches, *((job, str(path), identity(path)) for job, path in files.items())),
+                            lambda: self._rows(files))
+
+    def _rows(self, files: dict[tuple[int, str], Path]) -> list[dict]:
+        found = {job: json.loads(path.read_text()) for job, path in files.items()}
         cells = []
         for claim in claims.CLAIMS:
             for c in claim.real_comparisons:

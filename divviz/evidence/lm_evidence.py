@@ -20,7 +20,8 @@ remain):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import functools
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 import numpy as np
@@ -28,14 +29,34 @@ import numpy as np
 from divviz.engine.models import BUILTIN
 from divviz.evidence import claims, claims_lm, claims_report, intervals, significance
 from divviz.evidence.claims_lm import FINAL, PILOT, LMPlan, measures, run_config
+from divviz.evidence.kept import Kept, identity
 from divviz.evidence.rescore import disagreement, sampled_tokens
 from divviz.metrics import metric_range, proportion
 from divviz.runs import store
 
-# (run folder, its tokens folder's mtime, steps, other measure) ↦ the run's disagreement with the other's clip test:
-# a page's rerun re-scores no run it has re-scored before (each reads its token files)
-_RESCORED: dict[tuple, float] = {}
-_MOST_RESCORED = 4096
+# (run folder, its tokens folder's identity, steps, other measure) ↦ the run's disagreement with the other's clip
+# test: a page's rerun re-scores no run it has re-scored before (each reads its token files)
+RESCORED = Kept(most=4096)
+COMPUTED = Kept()  # (a plan's `final_runs`, a computation and its arguments) ↦ its result
+
+
+def final_runs(plan: LMPlan) -> tuple:
+    """What a plan's evidence is read from: its design, and each final run's folder, state and message with the
+    identity of every file the evidence reads (`kept.identity`) — so a run that finishes, is replaced by the user's
+    own, or has a file changed in place gives another tuple."""
+    return (plan.model, plan.setting, plan.device, plan.steps, plan.seeds, plan.pilot_seeds,
+            tuple((key, str(run.folder), run.state, run.message,
+                   *(identity(run.folder / name) for name in ("metrics.jsonl", "eval.jsonl", "tokens")))
+                  for key, run in plan.runs.items() if run is not None and run.state in FINAL))
+
+
+def _kept(method):
+    """`method`'s result computed once per `final_runs` of the plan and arguments (`COMPUTED`)."""
+    @functools.wraps(method)
+    def kept(self, *args, **kwargs):
+        return COMPUTED.get((self.final, method.__name__, args, tuple(sorted(kwargs.items()))),
+                            lambda: method(self, *args, **kwargs))
+    return kept
 
 
 def windows(steps: int) -> dict[str, range]:
@@ -58,9 +79,15 @@ def readings(metric: str, steps: int) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class LMEvidence:
-    """What a plan's finished runs say: read once per plan (a page rerun reads a new plan, and a new evidence)."""
+    """What a plan's finished runs say: each reading computed once for as long as those runs stay as they are
+    (`final_runs`), so a page's rerun that reads a new plan of the same runs computes nothing again."""
 
     plan: LMPlan
+    _samples: dict = field(default_factory=dict, compare=False, repr=False)  # run → its kept token samples
+
+    @cached_property
+    def final(self) -> tuple:
+        return final_runs(self.plan)
 
     @cached_property
     def finished_series(self) -> dict:
@@ -70,6 +97,7 @@ class LMEvidence:
                       {row["step"]: row for row in store.read_evals(run.folder)})
                 for key, run in self.plan.runs.items() if run is not None and run.state == "done"}
 
+    @_kept
     def rows(self) -> list[dict]:
         """The report's cells: per claim, comparison and reading, the paired difference over the seeds whose two
         runs both finished; a comparison of a measure the plan has no seeds of (a grid of the pilot pair alone) is
@@ -134,22 +162,19 @@ class LMEvidence:
 
     def _disagreement(self, key: tuple, other: str) -> float:
         """One run's disagreement with `other`'s clip test over the steps whose tokens it kept (NaN with none),
-        re-scored once per process for as long as the run's token files stay as they are (`_RESCORED`)."""
+        re-scored once per process for as long as the run's token files stay as they are (`RESCORED`)."""
         folder, steps = self.plan.runs[key].folder, tuple(self.finished_series[key][0])
-        try:
-            kept = (folder / "tokens").stat().st_mtime_ns
-        except OSError:
-            kept = None
-        known = (str(folder), kept, steps, other)
-        if known not in _RESCORED:
-            if len(_RESCORED) >= _MOST_RESCORED:
-                _RESCORED.clear()
-            objective = claims.OBJECTIVES[other]
-            shares = [disagreement(tokens, objective) for step in steps
-                      if (tokens := sampled_tokens(folder, step)) is not None]
-            _RESCORED[known] = float(np.mean(shares)) if shares else np.nan
-        return _RESCORED[known]
 
+        def rescored() -> float:
+            if key not in self._samples:  # each step's file read once for every other measure it is scored under
+                kept_steps = sorted(set(store.token_steps(folder)).intersection(steps))
+                self._samples[key] = [t for step in kept_steps if (t := sampled_tokens(folder, step)) is not None]
+            shares = [disagreement(tokens, claims.OBJECTIVES[other]) for tokens in self._samples[key]]
+            return float(np.mean(shares)) if shares else np.nan
+
+        return RESCORED.get((str(folder), identity(folder / "tokens"), steps, other), rescored)
+
+    @_kept
     def collapses(self) -> list[dict]:
         """Per measure (task rewards), over its finished seeds: how many collapsed (`engine/stability.py`'s flag at
         the end, or a run that failed on a non-finite value), the share with its Wilson 95% interval, and the steps
@@ -177,6 +202,7 @@ class LMEvidence:
                         "reward_n": len(mean_rewards)})
         return out
 
+    @_kept
     def curves(self, metric: str) -> dict[str, dict]:
         """Per measure (task rewards), `metric` over the run: the steps and, over the finished seeds, the mean with
         its band (`intervals.summarize`, within [0, 1] for an accuracy or a reward). Held-out metrics are read at
@@ -197,6 +223,7 @@ class LMEvidence:
                                 "n": summary.n}
         return out
 
+    @_kept
     def pilot(self, metric: str = "eval/accuracy",
               sizes: tuple[int, ...] = (significance.fewest_seeds(), 12, 24)) -> dict | None:
         """The pilot's spread: over the seeds where both of `PILOT`'s runs are done, the final `metric` of each, the

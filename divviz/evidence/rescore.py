@@ -66,7 +66,7 @@ def sampled_tokens(folder, step: int) -> Tokens | None:
     tokens' indices and its pieces empty (the sample keeps facts, not text)."""
     from divviz.runs import store
 
-    facts = store.read_tokens(folder, step)
+    facts = store.read_tokens(folder, step, columns=store.TOKEN_COLUMNS)
     if facts is None or len(facts["ratio"]) == 0:
         return None
     keep = np.asarray(facts["state"]) != REJECTED

@@ -27,7 +27,6 @@ The runs folder is `--runs-dir`, else $DIVVIZ_RUNS_DIR, else ./runs (the app use
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import os
@@ -242,32 +241,33 @@ class CorruptRun(ValueError):
     """A run folder's file does not hold what the contract says."""
 
 
-_parsed: dict[Path, tuple[tuple, object]] = {}  # a JSON file → (its identity, size and mtime; what it held)
+_kept_json: dict[Path, tuple[tuple, str]] = {}  # a JSON file → (its identity, size and mtime; its checked text)
 KEPT_JSON_BYTES = 65_536  # status.json and config.json are a few kB
 JSON_CAP = MAX_BYTES + 1_000_000  # the largest JSON file a run holds: a step's completions at the largest cap
 
 
 def _read_json(path: Path) -> object:
-    """The JSON value in `path`. A small file's (status.json, config.json) is kept, and parsed again only when the
-    file changed (a new inode, size or modification time: `write_status` replaces the file), so a page listing
-    hundreds of runs every 2 s parses each once per change; callers get a copy to change. `CorruptRun` if it is
-    not JSON."""
+    """The JSON value in `path`. A small file's (status.json, config.json) text is kept, checked, and read again
+    only when the file changed (a new inode, size or modification time: `write_status` replaces the file), so a page
+    listing hundreds of runs every 2 s reads each once per change; each caller gets its own value, parsed from the
+    kept text (twice as fast as a deep copy). `CorruptRun` if it is not JSON."""
     try:
         stat = os.stat(path)
         seen = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
-        known = _parsed.get(path)
+        known = _kept_json.get(path)
         if known is None or known[0] != seen:
             with open_regular(path) as handle:
                 data = handle.read(JSON_CAP + 1)
             if len(data) > JSON_CAP:
                 raise CorruptRun(f"{path.name} is larger than any file divviz writes ({JSON_CAP:,} bytes)")
-            known = (seen, json.loads(data.decode("utf-8")))
-            if stat.st_size > KEPT_JSON_BYTES:  # a step's completions: read when asked for, not kept
-                return known[1]
-            _parsed[path] = known
-            while len(_parsed) > 4096:  # bounded: the files least recently parsed are parsed again if asked for
-                _parsed.pop(next(iter(_parsed)), None)
-        return copy.deepcopy(known[1])
+            text = data.decode("utf-8")
+            value = json.loads(text)
+            if stat.st_size <= KEPT_JSON_BYTES:  # a step's completions are read when asked for, not kept
+                _kept_json[path] = (seen, text)
+                while len(_kept_json) > 4096:  # bounded: the files least recently read are read again if asked for
+                    _kept_json.pop(next(iter(_kept_json)), None)
+            return value
+        return json.loads(known[1])
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
         raise CorruptRun(f"{path.name} is not JSON ({shorten(str(err), 60)})") from None
     except OSError as err:
@@ -358,19 +358,25 @@ TOKEN_COLUMNS = ("pi_old", "ratio", "adv", "state")  # what every writer writes 
 TOKENS_CAP = 64 * 2**20  # bytes a step's token sample may inflate to (divviz writes 256 tokens: a few kB)
 
 
-def read_tokens(folder: Path, step: int) -> dict[str, np.ndarray] | None:
-    """The step's per-token facts, or None if there are none or they are not numeric columns of one length."""
+def read_tokens(folder: Path, step: int, columns: tuple[str, ...] | None = None) -> dict[str, np.ndarray] | None:
+    """The step's per-token facts (only `columns` where given, which must include `TOKEN_COLUMNS`), or None if
+    there are none or they are not numeric columns of one length."""
     path = folder / "tokens" / f"step_{step:06d}.npz"
     try:
         with open_regular(path) as handle, np.load(handle, allow_pickle=False) as data:
             if sum(info.file_size for info in data.zip.infolist()) > TOKENS_CAP:  # what it would inflate to
                 return None
-            tokens = {k: data[k] for k in data.files}
+            tokens = {k: data[k] for k in data.files if columns is None or k in columns}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile):
         return None
     lengths = {v.shape for v in tokens.values()}
     numeric = all(v.dtype.kind in "biuf" and v.ndim == 1 for v in tokens.values())
     return tokens if numeric and len(lengths) == 1 and all(k in tokens for k in TOKEN_COLUMNS) else None
+
+
+def token_steps(folder: Path) -> list[int]:
+    """The steps whose per-token sample the run kept (`tokens/step_*.npz`)."""
+    return sorted(int(p.stem[5:]) for p in (folder / "tokens").glob("step_*.npz") if p.stem[5:].isdigit())
 
 
 _listed: dict[Path, tuple[int, list[int]]] = {}  # completions/ → (its modification time, the steps in it)

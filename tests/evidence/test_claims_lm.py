@@ -179,6 +179,30 @@ def test_finished_runs_are_read_not_trained_again(lm_plan, capsys):
     assert sorted(p.name for p in lm_plan.root.iterdir()) == folders
 
 
+def test_a_rerun_over_the_same_runs_computes_no_cell_again_and_a_changed_run_file_is_read_again(lm_plan, tmp_path):
+    """A page's rerun reads a new plan; over the same final runs its evidence is the one computed before (a copy: a
+    caller's change does not reach the next), and a run file changed in place (its held-out evaluations here) is read
+    again: the cell moves by what was written."""
+    root = tmp_path / "runs"
+    shutil.copytree(lm_plan.root, root, ignore=shutil.ignore_patterns(".divviz"))
+    end_cell = lambda rows: next(r for r in rows if r["claim_key"] == "kl3_training" and r["metric"] == "eval/accuracy"
+                                 and r["candidate"] == claims.KL3_WIDE and r["reading"] == "end")  # noqa: E731
+    first = LMEvidence(claims_lm.LMPlan.read(root, LM_SEEDS, LM_STEPS)).rows()
+    before, computed = end_cell(first)["mean"], len(lm_evidence.COMPUTED)
+    again = LMEvidence(claims_lm.LMPlan.read(root, LM_SEEDS, LM_STEPS))
+    assert again.rows() == first and len(lm_evidence.COMPUTED) == computed  # nothing computed again
+    end_cell(first)["mean"] = 99.0
+    assert end_cell(again.rows())["mean"] == before
+    evals = again.plan.runs[(claims.KL3_WIDE, "task", 0)].folder / "eval.jsonl"
+    lines = [json.loads(line) for line in evals.read_text().splitlines()]
+    last = next(row for row in lines if row["step"] == LM_STEPS)
+    moved = -0.5 if last["eval/accuracy"] >= 0.5 else 0.5
+    last["eval/accuracy"] += moved
+    evals.write_text("".join(json.dumps(row) + "\n" for row in lines))
+    changed = end_cell(LMEvidence(claims_lm.LMPlan.read(root, LM_SEEDS, LM_STEPS)).rows())
+    assert changed["mean"] == pytest.approx(before + moved / LM_SEEDS)
+
+
 def test_a_stopped_run_is_queued_again_and_a_failed_one_drops_out(lm_plan, tmp_path):
     root = tmp_path / "runs"
     shutil.copytree(lm_plan.root, root, ignore=shutil.ignore_patterns(".divviz"))

@@ -201,27 +201,27 @@ def test_a_live_update_computes_and_thins_only_the_run_that_grew(tmp_path, monke
     assert first.keys() == second.keys()
 
 
-def test_status_and_config_are_parsed_once_per_change(tmp_path, monkeypatch):
+def test_status_and_config_are_read_once_per_change(tmp_path, monkeypatch):
     from divviz.engine.config import RunConfig
     from divviz.runs.store import RunWriter
 
     folder = tmp_path / "run"
     folder.mkdir()
     writer = RunWriter(folder, RunConfig.make(steps=3).to_dict(), 3)
-    parsed = []
-    real = json.loads
-    monkeypatch.setattr(store.json, "loads", lambda text: parsed.append(1) or real(text))
+    read = []
+    real = store.open_regular
+    monkeypatch.setattr(store, "open_regular", lambda path: read.append(path.name) or real(path))
     first = store.read_run(folder)
-    assert len(parsed) == 2 and first.state == "running"
-    first.config["task"] = "changed by a caller"  # a copy: the cache keeps what the file holds
+    assert sorted(read) == ["config.json", "status.json"] and first.state == "running"
+    first.config["task"] = "changed by a caller"  # its own value: what is kept is what the file holds
     second = store.read_run(folder)
-    assert len(parsed) == 2 and second.config["task"] != "changed by a caller"
+    assert len(read) == 2 and second.config["task"] != "changed by a caller"
     writer.status["step"] = 2
     writer.finish("done", "2 steps")  # status.json replaced
     third = store.read_run(folder)
-    assert len(parsed) == 3 and third.state == "done" and third.step == 2
+    assert read[2:] == ["status.json"] and third.state == "done" and third.step == 2
     (folder / "config.json").write_text("[1, 2]")  # rewritten in place: read again, and refused
-    assert store.read_run(folder).state == "corrupt" and len(parsed) == 4
+    assert store.read_run(folder).state == "corrupt" and read[3:] == ["config.json"]
 
 
 def test_a_folder_of_hundreds_of_runs_is_paged_and_filtered(tmp_path, monkeypatch):

@@ -1,0 +1,41 @@
+"""Readings computed once for as long as the files they were read from stay as they are: a page's rerun that changes
+no cell (another claim chosen, a table sorted) computes no cell again.
+
+    KEPT = Kept()
+    KEPT.get((what it is, *the identities of the files it reads), compute)   # a copy of compute()'s result
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from typing import Callable
+
+
+def identity(path) -> tuple | None:
+    """What changes when a file is written, replaced or removed: its device, inode, size and modification time (None
+    where there is no file)."""
+    try:
+        s = os.stat(path)
+    except OSError:
+        return None
+    return s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns
+
+
+class Kept:
+    """Results by key, at most `most` of them (all dropped when full: a key is the state of its files, so an old one
+    is not asked for again); each caller gets its own copy to change."""
+
+    def __init__(self, most: int = 64):
+        self.most = most
+        self._known: dict = {}
+
+    def get(self, key: tuple, compute: Callable[[], object]) -> object:
+        if key not in self._known:
+            if len(self._known) >= self.most:
+                self._known.clear()
+            self._known[key] = compute()
+        return copy.deepcopy(self._known[key])
+
+    def __len__(self) -> int:
+        return len(self._known)
