@@ -122,7 +122,10 @@ class TokenExplanation:
         total = f" + {self.penalty} = {g(self.policy_loss)} + {g(self.penalty_term)}" if self.penalty else ""
         rows.append(("loss", f"ℓ = {policy}{total} = {g(self.loss)};  ∂ℓ/∂log π_θ = {g(self.gradient)}"
                              + (" (the penalty's slope included)" if self.penalty else "")))
-        rows.append(("gradient", f"{'masked' if self.masked else 'flows'} ({self.state}): {self.why}"))
+        verdict = ("masked (ρ = 0)" if self.rho == 0 else f"flows ({self.state})" if not self.masked else
+                   self.state if self.state.startswith("masked") else f"masked ({self.state})")  # "masked high",
+        # not "masked (masked high)"
+        rows.append(("gradient", f"{verdict}: {self.why}"))
         if self.weight is not None:
             rows.append(("weight", f"∂L/∂ℓ = {g(self.weight)}: the token adds {g(self.contribution)} to the loss"))
         return rows

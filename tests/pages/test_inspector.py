@@ -79,6 +79,7 @@ def test_the_explainer_equals_a_hand_computation(w, adv, state, loss, gradient):
     assert e.contribution == pytest.approx(0.25 * loss)
     lines = dict(e.lines())
     assert lines["gradient"].startswith("masked" if e.masked else "flows") and state in lines["gradient"]
+    assert "masked (masked" not in lines["gradient"]  # a masked state is named once
 
 
 def test_the_explainer_adds_the_penalty_and_puts_kl3s_numbers_in():
