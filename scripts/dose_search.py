@@ -95,11 +95,11 @@ def flags(point: str, objective: str) -> list[str]:
     return [*BASE, "--mu", str(mu), "--minibatches", str(k), "--lr", f"{lr:g}", *OBJECTIVES[objective][1]]
 
 
-def train(runs: Path, point: str, objective: str, log) -> None:
+def train(runs: Path, point: str, objective: str, log, nice: int = 19) -> None:
     """Train one run of the search into runs/<point>/<objective> unless it is done there. It trains in
     runs/<point>/<objective>.training/ and keeps its resume state every CHECKPOINT steps (`runs/resume.py`: a resumed
     run writes the rows an unbroken one would), so a run stopped with the machine goes on from its last resume state;
-    one stopped without any starts again."""
+    one stopped without any starts again. It trains at `nice` (19: yielding to anything else on the machine)."""
     folder, training = runs / point / objective, runs / point / f"{objective}.training"
     if folder.is_dir() and store.read_run(folder).state == "done":
         return
@@ -116,7 +116,7 @@ def train(runs: Path, point: str, objective: str, log) -> None:
               f"{f'resumed after step {saved[stopped]}' if stopped else ' '.join(command[3:])}\n")
     log.flush()
     subprocess.run(command, stdout=subprocess.DEVNULL, stderr=log, cwd=TREE,
-                   env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=lambda: os.nice(19))
+                   env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=lambda: os.nice(nice))
     made = [f for f in training.glob("*/") if store.read_run(f).state == "done"]
     if made:
         shutil.rmtree(folder, ignore_errors=True)
@@ -253,7 +253,7 @@ def table(result: dict) -> str:
              "PPO held-out start → end | s/step | rule 1 2 3 4 |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, p in result["points"].items():
         ppo, kl3, r = p.get("ppo"), p.get("kl3"), p.get("reading")
-        pct = lambda x: "—" if x is None else f"{100 * x:.2f}%"  # noqa: E731
+        pct = lambda x: "—" if x is None else f"{100 * x:.3f}%"  # noqa: E731  (3 decimals: 2.999% fails 3%)
         runs = ", ".join(f"{o} {p[o]['state']} {p[o]['steps']}" for o in OBJECTIVES if o in p)
         entropy = f"{ppo['entropy'][0]:.3f} → {mean(ppo['entropy'][-10:]):.3f}" if ppo and ppo["entropy"] else "—"
         held = (f"{ppo['evals'][0]['eval/accuracy']:.3f} → {ppo['evals'][-1]['eval/accuracy']:.3f}"

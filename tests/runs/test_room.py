@@ -21,7 +21,9 @@ APP = str(Path(__file__).resolve().parents[2] / "app.py")
 SMALL = dict(prompts=2, group_size=4, max_new_tokens=6)
 
 
-def wait(predicate, timeout=120):
+def wait(predicate, timeout=600):
+    """Until `predicate()` holds: the pool trains at nice 5, so beside two busy loops a 3-step run can take minutes;
+    the timeout only bounds a failure."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         if predicate():
