@@ -19,23 +19,34 @@ seconds per run) at which
 If no point meets all four, the point meeting 1–3 with the largest disagreement is chosen and the stability claim is
 reported as not testable here; if none meets 1–3, the search is reported as finding no binding regime at this cost.
 
-Points are trained in POINTS order (the likeliest to bind first), two runs at a time on one thread each at the lowest
+**The second search, declared after the first had read 17 of its 18 points and before its own first run (this
+commit): the same rule on four more points.** No point of the first search (μ ∈ {1, 2, 4}, K ∈ {4, 8}, lr ∈ {5e-5,
+1e-4, 2e-4}, the model's sampling temperature 0.7) reached condition 2 (largest disagreement 0.73%): the dose is
+front-loaded — over the first 10 steps the disagreement reaches 1.9–2.5% at lr 5e-5 with μ ≥ 2 — and falls as the
+entropy collapses (a near-deterministic policy's ratios stay near 1; entropy 0.81 → below 0.4 by step 25 at every
+point). The second search keeps the policy's entropy: sampling temperature 1.0 (TRL's default; the loss uses the same
+tempered policy) at μ = 4 or 2, K = 8, lr 5e-5, and at μ = 4, K = 8 lr 2.5e-5 with temperature 1.0 and with the
+model's 0.7. Its summary and runs are published under smollm2-135m-second-dose-search; the experiment's setting is the
+first search's choice if it has one, else the second's, else divviz reports no binding regime on this model at this
+cost.
+
+Points are trained in the search's order (the likeliest to bind first), two runs at a time on one thread each at the lowest
 CPU priority (nice 19: the search yields to anything else on the machine), each run in its own folder under the runs
 folder (default ../runs-dose, outside the checkout); a finished run is never trained again and one stopped part-way goes
 on from its last resume state (every CHECKPOINT steps), so the search resumes where it stopped. After each run the
 summary (every run's per-step dose, entropy, stability and evaluations, and the rule's reading) is written to
-published/smollm2-135m-dose-search.json and printed as a table, and the finished run itself is published into
-published/smollm2-135m-dose-search/<point>-<objective>/ (`runs/published.py`: its metrics, evaluations, samples and the
+published/<search>.json and printed as a table, and the finished run itself is published into
+published/<search>/<point>-<objective>/ (`runs/published.py`: its metrics, evaluations, samples and the
 first, middle and last steps' per-token records, the manifest naming the commit and the CPU kernels that trained it; a
-published grid holds one CPU's runs, so a run trained on another CPU goes into smollm2-135m-dose-search-2/, and so on: a
+published grid holds one CPU's runs, so a run trained on another CPU goes into <search>-2/, and so on: a
 pair may cross CPUs, which the rule, read run by run, allows). The training code is held at one commit by training from
 a worktree (`--tree`) while this script runs from the checkout that publishes. A point already in the summary whose runs
 are not in the runs folder (a machine since returned) keeps its summarised reading, and a finished run summarised by the
 same commit is kept and not trained again while its pair's other run is.
 
-    python scripts/dose_search.py [--runs DIR] [--tree WORKTREE] [--parallel N] [POINT …]   # POINT: only these
-    python scripts/dose_search.py --table                     # the published summary, nothing read again
-    python scripts/dose_search.py --publish --tree WORKTREE   # publish the finished runs again, nothing trained
+    python scripts/dose_search.py [--search second] [--runs DIR] [--tree WORKTREE] [--parallel N] [POINT …]
+    python scripts/dose_search.py [--search second] --table                     # the published summary as it is
+    python scripts/dose_search.py [--search second] --publish --tree WORKTREE   # publish again, nothing trained
 """
 
 from __future__ import annotations
@@ -48,6 +59,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -69,17 +81,40 @@ BASE = ["--model", "smollm2-135m", "--task", "add", "--prompts", "8", "--group-s
         "25", "--dtype", "bfloat16"]
 OBJECTIVES = {"ppo": ("ratio", ["--measure", "ratio", "--param", "eps=0.2"]),
               "kl3": ("kl3:delta=0.05", ["--measure", "kl3", "--param", "delta=0.05"])}  # name: (clip test, flags)
-POINTS = {  # name: (μ, K, learning rate), the likeliest to bind first
-    "mu2-K8-lr5e-5": (2, 8, 5e-5), "mu1-K4-lr1e-4": (1, 4, 1e-4), "mu2-K8-lr1e-4": (2, 8, 1e-4),
-    "mu4-K8-lr5e-5": (4, 8, 5e-5), "mu1-K8-lr1e-4": (1, 8, 1e-4), "mu2-K4-lr1e-4": (2, 4, 1e-4),
-    "mu1-K4-lr2e-4": (1, 4, 2e-4), "mu2-K8-lr2e-4": (2, 8, 2e-4), "mu4-K8-lr1e-4": (4, 8, 1e-4),
-    "mu1-K4-lr5e-5": (1, 4, 5e-5), "mu1-K8-lr5e-5": (1, 8, 5e-5), "mu2-K4-lr5e-5": (2, 4, 5e-5),
-    "mu1-K8-lr2e-4": (1, 8, 2e-4), "mu2-K4-lr2e-4": (2, 4, 2e-4), "mu4-K4-lr5e-5": (4, 4, 5e-5),
-    "mu4-K4-lr1e-4": (4, 4, 1e-4), "mu4-K4-lr2e-4": (4, 4, 2e-4), "mu4-K8-lr2e-4": (4, 8, 2e-4),
+
+
+@dataclass(frozen=True)
+class Search:
+    """One declared search: its points (name: μ, K, learning rate and sampling temperature, None for the model's
+    0.7), the likeliest to bind first, and the file names its summary and runs are published under."""
+
+    name: str
+    points: dict[str, tuple[int, int, float, float | None]]
+
+    @property
+    def summary(self) -> Path:
+        return PUBLISHED / f"{self.name}.json"
+
+    @property
+    def grid(self) -> Path:  # the first CPU's runs; another CPU's in <grid>-2, <grid>-3, …
+        return PUBLISHED / self.name
+
+
+PUBLISHED = ROOT / "published"
+SEARCHES = {
+    "first": Search("smollm2-135m-dose-search", {  # μ, K and the learning rate over the issue's ranges (6af9705)
+        "mu2-K8-lr5e-5": (2, 8, 5e-5, None), "mu1-K4-lr1e-4": (1, 4, 1e-4, None), "mu2-K8-lr1e-4": (2, 8, 1e-4, None),
+        "mu4-K8-lr5e-5": (4, 8, 5e-5, None), "mu1-K8-lr1e-4": (1, 8, 1e-4, None), "mu2-K4-lr1e-4": (2, 4, 1e-4, None),
+        "mu1-K4-lr2e-4": (1, 4, 2e-4, None), "mu2-K8-lr2e-4": (2, 8, 2e-4, None), "mu4-K8-lr1e-4": (4, 8, 1e-4, None),
+        "mu1-K4-lr5e-5": (1, 4, 5e-5, None), "mu1-K8-lr5e-5": (1, 8, 5e-5, None), "mu2-K4-lr5e-5": (2, 4, 5e-5, None),
+        "mu1-K8-lr2e-4": (1, 8, 2e-4, None), "mu2-K4-lr2e-4": (2, 4, 2e-4, None), "mu4-K4-lr5e-5": (4, 4, 5e-5, None),
+        "mu4-K4-lr1e-4": (4, 4, 1e-4, None), "mu4-K4-lr2e-4": (4, 4, 2e-4, None), "mu4-K8-lr2e-4": (4, 8, 2e-4, None)}),
+    "second": Search("smollm2-135m-second-dose-search", {  # a policy that keeps its entropy (the docstring)
+        "mu4-K8-lr5e-5-T1": (4, 8, 5e-5, 1.0), "mu2-K8-lr5e-5-T1": (2, 8, 5e-5, 1.0),
+        "mu4-K8-lr2.5e-5-T1": (4, 8, 2.5e-5, 1.0), "mu4-K8-lr2.5e-5": (4, 8, 2.5e-5, None)}),
 }
+SEARCH = SEARCHES["first"]  # `--search`
 TREE = ROOT  # the checkout whose code trains the runs (`--tree`: a worktree held at one commit)
-SUMMARY = ROOT / "published" / "smollm2-135m-dose-search.json"
-GRID = ROOT / "published" / "smollm2-135m-dose-search"  # the first CPU's runs; another CPU's in GRID-2, GRID-3, …
 CHECKPOINT = 5  # steps between a run's resume states (what a run keeps, not how it trains: `config.KEPT_ONLY`)
 RESUME = """import sys
 try:
@@ -91,8 +126,9 @@ RULE = {"ppo_clip": 0.03, "disagreement": 0.02, "entropy_fraction": 0.5, "entrop
 
 
 def flags(point: str, objective: str) -> list[str]:
-    mu, k, lr = POINTS[point]
-    return [*BASE, "--mu", str(mu), "--minibatches", str(k), "--lr", f"{lr:g}", *OBJECTIVES[objective][1]]
+    mu, k, lr, temperature = SEARCH.points[point]
+    return [*BASE, "--mu", str(mu), "--minibatches", str(k), "--lr", f"{lr:g}",
+            *(["--temperature", f"{temperature:g}"] if temperature is not None else []), *OBJECTIVES[objective][1]]
 
 
 def train(runs: Path, point: str, objective: str, log, nice: int = 19) -> None:
@@ -143,8 +179,9 @@ def commit() -> str:
 
 
 def grids() -> list[Path]:
-    """The search's published grids so far: GRID, then one per further CPU (GRID-2, …), in that order."""
-    return [GRID, *sorted(GRID.parent.glob(f"{GRID.name}-[0-9]*"), key=lambda p: int(p.name.rsplit("-", 1)[1]))]
+    """The search's published grids so far: its grid, then one per further CPU (<grid>-2, …), in that order."""
+    grid = SEARCH.grid
+    return [grid, *sorted(grid.parent.glob(f"{grid.name}-[0-9]*"), key=lambda p: int(p.name.rsplit("-", 1)[1]))]
 
 
 def grid_for(trained_by: dict) -> Path:
@@ -154,18 +191,19 @@ def grid_for(trained_by: dict) -> Path:
         manifest = grid / "manifest.json"
         if not manifest.exists() or all(json.loads(manifest.read_text()).get(k) == v for k, v in trained_by.items()):
             return grid
-    return GRID.parent / f"{GRID.name}-{len(grids()) + 1}"
+    return SEARCH.grid.parent / f"{SEARCH.grid.name}-{len(grids()) + 1}"
 
 
 def publish(folder: Path, point: str, objective: str) -> None:
     """A finished run of the search into its CPU's grid (`grid_for`), recorded in its manifest under its point and
     objective."""
-    mu, k, lr = POINTS[point]
+    mu, k, lr, temperature = SEARCH.points[point]
     trained_by = {"model": "smollm2-135m", "setting": "dose search", "device": "cpu", "cpu": published.cpu_kernels(),
                   "precision": "bfloat16 autocast", "torch": torch.__version__,
                   "transformers": transformers.__version__, "python": platform.python_version(), "commit": commit()}
     published.publish(folder, grid_for(trained_by), {"point": point, "measure": OBJECTIVES[objective][0], "seed": 0,
-                                                     "mu": mu, "minibatches": k, "lr": lr}, trained_by,
+                                                     "mu": mu, "minibatches": k, "lr": lr,
+                                                     **({"temperature": temperature} if temperature else {})}, trained_by,
                       name=f"{point}-{objective}")
 
 
@@ -214,7 +252,7 @@ def choose(points: dict) -> str:
     if partial:
         best = max(partial, key=lambda n: read[n]["disagreement"])
         return best + ": conditions 1–3 (the stability claim not testable)"
-    return f"none yet ({len(read)} of {len(POINTS)} points read)"
+    return f"none yet ({len(read)} of {len(SEARCH.points)} points read)"
 
 
 def kept_run(point: dict, objective: str, trained_by: str) -> dict | None:
@@ -225,26 +263,27 @@ def kept_run(point: dict, objective: str, trained_by: str) -> dict | None:
 
 def summary(runs: Path) -> dict:
     """Every point with a run in `runs` summarised from it; a point only in the published summary kept from there."""
-    before = json.loads(SUMMARY.read_text())["points"] if SUMMARY.exists() else {}
+    before = json.loads(SEARCH.summary.read_text())["points"] if SEARCH.summary.exists() else {}
     points, trained_by = {}, commit()
-    for name in POINTS:
+    for name in SEARCH.points:
         point = {objective: run_summary(runs / name / objective, OBJECTIVES["kl3" if objective == "ppo" else "ppo"][0])
                  or kept_run(before.get(name, {}), objective, trained_by) for objective in OBJECTIVES}
         point = {k: v for k, v in point.items() if v is not None}
         if not point and name in before:
             points[name] = before[name]
         elif point:
-            mu, k, lr = POINTS[name]
-            points[name] = {"mu": mu, "minibatches": k, "lr": lr, "commit": trained_by, **point}
+            mu, k, lr, temperature = SEARCH.points[name]
+            points[name] = {"mu": mu, "minibatches": k, "lr": lr, **({"temperature": temperature} if temperature else {}),
+                            "commit": trained_by, **point}
             points[name]["reading"] = reading(points[name])
     return {"rule": RULE, "steps": STEPS, "flags": BASE, "points": points, "choice": choose(points)}
 
 
 def to_train(summarised: dict, only: list[str]) -> list[tuple[str, str]]:
-    """The (point, objective) runs still to train, in POINTS order: none of a point read, nor a run summarised done."""
+    """The (point, objective) runs still to train, in the search's order: none of a point read, nor a run summarised done."""
     done = {(name, objective) for name, point in summarised.items() for objective in OBJECTIVES
             if point.get("reading") or (point.get(objective) or {}).get("state") == "done"}
-    return [(name, objective) for name in POINTS if not only or name in only for objective in OBJECTIVES
+    return [(name, objective) for name in SEARCH.points if not only or name in only for objective in OBJECTIVES
             if (name, objective) not in done]
 
 
@@ -269,12 +308,13 @@ def table(result: dict) -> str:
 
 def write(runs: Path) -> None:
     result = summary(runs)
-    SUMMARY.write_text(json.dumps(result, indent=1) + "\n")
+    SEARCH.summary.write_text(json.dumps(result, indent=1) + "\n")
     print(table(result), flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--search", choices=SEARCHES, default="first", help="which declared search (default: first)")
     parser.add_argument("--runs", default=str(ROOT.parent / "runs-dose"))
     parser.add_argument("--parallel", type=int, default=2, help="runs at a time (each on one thread)")
     parser.add_argument("--table", action="store_true", help="only print the published summary as a table")
@@ -285,15 +325,17 @@ def main() -> None:
                              "held at one commit; default: this one)")
     parser.add_argument("points", nargs="*")
     args = parser.parse_args()
-    global TREE
-    TREE = Path(args.tree).resolve()
+    global TREE, SEARCH
+    TREE, SEARCH = Path(args.tree).resolve(), SEARCHES[args.search]
     if args.table:  # as the search last wrote it: read again here, a run kept only in the summary would need --tree
-        print(table(json.loads(SUMMARY.read_text())))
+        if not SEARCH.summary.exists():
+            sys.exit(f"the {args.search} search has no published summary yet ({SEARCH.summary.name})")
+        print(table(json.loads(SEARCH.summary.read_text())))
         return
     runs = Path(args.runs).resolve()
     runs.mkdir(parents=True, exist_ok=True)
     if args.publish:
-        for point in POINTS:
+        for point in SEARCH.points:
             for objective in OBJECTIVES:
                 folder = runs / point / objective
                 if folder.is_dir() and store.read_run(folder).state == "done":

@@ -4,11 +4,15 @@ of a summarised point's."""
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("dose_search", ROOT / "scripts" / "dose_search.py")
 dose_search = importlib.util.module_from_spec(spec)
+sys.modules["dose_search"] = dose_search  # its dataclass looks its module up there
 spec.loader.exec_module(dose_search)
 
 
@@ -43,10 +47,15 @@ def test_without_a_collapse_it_takes_the_largest_disagreement_and_says_stability
     assert read(a=point(0.01, 0.01, collapse=3)).startswith("none yet (1 of")
 
 
-def test_the_published_summary_states_its_own_points_choice_and_holds_every_published_run():
-    summary = json.loads(dose_search.SUMMARY.read_text())
+@pytest.mark.parametrize("search", list(dose_search.SEARCHES))
+def test_the_published_summary_states_its_own_points_choice_and_holds_every_published_run(search, monkeypatch):
+    monkeypatch.setattr(dose_search, "SEARCH", dose_search.SEARCHES[search])
+    if not dose_search.SEARCH.summary.exists():
+        pytest.skip(f"the {search} search has no published summary yet")
+    summary = json.loads(dose_search.SEARCH.summary.read_text())
     assert summary["rule"] == dose_search.RULE and summary["steps"] == dose_search.STEPS
-    assert dose_search.choose(summary["points"]) == summary["choice"]
+    assert dose_search.choose(summary["points"]) == summary["choice"] and set(summary["points"]) <= set(
+        dose_search.SEARCH.points)
     for name, p in summary["points"].items():
         if p.get("reading"):
             assert dose_search.reading(p) == p["reading"]
@@ -60,8 +69,20 @@ def test_the_published_summary_states_its_own_points_choice_and_holds_every_publ
     assert len(names) == len(set(names))  # a run is published once, in its own CPU's grid
 
 
+def test_a_point_samples_at_its_declared_temperature_else_at_the_models(monkeypatch):
+    second = dose_search.SEARCHES["second"]
+    assert all(p not in dose_search.SEARCHES["first"].points for p in second.points)  # runs never mix
+    first = dose_search.flags("mu2-K8-lr5e-5", "ppo")
+    assert "--temperature" not in first and first[first.index("--lr") + 1] == "5e-05"
+    monkeypatch.setattr(dose_search, "SEARCH", second)
+    warm, cool = dose_search.flags("mu4-K8-lr2.5e-5-T1", "kl3"), dose_search.flags("mu4-K8-lr2.5e-5", "kl3")
+    assert warm[warm.index("--temperature") + 1] == "1" and warm[warm.index("--lr") + 1] == "2.5e-05"
+    assert "--temperature" not in cool and warm[warm.index("--mu") + 1] == "4" and "delta=0.05" in warm
+
+
 def test_a_run_joins_the_grid_of_its_own_cpu(tmp_path, monkeypatch):
-    monkeypatch.setattr(dose_search, "GRID", tmp_path / "search")
+    monkeypatch.setattr(dose_search, "SEARCH", dose_search.Search("search", {}))
+    monkeypatch.setattr(dose_search, "PUBLISHED", tmp_path)
     first = {"cpu": "AVX512 amx", "commit": "abc1234"}
     assert dose_search.grid_for(first) == tmp_path / "search"  # none yet: the first grid
     (tmp_path / "search").mkdir()
@@ -77,7 +98,7 @@ def test_a_run_joins_the_grid_of_its_own_cpu(tmp_path, monkeypatch):
 
 
 def test_a_run_summarised_done_is_not_trained_again_while_its_pair_is():
-    first, second, *rest = dose_search.POINTS
+    first, second, *rest = dose_search.SEARCH.points
     half = point(0.02, 0.01)
     del half["kl3"]  # its PPO run done, its KL3 run stopped with the machine
     summarised = {first: {**point(0.02, 0.01), "reading": {}}, second: half}
@@ -99,7 +120,7 @@ def test_a_run_stopped_with_the_machine_goes_on_from_its_resume_state_and_is_pub
         if result.metrics["step"] == 3:
             raise KeyboardInterrupt
 
-    point = next(iter(dose_search.POINTS))
+    point = next(iter(dose_search.SEARCH.points))
     cfg = RunConfig.make(task="reverse", prompts=4, group_size=4, steps=5, checkpoint_every=2)
     stopped = train(cfg, tmp_path / point / "kl3.training", on_step=stop_after_3)
     assert store.read_run(stopped).state == "stopped" and resume.saved_step(stopped) == 2
@@ -121,7 +142,8 @@ def test_the_table_prints_the_published_summary_and_changes_nothing(tmp_path, mo
     published = (ROOT / "published" / "smollm2-135m-dose-search.json").read_text()
     copy = tmp_path / "summary.json"
     copy.write_text(published)
-    monkeypatch.setattr(dose_search, "SUMMARY", copy)
+    monkeypatch.setattr(dose_search, "PUBLISHED", tmp_path)
+    monkeypatch.setitem(dose_search.SEARCHES, "first", dose_search.Search("summary", dose_search.SEARCH.points))
     monkeypatch.setattr("sys.argv", ["dose_search.py", "--table", "--runs", str(tmp_path / "no-runs")])
     dose_search.main()
     printed = capsys.readouterr().out
@@ -130,9 +152,22 @@ def test_the_table_prints_the_published_summary_and_changes_nothing(tmp_path, mo
     assert all(f"| {name} | " in printed for name in summary["points"])
 
 
-def test_docs_claims_md_shows_every_published_point_as_the_table_reads_it():
-    summary = json.loads((ROOT / "published" / "smollm2-135m-dose-search.json").read_text())
-    rows = [line for line in dose_search.table(summary).splitlines() if line.startswith("| mu")]
+@pytest.mark.parametrize("search", list(dose_search.SEARCHES))
+def test_docs_claims_md_shows_every_published_point_as_the_table_reads_it(search):
+    declared = dose_search.SEARCHES[search]
     text = (ROOT / "docs" / "claims.md").read_text()
+    if not declared.summary.exists():
+        assert f"**Read so far: 0 of {len(declared.points)} points**" in text.split(f"`--search {search}`")[-1]
+        return
+    summary = json.loads(declared.summary.read_text())
+    rows = [line for line in dose_search.table(summary).splitlines() if line.startswith("| mu")]
     assert len(rows) == len(summary["points"]) and all(row in text for row in rows)
-    assert f"**Read so far: {sum(1 for p in summary['points'].values() if p.get('reading'))} of 18 points**" in text
+    read = sum(1 for p in summary["points"].values() if p.get("reading"))
+    assert f"**Read so far: {read} of {len(declared.points)} points**" in text
+
+
+def test_the_table_of_a_search_not_yet_published_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(dose_search, "PUBLISHED", tmp_path)
+    monkeypatch.setattr("sys.argv", ["dose_search.py", "--search", "second", "--table"])
+    with pytest.raises(SystemExit, match="^the second search has no published summary yet"):
+        dose_search.main()
