@@ -1,17 +1,10 @@
-"""divviz: the router. Run with `streamlit run app.py` (or `./run app`).
-
-The page scripts live in app_pages/, not pages/: with a pages/ folder present, Streamlit 1.67's sidebar menu
-falls back to listing that folder's file names whenever a live fragment reruns (the Training lab's charts).
+"""divviz's server. Run with `streamlit run app.py` (or `./run app`): Streamlit finds the `st.App` below and serves
+router.py's pages under uvicorn. At start, before any browser asks, a thread imports what the pages read and computes
+the Claims page's opening cells (`divviz.app.warm`), so the first page a browser opens pays for neither.
 """
 
 import streamlit as st
 
-from divviz.app import room
-from divviz.app.navigation import PAGES
+from divviz.app import warm
 
-st.set_page_config(page_title="divviz", page_icon="📈", layout="wide")  # an emoji: drawn by the browser
-# itself, where a :material/…: favicon is fetched from fonts.gstatic.com (an error in the console offline)
-
-pages = [st.Page(path, title=title, icon=icon, default=path.endswith("home.py")) for path, title, icon, _ in PAGES]
-room.viewer()  # on whichever page a link opens: a teacher key in it is taken and removed from the address bar
-st.navigation(pages).run()
+app = st.App("router.py", lifespan=warm.lifespan)

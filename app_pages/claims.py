@@ -35,7 +35,7 @@ def queue_lm_runs(plan: claims_lm.LMPlan, owner: str) -> None:
 
 
 PAGE = "claims"
-SMOLLM2 = "smollm2-135m"
+SMOLLM2 = claims_lm.OPENING_MODEL
 OPENING = claims_lm.opening_setting(evaluated_settings(SMOLLM2))  # as `divviz claims --lm` does
 HERE = pick_device().type  # where the runs queued from this page train
 CONTROLS = [Control("seeds", claims_report.opening_seeds(), param=claims.SEEDS_PARAM),

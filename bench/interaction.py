@@ -11,8 +11,9 @@ Measured, each N times (`--repeat`, default 5), alternating between two values s
     measure"), Step inspector (each of its selects: run, step, colouring, completion, token), Catalogue (a tab);
     Home and Tour have no control of their own;
   - page loads: the page's URL opened in the same tab (a new Streamlit session; the browser's cache of the
-    frontend warm), after one first load of each page that is reported on its own (a fresh server imports and
-    computes, e.g. the Claims grid).
+    frontend warm), after one first load of each page that is reported on its own (what a fresh server's warm-up,
+    `divviz/app/warm.py`, left to do; the bench waits for the warm-up's line on the server's log first, or, with
+    --at-start, loads the first page the moment the server answers).
 Since the values alternate, a page's own caches (st.cache_data, the bandit's runs) may hold both after the first two
 changes: the max is then the first, uncached change.
 
@@ -35,7 +36,7 @@ Target: a control change on any page ≤ 1 s end to end in chromium on this 2-co
 nothing trains. Prints a table per control (median and max over N, within 1 s or not) and one of page loads.
 
     python bench/interaction.py [--repeat 5] [--pages step_inspector runs …] [--runs DIR] [--json PATH]
-                                [--timeout 1800]
+                                [--timeout 1800] [--at-start]
 """
 
 import argparse
@@ -139,6 +140,17 @@ def make_runs(root: Path) -> list[str]:
     return [f.name for f in folders]
 
 
+def wait_for_warm_up(log_path: Path, timeout_s: float) -> float:
+    """Seconds until the server's log says its warm-up ended (`divviz/app/warm.py`), as a user opening the app a
+    few seconds after starting it finds it."""
+    start = time.time()
+    while time.time() < start + timeout_s:  # the log line is the event; the timeout bounds a failure only
+        if "divviz: warm" in log_path.read_text():
+            return time.time() - start
+        time.sleep(0.1)
+    raise OutOfTime(f"the server did not end its warm-up within {timeout_s:g} s")
+
+
 def measure(args, url: str) -> list[Measured]:
     rows: list[Measured] = []
     with sync_playwright() as p:
@@ -224,6 +236,9 @@ def main():
                         "page draws its cells over training) instead of two short runs trained first; the bench "
                         "starts no run in it")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--at-start", action="store_true",
+                        help="load the first page the moment the server answers, before its warm-up ends (a link "
+                             "opened at once); by default the bench waits for the warm-up's line on the log")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds for the whole bench")
     parser.add_argument("--step-timeout", type=float, default=120, help="seconds for one change or load")
     parser.add_argument("--first-load-timeout", type=float, default=600,
@@ -257,6 +272,9 @@ def main():
                   f"({', '.join(runs)}); {args.repeat} changes per control", flush=True)
         with open(log_path, "w") as log:
             server, url = local_server.start({"DIVVIZ_RUNS_DIR": str(runs_dir)}, log)
+            if not args.at_start:
+                print(f"  the server warmed itself in {wait_for_warm_up(log_path, args.first_load_timeout):.1f} s "
+                      "after it answered", flush=True)
             rows = measure(args, url)
     except BaseException:
         if log_path.exists():

@@ -12,7 +12,7 @@ from streamlit.testing.v1 import AppTest
 from divviz.catalogue.divergences import CLIP_TESTS
 from divviz.safetext import WORD_JOINER
 
-APP = str(Path(__file__).resolve().parents[1] / "app.py")
+APP = str(Path(__file__).resolve().parents[1] / "router.py")
 
 
 def shown(element) -> str:

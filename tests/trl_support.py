@@ -8,7 +8,7 @@ from trl import GRPOConfig
 from divviz.engine.policy import builtin_policy
 from divviz.engine.tasks import get_task
 
-APP = Path(__file__).resolve().parents[1] / "app.py"
+APP = Path(__file__).resolve().parents[1] / "router.py"
 TASK = get_task("reverse")
 
 

@@ -70,6 +70,7 @@ DECLARED = {("learn", "cpu"): (4, 8), ("stress", "cpu"): (4, 12), ("stress", "cu
 # Grids closed before their declared pilot seeds, for a reason that does not depend on their data: the pilot pair's
 # seeds at the close. The GPU pair: one lease trained seeds 0–15; no GPU was lent in the three sessions after it.
 CLOSED_AT = {("stress", "cuda"): 16}
+OPENING_MODEL = "smollm2-135m"  # the model the Claims page opens on
 OPENING_SETTING = "stress"  # where the Claims page and `divviz claims --lm` open on SmolLM2: the setting powered most
 
 
@@ -89,6 +90,14 @@ def declared_seeds(model: str, setting: str, device: str = "cpu") -> tuple[int, 
     seeds, pilot = DECLARED[(setting, device)]
     pilot = min(pilot, CLOSED_AT.get((setting, device), pilot))
     return seeds, max(0, pilot - seeds)
+
+
+def opening_plan(root, device: str) -> "LMPlan":
+    """The plan the Claims page opens on: OPENING_MODEL at its opening setting, with the seeds of the grid declared
+    there for `device`'s kind (`declared_seeds`), the setting's own steps."""
+    setting = opening_setting(evaluated_settings(OPENING_MODEL))
+    seeds, extra = declared_seeds(OPENING_MODEL, setting, device)
+    return LMPlan.read(root, seeds, None, OPENING_MODEL, setting, seeds + extra, device=device)
 
 
 def queue_order(seeds: int, pilot_seeds: int = 0) -> list[tuple[str, str, int]]:

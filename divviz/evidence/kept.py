@@ -28,6 +28,7 @@ class Kept:
 
     def __init__(self, most: int = 64):
         self.most = most
+        self.computed = 0  # how many times a result was computed (not found)
         self._known: dict = {}
 
     def get(self, key: tuple, compute: Callable[[], object]) -> object:
@@ -35,6 +36,7 @@ class Kept:
             if len(self._known) >= self.most:
                 self._known.clear()
             self._known[key] = compute()
+            self.computed += 1
         return copy.deepcopy(self._known[key])
 
     def __len__(self) -> int:

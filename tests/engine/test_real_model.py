@@ -126,7 +126,7 @@ def test_a_real_step_writes_a_run_with_bpe_pieces_and_prompt_ids(real_run, smol)
 
 def test_the_step_inspector_renders_a_real_step(real_run, monkeypatch):
     monkeypatch.setenv("DIVVIZ_RUNS_DIR", str(real_run.parent))
-    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300).run()
+    at = AppTest.from_file(str(ROOT / "router.py"), default_timeout=300).run()
     at.switch_page("app_pages/step_inspector.py").run()
     assert not at.exception, [e.value for e in at.exception]
     body = "".join(element.proto.body for element in at.get("html"))

@@ -228,7 +228,7 @@ def test_claims_page_renders(tmp_path, monkeypatch):
 
     monkeypatch.setenv("DIVVIZ_CACHE", str(tmp_path))  # no SmolLM2 cells cached and no LM runs (whatever the
     monkeypatch.setenv("DIVVIZ_RUNS_DIR", str(tmp_path / "runs"))  # user's runs folder holds): the bandit's alone
-    at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "app.py"), default_timeout=300)
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "router.py"), default_timeout=300)
     at.run()
     at.switch_page("app_pages/claims.py").run()
     assert not at.exception

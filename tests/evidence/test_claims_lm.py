@@ -303,7 +303,7 @@ def test_claims_page_trains_and_then_includes_the_lm_cells(tmp_path, monkeypatch
     from streamlit.testing.v1 import AppTest
 
     monkeypatch.setenv("DIVVIZ_RUNS_DIR", str(tmp_path))
-    at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "app.py"), default_timeout=300)
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "router.py"), default_timeout=300)
     at.run()
     at.switch_page("app_pages/claims.py").run()
     at.selectbox(key="claims:lm_model").set_value("builtin").run()  # the page opens on SmolLM2's published grid
@@ -339,7 +339,7 @@ def test_claims_page_says_when_the_runs_folder_is_unusable(tmp_path, monkeypatch
 
     (tmp_path / "a-file").write_text("not a folder")
     monkeypatch.setenv("DIVVIZ_RUNS_DIR", str(tmp_path / "a-file"))
-    at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "app.py"), default_timeout=300)
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "router.py"), default_timeout=300)
     at.run()
     at.switch_page("app_pages/claims.py").run()
     assert not at.exception and any("is a file" in e.value for e in at.error)

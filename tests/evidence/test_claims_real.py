@@ -99,7 +99,7 @@ def test_the_cli_and_the_page_include_the_real_cells(cached, capsys, monkeypatch
 
     from streamlit.testing.v1 import AppTest
 
-    at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "app.py"), default_timeout=300).run()
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "router.py"), default_timeout=300).run()
     at.switch_page("app_pages/claims.py").run()
     at.slider(key="claims:seeds").set_value(2).run()
     at.slider(key="claims:real_batches").set_value(BATCHES).run()

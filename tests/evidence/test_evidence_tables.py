@@ -106,7 +106,7 @@ def test_the_cli_and_the_claims_page_open_on_the_published_bandit_cells(capsys, 
     assert rows and {r["n"] for r in rows} == {claims.SEEDS}
 
     monkeypatch.setenv("DIVVIZ_RUNS_DIR", str(tmp_path))
-    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300).run()
+    at = AppTest.from_file(str(ROOT / "router.py"), default_timeout=300).run()
     at.switch_page("app_pages/claims.py").run()
     assert not at.exception and at.slider(key="claims:seeds").value == claims.SEEDS
     assert any(literal(f"read from published/{bandit_published.FILE}") in c.value for c in at.caption)
@@ -159,7 +159,7 @@ def test_a_fresh_clones_claims_page_opens_on_the_published_grid(repository_publi
     from streamlit.testing.v1 import AppTest
 
     monkeypatch.setenv("DIVVIZ_RUNS_DIR", str(tmp_path / "runs"))
-    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300)
+    at = AppTest.from_file(str(ROOT / "router.py"), default_timeout=300)
     at.run()
     at.switch_page("app_pages/claims.py").run()
     assert not at.exception
@@ -207,7 +207,7 @@ def test_the_gpu_pair_is_read_on_its_own_from_the_cli_and_the_claims_page(capsys
     assert all(r["condition"].startswith("stress on a GPU · ") for r in cells)
 
     monkeypatch.setenv("DIVVIZ_RUNS_DIR", str(tmp_path))
-    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300).run()
+    at = AppTest.from_file(str(ROOT / "router.py"), default_timeout=300).run()
     at.switch_page("app_pages/claims.py").run()
     at.selectbox(key="claims:lm_device").set_value("cuda").run()
     assert not at.exception

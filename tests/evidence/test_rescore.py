@@ -81,7 +81,7 @@ def test_the_inspector_rescores_the_step_and_marks_the_tokens_judged_otherwise(r
     from streamlit.testing.v1 import AppTest
 
     monkeypatch.setenv("DIVVIZ_RUNS_DIR", str(run.parent))
-    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300)
+    at = AppTest.from_file(str(ROOT / "router.py"), default_timeout=300)
     at.query_params.update({"m": "ratio:eps=0.1"})
     at.run()
     at.switch_page("app_pages/step_inspector.py").run()

@@ -181,7 +181,7 @@ def test_an_imported_run_opens_in_the_inspector_with_its_text_escaped(imported, 
 
     _, folder = imported
     monkeypatch.setenv("DIVVIZ_RUNS_DIR", str(folder.parent))
-    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300).run()
+    at = AppTest.from_file(str(ROOT / "router.py"), default_timeout=300).run()
     at.switch_page("app_pages/step_inspector.py").run()
     assert not at.exception, at.exception
     body = "".join(element.proto.body for element in at.get("html"))
@@ -206,7 +206,7 @@ def test_an_imported_run_is_named_as_imported_with_no_seed_and_its_missing_pi_af
     choice = run_text.run_choice(run)
     assert "imported (unipo)" in choice and "seed" not in choice and "imported (unipo)" in run_text.run_label(run)
     monkeypatch.setenv("DIVVIZ_RUNS_DIR", str(folder.parent))
-    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300).run()
+    at = AppTest.from_file(str(ROOT / "router.py"), default_timeout=300).run()
     at.switch_page("app_pages/step_inspector.py").run()
     assert not at.exception, at.exception
     assert at.selectbox(key="inspector:run").options == [choice]

@@ -275,7 +275,7 @@ def test_the_runs_table_says_where_each_run_came_from_and_filters_by_it(tmp_path
     folder, _ = imported(DATA / "unipo_grpo_metrics_head.json", tmp_path, capsys)
     train(RunConfig.make(task="reverse", prompts=2, group_size=4, steps=1), folder.parent)
     monkeypatch.setenv("DIVVIZ_RUNS_DIR", str(folder.parent))
-    at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "app.py"), default_timeout=120).run()
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "router.py"), default_timeout=120).run()
     at.switch_page("app_pages/runs.py").run()
     table = at.dataframe[0].value
     sources = dict(zip(table["run"], table["source"]))
@@ -381,7 +381,7 @@ def test_imported_metrics_only_runs_show_on_the_runs_page(tmp_path, monkeypatch,
         assert main(["import", str(write_unipo(form, tmp_path / form)), "--runs-dir", str(tmp_path / "runs")]) == 0
     assert main(["import", str(DATA / "unipo_grpo_metrics_head.json"), "--runs-dir", str(tmp_path / "runs")]) == 0
     monkeypatch.setenv("DIVVIZ_RUNS_DIR", str(tmp_path / "runs"))
-    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300).run()
+    at = AppTest.from_file(str(ROOT / "router.py"), default_timeout=300).run()
     at.switch_page("app_pages/runs.py").run()
     assert not at.exception, at.exception
     assert len(at.dataframe[0].value) == 3 and set(at.dataframe[0].value["state"]) == {"done"}

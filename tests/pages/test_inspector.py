@@ -255,7 +255,7 @@ def app(link: dict | None = None):
     """The inspector opened as a user would, from a link's query parameters `link` if given."""
     from streamlit.testing.v1 import AppTest
 
-    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300)
+    at = AppTest.from_file(str(ROOT / "router.py"), default_timeout=300)
     at.query_params.update(link or {})
     at.run()
     at.switch_page("app_pages/step_inspector.py").run()

@@ -10,7 +10,7 @@ from streamlit.testing.v1 import AppTest
 from divviz.engine.config import RunConfig
 from divviz.runs import runner, store
 
-APP = str(Path(__file__).resolve().parents[2] / "app.py")
+APP = str(Path(__file__).resolve().parents[2] / "router.py")
 
 
 @pytest.fixture

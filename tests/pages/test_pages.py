@@ -277,7 +277,7 @@ def test_a_link_naming_smollm2_alone_opens_the_lab_with_smollm2s_setting():
 
 
 def test_one_page_order_in_the_sidebar_on_home_and_in_readme():
-    """The sidebar (app.py), Home's guide and README's table of pages list the pages in `navigation.PAGES`' order."""
+    """The sidebar (router.py), Home's guide and README's table of pages list the pages in `navigation.PAGES`' order."""
     from divviz.app.navigation import PAGES
 
     titles = [title for _, title, _, _ in PAGES]

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def opened(page: str, query: dict) -> AppTest:
-    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300)
+    at = AppTest.from_file(str(ROOT / "router.py"), default_timeout=300)
     at.query_params.update(query)
     at.run()
     at.switch_page(f"app_pages/{page}.py").run()

@@ -28,7 +28,7 @@ from divviz.engine.grpo import grpo_step, make_trainer
 from divviz.loss_grids import random_token_batch
 from divviz.losses import Objective, policy_loss
 
-APP = str(Path(__file__).resolve().parents[2] / "app.py")
+APP = str(Path(__file__).resolve().parents[2] / "router.py")
 PAGES = ["home", "clipping_regions", "kl3_equivalence", "mass_reallocation", "claims", "training_lab", "runs",
          "step_inspector", "catalogue"]
 

@@ -21,7 +21,7 @@ from divviz.losses import Objective, policy_loss
 from divviz.runs import processes, store
 from divviz.safetext import WORD_JOINER, literal, shorten
 
-APP = str(Path(__file__).resolve().parents[2] / "app.py")
+APP = str(Path(__file__).resolve().parents[2] / "router.py")
 HOSTILE = ("[click](http://127.0.0.1:9/x) ![img](http://127.0.0.1:9/i.png) <script>alert(1)</script> **b** "
            ":red[r] :smile: $x^2$ www.example.com a@b.c `c` # h")
 

@@ -17,7 +17,7 @@ from divviz.catalogue.params import DivvizInputError
 from divviz.engine.config import RunConfig
 from divviz.runs import processes, runner, store
 
-APP = str(Path(__file__).resolve().parents[2] / "app.py")
+APP = str(Path(__file__).resolve().parents[2] / "router.py")
 SMALL = dict(prompts=2, group_size=4, max_new_tokens=6)
 
 

@@ -139,7 +139,7 @@ def test_the_runs_page_overlays_long_runs_thinned_and_exports_them_whole(tmp_pat
 
     folders = long_runs(tmp_path, 4, 6000)
     monkeypatch.setenv("DIVVIZ_RUNS_DIR", str(tmp_path))
-    at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "app.py"), default_timeout=300).run()
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "router.py"), default_timeout=300).run()
     at.switch_page("app_pages/runs.py").run()
     at.multiselect(key="runs:chosen").set_value([f.name for f in folders]).run()
     assert not at.exception, at.exception
@@ -231,7 +231,7 @@ def test_a_folder_of_hundreds_of_runs_is_paged_and_filtered(tmp_path, monkeypatc
 
     long_runs(tmp_path, 120, 3)
     monkeypatch.setenv("DIVVIZ_RUNS_DIR", str(tmp_path))
-    at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "app.py"), default_timeout=300).run()
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "router.py"), default_timeout=300).run()
     at.switch_page("app_pages/runs.py").run()
     assert not at.exception, at.exception
     assert len(at.dataframe[0].value) == PAGE_SIZE and "120 of 120 runs" in at.caption[0].value
