@@ -122,9 +122,12 @@ class TokenExplanation:
         total = f" + {self.penalty} = {g(self.policy_loss)} + {g(self.penalty_term)}" if self.penalty else ""
         rows.append(("loss", f"ℓ = {policy}{total} = {g(self.loss)};  ∂ℓ/∂log π_θ = {g(self.gradient)}"
                              + (" (the penalty's slope included)" if self.penalty else "")))
-        verdict = ("masked (ρ = 0)" if self.rho == 0 else f"flows ({self.state})" if not self.masked else
-                   self.state if self.state.startswith("masked") else f"masked ({self.state})")  # "masked high",
-        # not "masked (masked high)"
+        if self.rho == 0:
+            verdict = "masked (ρ = 0)"
+        elif not self.masked:
+            verdict = f"flows ({self.state})"
+        else:  # a masked state names itself ("masked high"); another says why it masks ("masked (dual-clip)")
+            verdict = self.state if self.state.startswith("masked") else f"masked ({self.state})"
         rows.append(("gradient", f"{verdict}: {self.why}"))
         if self.weight is not None:
             rows.append(("weight", f"∂L/∂ℓ = {g(self.weight)}: the token adds {g(self.contribution)} to the loss"))
