@@ -252,6 +252,8 @@ def choose(points: dict) -> str:
     if partial:
         best = max(partial, key=lambda n: read[n]["disagreement"])
         return best + ": conditions 1–3 (the stability claim not testable)"
+    if len(read) == len(SEARCH.points):
+        return f"none: no binding regime at this cost (all {len(read)} points read, none meets conditions 1–3)"
     return f"none yet ({len(read)} of {len(SEARCH.points)} points read)"
 
 

@@ -47,6 +47,14 @@ def test_without_a_collapse_it_takes_the_largest_disagreement_and_says_stability
     assert read(a=point(0.01, 0.01, collapse=3)).startswith("none yet (1 of")
 
 
+def test_with_every_point_read_and_none_binding_it_reports_no_binding_regime(monkeypatch):
+    monkeypatch.setattr(dose_search, "SEARCH", dose_search.Search("two", {"a": (1, 4, 1e-4, None), "b": (2, 8, 5e-5,
+                                                                                                     None)}))
+    assert read(a=point(0.01, 0.01, collapse=3)) == "none yet (1 of 2 points read)"
+    assert read(a=point(0.01, 0.01, collapse=3), b=point(0.04, 0.01, collapse=3)) == \
+        "none: no binding regime at this cost (all 2 points read, none meets conditions 1–3)"
+
+
 @pytest.mark.parametrize("search", list(dose_search.SEARCHES))
 def test_the_published_summary_states_its_own_points_choice_and_holds_every_published_run(search, monkeypatch):
     monkeypatch.setattr(dose_search, "SEARCH", dose_search.SEARCHES[search])
