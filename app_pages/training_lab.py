@@ -178,6 +178,8 @@ def draw_runs() -> None:
         scattered = [(label, f"{label} · seed {run.config.get('seed')}", run.config,
                       store.read_tokens(run.folder, min(step, len(rows)))) for label, rows, run in data if rows]
         widgets.show_chart(run_views.token_scatter([s for s in scattered if s[3] is not None]), "token scatter")
+    if any(run.state == "queued" for run in runs):
+        runner.ensure_pool(root)  # a queue is served even if its pool ended (or a start raced a pool leaving)
     if running and not any(run.state in ("queued", "running") for run in runs):
         st.rerun(scope="app")  # every run has ended: redraw the page once, buttons enabled, polling off
 

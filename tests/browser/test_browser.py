@@ -209,6 +209,8 @@ def test_the_bandit_compares_rollout_corrections_in_the_browser(page, app_url):
     """A link with a lagging bf16 sampler, three corrections and the sampler's tab open: chromium draws the rollout
     chart with one curve per correction, the sidebar's Rollout block holds the link's corrections, and removing one
     redraws and relinks."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     page.goto(f"{app_url}/mass_reallocation?m=ratio&rollout_lag=2&rollout_dtype=bfloat16&rc=none,TIS+token,bypass"
               "&iterations=20&k=20&seeds=4&tab=Sampler+and+corrections")
     page.wait_for_function(f"({ROLLOUT_TRACES})().length === 3", timeout=90_000)
@@ -219,7 +221,13 @@ def test_the_bandit_compares_rollout_corrections_in_the_browser(page, app_url):
         block.get_by_role("button", name=f"Remove {name}").wait_for(timeout=30_000)
     wait_until_idle(page)
     block.get_by_role("button", name="Remove bypass").click()
-    page.wait_for_function(f"({ROLLOUT_TRACES})().length === 2", timeout=90_000)
+    try:
+        page.wait_for_function(f"({ROLLOUT_TRACES})().length === 2", timeout=90_000)
+    except PlaywrightTimeout:  # which of the two it was: the click lost to a rerun, or a redraw that never came
+        tag = block.get_by_role("button", name="Remove bypass").count()
+        state = page.locator('[data-testid="stApp"]').get_attribute("data-test-script-state")
+        raise AssertionError(f"after Remove bypass: the tag {'is back' if tag else 'is gone'}, the script "
+                             f"{state}, the chart's traces {page.evaluate(ROLLOUT_TRACES)}, the link {page.url}")
     page.wait_for_url(lambda url: "rc=none,TIS+token" in url.replace("%2C", ",").replace("%20", "+"), timeout=30_000)
     assert not page.locator('[data-testid="stException"]').count()
 

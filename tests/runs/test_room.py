@@ -83,8 +83,24 @@ def test_the_queue_survives_a_restart(tmp_path, monkeypatch):
     os.kill(store.read_run(first).status["pid"], signal.SIGTERM)
     wait(lambda: states([first]) in (["stopped"], ["interrupted"]))
     assert states([later]) == ["queued"]
-    runner.ensure_pool(tmp_path)  # what the Training lab does when it is opened again
-    wait(lambda: states([later]) == ["done"])
+    try:  # what the Training lab does when it is opened again, and on every poll while a run of its is queued
+        wait(lambda: runner.ensure_pool(tmp_path) or states([later]) == ["done"])
+    except AssertionError:
+        raise AssertionError(f"the queued run never trained: {pool_state(tmp_path)}") from None
+
+
+def pool_state(root: Path) -> str:
+    """What a stuck queue's pool left: its pool.json and log, and which processes hold its lock (for the failure)."""
+    control, holders = root / ".divviz", []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and any(os.readlink(fd) == str(control / "pool.lock") for fd in (proc / "fd").iterdir()):
+                command = (proc / "cmdline").read_bytes().replace(bytes(1), b" ")[:100].decode(errors="replace")
+                holders.append(f"{proc.name} {command}")
+        except OSError:
+            continue
+    read = lambda name: (control / name).read_text()[-400:] if (control / name).exists() else "none"  # noqa: E731
+    return f"pool.json {read('pool.json')}; pool.log {read('pool.log')!r}; pool.lock held by {holders or 'none'}"
 
 
 def test_a_run_over_the_memory_cap_waits_queued(tmp_path, monkeypatch):
