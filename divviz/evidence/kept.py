@@ -22,6 +22,9 @@ def identity(path) -> tuple | None:
     return s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns
 
 
+_NONE = object()  # no result kept under a key (a result may itself be None)
+
+
 class Kept:
     """Results by key, at most `most` of them (all dropped when full: a key is the state of its files, so an old one
     is not asked for again); each caller gets its own copy to change."""
@@ -32,12 +35,16 @@ class Kept:
         self._known: dict = {}
 
     def get(self, key: tuple, compute: Callable[[], object]) -> object:
-        if key not in self._known:
+        """A copy of the result kept under `key`, computed now if none is (the server's warm-up thread and a page's
+        may ask at once: each works on its own reference, so one's clearing cannot take the other's result away)."""
+        value = self._known.get(key, _NONE)
+        if value is _NONE:
+            value = compute()
             if len(self._known) >= self.most:
                 self._known.clear()
-            self._known[key] = compute()
+            self._known[key] = value
             self.computed += 1
-        return copy.deepcopy(self._known[key])
+        return copy.deepcopy(value)
 
     def __len__(self) -> int:
         return len(self._known)
