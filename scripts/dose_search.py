@@ -30,8 +30,8 @@ model's 0.7. Its summary and runs are published under smollm2-135m-second-dose-s
 first search's choice if it has one, else the second's, else divviz reports no binding regime on this model at this
 cost.
 
-Points are trained in the search's order (the likeliest to bind first), two runs at a time on one thread each at the lowest
-CPU priority (nice 19: the search yields to anything else on the machine), each run in its own folder under the runs
+Points are trained in the search's order (the likeliest to bind first), two runs at a time on one thread each at the
+lowest CPU priority (nice 19: the search yields to anything else on the machine), each run in its own folder under the runs
 folder (default ../runs-dose, outside the checkout); a finished run is never trained again and one stopped part-way goes
 on from its last resume state (every CHECKPOINT steps), so the search resumes where it stopped. After each run the
 summary (every run's per-step dose, entropy, stability and evaluations, and the rule's reading) is written to
@@ -201,10 +201,9 @@ def publish(folder: Path, point: str, objective: str) -> None:
     trained_by = {"model": "smollm2-135m", "setting": "dose search", "device": "cpu", "cpu": published.cpu_kernels(),
                   "precision": "bfloat16 autocast", "torch": torch.__version__,
                   "transformers": transformers.__version__, "python": platform.python_version(), "commit": commit()}
-    published.publish(folder, grid_for(trained_by), {"point": point, "measure": OBJECTIVES[objective][0], "seed": 0,
-                                                     "mu": mu, "minibatches": k, "lr": lr,
-                                                     **({"temperature": temperature} if temperature else {})}, trained_by,
-                      name=f"{point}-{objective}")
+    cell = {"point": point, "measure": OBJECTIVES[objective][0], "seed": 0, "mu": mu, "minibatches": k, "lr": lr,
+            **({"temperature": temperature} if temperature else {})}
+    published.publish(folder, grid_for(trained_by), cell, trained_by, name=f"{point}-{objective}")
 
 
 def run_summary(folder: Path, other_clip: str) -> dict | None:
@@ -275,14 +274,15 @@ def summary(runs: Path) -> dict:
             points[name] = before[name]
         elif point:
             mu, k, lr, temperature = SEARCH.points[name]
-            points[name] = {"mu": mu, "minibatches": k, "lr": lr, **({"temperature": temperature} if temperature else {}),
-                            "commit": trained_by, **point}
+            points[name] = {"mu": mu, "minibatches": k, "lr": lr,
+                            **({"temperature": temperature} if temperature else {}), "commit": trained_by, **point}
             points[name]["reading"] = reading(points[name])
     return {"rule": RULE, "steps": STEPS, "flags": BASE, "points": points, "choice": choose(points)}
 
 
 def to_train(summarised: dict, only: list[str]) -> list[tuple[str, str]]:
-    """The (point, objective) runs still to train, in the search's order: none of a point read, nor a run summarised done."""
+    """The (point, objective) runs still to train, in the search's order: none of a point read, nor a run summarised
+    done."""
     done = {(name, objective) for name, point in summarised.items() for objective in OBJECTIVES
             if point.get("reading") or (point.get(objective) or {}).get("state") == "done"}
     return [(name, objective) for name in SEARCH.points if not only or name in only for objective in OBJECTIVES

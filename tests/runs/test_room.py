@@ -94,7 +94,8 @@ def pool_state(root: Path) -> str:
     control, holders = root / ".divviz", []
     for proc in Path("/proc").iterdir():
         try:
-            if proc.name.isdigit() and any(os.readlink(fd) == str(control / "pool.lock") for fd in (proc / "fd").iterdir()):
+            if proc.name.isdigit() and any(os.readlink(fd) == str(control / "pool.lock")
+                                           for fd in (proc / "fd").iterdir()):
                 command = (proc / "cmdline").read_bytes().replace(bytes(1), b" ")[:100].decode(errors="replace")
                 holders.append(f"{proc.name} {command}")
         except OSError:
