@@ -91,6 +91,12 @@ class Search:
     name: str
     points: dict[str, tuple[int, int, float, float | None]]
 
+    def design(self, point: str) -> dict:
+        """A point's μ, K and learning rate, and its temperature where it sets one: as its summary and its runs'
+        manifest record them."""
+        mu, k, lr, temperature = self.points[point]
+        return {"mu": mu, "minibatches": k, "lr": lr, **({"temperature": temperature} if temperature else {})}
+
     @property
     def summary(self) -> Path:
         return PUBLISHED / f"{self.name}.json"
@@ -197,12 +203,10 @@ def grid_for(trained_by: dict) -> Path:
 def publish(folder: Path, point: str, objective: str) -> None:
     """A finished run of the search into its CPU's grid (`grid_for`), recorded in its manifest under its point and
     objective."""
-    mu, k, lr, temperature = SEARCH.points[point]
     trained_by = {"model": "smollm2-135m", "setting": "dose search", "device": "cpu", "cpu": published.cpu_kernels(),
                   "precision": "bfloat16 autocast", "torch": torch.__version__,
                   "transformers": transformers.__version__, "python": platform.python_version(), "commit": commit()}
-    cell = {"point": point, "measure": OBJECTIVES[objective][0], "seed": 0, "mu": mu, "minibatches": k, "lr": lr,
-            **({"temperature": temperature} if temperature else {})}
+    cell = {"point": point, "measure": OBJECTIVES[objective][0], "seed": 0, **SEARCH.design(point)}
     published.publish(folder, grid_for(trained_by), cell, trained_by, name=f"{point}-{objective}")
 
 
@@ -273,9 +277,7 @@ def summary(runs: Path) -> dict:
         if not point and name in before:
             points[name] = before[name]
         elif point:
-            mu, k, lr, temperature = SEARCH.points[name]
-            points[name] = {"mu": mu, "minibatches": k, "lr": lr,
-                            **({"temperature": temperature} if temperature else {}), "commit": trained_by, **point}
+            points[name] = {**SEARCH.design(name), "commit": trained_by, **point}
             points[name]["reading"] = reading(points[name])
     return {"rule": RULE, "steps": STEPS, "flags": BASE, "points": points, "choice": choose(points)}
 
