@@ -72,6 +72,8 @@ import platform  # noqa: E402
 
 import transformers  # noqa: E402
 
+from divviz.catalogue.params import DivvizInputError  # noqa: E402
+from divviz.engine.policy import pick_device, pick_dtype  # noqa: E402
 from divviz.evidence.rescore import disagreement, measure_objective, sampled_tokens  # noqa: E402
 from divviz.runs import published, resume, store  # noqa: E402
 
@@ -157,25 +159,43 @@ def train(runs: Path, point: str, objective: str, log, nice: int = 19) -> None:
     log.write(f"\n== {point} {objective} ({time.strftime('%H:%M:%S')}): "
               f"{f'resumed after step {saved[stopped]}' if stopped else ' '.join(command[3:])}\n")
     log.flush()
-    subprocess.run(command, stdout=subprocess.DEVNULL, stderr=log, cwd=TREE,
-                   env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=lambda: os.nice(nice))
+    status = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=log, cwd=TREE,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=lambda: os.nice(nice)).returncode
     made = [f for f in training.glob("*/") if store.read_run(f).state == "done"]
-    if made:
-        shutil.rmtree(folder, ignore_errors=True)
-        made[0].rename(folder)
-        shutil.rmtree(training)
-        publish(folder, point, objective)
+    if not made:
+        raise RuntimeError(f"its training ended with exit status {status} and no finished run (its message is in "
+                           f"{log.name})")
+    shutil.rmtree(folder, ignore_errors=True)
+    made[0].rename(folder)
+    shutil.rmtree(training)
+    publish(folder, point, objective)
 
 
-def attempt(runs: Path, job: tuple[str, str], log) -> None:
-    """Train and publish one run of the queue, then write the summary; a failure is logged in one line and the
-    search goes on with the next run (the run stays in the runs folder, to publish again with --publish)."""
+def attempt(runs: Path, job: tuple[str, str], log) -> str | None:
+    """Train and publish one run of the queue, then write the summary; a failure is one line in the log and on
+    stderr, returned, and the search goes on with the next run (a finished run stays in the runs folder, to publish
+    again with --publish)."""
     try:
         train(runs, *job, log)
         write(runs)
+        return None
     except Exception as error:  # noqa: BLE001 - a worker thread's error would otherwise wait, unseen, in its future
-        log.write(f"\n== {' '.join(job)} failed: {type(error).__name__}: {error}\n")
+        line = f"{' '.join(job)} failed: {type(error).__name__}: {error}"
+        log.write(f"\n== {line}\n")
         log.flush()
+        print(f"dose search: {line}", file=sys.stderr, flush=True)
+        return line
+
+
+def refusal_here() -> str | None:
+    """Why this machine cannot train the search's runs as declared, or None: they are bfloat16 (`BASE`), which
+    divviz refuses where the device has no native bfloat16 (`engine/policy.pick_dtype`) — a search is not moved to
+    another precision on the quiet."""
+    try:
+        pick_dtype(BASE[BASE.index("--dtype") + 1], pick_device(), "smollm2-135m")
+    except DivvizInputError as refused:
+        return f"the search's runs are declared in {BASE[BASE.index('--dtype') + 1]}, and here {refused}"
+    return None
 
 
 def commit() -> str:
@@ -348,11 +368,15 @@ def main() -> None:
         write(runs)
         return
     queue = to_train(summary(runs)["points"], args.points)
+    if queue and (refused := refusal_here()):
+        sys.exit(f"dose search: nothing trained: {refused}")
     started = time.time()
     with open(runs / "search.log", "a") as log, ThreadPoolExecutor(args.parallel) as pool:
-        for _ in pool.map(lambda job: attempt(runs, job, log), queue):
-            pass
-        log.write(f"\n== the search's queue done in {(time.time() - started) / 60:.1f} min\n")
+        failed = [line for line in pool.map(lambda job: attempt(runs, job, log), queue) if line]
+        log.write(f"\n== the search's queue done in {(time.time() - started) / 60:.1f} min"
+                  f"{f', {len(failed)} of {len(queue)} runs failed' if failed else ''}\n")
+    if failed:
+        sys.exit(f"dose search: {len(failed)} of {len(queue)} runs failed (the lines above; {runs / 'search.log'})")
 
 
 if __name__ == "__main__":

@@ -205,7 +205,8 @@ def published_markdown(plan, evidence, report: Report) -> str:
     table = markdown_table(list(collapses[0]), [list(row.values()) for row in collapses])
     closed = (" (closed before its declared seeds: the pilot below)"
               if (plan.setting, plan.device) in claims_lm.CLOSED_AT else "")
-    return "\n".join([*([plain_sentence(report), ""] if plain_sentence(report) else []),
+    sentence = plain_sentence(report)
+    return "\n".join([*([sentence, ""] if sentence else []),
                       f"{plan.done} of the grid's {len(plan.runs)} runs{closed} published: {plan.published_grids}.",
                       "", headline_markdown(report).rstrip(), "", table.rstrip(), "",
                       lm_evidence.pilot_text(pilot) if pilot else "No pilot pair has two seeds yet.", ""])
@@ -216,10 +217,11 @@ def holm_text(row: dict) -> str:
     return "descriptive" if row["p_holm"] is None else f"{row['p_holm']:.3g}"
 
 
-def headline_cell(report: Report) -> dict:
-    """The headline cell of an over-training report: KL3 δ = 0.05 − PPO, held-out accuracy at the end."""
-    return next(r for r in report.rows if r["candidate"] == claims.KL3_WIDE and r["metric"] == "eval/accuracy"
-                and r["reading"] == "end")
+def headline_cell(report: Report) -> dict | None:
+    """The headline cell of an over-training report: KL3 δ = 0.05 − PPO, held-out accuracy at the end (None in a
+    report without one)."""
+    return next((r for r in report.rows if r["setting"] in (LM, LM_TRAINING) and r["candidate"] == claims.KL3_WIDE
+                 and r["baseline"] == claims.PPO and r["metric"] == "eval/accuracy" and r["reading"] == "end"), None)
 
 
 def plain_sentence(report: Report) -> str:
@@ -228,8 +230,7 @@ def plain_sentence(report: Report) -> str:
     seeds: not resolved — no gain of 5 points or more (rejected at one-sided α = 0.05; a 5-point margin, fixed after
     the learn pair had been read); the verdict's power for a gain of +0.050 was 0.50" ("" while the headline cell has
     no two paired seeds)."""
-    row = next((r for r in report.rows if r["setting"] in (LM, LM_TRAINING) and r["candidate"] == claims.KL3_WIDE
-                and r["baseline"] == claims.PPO and r["metric"] == "eval/accuracy" and r["reading"] == "end"), None)
+    row = headline_cell(report)
     if row is None or row["n"] < 2:
         return ""
     where = f"At {row['condition'].split(' · ')[0]}" if row["setting"] == LM_TRAINING else "On the built-in LM"
@@ -255,7 +256,7 @@ def headline_sentence(plan, report: Report) -> str:
     seeds (the two clip states differing on 1.01% of tokens): +0.012 [−0.030, +0.054], sign-flip p 0.62: not
     resolved"."""
     row, setting = headline_cell(report), plan.setting + claims_lm.on_device(plan.device)
-    if row["n"] < 2:
+    if row is None or row["n"] < 2:
         return f"{setting}, {plan.done} of {len(plan.runs)} runs published: fewer than two paired seeds"
     differ = (row.get("dose") or {}).get("disagreement")
     dose = (f" (the two clip states differing on {100 * differ:.2f}% of tokens)"

@@ -3,23 +3,14 @@ no cell (another claim chosen, a table sorted) computes no cell again.
 
     KEPT = Kept()
     KEPT.get((what it is, *the identities of the files it reads), compute)   # a copy of compute()'s result
+
+(a file's identity: `runs.store.file_identity`)
 """
 
 from __future__ import annotations
 
 import copy
-import os
 from typing import Callable
-
-
-def identity(path) -> tuple | None:
-    """What changes when a file is written, replaced or removed: its device, inode, size and modification time (None
-    where there is no file)."""
-    try:
-        s = os.stat(path)
-    except OSError:
-        return None
-    return s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns
 
 
 _NONE = object()  # no result kept under a key (a result may itself be None)

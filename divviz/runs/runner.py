@@ -20,6 +20,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from divviz.catalogue.params import DivvizInputError
 from divviz.engine.config import RunConfig
@@ -227,6 +228,16 @@ def crowding(runs: int, threads: int) -> float:
     return max(1.0, runs * threads / (os.cpu_count() or 1))
 
 
+class _TimedRun(NamedTuple):
+    """A run that timed its steps, as `step_time_estimate` weighs it."""
+    run: store.RunInfo
+    seconds: float  # its median step
+    steps: int  # how many steps that median is of
+    beside: int | None  # the median number of runs that trained beside it
+    threads: int
+    same_shape: bool  # the same SHAPE as the run to estimate
+
+
 def step_time_estimate(root: Path, cfg: RunConfig, newest: int = 20) -> StepTime | None:
     """How long a step of `cfg` takes in the pool on this machine, from the newest `newest` runs of the same model and
     backend in `root`, or None when none has timed a step. A run's median step (its first, which warms up, left out
@@ -245,23 +256,21 @@ def step_time_estimate(root: Path, cfg: RunConfig, newest: int = 20) -> StepTime
         rows = rows[1:] if len(rows) > 1 else rows
         if rows and all(k in run.config for k in SHAPE):
             beside = [row["runs_training"] for row in rows if "runs_training" in row]
-            timed.append((run, statistics.median(row["step_time"] for row in rows), len(rows),
-                          round(statistics.median(beside)) if beside else None,
-                          int(run.status.get("threads") or pool)))  # older runs did not record their threads
+            timed.append(_TimedRun(run, statistics.median(row["step_time"] for row in rows), len(rows),
+                                   round(statistics.median(beside)) if beside else None,
+                                   int(run.status.get("threads") or pool),  # older runs did not record their threads
+                                   all(run.config[k] == getattr(cfg, k) for k in SHAPE)))
     if not timed:
         return None
-
-    def same_shape(run) -> bool:
-        return all(run.config[k] == getattr(cfg, k) for k in SHAPE)
-
-    run, seconds, n, beside, threads = min(timed, key=lambda t: (t[4] != pool, not same_shape(t[0]),
-                                                                abs(math.log(work(t[0].config) / work(vars(cfg))))))
-    basis = f"the median of {n} step{'s' if n != 1 else ''} of run {run.name}"
-    basis += ", same settings" if same_shape(run) else ", scaled by the tokens per step"
-    if threads != pool:
-        basis += f", scaled from its {threads} threads to the pool's {pool}"
-    alone = seconds * work(vars(cfg)) / work(run.config) * threads / pool / crowding(beside or 1, threads)
-    return StepTime(alone, beside, basis)
+    near = min(timed, key=lambda t: (t.threads != pool, not t.same_shape,
+                                     abs(math.log(work(t.run.config) / work(vars(cfg))))))
+    basis = f"the median of {near.steps} step{'s' if near.steps != 1 else ''} of run {near.run.name}"
+    basis += ", same settings" if near.same_shape else ", scaled by the tokens per step"
+    if near.threads != pool:
+        basis += f", scaled from its {near.threads} threads to the pool's {pool}"
+    alone = (near.seconds * work(vars(cfg)) / work(near.run.config) * near.threads / pool
+             / crowding(near.beside or 1, near.threads))
+    return StepTime(alone, near.beside, basis)
 
 
 def eval_time_estimate(root: Path, cfg: RunConfig, newest: int = 20) -> float | None:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("dose_search", ROOT / "scripts" / "dose_search.py")
@@ -179,3 +180,39 @@ def test_the_table_of_a_search_not_yet_published_is_one_line(tmp_path, monkeypat
     monkeypatch.setattr("sys.argv", ["dose_search.py", "--search", "second", "--table"])
     with pytest.raises(SystemExit, match="^the second search has no published summary yet"):
         dose_search.main()
+
+
+def test_a_machine_without_the_declared_precision_trains_nothing_and_says_why(tmp_path, monkeypatch, capsys):
+    """The search's runs are bfloat16: on a CPU without native bfloat16 (divviz refuses it there) the search stops
+    at once with one line, before any run starts, instead of starting runs that each refuse."""
+    from divviz.engine import policy
+
+    monkeypatch.setattr(policy, "cpu_has_bf16", lambda: False)
+    monkeypatch.setattr(dose_search, "pick_device", lambda: torch.device("cpu"))
+    monkeypatch.setattr(dose_search, "PUBLISHED", tmp_path / "published")
+    monkeypatch.setitem(dose_search.SEARCHES, "first", dose_search.Search("search", {"p": (1, 4, 1e-4, None)}))
+    monkeypatch.setattr(sys, "argv", ["dose_search.py", "--runs", str(tmp_path)])
+    with pytest.raises(SystemExit) as stopped:
+        dose_search.main()
+    assert str(stopped.value).startswith("dose search: nothing trained: the search's runs are declared in bfloat16")
+    assert "has no native bfloat16" in str(stopped.value) and not (tmp_path / "search.log").exists()
+
+
+def test_a_run_whose_training_fails_is_said_and_the_search_ends_failed(tmp_path, monkeypatch, capsys):
+    """A run that ends without a finished run (here `divviz train` refusing a flag, as it refuses on a machine it
+    cannot train on) is one line on stderr and in the log, nothing is published, and the search's exit says how
+    many failed."""
+    monkeypatch.setattr(dose_search, "PUBLISHED", tmp_path / "published")
+    monkeypatch.setitem(dose_search.SEARCHES, "first", dose_search.Search("search", {"p": (1, 4, 1e-4, None)}))
+    monkeypatch.setattr(dose_search, "refusal_here", lambda: None)
+    monkeypatch.setattr(dose_search, "flags", lambda point, objective: ["--steps", "-1"])
+    monkeypatch.setattr(sys, "argv", ["dose_search.py", "--runs", str(tmp_path / "runs")])
+    with pytest.raises(SystemExit) as ended:
+        dose_search.main()
+    assert str(ended.value).startswith("dose search: 2 of 2 runs failed")
+    said = capsys.readouterr().err
+    for objective in ("ppo", "kl3"):
+        assert f"p {objective} failed: RuntimeError: its training ended with exit status 2 and no finished run" in said
+    log = (tmp_path / "runs" / "search.log").read_text()
+    assert "2 of 2 runs failed" in log and "steps" in log  # divviz train's own line is there too
+    assert not (tmp_path / "published").exists()
