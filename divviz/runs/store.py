@@ -245,10 +245,13 @@ def file_identity(path) -> tuple | None:
     """What changes when a file is written, replaced or removed: its device, inode, size and modification time (None
     where there is no file)."""
     try:
-        s = os.stat(path)
+        return _identity(os.stat(path))
     except OSError:
         return None
-    return s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns
+
+
+def _identity(stat: os.stat_result) -> tuple:
+    return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
 
 
 _kept_json: dict[Path, tuple[tuple, str]] = {}  # a JSON file → (its `file_identity`; its checked text)
@@ -262,9 +265,8 @@ def _read_json(path: Path) -> object:
     listing hundreds of runs every 2 s reads each once per change; each caller gets its own value, parsed from the
     kept text (twice as fast as a deep copy). `CorruptRun` if it is not JSON."""
     try:
-        seen = file_identity(path)
-        if seen is None:
-            raise FileNotFoundError(f"{path} is not there")
+        stat = os.stat(path)
+        seen = _identity(stat)
         known = _kept_json.get(path)
         if known is None or known[0] != seen:
             with open_regular(path) as handle:
@@ -273,7 +275,7 @@ def _read_json(path: Path) -> object:
                 raise CorruptRun(f"{path.name} is larger than any file divviz writes ({JSON_CAP:,} bytes)")
             text = data.decode("utf-8")
             value = json.loads(text)
-            if seen[2] <= KEPT_JSON_BYTES:  # its size  # a step's completions are read when asked for, not kept
+            if stat.st_size <= KEPT_JSON_BYTES:  # a step's completions are read when asked for, not kept
                 _kept_json[path] = (seen, text)
                 while len(_kept_json) > 4096:  # bounded: the files least recently read are read again if asked for
                     _kept_json.pop(next(iter(_kept_json)), None)
