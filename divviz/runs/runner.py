@@ -49,7 +49,8 @@ def check_may_manage(folder: Path, viewer: Viewer | None) -> None:
                                "teacher can stop or delete it")
 
 
-_children: list[subprocess.Popen] = []  # pools this process started, reaped so they do not linger as zombies
+_pools: dict[str, subprocess.Popen] = {}  # runs folder → the pool this process last started there (reaped once ended)
+_pools_lock = threading.Lock()  # the app's sessions, each in its own thread, poll at once
 
 
 TIMING = "timing"  # a run's status "kind" when it was started only to time a step on this machine
@@ -92,17 +93,24 @@ def start_runs(configs: list[RunConfig], root: Path, viewer: Viewer, kind: str =
 
 
 def ensure_pool(root: Path) -> None:
-    """Start the runs folder's pool unless one holds its lock (a second one started in a race just leaves)."""
-    with open(control_dir(root) / "pool.lock", "a") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return  # a pool is serving
-        fcntl.flock(lock, fcntl.LOCK_UN)
-    log = open(control_dir(root) / "pool.log", "a")
-    _children.append(subprocess.Popen([sys.executable, "-m", *pool_command(root)], stdout=log, stderr=subprocess.STDOUT,
-                                      start_new_session=True, cwd=os.getcwd()))
-    reap()
+    """Start the runs folder's pool unless one holds its lock or the one this process started there is still alive
+    (starting up: it takes the lock once Python has imported it, seconds on a busy machine — a caller that polls, as
+    the Training lab does every 2 s, would otherwise start one more each time, and a herd of them, all importing, kept
+    any from reaching the lock). A second one started in a race with another process just leaves."""
+    key = str(Path(root).resolve())
+    with _pools_lock:
+        reap()
+        if key in _pools:
+            return
+        with open(control_dir(root) / "pool.lock", "a") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return  # a pool is serving
+            fcntl.flock(lock, fcntl.LOCK_UN)
+        with open(control_dir(root) / "pool.log", "a") as log:  # the pool writes to its own copy
+            _pools[key] = subprocess.Popen([sys.executable, "-m", *pool_command(root)], stdout=log,
+                                           stderr=subprocess.STDOUT, start_new_session=True, cwd=os.getcwd())
 
 
 def pool_command(root: Path) -> list[str]:
@@ -115,9 +123,10 @@ def pool_command(root: Path) -> list[str]:
 
 
 def reap() -> None:
-    for proc in list(_children):
+    """Forget the pools this process started that have ended (their exit status read: no zombie lingers)."""
+    for key, proc in list(_pools.items()):
         if proc.poll() is not None:
-            _children.remove(proc)
+            _pools.pop(key, None)
 
 
 def stop_run(folder: Path, viewer: Viewer | None = None, wait_s: float = STOP_GRACE_S) -> str:

@@ -299,3 +299,33 @@ def test_outside_room_mode_a_new_browser_sees_the_runs_going(tmp_path, monkeypat
     for folder in going:
         runner.stop_run(folder)
     wait(lambda: states(going) == ["stopped", "stopped"], 30)
+
+
+def test_a_pool_still_starting_is_not_started_again(tmp_path):
+    """`ensure_pool` called again and again (the Training lab polls every 2 s while a run of its is queued; the
+    restart test above every 50 ms) while the pool it started has not yet taken the lock starts no second pool. It
+    did: 9 pools in 1.5 s of polling beside two busy loops, each importing before it could take the lock, and a herd
+    of them kept any from reaching it — a queue that never trained in 10 minutes, and a machine too busy for the
+    browser tests beside it."""
+    alive = []
+    for _ in range(20):
+        runner.ensure_pool(tmp_path)
+        alive.append(pools_of(tmp_path))
+        time.sleep(0.05)
+    wait(lambda: (tmp_path / ".divviz" / "pool.json").exists())
+    assert max(map(len, alive)) == 1 and len(set().union(*alive)) == 1, alive  # one pool, the same all along
+    assert json.loads((tmp_path / ".divviz" / "pool.json").read_text())["pid"] in alive[0]
+    os.kill(alive[0][0], signal.SIGKILL)
+
+
+def pools_of(root: Path) -> list[int]:
+    """The pids of the processes that are pools of the runs folder `root`."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            command = (proc / "cmdline").read_bytes().split(bytes(1)) if proc.name.isdigit() else []
+        except OSError:
+            continue
+        if b"divviz.runs.pool" in command and str(root).encode() in command:
+            found.append(int(proc.name))
+    return found
