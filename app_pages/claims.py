@@ -19,12 +19,14 @@ from divviz.safetext import literal
 from divviz.views import claims_tables, run_plots, run_text
 
 
-@st.cache_data(show_spinner=False, max_entries=4)
 def report(seeds: int) -> claims_report.Report:
-    bar = st.progress(0.0, text="Testing the claims…")
-    result = claims_report.build(seeds, progress=lambda fraction, text: bar.progress(fraction, text=literal(text)))
-    bar.empty()
-    return result
+    """The claims report at `seeds` seeds, built once per published grid file (`claims_report.build`), with a bar
+    while it is built."""
+    bar = st.empty()
+    try:
+        return claims_report.build(seeds, progress=lambda fraction, text: bar.progress(fraction, text=literal(text)))
+    finally:
+        bar.empty()
 
 
 def queue_lm_runs(plan: claims_lm.LMPlan, owner: str) -> None:

@@ -24,9 +24,11 @@ import numpy as np
 
 from divviz.evidence import bandit_published, intervals, significance
 from divviz.evidence.bandit_cells import bandit_cells
+from divviz.evidence.kept import Kept
 from divviz.evidence.verdict_power import verdict_power
 from divviz.evidence.claims import (BANDIT, BINARY, BY_CONSTRUCTION, CLAIMS, GRID, IDENTITY_TOLERANCE, QUICK_SEEDS,
                                     RANDOM_GRID, SECTIONS, SEEDS, UNTESTED, Claim, Comparison, effect_of, is_primary)
+from divviz.runs import store
 
 
 COMPUTED_HERE = "computed here"  # a report's bandit cells, when they were not read from the published grid
@@ -325,11 +327,23 @@ def _draw_dependent(tested: list[dict]) -> list[dict]:
     return list(refine.values())
 
 
+COMPUTED = Kept(most=8)  # (seeds, the grid's key, the published grid file's identity) ↦ the report
+
+
 def build(seeds: int = 20, grid=GRID + RANDOM_GRID, progress: Callable[[float, str], None] | None = None,
           recompute: bool = False) -> Report:
     """Every claim on every cell: identities on random batches, the bandit claims on the grid with `seeds` seeds
     (a claim of the random-reward control on the grid's coin conditions, the others on the rest). The bandit's
-    cells are read from the published grid where it is this one (`bandit_published`), unless `recompute`."""
+    cells are read from the published grid where it is this one (`bandit_published`), unless `recompute`. Built
+    once for as long as the published grid's file stays as it is (`kept.Kept`: the server's warm-up builds the
+    Claims page's), `progress` hearing of a build only."""
+    if recompute:
+        return _build(seeds, grid, progress, recompute=True)
+    key = (seeds, bandit_published.key(seeds, grid), store.file_identity(bandit_published.path()))
+    return COMPUTED.get(key, lambda: _build(seeds, grid, progress))
+
+
+def _build(seeds: int, grid, progress, recompute: bool = False) -> Report:
     rows = []
     for claim in CLAIMS:
         if claim.identity is not None:

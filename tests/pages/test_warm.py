@@ -9,7 +9,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from divviz.app import local_server, warm
-from divviz.evidence import claims_real, lm_evidence
+from divviz.evidence import claims_real, claims_report, lm_evidence
 from divviz.evidence.kept import Kept
 
 ROUTER = str(Path(__file__).resolve().parents[2] / "router.py")
@@ -18,13 +18,14 @@ ROUTER = str(Path(__file__).resolve().parents[2] / "router.py")
 def test_the_warm_up_computes_every_cell_the_claims_page_opens_on(tmp_path, monkeypatch, repository_published):
     """As a fresh clone opens it: the published SmolLM2 runs and one-update batches."""
     monkeypatch.setenv("DIVVIZ_RUNS_DIR", str(tmp_path))
-    for module in (lm_evidence, claims_real):
+    for module in (claims_report, lm_evidence, claims_real):
         monkeypatch.setattr(module, "COMPUTED", Kept())
     warm.DONE.clear()
     warm.warm()
     assert warm.DONE.is_set()
-    warmed = {module: module.COMPUTED.computed for module in (lm_evidence, claims_real)}
-    assert all(warmed.values())  # the published SmolLM2 runs' cells, curves, collapses, pilot; the one-update cells
+    warmed = {module: module.COMPUTED.computed for module in (claims_report, lm_evidence, claims_real)}
+    assert all(warmed.values())  # the report, the published SmolLM2 runs' cells, curves, collapses, pilot; the
+    # one-update cells
     at = AppTest.from_file(ROUTER, default_timeout=300).run()
     at.switch_page("app_pages/claims.py").run()
     assert not at.exception
