@@ -36,7 +36,7 @@ from divviz.engine.config import RunConfig, identity_keys, objective_settings
 from divviz.engine.models import SMOLLM2_LOOK
 from divviz.evidence import claims, claims_report
 from divviz.evidence.kept import Kept
-from divviz.runs import store
+from divviz.runs import tail
 
 MODEL = "smollm2-135m"
 SETTINGS = {**{k: v for k, v in SMOLLM2_LOOK.items() if k not in ("steps", "checkpoint_every")},
@@ -130,7 +130,7 @@ class RealPlan:
         """The report's cells: per claim and comparison, the paired difference over the cached batches — computed
         once for as long as the batches' files stay as they are (`kept.Kept`)."""
         files = {job: path for job in self.jobs if (path := result_file(*job)) is not None}
-        identities = ((job, str(path), store.file_identity(path)) for job, path in files.items())
+        identities = ((job, str(path), tail.file_identity(path)) for job, path in files.items())
         return COMPUTED.get((self.batches, *identities), lambda: self._rows(files))
 
     def _rows(self, files: dict[tuple[int, str], Path]) -> list[dict]:

@@ -28,7 +28,7 @@ from divviz.evidence.kept import Kept
 from divviz.evidence.verdict_power import verdict_power
 from divviz.evidence.claims import (BANDIT, BINARY, BY_CONSTRUCTION, CLAIMS, GRID, IDENTITY_TOLERANCE, QUICK_SEEDS,
                                     RANDOM_GRID, SECTIONS, SEEDS, UNTESTED, Claim, Comparison, effect_of, is_primary)
-from divviz.runs import store
+from divviz.runs import tail
 
 
 COMPUTED_HERE = "computed here"  # a report's bandit cells, when they were not read from the published grid
@@ -339,7 +339,7 @@ def build(seeds: int = 20, grid=GRID + RANDOM_GRID, progress: Callable[[float, s
     Claims page's), `progress` hearing of a build only."""
     if recompute:
         return _build(seeds, grid, progress, recompute=True)
-    key = (seeds, bandit_published.key(seeds, grid), store.file_identity(bandit_published.path()))
+    key = (seeds, bandit_published.key(seeds, grid), tail.file_identity(bandit_published.path()))
     return COMPUTED.get(key, lambda: _build(seeds, grid, progress))
 
 

@@ -4,7 +4,7 @@ no cell (another claim chosen, a table sorted) computes no cell again.
     KEPT = Kept()
     KEPT.get((what it is, *the identities of the files it reads), compute)   # a copy of compute()'s result
 
-(a file's identity: `runs.store.file_identity`)
+(a file's identity: `runs.tail.file_identity`)
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from divviz.evidence.claims_lm import FINAL, PILOT, LMPlan, measures, run_config
 from divviz.evidence.kept import Kept
 from divviz.evidence.rescore import disagreement, sampled_tokens
 from divviz.metrics import metric_range, proportion
-from divviz.runs import store
+from divviz.runs import store, tail
 
 # (run folder, its tokens folder's identity, steps, other measure) ↦ the run's disagreement with the other's clip
 # test: a page's rerun re-scores no run it has re-scored before (each reads its token files)
@@ -42,11 +42,11 @@ COMPUTED = Kept()  # (a plan's `final_runs`, a computation and its arguments) �
 
 def final_runs(plan: LMPlan) -> tuple:
     """What a plan's evidence is read from: its design, and each final run's folder, state and message with the
-    identity of every file the evidence reads (`store.file_identity`) — so a run that finishes, is replaced by the
+    identity of every file the evidence reads (`tail.file_identity`) — so a run that finishes, is replaced by the
     user's own, or has a file changed in place gives another tuple."""
     return (plan.model, plan.setting, plan.device, plan.steps, plan.seeds, plan.pilot_seeds,
             tuple((key, str(run.folder), run.state, run.message,
-                   *(store.file_identity(run.folder / name) for name in ("metrics.jsonl", "eval.jsonl", "tokens")))
+                   *(tail.file_identity(run.folder / name) for name in ("metrics.jsonl", "eval.jsonl", "tokens")))
                   for key, run in plan.runs.items() if run is not None and run.state in FINAL))
 
 
@@ -172,7 +172,7 @@ class LMEvidence:
             shares = [disagreement(tokens, claims.OBJECTIVES[other]) for tokens in self._samples[key]]
             return float(np.mean(shares)) if shares else np.nan
 
-        return RESCORED.get((str(folder), store.file_identity(folder / "tokens"), steps, other), rescored)
+        return RESCORED.get((str(folder), tail.file_identity(folder / "tokens"), steps, other), rescored)
 
     @_kept
     def collapses(self) -> list[dict]:

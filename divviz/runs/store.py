@@ -42,7 +42,7 @@ import numpy as np
 from divviz.catalogue.params import DivvizInputError
 from divviz.engine.completions import MAX_BYTES, check_record
 from divviz.runs.processes import process_alive, run_process_alive, running
-from divviz.runs.tail import METRICS, last_row, open_regular
+from divviz.runs.tail import METRICS, last_row, open_regular, stat_identity
 from divviz.safetext import quoted, shorten
 
 CLOCK_KEYS = ("step_time", "tokens_per_s", "eval/time", "runs_training")  # the wall clock's figures in a run's rows
@@ -241,20 +241,7 @@ class CorruptRun(ValueError):
     """A run folder's file does not hold what the contract says."""
 
 
-def file_identity(path) -> tuple | None:
-    """What changes when a file is written, replaced or removed: its device, inode, size and modification time (None
-    where there is no file)."""
-    try:
-        return _identity(os.stat(path))
-    except OSError:
-        return None
-
-
-def _identity(stat: os.stat_result) -> tuple:
-    return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
-
-
-_kept_json: dict[Path, tuple[tuple, str]] = {}  # a JSON file → (its `file_identity`; its checked text)
+_kept_json: dict[Path, tuple[tuple, str]] = {}  # a JSON file → (its `stat_identity`; its checked text)
 KEPT_JSON_BYTES = 65_536  # status.json and config.json are a few kB
 JSON_CAP = MAX_BYTES + 1_000_000  # the largest JSON file a run holds: a step's completions at the largest cap
 
@@ -266,7 +253,7 @@ def _read_json(path: Path) -> object:
     kept text (twice as fast as a deep copy). `CorruptRun` if it is not JSON."""
     try:
         stat = os.stat(path)
-        seen = _identity(stat)
+        seen = stat_identity(stat)
         known = _kept_json.get(path)
         if known is None or known[0] != seen:
             with open_regular(path) as handle:

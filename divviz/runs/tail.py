@@ -177,6 +177,19 @@ class MetricsCache:
 METRICS = MetricsCache()
 
 
+def file_identity(path) -> tuple | None:
+    """What changes when a file is written, replaced or removed: its device, inode, size and modification time (None
+    where there is no file)."""
+    try:
+        return stat_identity(os.stat(path))
+    except OSError:
+        return None
+
+
+def stat_identity(s: os.stat_result) -> tuple:
+    return s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns
+
+
 def open_regular(path: Path):
     """`path` opened for binary reading if it is a regular file and not a symbolic link, else OSError: a run folder
     from elsewhere may hold a FIFO, whose read would wait for a writer forever, or a link to /dev/zero, whose read

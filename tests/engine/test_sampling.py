@@ -7,7 +7,7 @@ import contextlib
 
 import torch
 
-from divviz.engine import grpo, rollout
+from divviz.engine import grpo, policy, rollout
 from divviz.engine.config import RunConfig
 from divviz.engine.grpo import make_batch, make_trainer
 
@@ -16,6 +16,9 @@ FACTS = ("completion_ids", "completion_mask", "logp", "entropy", "top1", "was_ar
 
 
 def test_casting_the_linear_weights_once_samples_what_autocast_casting_at_every_call_samples(monkeypatch):
+    """On every CPU: where bfloat16 is not native (divviz refuses it for a run there) torch emulates it, with the
+    same casts."""
+    monkeypatch.setattr(policy, "cpu_has_bf16", lambda: True)
     tr = make_trainer(RunConfig.make(dtype="bfloat16", seed=3, **SMALL))
     assert tr.dtype == torch.bfloat16
     parameters = dict(tr.model.named_parameters())
