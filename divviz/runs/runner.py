@@ -49,7 +49,7 @@ def check_may_manage(folder: Path, viewer: Viewer | None) -> None:
                                "teacher can stop or delete it")
 
 
-_pools: dict[str, subprocess.Popen] = {}  # runs folder → the pool this process last started there (reaped once ended)
+_pools: dict[str, subprocess.Popen] = {}  # a runs folder's control folder → the pool this process last started there
 _pools_lock = threading.Lock()  # the app's sessions, each in its own thread, poll at once
 
 
@@ -97,20 +97,20 @@ def ensure_pool(root: Path) -> None:
     (starting up: it takes the lock once Python has imported it, seconds on a busy machine — a caller that polls, as
     the Training lab does every 2 s, would otherwise start one more each time, and a herd of them, all importing, kept
     any from reaching the lock). A second one started in a race with another process just leaves."""
-    key = str(Path(root).resolve())
     with _pools_lock:
         reap()
-        if key in _pools:
+        control = control_dir(root)  # a runs folder that cannot be used: one line (DivvizInputError), before anything
+        if str(control) in _pools:
             return
-        with open(control_dir(root) / "pool.lock", "a") as lock:
+        with open(control / "pool.lock", "a") as lock:
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 return  # a pool is serving
             fcntl.flock(lock, fcntl.LOCK_UN)
-        with open(control_dir(root) / "pool.log", "a") as log:  # the pool writes to its own copy
-            _pools[key] = subprocess.Popen([sys.executable, "-m", *pool_command(root)], stdout=log,
-                                           stderr=subprocess.STDOUT, start_new_session=True, cwd=os.getcwd())
+        with open(control / "pool.log", "a") as log:  # the pool writes to its own copy
+            _pools[str(control)] = subprocess.Popen([sys.executable, "-m", *pool_command(root)], stdout=log,
+                                                    stderr=subprocess.STDOUT, start_new_session=True, cwd=os.getcwd())
 
 
 def pool_command(root: Path) -> list[str]:
