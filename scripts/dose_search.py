@@ -191,10 +191,12 @@ def refusal_here() -> str | None:
     """Why this machine cannot train the search's runs as declared, or None: they are bfloat16 (`BASE`), which
     divviz refuses where the device has no native bfloat16 (`engine/policy.pick_dtype`) — a search is not moved to
     another precision on the quiet."""
+    dtype, device = BASE[BASE.index("--dtype") + 1], pick_device()
     try:
-        pick_dtype(BASE[BASE.index("--dtype") + 1], pick_device(), "smollm2-135m")
-    except DivvizInputError as refused:
-        return f"the search's runs are declared in {BASE[BASE.index('--dtype') + 1]}, and here {refused}"
+        pick_dtype(dtype, device, "smollm2-135m")
+    except DivvizInputError:
+        return (f"the search's runs are declared in {dtype}, and this {device.type.upper()} has no native {dtype} "
+                "(AVX512-BF16 or AMX on a CPU): run it on a machine that has it")
     return None
 
 
