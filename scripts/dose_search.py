@@ -191,9 +191,9 @@ def refusal_here() -> str | None:
     """Why this machine cannot train the search's runs as declared, or None: they are bfloat16 (`BASE`), which
     divviz refuses where the device has no native bfloat16 (`engine/policy.pick_dtype`) — a search is not moved to
     another precision on the quiet."""
-    dtype, device = BASE[BASE.index("--dtype") + 1], pick_device()
+    dtype, model, device = BASE[BASE.index("--dtype") + 1], BASE[BASE.index("--model") + 1], pick_device()
     try:
-        pick_dtype(dtype, device, "smollm2-135m")
+        pick_dtype(dtype, device, model)
     except DivvizInputError:
         return (f"the search's runs are declared in {dtype}, and this {device.type.upper()} has no native {dtype} "
                 "(AVX512-BF16 or AMX on a CPU): run it on a machine that has it")
