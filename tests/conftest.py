@@ -29,9 +29,10 @@ os.environ.setdefault("DIVVIZ_POOL_PRIORITY", "normal")  # a pool at the lowest 
 # The repository's published runs would join every runs folder a test lists: a test reads them only when it asks
 # (the `repository_published` fixture, or a folder of its own through DIVVIZ_PUBLISHED). The published bandit grid
 # adds no run: every test's Claims page opens on it, as a fresh clone's does (a copy of it alone).
+NO_PUBLISHED_RUNS = None  # the folder this process made (removed when pytest ends); the xdist workers inherit it
 if "DIVVIZ_PUBLISHED" not in os.environ:
-    os.environ["DIVVIZ_PUBLISHED"] = tempfile.mkdtemp(prefix="divviz-tests-no-published-runs-")
-    shutil.copy(ROOT / "published" / bandit_published.FILE, os.environ["DIVVIZ_PUBLISHED"])
+    NO_PUBLISHED_RUNS = os.environ["DIVVIZ_PUBLISHED"] = tempfile.mkdtemp(prefix="divviz-tests-no-published-runs-")
+    shutil.copy(ROOT / "published" / bandit_published.FILE, NO_PUBLISHED_RUNS)
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-sync",
                  "--disable-background-networking", "--disable-component-update"]
 
@@ -109,6 +110,11 @@ def no_process_left_behind(request):
 SLOW_MODULES = {"test_browser", "test_claims_lm", "test_claims_real", "test_evidence_tables",
                 "test_import_trainers", "test_inspector", "test_lab_pages", "test_published", "test_real_model",
                 "test_ray", "test_room", "test_training", "test_trl_minibatch", "test_trl_runs", "test_walkthrough"}
+
+
+def pytest_unconfigure(config):
+    if NO_PUBLISHED_RUNS is not None:  # in the process that made it, after its workers have ended
+        shutil.rmtree(NO_PUBLISHED_RUNS, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(items):

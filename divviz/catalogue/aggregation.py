@@ -38,6 +38,22 @@ def aggregation_weights(mask: np.ndarray, how: str, max_completion_length: int |
     raise ValueError(f"unknown aggregation {how!r}")
 
 
+def prefix_weights(lengths: list[int], how: str, max_completion_length: int | None = None) -> np.ndarray:
+    """Each row's token weight where row i's mask is its first `lengths[i]` tokens (an imported step's completions):
+    row i of `aggregation_weights` on that mask, over those tokens, without making the (rows × longest) mask — a
+    hostile step of one long completion beside many short ones would make it gigabytes."""
+    n = np.asarray(lengths, dtype=np.float64)
+    width = max_completion_length or max(int(n.max(initial=0)), 1)
+    rows = max(len(n), 1)
+    weight = {"grpo": 1.0 / np.maximum(n, 1) / rows, "bnpo": np.full_like(n, 1.0 / max(n.sum(), 1)),
+              "dr_grpo": np.full_like(n, 1.0 / (rows * width)), "luspo": np.full_like(n, 1.0 / rows),
+              "token_sum": np.ones_like(n)}
+    weight["dapo"] = weight["bnpo"]
+    if how not in weight:
+        raise ValueError(f"unknown aggregation {how!r}")
+    return weight[how]
+
+
 def dapo_tokens(kept: torch.Tensor, minibatches: int) -> torch.Tensor:
     """DAPO's normaliser for one of K mini-batches, as TRL passes it (`num_items_in_batch`): the tokens the whole
     batch keeps, over K, so that the K mini-batches' losses sum to the batch's token mean (at least 1 token)."""

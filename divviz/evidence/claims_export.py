@@ -8,14 +8,12 @@ import math
 import tempfile
 from pathlib import Path
 
-import numpy as np
 
 from divviz.evidence import claims, claims_lm, forest, intervals, lm_evidence, significance
+from divviz.evidence.cell_words import dose_text, effect_text, power_text, signed, tested_text, verdict_power_text
 from divviz.evidence.claims import LM, LM_TRAINING
 from divviz.evidence.claims_report import (BY_CONSTRUCTION_VERDICT, CELL_KEYS, DESCRIPTIVE, HEADERS, RAW, RULES_OUT,
-                                           VERDICT_RULE, VERDICTS,
-                                           Report, dose_text, effect_text, power_text, summary_key,
-                                           verdict_power_text)
+                                           VERDICT_RULE, VERDICTS, Report, summary_key)
 
 
 def to_text(report: Report) -> str:
@@ -66,8 +64,7 @@ def cell_text(row: dict) -> str:
     power and, where it does, the gain it rules out after it."""
     value = lambda key: math.nan if row[key] is None else row[key]  # noqa: E731
     d = intervals.Paired(value("mean"), value("low"), value("high"), row["n"], row["seeds_against_mean"])
-    holm = "" if row["p_holm"] is None else f" (Holm {row['p_holm']:.3g})"
-    tested = "" if row["p"] is None else f", sign-flip p {row['p']:.3g}{holm}, median {row['median']:+.3f}"
+    tested = tested_text(row)
     adjusted = ("" if row["verdict_adjusted"] == row["verdict"] else
                 " (descriptive: outside the claim's primary readings, not adjusted or counted)"
                 if row["verdict_adjusted"] == DESCRIPTIVE else
@@ -312,11 +309,6 @@ def cells_phrase(entry: dict, cells: list[dict]) -> str:
                          "the mean" for c in cells)
     return (", ".join(f"{v} {entry[v]}" for v in VERDICTS if entry[v]) + f" of {entry['cells']} cells ({entry[RAW]} "
             "held or reversed before Holm)")
-
-
-def signed(x: float) -> str:
-    """A number with its sign to 3 significant digits, never in exponent form: "+0.146", "-0.00184", "+0.000088"."""
-    return np.format_float_positional(x, precision=3, fractional=False, trim="-", sign=True)
 
 
 def md(text: str) -> str:

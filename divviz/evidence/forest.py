@@ -15,6 +15,7 @@ import textwrap
 import numpy as np
 
 from divviz.evidence import intervals, significance
+from divviz.evidence.cell_words import tested_text
 from divviz.evidence.claims_report import BY_CONSTRUCTION_VERDICT, DESCRIPTIVE
 from divviz.metrics import GLOSSARY
 
@@ -140,10 +141,8 @@ def _hover_text(cell: dict) -> str:
         return f"{whole}: no value"
     interval = (f"95% [{_num(cell['low'])}, {_num(cell['high'])}]" if cell["low"] is not None
                 else "no interval from one seed")
-    holm = f" (Holm {cell['p_holm']:.3g})" if cell.get("p_holm") is not None else ""
-    tested = f", sign-flip p {cell['p']:.3g}{holm}, median {cell['median']:.4g}" if cell["p"] is not None else ""
     return (f"{whole}: mean {cell['mean']:.4g}, {interval}, n = {cell['n']}, {cell['seeds_against_mean']} of "
-            f"{cell['n']} seeds against the mean{tested}: {cell['verdict']}" + _adjusted_text(cell)
+            f"{cell['n']} seeds against the mean{tested_text(cell)}: {cell['verdict']}" + _adjusted_text(cell)
             + _margin_text(cell, ": ")
             + (" (every seed's difference exactly 0)" if cell["verdict"] == intervals.IDENTICAL else ""))
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from divviz.catalogue.aggregation import aggregation_weights
+from divviz.catalogue.aggregation import prefix_weights
 from divviz.catalogue.divergences import clip_test
 from divviz.catalogue.estimators import k1, k2, k3
 from divviz.catalogue.params import DivvizInputError
@@ -214,8 +214,7 @@ def score_step(step: Step, objective: Objective) -> tuple[dict, dict, dict]:
                **step.metrics, "step": number}  # the file's own numbers (over every rollout) win
     tokens = {"pi_old": joined["logp_old"].exp().float().numpy(), "ratio": joined["ratio"].float().numpy(),
               "adv": joined["adv"].float().numpy(), "state": joined["state"].numpy().astype(np.int8)}
-    weight = aggregation_weights(padded([[1.0] * len(c.ids) for c in completions], width).numpy(),
-                                 objective.aggregation, width)
+    weight = prefix_weights([len(c.ids) for c in completions], objective.aggregation, width)
     with_ref = all(c.logp_ref is not None for c in completions)  # π_ref shown only where every completion has it
     record = {"step": number, "byte_cap": BYTE_CAP, "omitted": 0, "groups": []}
     row = 0
@@ -226,7 +225,8 @@ def score_step(step: Step, objective: Objective) -> tuple[dict, dict, dict]:
             shown = {"pi_old": facts["logp_old"].exp(), "pi_new": None, "ratio": facts["ratio"], "adv": facts["adv"],
                      "measure": facts["measure"], "penalty": None,
                      "pi_ref": torch.tensor(c.logp_ref, dtype=torch.float64).exp() if with_ref else None,
-                     "loss": facts["loss"], "weight": torch.from_numpy(weight[row, :n]), "rho": None,
+                     "loss": facts["loss"], "weight": torch.full((n,), weight[row], dtype=torch.float64),
+                     "rho": None,
                      "pi_roll": None if c.logp_roll is None else torch.tensor(c.logp_roll).exp(), "entropy": None,
                      "top1": None}
             entry["completions"].append({

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from divviz.evidence import bandit_cells, claims, claims_export, claims_report, forest, intervals, significance
+from divviz.evidence import bandit_cells, cell_words, claims, claims_export, claims_report, forest, intervals, significance
 from divviz.bandit.grpo import run_bandit
 from divviz.bandit.setting import BanditConfig
 from divviz.cli import main
@@ -153,7 +153,7 @@ def test_claims_across_settings_say_what_the_summary_counts(report):
             assert phrase == ", ".join(f"{v} {s[v]}" for v in claims_report.VERDICTS if s[v]) + \
                 f" of {s['cells']} cells ({s[claims_report.RAW]} held or reversed before Holm)"
         else:
-            assert all(f"{c['verdict_adjusted']}, {claims_export.signed(c['mean'])} [{claims_export.signed(c['low'])}"
+            assert all(f"{c['verdict_adjusted']}, {cell_words.signed(c['mean'])} [{cell_words.signed(c['low'])}"
                        in phrase for c in cells)
     keys = ("random_reward_clip_low", "kl3_entropy")
     table = claims_export.settings_markdown(report, keys, (claims.BANDIT, claims.REAL)).splitlines()

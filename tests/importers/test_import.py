@@ -4,6 +4,8 @@ an imported run lists, opens in the step inspector and re-scores like any other.
 
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -132,6 +134,28 @@ def test_a_file_too_big_to_read_whole_is_refused_before_reading(tmp_path, capsys
     assert main(["import", str(path), "--runs-dir", str(tmp_path / "runs")]) == 2
     assert "2048 MB; a JSON document (UNIPO's JSON, TRL's trainer_state.json) is read whole, at most 256 MB" \
         in capsys.readouterr().err
+
+
+def test_one_long_completion_beside_many_short_ones_imports_in_memory_bounded_by_its_tokens(tmp_path):
+    """A 3 MB step of one 100,000-token completion beside 3,000 of one token: its token weights come from each
+    completion's length (`aggregation.prefix_weights`), not from a 3,001 × 100,000 mask (gigabytes). The import
+    runs in a process whose address space is capped at 2 GiB."""
+    def completion(n, i):
+        return {"text": "x" * n, "reward": float(i % 2), "ids": [7] * n, "pieces": ["x"] * n, "logp_old": [-1.0] * n,
+                "logp": [-1.0] * n, "advantage": 0.5 if i % 2 else -0.5}
+
+    path = tmp_path / "step.jsonl"
+    step = {"prompts": [{"prompt": "p", "completions": [completion(100_000, 0)]
+                         + [completion(1, i + 1) for i in range(3_000)]}]}
+    path.write_text(json.dumps({"header": {"model": "builtin", "task": "reverse"}}) + "\n" + json.dumps(step) + "\n")
+    capped = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (2 * 2**30, 2 * 2**30)); "
+              "from divviz.cli import main; sys.exit(main(sys.argv[1:]))")
+    proc = subprocess.run([sys.executable, "-c", capped, "import", str(path), "--runs-dir", str(tmp_path / "runs")],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-1500:]
+    [run] = store.list_runs(tmp_path / "runs")
+    [row] = store.read_metrics(run.folder)
+    assert row["completions/mean_length"] == pytest.approx(103_000 / 3_001)
 
 
 def test_the_jsonl_format_round_trips_an_engine_runs_recorded_step(tmp_path):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from divviz.catalogue import divergences as dv, penalties as pn
-from divviz.catalogue.aggregation import aggregation_weights
+from divviz.catalogue.aggregation import AGGREGATIONS, aggregation_weights, prefix_weights
 from divviz.loss_grids import random_token_batch
 from divviz.bandit.loss_gradient import PolicyLossGradient
 from divviz.losses import Objective, policy_loss
@@ -430,3 +430,16 @@ def test_a_mirror_map_from_an_explicit_phi():
                                (b'{"weights": 1}', "phi.json", "no list of numbers")):
         with pytest.raises(pn.DivvizInputError, match=says):
             phi_text(source, name)
+
+
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+def test_prefix_weights_are_the_rows_of_the_masks_weights(aggregation):
+    """Completions whose masks are their first n tokens (an imported step's): `prefix_weights` gives each row's
+    weight equal to `aggregation_weights` on the padded mask, to the bit, an empty completion included."""
+    lengths = [3, 0, 7, 1, 7, 2]
+    mask = np.array([[1.0] * n + [0.0] * (7 - n) for n in lengths])  # padded to the longest, as a step is
+    for width in (None, 12):  # dr_grpo's max_completion_length, or the mask's width
+        full = aggregation_weights(mask, aggregation, width)
+        rows = prefix_weights(lengths, aggregation, width)
+        for row, n in enumerate(lengths):
+            assert np.array_equal(full[row, :n], np.full(n, rows[row])) and not full[row, n:].any()
