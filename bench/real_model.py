@@ -13,7 +13,8 @@ step ≤ 0.6× float32's (`--compare-dtypes`).
     (c) bare     the same KV-cached sampler, π_old without grad per mini-batch, and μ × K forward/backward passes of
                  the clipped loss, nothing else
 
-The held-out evaluation (`engine/evaluate.py`: 128 problems, sampled and greedy) is timed once after the steps.
+The held-out evaluation (`engine/evaluate.py`: 128 problems, sampled and greedy) is timed once after the steps, and
+its matrix-product FLOPs counted as a step's are: its row of the table is one evaluation, not a step.
 
 The floor: each way's matrix-product FLOPs in one step, counted by `torch.utils.flop_counter.FlopCounterMode`
 (every mm, addmm, bmm and attention kernel, forward and backward; TRL's over two of its steps, halved), over this
@@ -263,11 +264,12 @@ def step_flops(cfg: RunConfig) -> dict[str, float]:
     return flops
 
 
-def eval_seconds(cfg: RunConfig) -> float:
-    """Seconds of one held-out evaluation (`engine/evaluate.py`) of the start model at these settings."""
+def evaluation(cfg: RunConfig, count: bool) -> tuple[float, float]:
+    """(seconds, matrix-product FLOPs) of one held-out evaluation (`engine/evaluate.py`) of the start model at these
+    settings: the warm-up call counted (with `count`; NaN without), the next one timed."""
     trainer = make_trainer(cfg)
-    held_out_evaluation(trainer)  # warm-up
-    return held_out_evaluation(trainer)["eval/time"]
+    flops = counted_flops(lambda: held_out_evaluation(trainer)) if count else float("nan")
+    return held_out_evaluation(trainer)["eval/time"], flops
 
 
 def measure(cfg: RunConfig, args) -> dict[str, float]:
@@ -278,7 +280,7 @@ def measure(cfg: RunConfig, args) -> dict[str, float]:
           + f"; median of {args.steps} steps after a warm-up", flush=True)
     times = time_side_by_side(cfg)
     d, t, b = (statistics.median(times[k]) for k in ("divviz", "TRL", "bare"))
-    e = eval_seconds(cfg)
+    e, eval_flops = evaluation(cfg, not args.no_flops)
     flags = ["--trainable-blocks", str(cfg.trainable_blocks), "--mu", str(cfg.mu), "--minibatches",
              str(cfg.minibatches), "--dtype", cfg.dtype]
     peaks = {way: float(subprocess.run([sys.executable, __file__, "--peak", way, "--device", args.device, *flags],
@@ -286,11 +288,12 @@ def measure(cfg: RunConfig, args) -> dict[str, float]:
              for way in ("divviz", "TRL", "bare")} if args.peak_memory else {}
     flops = {} if args.no_flops else step_flops(cfg)
     peak = matmul_peak(cfg)
-    print(f"{'':<8} {'s/step':>8} {'peak GiB':>9} {'GFLOP':>8} {'floor s':>8} {'× floor':>8}"
+    print(f"{'':<10} {'s/step':>8} {'peak GiB':>9} {'GFLOP':>8} {'floor s':>8} {'× floor':>8}"
           + ("  (peak: two steps alone, the model loaded)" if peaks else ""))
-    for way, seconds in (("divviz", d), ("TRL", t), ("bare", b)):
+    flops["evaluation"] = eval_flops
+    for way, seconds in (("divviz", d), ("TRL", t), ("bare", b), ("evaluation", e)):
         floor = flops.get(way, float("nan")) / peak
-        print(f"{way:<8} {seconds:>8.2f} {peaks.get(way, float('nan')):>9.2f} {flops.get(way, float('nan')) / 1e9:>8.1f} "
+        print(f"{way:<10} {seconds:>8.2f} {peaks.get(way, float('nan')):>9.2f} {flops.get(way, float('nan')) / 1e9:>8.1f} "
               f"{floor:>8.2f} {seconds / floor:>8.1f}")
     print(f"divviz/bare {d / b:.2f} (target ≤ 1.25), divviz/TRL {d / t:.2f} (target ≤ 0.8); held-out evaluation "
           f"{e:.1f} s ({e / d:.1f} steps' worth); matrix-product peak {peak / 1e9:.0f} GFLOP/s "
