@@ -31,7 +31,7 @@ def smol():
 
 def train_cli(root: Path, *flags: str) -> Path:
     proc = subprocess.run([str(Path(sys.executable).with_name("divviz")), "train", "--model", smollm2.NAME, *flags,
-                           "--runs-dir", str(root), "--now"], capture_output=True, text=True, timeout=900)
+                           "--runs-dir", str(root), "--now"], capture_output=True, text=True, timeout=3600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "deprecated" not in proc.stderr and "Loading weights" not in proc.stderr  # a quiet console
     return Path(proc.stdout.strip().splitlines()[-1])
