@@ -31,7 +31,7 @@ first search's choice if it has one, else the second's, else divviz reports no b
 cost.
 
 Points are trained in the search's order (the likeliest to bind first), two runs at a time on one thread each at the
-lowest CPU priority (nice 19: the search yields to anything else on the machine), each run in its own folder under the runs
+lowest CPU priority (nice 19: the search yields to anything else on the machine; `--nice 0` on a machine of its own), each run in its own folder under the runs
 folder (default ../runs-dose, outside the checkout); a finished run is never trained again and one stopped part-way goes
 on from its last resume state (every CHECKPOINT steps), so the search resumes where it stopped. After each run the
 summary (every run's per-step dose, entropy, stability and evaluations, and the rule's reading) is written to
@@ -139,11 +139,11 @@ def flags(point: str, objective: str) -> list[str]:
             *(["--temperature", f"{temperature:g}"] if temperature is not None else []), *OBJECTIVES[objective][1]]
 
 
-def train(runs: Path, point: str, objective: str, log, nice: int = 19) -> None:
+def train(runs: Path, point: str, objective: str, log, nice: int) -> None:
     """Train one run of the search into runs/<point>/<objective> unless it is done there. It trains in
     runs/<point>/<objective>.training/ and keeps its resume state every CHECKPOINT steps (`runs/resume.py`: a resumed
     run writes the rows an unbroken one would), so a run stopped with the machine goes on from its last resume state;
-    one stopped without any starts again. It trains at `nice` (19: yielding to anything else on the machine)."""
+    one stopped without any starts again. It trains at `nice` (19, the default: yielding to anything else)."""
     folder, training = runs / point / objective, runs / point / f"{objective}.training"
     if folder.is_dir() and store.read_run(folder).state == "done":
         return
@@ -171,12 +171,12 @@ def train(runs: Path, point: str, objective: str, log, nice: int = 19) -> None:
     publish(folder, point, objective)
 
 
-def attempt(runs: Path, job: tuple[str, str], log) -> str | None:
+def attempt(runs: Path, job: tuple[str, str], log, nice: int) -> str | None:
     """Train and publish one run of the queue, then write the summary; a failure is one line in the log and on
     stderr, returned, and the search goes on with the next run (a finished run stays in the runs folder, to publish
     again with --publish)."""
     try:
-        train(runs, *job, log)
+        train(runs, *job, log, nice)
         write(runs)
         return None
     except Exception as error:  # noqa: BLE001 - a worker thread's error would otherwise wait, unseen, in its future
@@ -338,11 +338,20 @@ def write(runs: Path) -> None:
     print(table(result), flush=True)
 
 
+def nice_value(text: str) -> int:
+    """--nice's value: a whole number from 0 (the usual priority) to 19 (the lowest)."""
+    if not (text.isdigit() and int(text) <= 19):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a priority from 0 to 19")
+    return int(text)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--search", choices=SEARCHES, default="first", help="which declared search (default: first)")
     parser.add_argument("--runs", default=str(ROOT.parent / "runs-dose"))
     parser.add_argument("--parallel", type=int, default=2, help="runs at a time (each on one thread)")
+    parser.add_argument("--nice", type=nice_value, default=19, metavar="0…19",
+                        help="the runs' CPU priority (default 19: the search yields to anything else on the machine)")
     parser.add_argument("--table", action="store_true", help="only print the published summary as a table")
     parser.add_argument("--publish", action="store_true",
                         help="only publish every finished run of the runs folder (again) and write the summary")
@@ -374,7 +383,7 @@ def main() -> None:
         sys.exit(f"dose search: nothing trained: {refused}")
     started = time.time()
     with open(runs / "search.log", "a") as log, ThreadPoolExecutor(args.parallel) as pool:
-        failed = [line for line in pool.map(lambda job: attempt(runs, job, log), queue) if line]
+        failed = [line for line in pool.map(lambda job: attempt(runs, job, log, args.nice), queue) if line]
         log.write(f"\n== the search's queue done in {(time.time() - started) / 60:.1f} min"
                   f"{f', {len(failed)} of {len(queue)} runs failed' if failed else ''}\n")
     if failed:

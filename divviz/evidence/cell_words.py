@@ -70,5 +70,6 @@ def tested_text(row: dict) -> str:
 
 
 def signed(x: float) -> str:
-    """A number with its sign to 3 significant digits, never in exponent form: "+0.146", "-0.00184", "+0.000088"."""
-    return np.format_float_positional(x, precision=3, fractional=False, trim="-", sign=True)
+    """A number with its sign to 3 significant digits, never in exponent form: "+0.146", "-0.00184", "+0.000088";
+    exactly zero (either sign) "0", which is neither side."""
+    return "0" if x == 0 else np.format_float_positional(x, precision=3, fractional=False, trim="-", sign=True)

@@ -87,6 +87,8 @@ def test_claims_page_shows_computed_verdicts(page, app_url):
     forests.first.wait_for(state="attached", timeout=60_000)
     box = forests.first.locator("circle").first.bounding_box()
     assert box is not None and box["width"] > 0 and forests.first.locator("circle").count() > 20
+    hover = forests.first.locator("circle > title").first.text_content()  # a point's hover: its cell and numbers
+    assert " − PPO" in hover and "95% [" in hover and "n = " in hover and "sign-flip p" in hover
 
 
 def test_training_lab_end_to_end(page, app_url):

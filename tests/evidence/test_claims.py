@@ -163,6 +163,12 @@ def test_claims_across_settings_say_what_the_summary_counts(report):
     assert all(line.endswith("| — |") and "| entropy: " in line for line in table[2:])  # no SmolLM2 cell here
 
 
+def test_a_signed_number_has_its_sign_and_zero_has_none():
+    assert [cell_words.signed(x) for x in (0.146, -0.00184, 8.8e-5, -3e-7)] == ["+0.146", "-0.00184", "+0.000088",
+                                                                                "-0.0000003"]
+    assert cell_words.signed(0.0) == cell_words.signed(-0.0) == "0"  # a median of exactly 0 is on neither side
+
+
 def test_forest_plots_put_each_cell_on_its_side_of_zero_in_its_verdicts_colour(report):
     panels = forest.panels(report)
     assert {(claim.key, metric) for claim, metric, _ in panels} == {

@@ -198,6 +198,15 @@ def test_a_machine_without_the_declared_precision_trains_nothing_and_says_why(tm
     assert "has no native bfloat16" in str(stopped.value) and not (tmp_path / "search.log").exists()
 
 
+@pytest.mark.parametrize("nice", ["30", "-1", "low"])
+def test_a_priority_outside_nices_range_is_one_line(nice, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["dose_search.py", "--table", "--nice", nice])
+    with pytest.raises(SystemExit) as ended:
+        dose_search.main()
+    assert ended.value.code == 2 and capsys.readouterr().err.splitlines()[-1] == (
+        f"dose_search.py: error: argument --nice: '{nice}' is not a priority from 0 to 19")
+
+
 def test_a_run_whose_training_fails_is_said_and_the_search_ends_failed(tmp_path, monkeypatch, capsys):
     """A run that ends without a finished run (here `divviz train` refusing a flag, as it refuses on a machine it
     cannot train on) is one line on stderr and in the log, nothing is published, and the search's exit says how
@@ -206,8 +215,8 @@ def test_a_run_whose_training_fails_is_said_and_the_search_ends_failed(tmp_path,
     monkeypatch.setitem(dose_search.SEARCHES, "first", dose_search.Search("search", {"p": (1, 4, 1e-4, None)}))
     monkeypatch.setattr(dose_search, "refusal_here", lambda: None)
     monkeypatch.setattr(dose_search, "flags", lambda point, objective: ["--steps", "-1"])
-    monkeypatch.setattr(sys, "argv", ["dose_search.py", "--runs", str(tmp_path / "runs")])
-    with pytest.raises(SystemExit) as ended:
+    monkeypatch.setattr(sys, "argv", ["dose_search.py", "--runs", str(tmp_path / "runs"), "--nice", "0"])  # not
+    with pytest.raises(SystemExit) as ended:  # nice 19: beside a busy machine's work each refusal took minutes
         dose_search.main()
     assert str(ended.value).startswith("dose search: 2 of 2 runs failed")
     said = capsys.readouterr().err
