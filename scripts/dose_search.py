@@ -31,9 +31,9 @@ first search's choice if it has one, else the second's, else divviz reports no b
 cost.
 
 Points are trained in the search's order (the likeliest to bind first), two runs at a time on one thread each at the
-lowest CPU priority (nice 19: the search yields to anything else on the machine; `--nice 0` on a machine of its own), each run in its own folder under the runs
-folder (default ../runs-dose, outside the checkout); a finished run is never trained again and one stopped part-way goes
-on from its last resume state (every CHECKPOINT steps), so the search resumes where it stopped. After each run the
+lowest CPU priority (nice 19: the search yields to anything else on the machine; `--nice 0` on a machine of its
+own), each run in its own folder under the runs folder (default ../runs-dose, outside the checkout); a finished
+run is never trained again and one stopped part-way goes on from its last resume state (every CHECKPOINT steps), so the search resumes where it stopped. After each run the
 summary (every run's per-step dose, entropy, stability and evaluations, and the rule's reading) is written to
 published/<search>.json and printed as a table, and the finished run itself is published into
 published/<search>/<point>-<objective>/ (`runs/published.py`: its metrics, evaluations, samples and the
@@ -143,7 +143,7 @@ def train(runs: Path, point: str, objective: str, log, nice: int) -> None:
     """Train one run of the search into runs/<point>/<objective> unless it is done there. It trains in
     runs/<point>/<objective>.training/ and keeps its resume state every CHECKPOINT steps (`runs/resume.py`: a resumed
     run writes the rows an unbroken one would), so a run stopped with the machine goes on from its last resume state;
-    one stopped without any starts again. It trains at `nice` (19, the default: yielding to anything else)."""
+    one stopped without any starts again. It trains at `nice` (--nice: 19 unless asked, yielding to anything else)."""
     folder, training = runs / point / objective, runs / point / f"{objective}.training"
     if folder.is_dir() and store.read_run(folder).state == "done":
         return

@@ -215,8 +215,9 @@ def test_a_run_whose_training_fails_is_said_and_the_search_ends_failed(tmp_path,
     monkeypatch.setitem(dose_search.SEARCHES, "first", dose_search.Search("search", {"p": (1, 4, 1e-4, None)}))
     monkeypatch.setattr(dose_search, "refusal_here", lambda: None)
     monkeypatch.setattr(dose_search, "flags", lambda point, objective: ["--steps", "-1"])
-    monkeypatch.setattr(sys, "argv", ["dose_search.py", "--runs", str(tmp_path / "runs"), "--nice", "0"])  # not
-    with pytest.raises(SystemExit) as ended:  # nice 19: beside a busy machine's work each refusal took minutes
+    # at the suite's priority: at the search's nice 19 beside a busy machine's work each refusal took minutes
+    monkeypatch.setattr(sys, "argv", ["dose_search.py", "--runs", str(tmp_path / "runs"), "--nice", "0"])
+    with pytest.raises(SystemExit) as ended:
         dose_search.main()
     assert str(ended.value).startswith("dose search: 2 of 2 runs failed")
     said = capsys.readouterr().err
