@@ -31,15 +31,15 @@ first search's choice if it has one, else the second's, else divviz reports no b
 cost.
 
 Points are trained in the search's order (the likeliest to bind first), two runs at a time on one thread each at the
-lowest CPU priority (nice 19: the search yields to anything else on the machine; `--nice 0` on a machine of its
-own), each run in its own folder under the runs folder (default ../runs-dose, outside the checkout); a finished
-run is never trained again and one stopped part-way goes on from its last resume state (every CHECKPOINT steps), so the search resumes where it stopped. After each run the
-summary (every run's per-step dose, entropy, stability and evaluations, and the rule's reading) is written to
-published/<search>.json and printed as a table, and the finished run itself is published into
-published/<search>/<point>-<objective>/ (`runs/published.py`: its metrics, evaluations, samples and the
+lowest CPU priority (nice 19: the search yields to anything else on the machine; `--nice 0` on a machine of its own),
+each run in its own folder under the runs folder (default ../runs-dose, outside the checkout); a finished run is never
+trained again and one stopped part-way goes on from its last resume state (every CHECKPOINT steps), so the search
+resumes where it stopped. After each run the summary (every run's per-step dose, entropy, stability and evaluations,
+and the rule's reading) is written to published/<search>.json and printed as a table, and the finished run itself is
+published into published/<search>/<point>-<objective>/ (`runs/published.py`: its metrics, evaluations, samples and the
 first, middle and last steps' per-token records, the manifest naming the commit and the CPU kernels that trained it; a
-published grid holds one CPU's runs, so a run trained on another CPU goes into <search>-2/, and so on: a
-pair may cross CPUs, which the rule, read run by run, allows). The training code is held at one commit by training from
+published grid holds one CPU's runs, so a run trained on another CPU goes into <search>-2/, and so on: a pair may
+cross CPUs, which the rule, read run by run, allows). The training code is held at one commit by training from
 a worktree (`--tree`) while this script runs from the checkout that publishes. A point already in the summary whose runs
 are not in the runs folder (a machine since returned) keeps its summarised reading, and a finished run summarised by the
 same commit is kept and not trained again while its pair's other run is.

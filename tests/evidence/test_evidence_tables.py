@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from divviz.evidence import (bandit_cells, bandit_published, claims, claims_export, claims_real, lm_evidence,
-                             significance)
+from divviz.evidence import (bandit_cells, bandit_published, claims, claims_export, claims_real, claims_report,
+                             lm_evidence, significance)
 from divviz.evidence.kept import Kept
 from divviz.safetext import literal
 
@@ -34,8 +34,8 @@ def test_readme_and_claims_md_hold_what_the_bandit_grid_and_the_published_runs_s
     monkeypatch.setattr(significance, "_TESTED", {})
     monkeypatch.setattr(significance, "_LOADED", set())
     monkeypatch.setattr(significance, "_READ", set())
-    for kept in (lm_evidence, claims_real):  # every cell computed here, as in the script's fresh process: a cell
-        monkeypatch.setattr(kept, "COMPUTED", Kept())  # another test of this process computed reads no p again
+    for kept in (lm_evidence, claims_real, claims_report):  # every cell and report computed here, as in the script's
+        monkeypatch.setattr(kept, "COMPUTED", Kept())  # fresh process: one another test of this process kept reads no p
     claims_md = (ROOT / "docs" / "claims.md").read_text()
     stale = "is stale: run python scripts/evidence_tables.py"
     grids = evidence_tables.published()

@@ -36,6 +36,7 @@ def test_a_warm_up_that_fails_says_so_in_one_line_and_lets_the_pages_compute(mon
     def broken(*args, **kwargs):
         raise OSError("the runs folder is gone")
 
+    monkeypatch.setattr(claims_report, "COMPUTED", Kept())  # the report it builds before failing stays in this test
     monkeypatch.setattr("divviz.evidence.claims_lm.opening_plan", broken)
     warm.DONE.clear()
     warm.warm()
