@@ -11,7 +11,9 @@ problems (`Task.held_out`, never in a training batch) answered by the policy as 
 
 The sampled evaluation draws from one fixed seed (`EVAL_SEED`) every time, so two evaluations differ only by the
 policy, and every run starts from the same step-0 figures as the other runs of its model and task. Completions are
-generated in batches of `EVAL_BATCH` with the KV cache (`rollout.sample`), as training samples them.
+generated in batches of `EVAL_BATCH` with the KV cache, as training samples them, each batch's prompts prefilled once
+for both ways (`rollout.sample_ways`): the same completions, to the bit, as sampling every batch at τ and then every
+batch greedily, since the greedy way draws nothing from the generator.
 """
 
 from __future__ import annotations
@@ -21,12 +23,13 @@ import time
 import torch
 
 from divviz.engine.prompts import prompt_ids
-from divviz.engine.rollout import decode_completions, encode_prompts, sample
+from divviz.engine.rollout import decode_completions, encode_prompts, sample_ways
 from divviz.engine.tasks import Task
 from divviz.metrics import proportion
 
 EVAL_BATCH = 64
 EVAL_SEED = 20_261_126
+WAYS = (False, True)  # each batch sampled at τ, then greedily, from one prefill (`rollout.sample_ways`)
 
 
 def evaluate(model, tokenizer, task: Task, prompt_format: str, *, temperature: float, max_new_tokens: int,
@@ -40,13 +43,13 @@ def evaluate(model, tokenizer, task: Task, prompt_format: str, *, temperature: f
     was_training = model.training
     model.eval()
     correct, tokens = {False: 0, True: 0}, 0.0
-    for greedy in (False, True):
-        for first in range(0, len(problems), EVAL_BATCH):
-            chunk = problems[first:first + EVAL_BATCH]
-            ids, mask = encode_prompts(asked[first:first + EVAL_BATCH], tokenizer.pad_token_id, 1, device)
-            rollout = sample(model, ids, mask, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
-                             max_new_tokens=max_new_tokens, temperature=temperature, generator=generator,
-                             autocast=autocast, greedy=greedy)
+    for first in range(0, len(problems), EVAL_BATCH):
+        chunk = problems[first:first + EVAL_BATCH]
+        ids, mask = encode_prompts(asked[first:first + EVAL_BATCH], tokenizer.pad_token_id, 1, device)
+        rollouts = sample_ways(model, ids, mask, WAYS, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
+                               max_new_tokens=max_new_tokens, temperature=temperature, generator=generator,
+                               autocast=autocast)
+        for greedy, rollout in zip(WAYS, rollouts):
             texts = decode_completions(tokenizer, rollout)
             correct[greedy] += sum(task.is_correct(prompt, answer, text, chat)
                                    for (prompt, answer), text in zip(chunk, texts))

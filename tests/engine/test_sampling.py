@@ -5,6 +5,7 @@ against their published bits: tests/engine/test_grpo_step.py, scripts/retrain_pu
 
 import contextlib
 
+import pytest
 import torch
 
 from divviz.engine import grpo, policy, rollout
@@ -71,3 +72,25 @@ def test_the_decode_loop_waits_for_the_device_once_per_decoded_token(monkeypatch
     width = batch.rollout.completion_ids.shape[1]
     assert len(set(lengths.tolist())) > 2  # rows ended at different tokens: the loop dropped rows more than once
     assert asked == [width + 1]  # one a decoded token (which rows go on), one in the prefill (the distinct prompts)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_both_ways_from_one_prefill_sample_what_each_way_alone_samples(dtype, monkeypatch):
+    """The held-out evaluation's sampled and greedy answers from one prefill (`rollout.sample_ways`) against two
+    `sample` calls: every token and per-token fact the same to the bit, and the generator left in the same state."""
+    monkeypatch.setattr(policy, "cpu_has_bf16", lambda: True)  # emulated where not native: the same code path
+    tr = make_trainer(RunConfig.make(dtype=dtype, seed=2, **SMALL))
+    ids, mask = make_batch(tr, 0).rollout.prompt_ids, make_batch(tr, 0).rollout.prompt_mask
+    kwargs = dict(eos_id=tr.tokenizer.eos_token_id, pad_id=tr.tokenizer.pad_token_id, max_new_tokens=12,
+                  temperature=1.0, autocast=tr.autocast)
+    alone_generator, shared_generator = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
+    alone = [rollout.sample(tr.model, ids, mask, generator=alone_generator, greedy=greedy, **kwargs)
+             for greedy in (False, True)]
+    shared = rollout.sample_ways(tr.model, ids, mask, (False, True), generator=shared_generator, **kwargs)
+    for one, other in zip(alone, shared):
+        assert all(torch.equal(getattr(one, f), getattr(other, f)) for f in FACTS)
+    assert not torch.equal(alone[0].completion_ids, alone[1].completion_ids)  # the two ways do differ
+    assert torch.equal(alone_generator.get_state(), shared_generator.get_state())
+    again = rollout.sample_ways(tr.model, ids, mask, (True, True), generator=None, **kwargs)
+    assert all(torch.equal(getattr(alone[1], f), getattr(way, f)) for way in again for f in FACTS)  # a way's cache
+    # is its own: the second greedy way decodes from the prefill, not from the first way's extended cache
