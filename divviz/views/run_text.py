@@ -5,6 +5,7 @@ its time left, a busy machine's share of the CPU), the inspector's kept steps, a
 from __future__ import annotations
 
 import os
+import re
 import time
 
 from divviz.catalogue.params import DivvizInputError
@@ -18,7 +19,7 @@ from divviz.safetext import literal
 
 def run_label(run, unique: bool = False) -> str:
     """A legend label for a run: its objective, where it came from when not divviz's engine ("(TRL)", "· imported
-    (unipo)"), and the end of its folder name when `unique`."""
+    (unipo)"), and with `unique` its folder's own id (`folder_id`)."""
     try:
         label = config_label(run.config)
     except (DivvizInputError, TypeError, AttributeError):  # a config written by another version, or none
@@ -28,7 +29,13 @@ def run_label(run, unique: bool = False) -> str:
     if run.config.get("backend") == "import":  # its file's format, as `importers.source.source_config` keeps it
         source = run.config.get("source") if isinstance(run.config.get("source"), dict) else {}
         label = f"{label} · imported ({source.get('format', 'unknown format')})"
-    return f"{label} · {run.name[-6:]}" if unique else label
+    return f"{label} · {folder_id(run.name)}" if unique else label
+
+
+def folder_id(name: str) -> str:
+    """The random id that ends a folder `store.new_run_folder` made ("…-0bc013"), else the whole name (a published
+    run's "mu4-K8-lr5e-5-ppo", whose last six characters name nothing)."""
+    return name[-6:] if re.fullmatch(r".+-[0-9a-f]{6}", name) else name
 
 
 def task_label(config: dict) -> str:

@@ -4,6 +4,7 @@ the table it was drawn from."""
 import io
 import os
 import json
+import shutil
 import sys
 
 import numpy as np
@@ -317,6 +318,18 @@ def test_a_timing_run_is_listed_as_one(tmp_path):
     assert run_text.run_choice(timing).startswith("timing run · ")
     assert runs_table.overview_rows([timing], Viewer("x", teacher=True))[0]["source"] == "timing run (Measure one step)"
     assert not run_text.run_choice(a_run(tmp_path, state="done", step=3)).startswith("timing")
+
+
+def test_an_overlaid_run_is_told_apart_by_its_folders_id_or_a_published_runs_whole_name(tmp_path):
+    from divviz.runs import store
+
+    run = a_run(tmp_path, state="done").folder
+    mine = store.new_run_folder(tmp_path / "runs", "add-ratio-ε-0.2")  # "<date>-<time>-add-ratio-ε-0.2-<6 hex>"
+    published = tmp_path / "runs" / "mu4-K8-lr5e-5-ppo"
+    for folder in (mine, published):
+        shutil.copytree(run, folder, dirs_exist_ok=True)
+    assert run_text.run_label(store.read_run(mine), unique=True) == f"ratio ε=0.2 · {mine.name[-6:]}"
+    assert run_text.run_label(store.read_run(published), unique=True) == "ratio ε=0.2 · mu4-K8-lr5e-5-ppo"
 
 
 def test_a_measure_keeps_its_colour_whatever_order_its_runs_come_in():
