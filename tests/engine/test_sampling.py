@@ -91,6 +91,6 @@ def test_both_ways_from_one_prefill_sample_what_each_way_alone_samples(dtype, mo
         assert all(torch.equal(getattr(one, f), getattr(other, f)) for f in FACTS)
     assert not torch.equal(alone[0].completion_ids, alone[1].completion_ids)  # the two ways do differ
     assert torch.equal(alone_generator.get_state(), shared_generator.get_state())
+    # a way's cache is its own: the second greedy way decodes from the prefill, not from the first way's extended cache
     again = rollout.sample_ways(tr.model, ids, mask, (True, True), generator=None, **kwargs)
-    assert all(torch.equal(getattr(alone[1], f), getattr(way, f)) for way in again for f in FACTS)  # a way's cache
-    # is its own: the second greedy way decodes from the prefill, not from the first way's extended cache
+    assert all(torch.equal(getattr(alone[1], f), getattr(way, f)) for way in again for f in FACTS)
