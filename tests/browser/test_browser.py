@@ -1,6 +1,8 @@
 """End to end in a real browser: Debian's chromium, driven by Playwright, against `streamlit run app.py`."""
 
 import os
+import time
+import warnings
 from urllib.parse import quote, unquote, urlparse
 
 import pytest
@@ -207,12 +209,24 @@ ROLLOUT_TRACES = """() => {
 }"""
 
 
+TAG_LEFT = """name => {  // from now on, window.tagLeft says whether the multiselect's tag `name` ever left the page
+  window.tagLeft = false;
+  const gone = () => !document.querySelector(`[aria-label="Remove ${name}"]`);
+  new MutationObserver(() => { if (gone()) window.tagLeft = true; }).observe(document.body,
+                                                                             {childList: true, subtree: true});
+}"""
+
+
 def test_the_bandit_compares_rollout_corrections_in_the_browser(page, app_url):
     """A link with a lagging bf16 sampler, three corrections and the sampler's tab open: chromium draws the rollout
     chart with one curve per correction, the sidebar's Rollout block holds the link's corrections, and removing one
-    redraws and relinks."""
+    redraws and relinks. A click the browser never delivered (the tag never left the page and no message went to the
+    server: a pointer event lost to the sidebar's layout on a busy machine) is clicked again, once; a removal the
+    browser did send that does not come back as two curves fails, naming what it found."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
+    sent = []  # the times of the browser's messages to the app's server (a widget change is a rerun request)
+    page.on("websocket", lambda ws: ws.on("framesent", lambda _: sent.append(time.monotonic())))
     page.goto(f"{app_url}/mass_reallocation?m=ratio&rollout_lag=2&rollout_dtype=bfloat16&rc=none,TIS+token,bypass"
               "&iterations=20&k=20&seeds=4&tab=Sampler+and+corrections")
     page.wait_for_function(f"({ROLLOUT_TRACES})().length === 3", timeout=90_000)
@@ -221,15 +235,24 @@ def test_the_bandit_compares_rollout_corrections_in_the_browser(page, app_url):
     block = page.locator('[data-testid="stSidebar"] [data-testid="stExpander"]', has_text="Sampler precision")
     for name in ("none", "TIS token"):  # the link's corrections, as the multiselect's tags
         block.get_by_role("button", name=f"Remove {name}").wait_for(timeout=30_000)
-    wait_until_idle(page)
-    block.get_by_role("button", name="Remove bypass").click()
-    try:
-        page.wait_for_function(f"({ROLLOUT_TRACES})().length === 2", timeout=90_000)
-    except PlaywrightTimeout:  # which of the two it was: the click lost to a rerun, or a redraw that never came
-        tag = block.get_by_role("button", name="Remove bypass").count()
-        state = page.locator('[data-testid="stApp"]').get_attribute("data-test-script-state")
-        raise AssertionError(f"after Remove bypass: the tag {'is back' if tag else 'is gone'}, the script "
-                             f"{state}, the chart's traces {page.evaluate(ROLLOUT_TRACES)}, the link {page.url}")
+    for attempt in (1, 2):
+        wait_until_idle(page)
+        page.evaluate(f"({TAG_LEFT})('bypass')")
+        clicked = time.monotonic()
+        block.get_by_role("button", name="Remove bypass").click()
+        try:
+            page.wait_for_function(f"({ROLLOUT_TRACES})().length === 2", timeout=90_000 if attempt == 2 else 45_000)
+            break
+        except PlaywrightTimeout:  # which it was: a click the browser never delivered, or a removal undone
+            wait_until_idle(page)
+            left, messages = page.evaluate("window.tagLeft"), sum(t > clicked for t in sent)
+            found = (f"after Remove bypass (click {attempt}): the tag {'left and came back' if left else 'never left'}, "
+                     f"{messages} message(s) to the server, the script "
+                     f"{page.locator('[data-testid=stApp]').get_attribute('data-test-script-state')}, the chart's "
+                     f"traces {page.evaluate(ROLLOUT_TRACES)}, the link {page.url}")
+            if left or messages or attempt == 2:
+                raise AssertionError(found)
+            warnings.warn(f"{found}: clicked again", stacklevel=1)
     page.wait_for_url(lambda url: "rc=none,TIS+token" in url.replace("%2C", ",").replace("%20", "+"), timeout=30_000)
     assert not page.locator('[data-testid="stException"]').count()
 
