@@ -12,11 +12,12 @@ from divviz.catalogue.params import DivvizInputError
 from divviz.engine import stability
 from divviz.engine.models import MODELS, evaluated_settings
 from divviz.engine.policy import pick_device
-from divviz.evidence import claims, claims_export, claims_lm, claims_real, claims_report, forest, lm_evidence
+from divviz.evidence import (claims, claims_export, claims_lm, claims_real, claims_report, dose_search, forest,
+                             lm_evidence)
 from divviz.evidence.claims_lm import DEVICE_KINDS
-from divviz.runs import store
+from divviz.runs import published, store
 from divviz.safetext import literal
-from divviz.views import claims_tables, run_plots, run_text
+from divviz.views import claims_tables, dose_plots, run_plots, run_text
 
 
 def report(seeds: int) -> claims_report.Report:
@@ -224,6 +225,33 @@ if lm_plan is not None and lm_plan.done:
         pilot = evidence.pilot()
         if pilot is not None:
             st.caption(literal(lm_evidence.pilot_text(pilot)))
+
+st.subheader("Where the constraint binds: the dose searches")
+st.write("PPO ε = 0.2 and KL3 δ = 0.05 act differently only on the tokens whose ratio falls between their two boxes, "
+         "so a grid that compares them where they rarely do cannot find a difference. Before an experiment is "
+         "declared, a dose search trains the pair at seed 0 on SmolLM2-135M's learn batch for 100 steps at each "
+         "point of a declared grid (μ, K, the learning rate, the sampling temperature) and reads each point by a "
+         "rule fixed before its first run: PPO clips at least 3% of tokens over the run, the two objectives' clip "
+         "states differ on at least 2% (the *disagreement*: each run's tokens re-scored under the other's test), "
+         "PPO's held-out accuracy rises, and PPO collapses or its entropy halves. The experiment's setting is the "
+         "cheapest point meeting all four. Each search's runs are published (the Runs page lists them); every "
+         "reading below is computed again here from their per-step data (`python scripts/dose_search.py --table` "
+         "prints the same).")
+for label, search in dose_search.SEARCHES.items():
+    with widgets.shown_errors():
+        try:
+            found = dose_search.published_summary(search, published.root())
+        except DivvizInputError as err:
+            st.warning(literal(f"The {label} dose search is not shown: {err}"), icon=":material/report:")
+            continue
+        if found is None:
+            st.caption(f"The {label} dose search ({len(search.points)} points): none of its points published yet.")
+            continue
+        found = dose_plots.read_again(found, search)
+        st.markdown(f"**The {label} search** — {literal(dose_plots.search_sentence(found, search))}")
+        widgets.show_table(dose_plots.dose_table(found), width="stretch")
+        widgets.show_chart(dose_plots.dose_chart(found, f"The {label} dose search over the run"),
+                           f"{label} dose search")
 
 st.subheader("On a real model, one update at a time")
 st.write("SmolLM2-135M-Instruct cannot be trained for many steps on a CPU while you wait, but one update can: for "

@@ -18,6 +18,8 @@ seconds per run) at which
   4. PPO's run collapses (`engine/stability.py`) or its entropy's last-10-step mean falls below half its first step's.
 If no point meets all four, the point meeting 1–3 with the largest disagreement is chosen and the stability claim is
 reported as not testable here; if none meets 1–3, the search is reported as finding no binding regime at this cost.
+The declared searches, the rule and its reading are code in `divviz/evidence/dose_search.py`, which the Claims page
+reads the published summaries with; this script trains and publishes.
 
 **The second search, declared after the first had read 17 of its 18 points and before its own first run (this
 commit): the same rule on four more points.** No point of the first search (μ ∈ {1, 2, 4}, K ∈ {4, 8}, lr ∈ {5e-5,
@@ -59,7 +61,6 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -74,10 +75,10 @@ import transformers  # noqa: E402
 
 from divviz.catalogue.params import DivvizInputError  # noqa: E402
 from divviz.engine.policy import pick_device, pick_dtype  # noqa: E402
+from divviz.evidence.dose_search import RULE, SEARCHES, STEPS, Search, choose, reading, table  # noqa: E402
 from divviz.evidence.rescore import disagreement, measure_objective, sampled_tokens  # noqa: E402
 from divviz.runs import published, resume, store  # noqa: E402
 
-STEPS = 100
 BASE = ["--model", "smollm2-135m", "--task", "add", "--prompts", "8", "--group-size", "8", "--max-new-tokens", "24",
         "--trainable-blocks", "4", "--seed", "0", "--inspect-prompts", "1", "--steps", str(STEPS), "--eval-every",
         "25", "--dtype", "bfloat16"]
@@ -85,42 +86,19 @@ OBJECTIVES = {"ppo": ("ratio", ["--measure", "ratio", "--param", "eps=0.2"]),
               "kl3": ("kl3:delta=0.05", ["--measure", "kl3", "--param", "delta=0.05"])}  # name: (clip test, flags)
 
 
-@dataclass(frozen=True)
-class Search:
-    """One declared search: its points (name: μ, K, learning rate and sampling temperature, None for the model's
-    0.7), the likeliest to bind first, and the file names its summary and runs are published under."""
-
-    name: str
-    points: dict[str, tuple[int, int, float, float | None]]
-
-    def design(self, point: str) -> dict:
-        """A point's μ, K and learning rate, and its temperature where it sets one: as its summary and its runs'
-        manifest record them."""
-        mu, k, lr, temperature = self.points[point]
-        return {"mu": mu, "minibatches": k, "lr": lr, **({"temperature": temperature} if temperature else {})}
-
-    @property
-    def summary(self) -> Path:
-        return PUBLISHED / f"{self.name}.json"
-
-    @property
-    def grid(self) -> Path:  # the first CPU's runs; another CPU's in <grid>-2, <grid>-3, …
-        return PUBLISHED / self.name
-
-
 PUBLISHED = ROOT / "published"
-SEARCHES = {
-    "first": Search("smollm2-135m-dose-search", {  # μ, K and the learning rate over the issue's ranges (6af9705)
-        "mu2-K8-lr5e-5": (2, 8, 5e-5, None), "mu1-K4-lr1e-4": (1, 4, 1e-4, None), "mu2-K8-lr1e-4": (2, 8, 1e-4, None),
-        "mu4-K8-lr5e-5": (4, 8, 5e-5, None), "mu1-K8-lr1e-4": (1, 8, 1e-4, None), "mu2-K4-lr1e-4": (2, 4, 1e-4, None),
-        "mu1-K4-lr2e-4": (1, 4, 2e-4, None), "mu2-K8-lr2e-4": (2, 8, 2e-4, None), "mu4-K8-lr1e-4": (4, 8, 1e-4, None),
-        "mu1-K4-lr5e-5": (1, 4, 5e-5, None), "mu1-K8-lr5e-5": (1, 8, 5e-5, None), "mu2-K4-lr5e-5": (2, 4, 5e-5, None),
-        "mu1-K8-lr2e-4": (1, 8, 2e-4, None), "mu2-K4-lr2e-4": (2, 4, 2e-4, None), "mu4-K4-lr5e-5": (4, 4, 5e-5, None),
-        "mu4-K4-lr1e-4": (4, 4, 1e-4, None), "mu4-K4-lr2e-4": (4, 4, 2e-4, None), "mu4-K8-lr2e-4": (4, 8, 2e-4, None)}),
-    "second": Search("smollm2-135m-second-dose-search", {  # a policy that keeps its entropy (the docstring)
-        "mu4-K8-lr5e-5-T1": (4, 8, 5e-5, 1.0), "mu2-K8-lr5e-5-T1": (2, 8, 5e-5, 1.0),
-        "mu4-K8-lr2.5e-5-T1": (4, 8, 2.5e-5, 1.0), "mu4-K8-lr2.5e-5": (4, 8, 2.5e-5, None)}),
-}
+
+
+def summary_file(search: Search | None = None) -> Path:
+    """Where the search's summary is published (`--search`'s by default)."""
+    return PUBLISHED / f"{(search or SEARCH).name}.json"
+
+
+def grid_root() -> Path:
+    """The first CPU's published runs of the search; another CPU's go into <grid>-2, <grid>-3, …"""
+    return PUBLISHED / SEARCH.name
+
+
 SEARCH = SEARCHES["first"]  # `--search`
 TREE = ROOT  # the checkout whose code trains the runs (`--tree`: a worktree held at one commit)
 CHECKPOINT = 5  # steps between a run's resume states (what a run keeps, not how it trains: `config.KEPT_ONLY`)
@@ -130,7 +108,6 @@ try:
 except ImportError:  # a tree from before run management had its own folder
     from divviz.engine.worker import main
 main(sys.argv[1])"""  # trains a stopped run on in its folder, as the pool does
-RULE = {"ppo_clip": 0.03, "disagreement": 0.02, "entropy_fraction": 0.5, "entropy_window": 10}
 
 
 def flags(point: str, objective: str) -> list[str]:
@@ -208,7 +185,7 @@ def commit() -> str:
 
 def grids() -> list[Path]:
     """The search's published grids so far: its grid, then one per further CPU (<grid>-2, …), in that order."""
-    grid = SEARCH.grid
+    grid = grid_root()
     return [grid, *sorted(grid.parent.glob(f"{grid.name}-[0-9]*"), key=lambda p: int(p.name.rsplit("-", 1)[1]))]
 
 
@@ -219,7 +196,7 @@ def grid_for(trained_by: dict) -> Path:
         manifest = grid / "manifest.json"
         if not manifest.exists() or all(json.loads(manifest.read_text()).get(k) == v for k, v in trained_by.items()):
             return grid
-    return SEARCH.grid.parent / f"{SEARCH.grid.name}-{len(grids()) + 1}"
+    return grid_root().parent / f"{grid_root().name}-{len(grids()) + 1}"
 
 
 def publish(folder: Path, point: str, objective: str) -> None:
@@ -247,41 +224,6 @@ def run_summary(folder: Path, other_clip: str) -> dict | None:
             "step_s": float(np.median([r["step_time"] for r in rows])) if rows else None}
 
 
-def mean(values) -> float | None:
-    present = [v for v in values if v is not None]
-    return float(np.mean(present)) if present else None
-
-
-def reading(point: dict) -> dict | None:
-    """The rule's four conditions on a point whose two runs are done (None otherwise)."""
-    ppo, kl3 = point.get("ppo"), point.get("kl3")
-    if not ppo or not kl3 or ppo["state"] != "done" or kl3["state"] != "done":
-        return None
-    window = RULE["entropy_window"]
-    clip, dose = mean(ppo["clip"]), mean(ppo["disagreement"] + kl3["disagreement"])
-    start, end = ppo["evals"][0]["eval/accuracy"], ppo["evals"][-1]["eval/accuracy"]
-    fell = mean(ppo["entropy"][-window:]) < RULE["entropy_fraction"] * ppo["entropy"][0]
-    return {"ppo_clip": clip, "disagreement": dose, "ppo_accuracy": [start, end],
-            "binds": clip >= RULE["ppo_clip"], "differ": dose >= RULE["disagreement"], "learns": end > start,
-            "destabilises": ppo["collapse_step"] is not None or fell,
-            "cpu_s_per_run": (ppo["step_s"] + kl3["step_s"]) / 2 * STEPS}
-
-
-def choose(points: dict) -> str:
-    """The rule's choice among the points read so far, in words."""
-    read = {name: r for name, p in points.items() if (r := p.get("reading"))}
-    full = [n for n, r in read.items() if r["binds"] and r["differ"] and r["learns"] and r["destabilises"]]
-    if full:
-        return min(full, key=lambda n: read[n]["cpu_s_per_run"]) + ": all four conditions"
-    partial = [n for n, r in read.items() if r["binds"] and r["differ"] and r["learns"]]
-    if partial:
-        best = max(partial, key=lambda n: read[n]["disagreement"])
-        return best + ": conditions 1–3 (the stability claim not testable)"
-    if len(read) == len(SEARCH.points):
-        return f"none: no binding regime at this cost (all {len(read)} points read, none meets conditions 1–3)"
-    return f"none yet ({len(read)} of {len(SEARCH.points)} points read)"
-
-
 def kept_run(point: dict, objective: str, trained_by: str) -> dict | None:
     """A finished run summarised earlier by the commit `trained_by` whose folder is gone: its summary stands."""
     run = point.get(objective)
@@ -290,7 +232,7 @@ def kept_run(point: dict, objective: str, trained_by: str) -> dict | None:
 
 def summary(runs: Path) -> dict:
     """Every point with a run in `runs` summarised from it; a point only in the published summary kept from there."""
-    before = json.loads(SEARCH.summary.read_text())["points"] if SEARCH.summary.exists() else {}
+    before = json.loads(summary_file().read_text())["points"] if summary_file().exists() else {}
     points, trained_by = {}, commit()
     for name in SEARCH.points:
         point = {objective: run_summary(runs / name / objective, OBJECTIVES["kl3" if objective == "ppo" else "ppo"][0])
@@ -301,7 +243,7 @@ def summary(runs: Path) -> dict:
         elif point:
             points[name] = {**SEARCH.design(name), "commit": trained_by, **point}
             points[name]["reading"] = reading(points[name])
-    return {"rule": RULE, "steps": STEPS, "flags": BASE, "points": points, "choice": choose(points)}
+    return {"rule": RULE, "steps": STEPS, "flags": BASE, "points": points, "choice": choose(points, len(SEARCH.points))}
 
 
 def to_train(summarised: dict, only: list[str]) -> list[tuple[str, str]]:
@@ -313,28 +255,9 @@ def to_train(summarised: dict, only: list[str]) -> list[tuple[str, str]]:
             if (name, objective) not in done]
 
 
-def table(result: dict) -> str:
-    lines = ["| point | runs | PPO clip | KL3 clip | disagreement | PPO entropy first → last 10 | PPO collapse | "
-             "PPO held-out start → end | s/step | rule 1 2 3 4 |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for name, p in result["points"].items():
-        ppo, kl3, r = p.get("ppo"), p.get("kl3"), p.get("reading")
-        pct = lambda x: "—" if x is None else f"{100 * x:.3f}%"  # noqa: E731  (3 decimals: 2.999% fails 3%)
-        runs = ", ".join(f"{o} {p[o]['state']} {p[o]['steps']}" for o in OBJECTIVES if o in p)
-        entropy = f"{ppo['entropy'][0]:.3f} → {mean(ppo['entropy'][-10:]):.3f}" if ppo and ppo["entropy"] else "—"
-        held = (f"{ppo['evals'][0]['eval/accuracy']:.3f} → {ppo['evals'][-1]['eval/accuracy']:.3f}"
-                if ppo and ppo["evals"] else "—")
-        rule = " ".join("✓" if r[k] else "✗" for k in ("binds", "differ", "learns", "destabilises")) if r else "—"
-        lines.append(f"| {name} | {runs} | {pct(mean(ppo['clip']) if ppo else None)} | "
-                     f"{pct(mean(kl3['clip']) if kl3 else None)} | "
-                     f"{pct(mean((ppo or {}).get('disagreement', []) + (kl3 or {}).get('disagreement', [])))} | "
-                     f"{entropy} | {ppo and ppo['collapse_step'] or 'no'} | {held} | "
-                     f"{ppo and ppo['step_s'] and round(ppo['step_s'], 1)} | {rule} |")
-    return "\n".join(lines + ["", f"The rule's choice so far: {result['choice']}"])
-
-
 def write(runs: Path) -> None:
     result = summary(runs)
-    SEARCH.summary.write_text(json.dumps(result, indent=1) + "\n")
+    summary_file().write_text(json.dumps(result, indent=1) + "\n")
     print(table(result), flush=True)
 
 
@@ -363,9 +286,9 @@ def main() -> None:
     global TREE, SEARCH
     TREE, SEARCH = Path(args.tree).resolve(), SEARCHES[args.search]
     if args.table:  # as the search last wrote it: read again here, a run kept only in the summary would need --tree
-        if not SEARCH.summary.exists():
-            sys.exit(f"the {args.search} search has no published summary yet ({SEARCH.summary.name})")
-        print(table(json.loads(SEARCH.summary.read_text())))
+        if not summary_file().exists():
+            sys.exit(f"the {args.search} search has no published summary yet ({summary_file().name})")
+        print(table(json.loads(summary_file().read_text())))
         return
     runs = Path(args.runs).resolve()
     runs.mkdir(parents=True, exist_ok=True)

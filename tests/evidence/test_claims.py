@@ -240,7 +240,8 @@ def test_claims_page_renders(tmp_path, monkeypatch):
     assert not at.exception
     headers = [h.value for h in at.subheader]  # the verdicts first, then the model sections that add cells to them
     assert headers == ["Every claim at a glance", literal(claims.CLAIMS[0].text), "On a language model, over training",
-                       "On a real model, one update at a time", "Not testable here"]
+                       "Where the constraint binds: the dose searches", "On a real model, one update at a time",
+                       "Not testable here"]
     at.slider[0].set_value(3).run()
     report = claims_report.build(3)
     overview = at.table[0].value  # every claim and setting, its cells and each verdict's count, static: nothing cut

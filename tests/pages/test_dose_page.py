@@ -1,0 +1,112 @@
+"""The Claims page's dose searches: each published search's points read again by the rule, as a table and step by
+step; a damaged summary is one line while the other search is still shown."""
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from divviz.evidence import dose_search
+from divviz.evidence.bandit_published import FILE as BANDIT_FILE
+from divviz.views import dose_plots
+from tests.page_helpers import open_page, shown, specs, typed
+from tests.pages.test_plots import validated
+
+ROOT = Path(__file__).resolve().parents[2]
+FIRST = dose_search.SEARCHES["first"]
+SECOND = dose_search.SEARCHES["second"]
+
+
+@pytest.fixture
+def published_searches(tmp_path, monkeypatch):
+    """A published folder holding the bandit grid and the first search's summary, as the repository publishes them."""
+    folder = tmp_path / "published"
+    folder.mkdir()
+    for name in (BANDIT_FILE, f"{FIRST.name}.json"):
+        shutil.copy(ROOT / "published" / name, folder)
+    monkeypatch.setenv("DIVVIZ_PUBLISHED", str(folder))
+    monkeypatch.setenv("DIVVIZ_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("DIVVIZ_RUNS_DIR", str(tmp_path / "runs"))
+    return folder
+
+
+def test_the_claims_page_reads_the_first_search_again_and_says_the_second_has_no_point_yet(published_searches):
+    summary = json.loads((published_searches / f"{FIRST.name}.json").read_text())
+    at = open_page("app_pages/claims.py")
+    table = next(frame.value for frame in at.dataframe if "disagreement" in frame.value)
+    assert [tuple(row) for row in table.itertuples(index=False)] == dose_search.rows(summary)  # the file's readings
+    said = [shown(m) for m in at.markdown if "The first search" in m.value]
+    hours = sum(p[o]["step_s"] * p[o]["steps"] for p in summary["points"].values() for o in ("ppo", "kl3")) / 3600
+    assert said == [f"**The first search** — Read so far: 18 of 18 points (36 runs, {hours:.1f}"
+                    " hours of one core at the median step). The rule's choice: none: no binding regime at this cost "
+                    "(all 18 points read, none meets conditions 1–3)."]
+    assert any(f"The second dose search ({len(SECOND.points)} points): none of its points published yet" in c.value
+               for c in at.caption)
+    chart = next(json.loads(spec) for spec in specs(at) if "dose search" in json.loads(spec)["layout"]["title"]["text"])
+    drawn = {(t["name"], t["xaxis"]): typed(t["y"]) for t in chart["data"]}
+    assert len(drawn) == 3 * len(summary["points"])  # a line a point in each of the three panels
+    point = summary["points"]["mu2-K8-lr5e-5"]  # the pair's mean disagreement over each 10 steps, with numpy here
+    pair = np.mean([point["ppo"]["disagreement"], point["kl3"]["disagreement"]], axis=0).reshape(10, 10).mean(axis=1)
+    assert np.allclose(drawn["mu2-K8-lr5e-5", "x"], pair, rtol=0, atol=1e-15)
+    assert np.allclose(drawn["mu2-K8-lr5e-5", "x3"], np.reshape(point["ppo"]["entropy"], (10, 10)).mean(axis=1),
+                       rtol=0, atol=1e-15)
+    assert pair[0] > 2 * pair[-1]  # the dose is front-loaded: it falls with the entropy (docs/claims.md)
+    assert not at.exception
+
+
+def test_a_damaged_summary_is_one_line_and_the_other_search_is_still_shown(published_searches):
+    (published_searches / f"{SECOND.name}.json").write_text('{"points": {"mu9-K1": {}}, "choice": "mine"}')
+    at = open_page("app_pages/claims.py")
+    assert [shown(w) for w in at.warning if "dose search" in w.value] == [
+        f"The second dose search is not shown: published/{SECOND.name}.json: not a dose search's summary "
+        "(ValueError: points this search does not declare: mu9-K1)"]
+    assert any("disagreement" in frame.value for frame in at.dataframe) and not at.exception
+
+
+def test_a_reading_differing_from_the_file_is_the_one_computed_here(published_searches):
+    """The page shows the rule's reading of the per-step data, not the reading the file states."""
+    path = published_searches / f"{FIRST.name}.json"
+    summary = json.loads(path.read_text())
+    summary["points"]["mu2-K8-lr5e-5"]["reading"]["differ"] = True  # a file claiming condition 2 was met
+    summary["choice"] = "mu2-K8-lr5e-5: conditions 1–3 (the stability claim not testable)"
+    path.write_text(json.dumps(summary))
+    at = open_page("app_pages/claims.py")
+    table = next(frame.value for frame in at.dataframe if "disagreement" in frame.value)
+    assert table.set_index("point").loc["mu2-K8-lr5e-5", "rule 1 2 3 4"] == "✗ ✗ ✓ ✓"
+    assert any("none: no binding regime at this cost" in shown(m) for m in at.markdown if "first search" in m.value)
+
+
+@pytest.mark.parametrize("damage, said", [
+    ("link", "not a regular file"), ("fifo", "not a regular file"), ("large", "larger than 8,388,608 bytes"),
+    ("not json", "not a dose search's summary (JSONDecodeError"), ("a list", "not a dose search's summary (TypeError"),
+    ("text clip", "not a dose search's summary (TypeError: a run's clip is not numbers)")])
+def test_a_hostile_summary_file_is_refused_with_one_line(tmp_path, damage, said):
+    path = tmp_path / f"{FIRST.name}.json"
+    good = json.loads((ROOT / "published" / f"{FIRST.name}.json").read_text())
+    if damage == "link":
+        path.symlink_to(ROOT / "published" / f"{FIRST.name}.json")
+    elif damage == "fifo":
+        os.mkfifo(path)  # a read would wait for a writer forever
+    elif damage == "large":
+        path.write_text(" " * (dose_search.MAX_SUMMARY_BYTES + 1))
+    elif damage == "not json":
+        path.write_text('{"points": ')
+    elif damage == "a list":
+        path.write_text("[]")
+    else:
+        good["points"]["mu2-K8-lr5e-5"]["ppo"]["clip"][3] = "<b>0.5</b>"
+        path.write_text(json.dumps(good))
+    with pytest.raises(dose_search.DivvizInputError) as refused:
+        dose_search.published_summary(FIRST, tmp_path)
+    assert str(refused.value).startswith(f"published/{FIRST.name}.json: {said}") and "\n" not in str(refused.value)
+
+
+def test_the_chart_and_its_table_hold_every_step_of_every_point():
+    summary = json.loads((ROOT / "published" / f"{FIRST.name}.json").read_text())
+    chart = dose_plots.dose_chart(summary, "t")
+    validated(chart)  # plotly's own check of every trace and axis
+    assert len(chart.data) == sum(max(len(p["ppo"]["clip"]), len(p["kl3"]["clip"])) for p in summary["points"].values())
+    assert set(chart.data.columns) == {"point", "step", "disagreement", "ppo_clip", "ppo_entropy"}
