@@ -75,7 +75,8 @@ import transformers  # noqa: E402
 
 from divviz.catalogue.params import DivvizInputError  # noqa: E402
 from divviz.engine.policy import pick_device, pick_dtype  # noqa: E402
-from divviz.evidence.dose_search import RULE, SEARCHES, STEPS, Search, choose, reading, table  # noqa: E402
+from divviz.evidence.dose_search import (README_ROW, RULE, SEARCHES, STEPS, Search, choose, reading,  # noqa: E402
+                                         readme_row, table)
 from divviz.evidence.rescore import disagreement, measure_objective, sampled_tokens  # noqa: E402
 from divviz.runs import published, resume, store  # noqa: E402
 
@@ -256,9 +257,22 @@ def to_train(summarised: dict, only: list[str]) -> list[tuple[str, str]]:
 
 
 def write(runs: Path) -> None:
+    """The summary published, README's row of the searches (in the README beside the published folder, where there
+    is one) written from every search's summary, the table printed."""
     result = summary(runs)
     summary_file().write_text(json.dumps(result, indent=1) + "\n")
+    readme = PUBLISHED.parent / "README.md"
+    if readme.exists():
+        update_readme(readme)
     print(table(result), flush=True)
+
+
+def update_readme(readme: Path) -> None:
+    """README's row of the searches replaced by what every published summary says now (`readme_row`)."""
+    row = readme_row({label: json.loads(summary_file(search).read_text()) if summary_file(search).exists() else None
+                      for label, search in SEARCHES.items()})
+    readme.write_text("".join(row if line.startswith(README_ROW) else line
+                              for line in readme.read_text().splitlines(keepends=True)))
 
 
 def nice_value(text: str) -> int:

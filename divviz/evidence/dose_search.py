@@ -198,3 +198,23 @@ def _check(found: dict, search: Search) -> None:
         reading_found = p.get("reading")
         if reading_found is not None and not all(isinstance(reading_found[c], bool) for c in CONDITIONS):
             raise TypeError("a reading without its four conditions")
+
+
+README_ROW = "| where the constraint binds (the dose searches) |"  # README's row of the searches, `readme_row`
+
+
+def readme_row(summaries: dict[str, dict | None]) -> str:
+    """README's row: each declared search (its published summary, None where there is none) — how many points
+    are read, the largest disagreement and where, and the rule's choice."""
+    said = []
+    for label, search in SEARCHES.items():
+        summary = summaries.get(label)
+        read = {name: p["reading"] for name, p in (summary or {"points": {}})["points"].items() if p.get("reading")}
+        text = f"{label} search: {len(read)} of {len(search.points)} points read"
+        if read:
+            top = max(read, key=lambda name: read[name]["disagreement"])
+            text += (f", the largest disagreement {100 * read[top]['disagreement']:.3f}% of tokens ({top}) where the "
+                     f"rule asks {100 * RULE['disagreement']:g}%; its choice: {summary['choice']}")
+        said.append(text)
+    return (f"{README_ROW} PPO ε = 0.2 and KL3 δ = 0.05 at seed 0, {STEPS} steps a point: {'; '.join(said)} | "
+            "[docs/claims.md](docs/claims.md#where-the-constraint-binds-the-dose-search) |\n")

@@ -227,3 +227,27 @@ def test_a_run_whose_training_fails_is_said_and_the_search_ends_failed(tmp_path,
     log = (tmp_path / "runs" / "search.log").read_text()
     assert "2 of 2 runs failed" in log and "steps" in log  # divviz train's own line is there too
     assert not (tmp_path / "published").exists()
+
+
+def test_readmes_row_is_what_the_published_summaries_say():
+    from divviz.evidence.dose_search import README_ROW, published_summary, readme_row
+
+    rows = [line for line in (ROOT / "README.md").read_text().splitlines(keepends=True) if line.startswith(README_ROW)]
+    assert rows == [readme_row({label: published_summary(search, ROOT / "published")
+                                for label, search in dose_search.SEARCHES.items()})], \
+        "README's dose-search row is stale: python scripts/dose_search.py --publish writes it"
+
+
+def test_publishing_writes_readmes_row_beside_the_published_folder_and_nothing_else(tmp_path, monkeypatch):
+    from divviz.evidence.dose_search import README_ROW, readme_row
+
+    (tmp_path / "published").mkdir()
+    first = dose_search.SEARCHES["first"]
+    (tmp_path / "published" / f"{first.name}.json").write_text(dose_search.summary_file(first).read_text())
+    monkeypatch.setattr(dose_search, "PUBLISHED", tmp_path / "published")
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# divviz\n{README_ROW} an old reading |\n| the next row |\n")
+    dose_search.update_readme(readme)
+    summary = json.loads(dose_search.summary_file(first).read_text())
+    assert readme.read_text() == f"# divviz\n{readme_row({'first': summary, 'second': None})}| the next row |\n"
+    assert "second search: 0 of 4 points read" in readme.read_text()
