@@ -88,6 +88,15 @@ OBJECTIVES = {"ppo": ("ratio", ["--measure", "ratio", "--param", "eps=0.2"]),
 
 
 PUBLISHED = ROOT / "published"
+SEARCH = SEARCHES["first"]  # `--search`
+TREE = ROOT  # the checkout whose code trains the runs (`--tree`: a worktree held at one commit)
+CHECKPOINT = 5  # steps between a run's resume states (what a run keeps, not how it trains: `config.KEPT_ONLY`)
+RESUME = """import sys
+try:
+    from divviz.runs.worker import main
+except ImportError:  # a tree from before run management had its own folder
+    from divviz.engine.worker import main
+main(sys.argv[1])"""  # trains a stopped run on in its folder, as the pool does
 
 
 def summary_file(search: Search | None = None) -> Path:
@@ -98,17 +107,6 @@ def summary_file(search: Search | None = None) -> Path:
 def grid_root() -> Path:
     """The first CPU's published runs of the search; another CPU's go into <grid>-2, <grid>-3, …"""
     return PUBLISHED / SEARCH.name
-
-
-SEARCH = SEARCHES["first"]  # `--search`
-TREE = ROOT  # the checkout whose code trains the runs (`--tree`: a worktree held at one commit)
-CHECKPOINT = 5  # steps between a run's resume states (what a run keeps, not how it trains: `config.KEPT_ONLY`)
-RESUME = """import sys
-try:
-    from divviz.runs.worker import main
-except ImportError:  # a tree from before run management had its own folder
-    from divviz.engine.worker import main
-main(sys.argv[1])"""  # trains a stopped run on in its folder, as the pool does
 
 
 def flags(point: str, objective: str) -> list[str]:
