@@ -172,13 +172,14 @@ def published_summary(search: Search, where: Path) -> dict | None:
     try:
         found = json.loads(data)
         _check(found, search)
-    except (ValueError, TypeError, KeyError, IndexError) as err:
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as err:
         raise DivvizInputError(f"{shown}: not a dose search's summary ({type(err).__name__}: {err})") from None
     return found
 
 
 def _check(found: dict, search: Search) -> None:
-    """ValueError, TypeError or KeyError where the summary is not one this module can read for `search`."""
+    """ValueError, TypeError, KeyError, IndexError or AttributeError where the summary is not one this module can
+    read for `search`: its points are the search's, and the rule, `rows` and `per_step` read each of them."""
     if not isinstance(found, dict) or not isinstance(found["points"], dict) or not isinstance(found["choice"], str):
         raise TypeError("no points or choice")
     unknown = set(found["points"]) - set(search.points)
@@ -198,6 +199,8 @@ def _check(found: dict, search: Search) -> None:
         reading_found = p.get("reading")
         if reading_found is not None and not all(isinstance(reading_found[c], bool) for c in CONDITIONS):
             raise TypeError("a reading without its four conditions")
+        reading(p)  # what the rule reads of a finished pair: its first and last entropies, evaluations, step times
+    rows(found), per_step(found)  # and what the table and the chart read
 
 
 README_ROW = "| where the constraint binds (the dose searches) |"  # README's row of the searches, `readme_row`

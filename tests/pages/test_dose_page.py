@@ -82,7 +82,8 @@ def test_a_reading_differing_from_the_file_is_the_one_computed_here(published_se
 @pytest.mark.parametrize("damage, said", [
     ("link", "not a regular file"), ("fifo", "not a regular file"), ("large", "larger than 8,388,608 bytes"),
     ("not json", "not a dose search's summary (JSONDecodeError"), ("a list", "not a dose search's summary (TypeError"),
-    ("text clip", "not a dose search's summary (TypeError: a run's clip is not numbers)")])
+    ("text clip", "not a dose search's summary (TypeError: a run's clip is not numbers)"),
+    ("no entropy", "not a dose search's summary (IndexError"), ("no step time", "not a dose search's summary (TypeError")])
 def test_a_hostile_summary_file_is_refused_with_one_line(tmp_path, damage, said):
     path = tmp_path / f"{FIRST.name}.json"
     good = json.loads((ROOT / "published" / f"{FIRST.name}.json").read_text())
@@ -97,7 +98,13 @@ def test_a_hostile_summary_file_is_refused_with_one_line(tmp_path, damage, said)
     elif damage == "a list":
         path.write_text("[]")
     else:
-        good["points"]["mu2-K8-lr5e-5"]["ppo"]["clip"][3] = "<b>0.5</b>"
+        run = good["points"]["mu2-K8-lr5e-5"]["ppo"]
+        if damage == "text clip":
+            run["clip"][3] = "<b>0.5</b>"
+        elif damage == "no entropy":
+            run["entropy"] = []  # a finished run the rule cannot read
+        else:
+            run["step_s"] = None
         path.write_text(json.dumps(good))
     with pytest.raises(dose_search.DivvizInputError) as refused:
         dose_search.published_summary(FIRST, tmp_path)
