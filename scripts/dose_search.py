@@ -258,7 +258,7 @@ def write(runs: Path) -> None:
     """The summary published, README's row of the searches (in the README beside the published folder, where there
     is one) written from every search's summary, the table printed."""
     result = summary(runs)
-    summary_file().write_text(json.dumps(result, indent=1) + "\n")
+    store.write_atomic(summary_file(), json.dumps(result, indent=1) + "\n")  # the Claims page may be reading it
     readme = PUBLISHED.parent / "README.md"
     if readme.exists():
         update_readme(readme)
@@ -269,8 +269,8 @@ def update_readme(readme: Path) -> None:
     """README's row of the searches replaced by what every published summary says now (`readme_row`)."""
     row = readme_row({label: json.loads(summary_file(search).read_text()) if summary_file(search).exists() else None
                       for label, search in SEARCHES.items()})
-    readme.write_text("".join(row if line.startswith(README_ROW) else line
-                              for line in readme.read_text().splitlines(keepends=True)))
+    store.write_atomic(readme, "".join(row if line.startswith(README_ROW) else line
+                                       for line in readme.read_text().splitlines(keepends=True)))
 
 
 def nice_value(text: str) -> int:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -159,30 +160,44 @@ def published_summary(search: Search, where: Path) -> dict | None:
     `MAX_SUMMARY_BYTES` whose points are of this search and carry what `rows` and `per_step` read), None where
     there is none yet; DivvizInputError naming the file where it is damaged."""
     path = where / f"{search.name}.json"
+    try:
+        stat = path.lstat()
+    except FileNotFoundError:
+        return None
+    return _checked(str(path), stat.st_mtime_ns, stat.st_size, tuple(search.points))
+
+
+@lru_cache(maxsize=8)
+def _checked(where: str, mtime_ns: int, size: int, declared: tuple[str, ...]) -> dict:
+    """`published_summary`'s file, read and checked once per state of the file (the Claims page asks on every
+    rerun), against the search's `declared` points; DivvizInputError where it is damaged (read again at every call:
+    an exception is not kept)."""
+    path = Path(where)
     shown = f"published/{path.name}"
     try:
         with open_regular(path) as handle:
             data = handle.read(MAX_SUMMARY_BYTES + 1)
     except FileNotFoundError:
-        return None
+        raise DivvizInputError(f"{shown}: gone while it was read") from None
     except OSError as err:
         raise DivvizInputError(f"{shown}: not a regular file ({err.strerror or err})") from None
     if len(data) > MAX_SUMMARY_BYTES:
         raise DivvizInputError(f"{shown}: larger than {MAX_SUMMARY_BYTES:,} bytes")
     try:
         found = json.loads(data)
-        _check(found, search)
+        _check(found, declared)
     except (ValueError, TypeError, KeyError, IndexError, AttributeError) as err:
         raise DivvizInputError(f"{shown}: not a dose search's summary ({type(err).__name__}: {err})") from None
     return found
 
 
-def _check(found: dict, search: Search) -> None:
+def _check(found: dict, declared: tuple[str, ...]) -> None:
     """ValueError, TypeError, KeyError, IndexError or AttributeError where the summary is not one this module can
-    read for `search`: its points are the search's, and the rule, `rows` and `per_step` read each of them."""
+    read for a search declaring the points `declared`: its points are among them, and the rule, `rows` and `per_step`
+    read each of them."""
     if not isinstance(found, dict) or not isinstance(found["points"], dict) or not isinstance(found["choice"], str):
         raise TypeError("no points or choice")
-    unknown = set(found["points"]) - set(search.points)
+    unknown = set(found["points"]) - set(declared)
     if unknown:
         raise ValueError(f"points this search does not declare: {', '.join(sorted(unknown))[:200]}")
     for p in found["points"].values():

@@ -61,14 +61,16 @@ def runs_dir(given: str | os.PathLike | None = None) -> Path:
     return Path(given or os.environ.get("DIVVIZ_RUNS_DIR") or "runs").expanduser()
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str) -> None:
+    """`text` into `path` through a temporary file beside it and `os.replace`: a reader sees the old file or the new
+    one, never half of one."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
 
 
 def write_status(folder: Path, status: dict) -> None:
-    _write_atomic(folder / "status.json", json.dumps(status))
+    write_atomic(folder / "status.json", json.dumps(status))
 
 
 def finite_json(value) -> str:
@@ -106,7 +108,7 @@ class RunWriter:
         (folder / "tokens").mkdir(parents=True, exist_ok=True)
         queued = read_status(folder) if (folder / "status.json").exists() else {}
         self.config = config
-        _write_atomic(folder / "config.json", json.dumps(config, indent=2))
+        write_atomic(folder / "config.json", json.dumps(config, indent=2))
         self._keep_until(resume_step if resume_step else -1)  # from step 0: not even step 0's evaluation stays
         trained = sum(row.get("step_time", 0.0) for row in read_metrics(folder))
         self.status = {"state": "running", "message": "", **running(os.getpid()), "step": resume_step, "steps": steps,
@@ -123,7 +125,7 @@ class RunWriter:
             if path.exists():
                 rows = [line for line in path.read_text().splitlines()
                         if (at := _step_of(line)) is not None and at <= step]
-                _write_atomic(path, "".join(f"{line}\n" for line in rows))
+                write_atomic(path, "".join(f"{line}\n" for line in rows))
         for pattern in ("tokens/step_*.npz", "completions/step_*.json", "checkpoints/step_*.safetensors"):
             for path in self.folder.glob(pattern):
                 if int(path.name.split(".")[0][5:]) > step:
@@ -136,7 +138,7 @@ class RunWriter:
     def add_to_config(self, extra: dict) -> None:
         """Add what the run learnt when its model loaded (what it asked: `prompts.prompting`) to its config.json."""
         self.config = {**self.config, **extra}
-        _write_atomic(self.folder / "config.json", json.dumps(self.config, indent=2))
+        write_atomic(self.folder / "config.json", json.dumps(self.config, indent=2))
 
     def set_device(self, device: str, threads: int) -> None:
         """Where the run trains: its device and the CPU threads it computes with (what its step times depend on)."""
@@ -151,7 +153,7 @@ class RunWriter:
             os.replace(tmp, self.folder / "tokens" / f"step_{step:06d}.npz")
         if inspected is not None:
             (self.folder / "completions").mkdir(exist_ok=True)
-            _write_atomic(self.folder / "completions" / f"step_{step:06d}.json", finite_json(inspected))
+            write_atomic(self.folder / "completions" / f"step_{step:06d}.json", finite_json(inspected))
         self._samples.write(finite_json({"step": step, "samples": samples}) + "\n")
         self._metrics.write(finite_json(metrics) + "\n")
         self._metrics.flush()
