@@ -248,7 +248,8 @@ def test_the_bandit_compares_rollout_corrections_in_the_browser(page, app_url):
         except PlaywrightTimeout:  # which it was: a click the browser never delivered, or a removal undone
             wait_until_idle(page)
             left, messages = page.evaluate("window.tagLeft"), sum(t > clicked for t in sent)
-            found = (f"after Remove bypass (click {attempt}): the tag {'left and came back' if left else 'never left'}, "
+            tag = "left and came back" if left else "never left"
+            found = (f"after Remove bypass (click {attempt}): the tag {tag}, "
                      f"{messages} message(s) to the server, the script "
                      f"{page.locator('[data-testid=stApp]').get_attribute('data-test-script-state')}, the chart's "
                      f"traces {page.evaluate(ROLLOUT_TRACES)}, the link {page.url}")

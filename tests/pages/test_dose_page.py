@@ -83,7 +83,8 @@ def test_a_reading_differing_from_the_file_is_the_one_computed_here(published_se
     ("link", "not a regular file"), ("fifo", "not a regular file"), ("large", "larger than 8,388,608 bytes"),
     ("not json", "not a dose search's summary (JSONDecodeError"), ("a list", "not a dose search's summary (TypeError"),
     ("text clip", "not a dose search's summary (TypeError: a run's clip is not numbers)"),
-    ("no entropy", "not a dose search's summary (IndexError"), ("no step time", "not a dose search's summary (TypeError")])
+    ("no entropy", "not a dose search's summary (IndexError"),
+    ("no step time", "not a dose search's summary (TypeError")])
 def test_a_hostile_summary_file_is_refused_with_one_line(tmp_path, damage, said):
     path = tmp_path / f"{FIRST.name}.json"
     good = json.loads((ROOT / "published" / f"{FIRST.name}.json").read_text())
