@@ -227,16 +227,20 @@ if lm_plan is not None and lm_plan.done:
             st.caption(literal(lm_evidence.pilot_text(pilot)))
 
 st.subheader("Where the constraint binds: the dose searches")
-st.write("PPO ε = 0.2 and KL3 δ = 0.05 act differently only on the tokens whose ratio falls between their two boxes, "
-         "so a grid that compares them where they rarely do cannot find a difference. Before an experiment is "
-         "declared, a dose search trains the pair at seed 0 on SmolLM2-135M's learn batch for 100 steps at each "
-         "point of a declared grid (μ, K, the learning rate, the sampling temperature) and reads each point by a "
-         "rule fixed before its first run: PPO clips at least 3% of tokens over the run, the two objectives' clip "
-         "states differ on at least 2% (the *disagreement*: each run's tokens re-scored under the other's test), "
-         "PPO's held-out accuracy rises, and PPO collapses or its entropy halves. The experiment's setting is the "
-         "cheapest point meeting all four. Each search's runs are published (the Runs page lists them); every "
-         "reading below is computed again here from their per-step data (`python scripts/dose_search.py --table` "
-         "prints the same).")
+st.write("PPO ε = 0.2 and KL3 δ = 0.05 act differently only on the tokens whose ratio falls between their two boxes: "
+         "each verdict above says on what share of tokens its two objectives' clip states differed, and where that "
+         "share is small no difference can show. Before an experiment is declared, a dose search trains the pair at "
+         "seed 0 on SmolLM2-135M's learn batch for 100 steps (not the grids' 30; the Model and Setting above do not "
+         "apply here) at each point of a declared grid — μ, K, the learning rate and, in the second search, the "
+         "sampling temperature — and reads each point by a rule fixed before its first run: **1** PPO clips at least "
+         "3% of tokens over the run; **2** the two objectives' clip states differ on at least 2% (the "
+         "*disagreement*: each run's sampled tokens re-scored under the other's test, the pair's mean); **3** PPO's "
+         "held-out accuracy ends above its start; **4** PPO collapses or its entropy's last 10 steps average below "
+         "half its first step's. The experiment's setting is the cheapest point meeting all four; failing 4, the "
+         "point meeting 1–3 with the largest disagreement (the stability claim then not testable); none meeting "
+         "1–3, no binding regime at this cost. Every reading below is computed again here from the runs' per-step "
+         "data (`python scripts/dose_search.py --table` prints the same), and the Runs page lists the published runs.")
+manifests = published.manifests()
 for label, search in dose_search.SEARCHES.items():
     with widgets.shown_errors():
         try:
@@ -245,11 +249,18 @@ for label, search in dose_search.SEARCHES.items():
             st.warning(literal(f"The {label} dose search is not shown: {err}"), icon=":material/report:")
             continue
         if found is None:
-            st.caption(f"The {label} dose search ({len(search.points)} points): none of its points published yet.")
+            st.caption(literal(f"The {label} dose search: none of its {len(search.points)} points "
+                               f"({', '.join(search.points)}) published yet. The experiment it may choose is "
+                               "pre-registered in published/smollm2-135m-bind/preregistration.md."))
             continue
-        found = dose_plots.read_again(found, search)
-        st.markdown(f"**The {label} search** — {literal(dose_plots.search_sentence(found, search))}")
-        widgets.show_table(dose_plots.dose_table(found), width="stretch")
+        found, where = dose_plots.read_again(found, search), dose_search.published_runs(search, manifests)
+        st.markdown(f"**The {label} search** — {literal(dose_plots.search_sentence(found, search, where))}")
+        st.caption(literal(dose_plots.early_and_late_sentence(found)))
+        widgets.show_table(dose_plots.dose_table(found, where), width="stretch")
+        st.caption("rule 1 2 3 4: each condition above met (✓) or not (✗) at the point; PPO s/step is PPO's run's "
+                   "median step time, the cost the rule compares is the pair's. A published grid holds one CPU's "
+                   "runs with one set of versions: a point trained in another grid than most, or a pair across two, "
+                   "starts from another step 0 (its held-out start and first entropy differ from the others').")
         widgets.show_chart(dose_plots.dose_chart(found, f"The {label} dose search over the run"),
                            f"{label} dose search")
 

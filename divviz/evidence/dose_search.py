@@ -107,14 +107,15 @@ def read_count(summary: dict) -> int:
     return sum(1 for p in summary["points"].values() if p.get("reading"))
 
 
-TABLE_HEADERS = ("point", "runs", "PPO clip", "KL3 clip", "disagreement", "PPO entropy first → last 10",
-                 "PPO collapse", "PPO held-out start → end", "s/step", "rule 1 2 3 4")
+TABLE_HEADERS = ("point", "runs", "PPO clip", "KL3 clip", "disagreement", "PPO entropy step 1 → last 10 steps",
+                 "PPO collapse step", "PPO held-out start → end", "PPO s/step", "rule 1 2 3 4")
 
 
 def rows(summary: dict) -> list[tuple[str, ...]]:
     """One row of text a point, in `TABLE_HEADERS`' order: the means over the run (three decimals of a percent:
-    2.999% fails 3%), the entropy's first step and last-10 mean, the collapse step, the held-out accuracy at the
-    start and the end, the median seconds a step and each condition met (✓) or not (✗); "—" where not read."""
+    2.999% fails 3%), PPO's entropy at its first step and its last 10 steps' mean, the step it collapsed at, its
+    held-out accuracy at the start and the end, its median seconds a step and each of the rule's conditions met (✓)
+    or not (✗); "—" where not read."""
     found = []
     for name, p in summary["points"].items():
         ppo, kl3, r = p.get("ppo"), p.get("kl3"), p.get("reading")
@@ -125,7 +126,7 @@ def rows(summary: dict) -> list[tuple[str, ...]]:
                 if ppo and ppo["evals"] else "—")
         found.append((name, runs, pct(mean(ppo["clip"]) if ppo else None), pct(mean(kl3["clip"]) if kl3 else None),
                       pct(mean((ppo or {}).get("disagreement", []) + (kl3 or {}).get("disagreement", []))),
-                      entropy, str(ppo and ppo["collapse_step"] or "no"), held,
+                      entropy, "no" if not ppo or ppo["collapse_step"] is None else f"{ppo['collapse_step']:.0f}", held,
                       str(ppo and ppo["step_s"] and round(ppo["step_s"], 1)),
                       " ".join("✓" if r[c] else "✗" for c in CONDITIONS) if r else "—"))
     return found
@@ -236,3 +237,17 @@ def readme_row(summaries: dict[str, dict | None]) -> str:
         said.append(text)
     return (f"{README_ROW} PPO ε = 0.2 and KL3 δ = 0.05 at seed 0, {STEPS} steps a point: {'; '.join(said)} | "
             "[docs/claims.md](docs/claims.md#where-the-constraint-binds-the-dose-search) |\n")
+
+
+def published_runs(search: Search, manifests: dict[str, dict]) -> dict[str, dict[str, tuple[str, str]]]:
+    """Where each of the search's runs is published: {point: {"ppo" | "kl3": (grid, its CPU kernels)}} from the
+    published grids' manifests (`runs.published.manifests`): its grid, then one per further CPU (<grid>-2, …)."""
+    found: dict[str, dict[str, tuple[str, str]]] = {}
+    for grid, manifest in manifests.items():
+        if grid != search.name and not (grid.startswith(f"{search.name}-") and grid.rsplit("-", 1)[1].isdigit()):
+            continue
+        for cell in manifest["runs"].values():
+            if isinstance(cell, dict) and cell.get("point") in search.points:
+                objective = "ppo" if cell.get("measure") == "ratio" else "kl3"
+                found.setdefault(cell["point"], {})[objective] = (grid, str(manifest.get("cpu", "")))
+    return found

@@ -22,11 +22,15 @@ SECOND = dose_search.SEARCHES["second"]
 
 @pytest.fixture
 def published_searches(tmp_path, monkeypatch):
-    """A published folder holding the bandit grid and the first search's summary, as the repository publishes them."""
+    """A published folder holding the bandit grid, the first search's summary and its three grids of runs, as the
+    repository publishes them (4 MB)."""
     folder = tmp_path / "published"
     folder.mkdir()
     for name in (BANDIT_FILE, f"{FIRST.name}.json"):
         shutil.copy(ROOT / "published" / name, folder)
+    for grid in (ROOT / "published").glob(f"{FIRST.name}*"):
+        if grid.is_dir():
+            shutil.copytree(grid, folder / grid.name)
     monkeypatch.setenv("DIVVIZ_PUBLISHED", str(folder))
     monkeypatch.setenv("DIVVIZ_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("DIVVIZ_RUNS_DIR", str(tmp_path / "runs"))
@@ -37,14 +41,24 @@ def test_the_claims_page_reads_the_first_search_again_and_says_the_second_has_no
     summary = json.loads((published_searches / f"{FIRST.name}.json").read_text())
     at = open_page("app_pages/claims.py")
     table = next(frame.value for frame in at.dataframe if "disagreement" in frame.value)
-    assert [tuple(row) for row in table.itertuples(index=False)] == dose_search.rows(summary)  # the file's readings
+    assert [tuple(row) for row in table.drop(columns="published in").itertuples(index=False)] == \
+        dose_search.rows(summary)  # the file's own readings, read again
+    assert (table["published in"] == "summary only").sum() == 1  # the first point: its folders lost with a machine
+    assert table.set_index("point").loc["mu4-K8-lr2e-4", "published in"] == \
+        "smollm2-135m-dose-search-3 (AVX512-BF16)"  # both runs in the third grid (a CPU without AMX)
     said = [shown(m) for m in at.markdown if "The first search" in m.value]
     hours = sum(p[o]["step_s"] * p[o]["steps"] for p in summary["points"].values() for o in ("ppo", "kl3")) / 3600
-    assert said == [f"**The first search** — Read so far: 18 of 18 points (36 runs, {hours:.1f}"
-                    " hours of one core at the median step). The rule's choice: none: no binding regime at this cost "
-                    "(all 18 points read, none meets conditions 1–3)."]
-    assert any(f"The second dose search ({len(SECOND.points)} points): none of its points published yet" in c.value
-               for c in at.caption)
+    assert said == [f"**The first search** — All 18 points read: 36 runs, 34 of them published (2 only in its "
+                    f"summary: their folders were lost with their machine); about {hours:.1f} core-hours (each run's "
+                    "steps at its median step time, one thread a run). The rule's choice: none: no binding regime at "
+                    "this cost (all 18 points read, none meets conditions 1–3)."]
+    early = next(shown(c) for c in at.caption if c.value.startswith("Over the first 10 steps"))
+    first = np.mean([np.mean(np.add(p["ppo"]["disagreement"][:10], p["kl3"]["disagreement"][:10]) / 2)
+                     for p in summary["points"].values()])
+    assert f"differ on {first:.2%} of tokens on average over the points" in early
+    assert any(shown(c).startswith(f"The second dose search: none of its 4 points ({', '.join(SECOND.points)}) "
+                                   "published yet. The experiment it may choose is pre-registered in published/"
+                                   "smollm2-135m-bind/preregistration.md.") for c in at.caption)
     chart = next(json.loads(spec) for spec in specs(at) if "dose search" in json.loads(spec)["layout"]["title"]["text"])
     drawn = {(t["name"], t["xaxis"]): typed(t["y"]) for t in chart["data"]}
     assert len(drawn) == 3 * len(summary["points"])  # a line a point in each of the three panels
