@@ -227,19 +227,21 @@ if lm_plan is not None and lm_plan.done:
             st.caption(literal(lm_evidence.pilot_text(pilot)))
 
 st.subheader("Where the constraint binds: the dose searches")
+RULE = dose_search.RULE
 st.write("PPO ε = 0.2 and KL3 δ = 0.05 act differently only on the tokens whose ratio falls between their two boxes: "
          "each verdict above says on what share of tokens its two objectives' clip states differed, and where that "
          "share is small no difference can show. Before an experiment is declared, a dose search trains the pair at "
-         "seed 0 on SmolLM2-135M's learn batch for 100 steps (not the grids' 30; the Model and Setting above do not "
+         f"seed 0 on SmolLM2-135M's learn batch for {dose_search.STEPS} steps (the Model and Setting above do not "
          "apply here) at each point of a declared grid — μ, K, the learning rate and, in the second search, the "
          "sampling temperature — and reads each point by a rule fixed before its first run: **1** PPO clips at least "
-         "3% of tokens over the run; **2** the two objectives' clip states differ on at least 2% (the "
-         "*disagreement*: each run's sampled tokens re-scored under the other's test, the pair's mean); **3** PPO's "
-         "held-out accuracy ends above its start; **4** PPO collapses or its entropy's last 10 steps average below "
-         "half its first step's. The experiment's setting is the cheapest point meeting all four; failing 4, the "
-         "point meeting 1–3 with the largest disagreement (the stability claim then not testable); none meeting "
-         "1–3, no binding regime at this cost. Every reading below is computed again here from the runs' per-step "
-         "data (`python scripts/dose_search.py --table` prints the same), and the Runs page lists the published runs.")
+         f"{RULE['ppo_clip']:.0%} of tokens over the run; **2** the two objectives' clip states differ on at least "
+         f"{RULE['disagreement']:.0%} (the *disagreement*: each run's sampled tokens re-scored under the other's "
+         "test, the pair's mean); **3** PPO's held-out accuracy ends above its start; **4** PPO collapses or its "
+         f"entropy's last {RULE['entropy_window']} steps average below {RULE['entropy_fraction']:g} × its first "
+         "step's. The experiment's setting is the cheapest point meeting all four; failing 4, the point meeting 1–3 "
+         "with the largest disagreement (the stability claim then not testable); none meeting 1–3, no binding regime "
+         "at this cost. Every reading below is computed again here from the runs' per-step data (`python "
+         "scripts/dose_search.py --table` prints the same), and the Runs page lists the published runs.")
 manifests = published.manifests()
 for label, search in dose_search.SEARCHES.items():
     with widgets.shown_errors():
