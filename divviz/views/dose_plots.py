@@ -43,9 +43,9 @@ def early_and_late_sentence(summary: dict) -> str:
     if not first:
         return ""
     top, early, late = max(first, key=first.get), dose_search.mean(first.values()), dose_search.mean(last.values())
-    return (f"Over the first {WINDOW} steps the two objectives' clip states differ on {early:.2%} of tokens on "
-            f"average over the points ({first[top]:.2%} at {top}); over the last {WINDOW}, on {late:.2%}: the dose "
-            "comes early and falls as the entropy does, and the rule reads its mean over the whole run.")
+    where = f"at {top}" if len(first) == 1 else f"on average over the points ({first[top]:.2%} at {top})"
+    return (f"Over the first {WINDOW} steps the two objectives' clip states differ on {early:.2%} of tokens {where}; "
+            f"over the last {WINDOW}, on {late:.2%}: the rule reads the mean over the whole run.")
 
 
 def dose_table(summary: dict, where: dict[str, dict[str, tuple[str, str]]]) -> pd.DataFrame:
