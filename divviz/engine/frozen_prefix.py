@@ -78,10 +78,17 @@ class FrozenPrefix:
     first: int
     prompt: torch.Tensor  # (N, P, H) at every prompt position (left padding included, as the full forward has it)
     completion: torch.Tensor  # (N, T − 1, H) at each completion token fed back (every one but the last)
+    head: torch.Tensor | None = None  # the frozen output layer's weight in autocast's precision, cast once (`head_cast`)
 
     def __getitem__(self, rows: torch.Tensor) -> FrozenPrefix:
         """The same prefix restricted to the completions `rows` (as `Rollout.rows`)."""
-        return FrozenPrefix(self.first, self.prompt[rows], self.completion[rows])
+        return FrozenPrefix(self.first, self.prompt[rows], self.completion[rows], self.head)
+
+    def output_layer(self, model, hidden: torch.Tensor) -> torch.Tensor:
+        """`model.lm_head(hidden)`, with the weight cast once per batch where `head_cast` made one."""
+        if self.head is None:
+            return model.lm_head(hidden)
+        return torch.nn.functional.linear(hidden, self.head, model.lm_head.bias)
 
     def logits(self, model, rollout: Rollout, temperature: float, autocast) -> torch.Tensor:
         """(N, T, V) tempered logits of `rollout`'s completions under `model` (with grad where its trained blocks
@@ -93,7 +100,7 @@ class FrozenPrefix:
         cache = new_cache(model)
         with autocast():
             hidden = blocks(model, self.prompt[distinct], self.first, None, mask, positions, cache)
-            logits = [model.lm_head(decoder.norm(hidden[:, -1:]))[inverse]]
+            logits = [self.output_layer(model, decoder.norm(hidden[:, -1:]))[inverse]]
         t = rollout.completion_ids.shape[1]
         if t > 1:
             cache.reorder_cache(inverse)
@@ -101,8 +108,8 @@ class FrozenPrefix:
             after = positions[inverse, -1:] + 1 + torch.arange(t - 1, device=positions.device)
             with autocast():
                 hidden = blocks(model, self.completion, self.first, None, attention, after, cache)
-                logits.append(model.lm_head(decoder.norm(hidden)))
-        return torch.cat(logits, dim=1).float() / temperature
+                logits.append(self.output_layer(model, decoder.norm(hidden)))
+        return torch.cat(logits, dim=1).float().div_(temperature)  # in place: one (N, T, V) tensor fewer
 
 
 def frozen_prefix(model, rollout: Rollout, autocast, trainable_blocks: int) -> FrozenPrefix | None:
@@ -118,12 +125,32 @@ def frozen_prefix(model, rollout: Rollout, autocast, trainable_blocks: int) -> F
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     cache = new_cache(model)
     t = rollout.completion_ids.shape[1]
+    head = head_cast(model, autocast)  # before `linear_weights_cast`, which holds every layer cast for its call only
     with torch.no_grad(), linear_weights_cast(model, autocast), autocast():
         prompt = blocks(model, embed(rollout.prompt_ids[distinct]), 0, first, mask, positions, cache)[inverse]
         if t == 1:
-            return FrozenPrefix(first, prompt, prompt[:, :0])
+            return FrozenPrefix(first, prompt, prompt[:, :0], head)
         cache.reorder_cache(inverse)
         attention = torch.cat([rollout.prompt_mask, torch.ones_like(rollout.completion_ids[:, :-1])], dim=1)
         after = positions[inverse, -1:] + 1 + torch.arange(t - 1, device=positions.device)
         completion = blocks(model, embed(rollout.completion_ids[:, :-1]), 0, first, attention, after, cache)
-    return FrozenPrefix(first, prompt, completion)
+    return FrozenPrefix(first, prompt, completion, head)
+
+
+def head_cast(model, autocast) -> torch.Tensor | None:
+    """The output layer's weight in the precision autocast computes it in, cast once for the batch; None where the
+    layer trains or nothing is cast (float32).
+
+    Autocast casts a linear layer's float32 weight at every call: for SmolLM2's tied 49,152 × 576 output layer that
+    is 16 casts a learn step (two in each forward: π_before's, the K training forwards', the after-update one), 8–32
+    ms each on a 2-core CPU. The weight is frozen (tied to the frozen embeddings), so one cast serves the whole
+    step, and `Tensor.to` rounds as autocast does: the logits are the same to the bit. The policy's and the
+    reference's frozen output layers hold the same values (the reference is a copy of the start policy), so one cast
+    serves both."""
+    weight = model.lm_head.weight
+    with autocast():
+        device = weight.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+    if weight.requires_grad or dtype is None or weight.dtype == dtype:
+        return None
+    return weight.detach().to(dtype)

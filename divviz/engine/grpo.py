@@ -36,6 +36,7 @@ from divviz.catalogue.aggregation import dapo_tokens, group_advantages
 from divviz.engine.batch import Batch, Update
 from divviz.engine.config import RunConfig
 from divviz.engine.frozen_prefix import FrozenPrefix, frozen_prefix
+from divviz.engine.memory import keep_freed_memory
 from divviz.engine.minibatch import in_batch_order, minibatch_index, minibatch_rows
 from divviz.engine.policy import load_policy, pick_device, pick_dtype, train_last_blocks
 from divviz.engine.prompts import asked_ids, resolve_format, shown_prompts
@@ -154,6 +155,8 @@ def make_trainer(cfg: RunConfig) -> Trainer:
     torch.manual_seed(cfg.seed)
     task = get_task(cfg.task)
     device = pick_device(cfg.device)
+    if device.type == "cpu":
+        keep_freed_memory()  # a step's large logit tensors reuse freed pages (`memory.py`): about a fifth of a step
     model, tokenizer = load_policy(cfg.model, task, trust_remote_code=cfg.trust_remote_code)  # the shipped seed-0 model
     fmt = resolve_format(cfg.prompt_format, tokenizer)
     model.to(device)

@@ -242,7 +242,7 @@ def completion_logits(model, rollout: Rollout, temperature: float, autocast, pre
             out = model(input_ids=rollout.completion_ids[:, :-1], attention_mask=attention, position_ids=positions,
                         use_cache=True, **{cache_argument(model): cache})
         logits.append(out.logits)
-    return torch.cat(logits, dim=1).float() / temperature
+    return torch.cat(logits, dim=1).float().div_(temperature)  # in place: one (N, T, V) tensor fewer
 
 
 def completion_logps(model, rollout: Rollout, temperature: float, autocast, with_entropy: bool = False,

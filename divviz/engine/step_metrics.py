@@ -90,8 +90,8 @@ class MeasuredRows:
         place = {int(row): i for i, row in enumerate(self.entropy.tolist())}
         for j, row in enumerate(rows.tolist()):
             if row in place:
-                if self.before is None:
-                    self.before = logits.new_zeros((len(place), *logits.shape[1:]))
+                if self.before is None:  # not zeroed: the update's mini-batches cover every row, so each is written
+                    self.before = logits.new_empty((len(place), *logits.shape[1:]))
                 self.before[place[row]] = logits[j].detach()
 
 

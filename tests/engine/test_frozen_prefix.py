@@ -4,6 +4,7 @@ SmolLM2 in test_real_model.py), the first mini-batch's ratios stay exactly 1, a 
 reference penalty train as the full forward trains them, and models outside the family take the full forward."""
 
 import copy
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ import torch
 
 from divviz.engine import grpo
 from divviz.engine.config import RunConfig
-from divviz.engine.frozen_prefix import first_trained_block, frozen_prefix
+from divviz.engine.frozen_prefix import first_trained_block, frozen_prefix, head_cast
 from divviz.engine.grpo import grpo_step, make_batch, make_trainer, update
 from divviz.engine.minibatch import minibatch_rows
 from divviz.engine.rollout import completion_logits, completion_logps
@@ -47,6 +48,38 @@ def test_the_first_minibatch_is_on_policy_to_the_bit_from_the_prefix():
     keep = batch.rollout.completion_mask[first] > 0
     assert torch.equal(done.out.ratio[first][keep], torch.ones(int(keep.sum())))
     assert done.fractions["kl/k3_by_minibatch/1"] == 0.0 and done.fractions["kl/k3_by_minibatch/2"] > 0
+
+
+def bfloat16():
+    return torch.autocast("cpu", dtype=torch.bfloat16)
+
+
+def test_the_frozen_output_layer_is_cast_once_a_batch_and_gives_autocasts_logits_to_the_bit():
+    """Under bfloat16 autocast the prefix holds the output layer's weight cast once; the logits and the trained
+    block's gradients from it are those of autocast casting the weight at every call, to the bit."""
+    tr = trainer()
+    rollout = make_batch(tr, 0).rollout
+    prefix = frozen_prefix(tr.model, rollout, bfloat16, 1)
+    assert prefix.head is not None and torch.equal(prefix.head, tr.model.lm_head.weight.to(torch.bfloat16))
+    rows = torch.tensor([0, 5, 6, 30])
+    assert prefix[rows].head is prefix.head
+    trained = [p for p in tr.model.parameters() if p.requires_grad]
+    for part, once in ((rollout, prefix), (rollout.rows(rows), prefix[rows])):
+        grads = []
+        for way in (once, replace(once, head=None)):
+            tr.model.zero_grad(set_to_none=True)
+            logits = way.logits(tr.model, part, 0.7, bfloat16)
+            (logits * torch.linspace(-1, 1, logits.shape[-1])).sum().backward()
+            grads.append((logits.detach(), [p.grad.clone() for p in trained]))
+        assert torch.equal(grads[0][0], grads[1][0])
+        assert all(torch.equal(a, b) for a, b in zip(grads[0][1], grads[1][1]))
+
+
+def test_nothing_is_cast_in_float32_or_where_the_output_layer_trains():
+    tr = trainer()
+    assert frozen_prefix(tr.model, make_batch(tr, 0).rollout, tr.autocast, 1).head is None  # float32
+    tr.model.lm_head.weight.requires_grad_(True)
+    assert head_cast(tr.model, bfloat16) is None
 
 
 def full_forward(monkeypatch):
