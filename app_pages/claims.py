@@ -243,6 +243,7 @@ st.write("PPO ε = 0.2 and KL3 δ = 0.05 act differently only on the tokens whos
          "at this cost. Every reading below is computed again here from the runs' per-step data (`python "
          "scripts/dose_search.py --table` prints the same), and the Runs page lists the published runs.")
 manifests = published.manifests()
+choices = {}  # each search's choice as read here; a search not shown leaves the experiment's setting unsaid
 for label, search in dose_search.SEARCHES.items():
     with widgets.shown_errors():
         try:
@@ -251,11 +252,13 @@ for label, search in dose_search.SEARCHES.items():
             st.warning(literal(f"The {label} dose search is not shown: {err}"), icon=":material/report:")
             continue
         if found is None:
+            choices[label] = None
             st.caption(literal(f"The {label} dose search: none of its {len(search.points)} points "
                                f"({', '.join(search.points)}) published yet. The experiment it may choose is "
-                               "pre-registered in published/smollm2-135m-bind/preregistration.md."))
+                               f"pre-registered in {dose_search.PREREGISTRATION}."))
             continue
         found, where = dose_plots.read_again(found, search), dose_search.published_runs(search, manifests)
+        choices[label] = found["choice"]
         st.markdown(f"**The {label} search** — {literal(dose_plots.search_sentence(found, search, where))}")
         st.caption(literal(dose_plots.early_and_late_sentence(found)))
         widgets.show_table(dose_plots.dose_table(found, where), width="stretch")
@@ -265,6 +268,9 @@ for label, search in dose_search.SEARCHES.items():
                    "starts from another step 0 (its held-out start and first entropy differ from the others').")
         widgets.show_chart(dose_plots.dose_chart(found, f"The {label} dose search over the run"),
                            f"{label} dose search")
+if len(choices) == len(dose_search.SEARCHES):
+    st.markdown(f"**The experiment's setting** ({dose_search.PREREGISTRATION}): "
+                f"{literal(dose_search.experiment_setting(choices))}.")
 
 st.subheader("On a real model, one update at a time")
 st.write("SmolLM2-135M-Instruct cannot be trained for many steps on a CPU while you wait, but one update can: for "

@@ -102,6 +102,23 @@ def choose(points: dict, declared: int) -> str:
     return f"none yet ({len(read)} of {declared} points read)"
 
 
+PREREGISTRATION = "published/smollm2-135m-bind/preregistration.md"
+
+
+def experiment_setting(choices: dict[str, str | None]) -> str:
+    """The pre-registered experiment's setting, in words, from each search's choice (`choose`; None: nothing published
+    yet), in `SEARCHES`' order, as the pre-registration reads them: the first search's choice if it makes one, else
+    the next's; while a search that decides is unread, none yet; where none makes one, the experiment is not run."""
+    for label, choice in choices.items():
+        if choice is None or choice.startswith("none yet"):
+            return f"none yet: the {label} search is still being read"
+        if not choice.startswith("none"):
+            return f"{choice.split(':')[0]}, the {label} search's choice"
+    return ("none: neither search chose a point, so by the pre-registration the experiment is not run — no setting "
+            "was found on SmolLM2-135M at this cost where PPO ε = 0.2 and KL3 δ = 0.05 act differently on enough "
+            "tokens, for long enough, to test the papers' claims")
+
+
 def read_count(summary: dict) -> int:
     """How many of a summary's points the rule has read (both runs done)."""
     return sum(1 for p in summary["points"].values() if p.get("reading"))

@@ -251,3 +251,18 @@ def test_publishing_writes_readmes_row_beside_the_published_folder_and_nothing_e
     summary = json.loads(dose_search.summary_file(first).read_text())
     assert readme.read_text() == f"# divviz\n{readme_row({'first': summary, 'second': None})}| the next row |\n"
     assert "second search: 0 of 4 points read" in readme.read_text()
+
+
+def test_the_experiments_setting_is_the_first_searchs_choice_else_the_next_ones_as_pre_registered():
+    from divviz.evidence.dose_search import PREREGISTRATION, experiment_setting as setting
+    none = "none: no binding regime at this cost (all 18 points read, none meets conditions 1–3)"
+    chosen = "mu4-K8-lr2.5e-5-T1: conditions 1–3 (the stability claim not testable)"
+    assert setting({"first": "mu2-K8-lr5e-5: all four conditions", "second": chosen}) == \
+        "mu2-K8-lr5e-5, the first search's choice"
+    assert setting({"first": none, "second": chosen}) == "mu4-K8-lr2.5e-5-T1, the second search's choice"
+    assert setting({"first": "none yet (3 of 18 points read)", "second": chosen}) == \
+        "none yet: the first search is still being read"
+    assert setting({"first": none, "second": None}) == "none yet: the second search is still being read"
+    assert setting({"first": none, "second": none}).startswith("none: neither search chose a point, so by the "
+                                                                 "pre-registration the experiment is not run")
+    assert (ROOT / PREREGISTRATION).is_file()

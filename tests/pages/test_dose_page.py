@@ -68,6 +68,22 @@ def test_the_claims_page_reads_the_first_search_again_and_says_the_second_has_no
     assert np.allclose(drawn["mu2-K8-lr5e-5", "x3"], np.reshape(point["ppo"]["entropy"], (10, 10)).mean(axis=1),
                        rtol=0, atol=1e-15)
     assert pair[0] > 2 * pair[-1]  # the dose is front-loaded: it falls with the entropy (docs/claims.md)
+    assert [shown(m) for m in at.markdown if m.value.startswith("**The experiment's setting**")] == [
+        "**The experiment's setting** (published/smollm2-135m-bind/preregistration.md): none yet: the second search "
+        "is still being read."]
+    assert not at.exception
+
+
+def test_with_both_searches_read_and_neither_choosing_the_page_says_the_experiment_is_not_run(published_searches):
+    shutil.copy(ROOT / "published" / f"{SECOND.name}.json", published_searches)
+    at = open_page("app_pages/claims.py")
+    said = [shown(m) for m in at.markdown if m.value.startswith(("**The first search**", "**The second search**"))]
+    assert len(said) == 2 and all(s.endswith("none meets conditions 1–3).") for s in said)
+    assert [shown(m) for m in at.markdown if m.value.startswith("**The experiment's setting**")] == [
+        "**The experiment's setting** (published/smollm2-135m-bind/preregistration.md): none: neither search chose a "
+        "point, so by the pre-registration the experiment is not run — no setting was found on SmolLM2-135M at this "
+        "cost where PPO ε = 0.2 and KL3 δ = 0.05 act differently on enough tokens, for long enough, to test the "
+        "papers' claims."]
     assert not at.exception
 
 
@@ -78,6 +94,8 @@ def test_a_damaged_summary_is_one_line_and_the_other_search_is_still_shown(publi
         f"The second dose search is not shown: published/{SECOND.name}.json: not a dose search's summary "
         "(ValueError: points this search does not declare: mu9-K1)"]
     assert any("disagreement" in frame.value for frame in at.dataframe) and not at.exception
+    # while a search is not shown, the experiment's setting is unsaid
+    assert not [m for m in at.markdown if m.value.startswith("**The experiment's setting**")]
 
 
 def test_a_reading_differing_from_the_file_is_the_one_computed_here(published_searches):
