@@ -11,7 +11,7 @@ import pytest
 
 from divviz.catalogue.params import DivvizInputError
 from divviz.cli import main
-from divviz.evidence import claims, claims_export, claims_lm, claims_report, forest, intervals, lm_evidence
+from divviz.evidence import claims, claims_export, claims_lm, claims_report, forest, intervals, lm_evidence, significance
 from divviz.evidence.lm_evidence import LMEvidence
 from divviz.runs import runner, store
 from divviz.runs.pool import max_runs
@@ -58,7 +58,8 @@ def test_lm_cells_equal_their_runs_metrics(lm_plan):
 def test_over_training_cells_pair_runs_that_share_seed_and_prompts_and_read_held_out_and_stability(lm_plan):
     """Every measure's run of a seed saw the same prompts at every step (from the runs' own records); the cell of
     KL3 δ = 0.05 against PPO on held-out accuracy, recomputed here from eval.jsonl (at the end, and the trapezoid mean
-    over the run), and on the largest update KL of the run; each verdict read off its interval."""
+    over the run), and on the largest update KL of the run; each verdict read by the rule (`significance.verdict`:
+    the t interval, the sign-flip p and the median's sign test) or off its interval."""
     def prompts(measure, seed):
         lines = (lm_plan.runs[(measure, "task", seed)].folder / "samples.jsonl").read_text().splitlines()
         return [[sample[0] for sample in json.loads(line)["samples"]] for line in lines]
@@ -83,10 +84,11 @@ def test_over_training_cells_pair_runs_that_share_seed_and_prompts_and_read_held
     rows = [r for r in LMEvidence(lm_plan).rows() if r["claim_key"] == "kl3_training" and r["candidate"] == claims.KL3_WIDE]
     for reading, index in (("end", 0), ("over the run", 1)):
         cell = next(r for r in rows if r["metric"] == "eval/accuracy" and f"· {reading} (" in r["condition"])
-        d = intervals.paired([held_out(claims.KL3_WIDE, s)[index] for s in range(LM_SEEDS)],
-                             [held_out(claims.PPO, s)[index] for s in range(LM_SEEDS)])
-        assert (cell["mean"], cell["n"], cell["verdict"]) == (pytest.approx(d.mean), LM_SEEDS,
-                                                               intervals.verdict(d.low, d.high, +1))
+        kl3, ppo = ([held_out(m, s)[index] for s in range(LM_SEEDS)] for m in (claims.KL3_WIDE, claims.PPO))
+        d, differences = intervals.paired(kl3, ppo), np.subtract(kl3, ppo)
+        median, p_median = significance.sign_test(differences)[:2]
+        rule = significance.verdict(d.low, d.high, significance.sign_flip_p(differences), d.mean, median, +1, p_median)
+        assert (cell["mean"], cell["n"], cell["verdict"]) == (pytest.approx(d.mean), LM_SEEDS, rule)
     cell = next(r for r in rows if r["metric"] == "stability/max_kl")
     d = intervals.paired([last(claims.KL3_WIDE, s, "stability/max_kl") for s in range(LM_SEEDS)],
                          [last(claims.PPO, s, "stability/max_kl") for s in range(LM_SEEDS)])
