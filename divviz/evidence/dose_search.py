@@ -87,8 +87,12 @@ def reading(point: dict) -> dict | None:
             "cpu_s_per_run": (ppo["step_s"] + kl3["step_s"]) / 2 * STEPS}
 
 
+NO_CHOICE, NOT_YET = "none", "none yet"  # how `choose` begins where it chose no point: all read, or not yet
+
+
 def choose(points: dict, declared: int) -> str:
-    """The rule's choice among the points read so far, in words; `declared`: how many points the search declares."""
+    """The rule's choice among the points read so far, in words: the point, then why; or NO_CHOICE or NOT_YET, then
+    how many points were read; `declared`: how many points the search declares."""
     read = {name: r for name, p in points.items() if (r := p.get("reading"))}
     full = [n for n, r in read.items() if all(r[c] for c in CONDITIONS)]
     if full:
@@ -98,8 +102,8 @@ def choose(points: dict, declared: int) -> str:
         best = max(partial, key=lambda n: read[n]["disagreement"])
         return best + ": conditions 1–3 (the stability claim not testable)"
     if len(read) == declared:
-        return f"none: no binding regime at this cost (all {len(read)} points read, none meets conditions 1–3)"
-    return f"none yet ({len(read)} of {declared} points read)"
+        return f"{NO_CHOICE}: no binding regime at this cost (all {len(read)} points read, none meets conditions 1–3)"
+    return f"{NOT_YET} ({len(read)} of {declared} points read)"
 
 
 PREREGISTRATION = "published/smollm2-135m-bind/preregistration.md"
@@ -110,9 +114,9 @@ def experiment_setting(choices: dict[str, str | None]) -> str:
     yet), in `SEARCHES`' order, as the pre-registration reads them: the first search's choice if it makes one, else
     the next's; while a search that decides is unread, none yet; where none makes one, the experiment is not run."""
     for label, choice in choices.items():
-        if choice is None or choice.startswith("none yet"):
-            return f"none yet: the {label} search is still being read"
-        if not choice.startswith("none"):
+        if choice is None or choice.startswith(NOT_YET):
+            return f"{NOT_YET}: the {label} search is still being read"
+        if not choice.startswith(NO_CHOICE):
             return f"{choice.split(':')[0]}, the {label} search's choice"
     return ("none: neither search chose a point, so by the pre-registration the experiment is not run — no setting "
             "was found on SmolLM2-135M at this cost where PPO ε = 0.2 and KL3 δ = 0.05 act differently on enough "
