@@ -195,6 +195,17 @@ def linear_weights_cast(model, autocast):
             m.weight, m.bias = weight, bias
 
 
+def inverse_cdf_draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One token per row of `probs` (N, V) by inverse transform sampling (docs/theory.md §7): the first v with
+    F(v) ≥ u · F(V), F the running sum of the row's probabilities in float64 and u ~ U(0, 1] one number a row from
+    `generator`. A token of probability 0 is never drawn (u · F(V) > 0, and F does not rise over it); the draw is one
+    cumulative sum and one binary search a row, where `torch.multinomial` draws one exponential per vocabulary entry,
+    serially on a CPU."""
+    cdf = probs.double().cumsum(-1)
+    u = 1.0 - torch.rand((len(probs), 1), dtype=torch.float64, generator=generator, device=probs.device)
+    return torch.searchsorted(cdf, u * cdf[:, -1:]).squeeze(1)
+
+
 class _Columns:
     """The sampler's per-token outputs, (N, max_new_tokens), filled column by column for the live rows."""
 
@@ -210,7 +221,7 @@ class _Columns:
         tokens."""
         probs = logp_all.exp()
         top1, argmax = probs.max(dim=-1)
-        token = argmax if greedy else torch.multinomial(probs, 1, generator=generator).squeeze(1)
+        token = argmax if greedy else inverse_cdf_draw(probs, generator)
         self.ids[rows, t] = token
         self.mask[rows, t] = 1.0
         self.logp[rows, t] = logp_all.gather(1, token[:, None]).squeeze(1)

@@ -43,7 +43,7 @@ SETTINGS = {**{k: v for k, v in SMOLLM2_LOOK.items() if k not in ("steps", "chec
             "lr": 5e-5, "mu": 4, "dtype": "float32"}  # one update that clips (see the module's docstring)
 BATCHES_PARAM = Param("batches", 16, 2, 256, high_open=False, kind="int", typical=(2, 64, 1),
                       doc="rollout batches of SmolLM2-135M, each updated once by every measure from the same weights")
-DESIGN = 1  # bumped when what a cached batch holds changes: older files are then computed again
+DESIGN = 2  # bumped when what a cached batch holds changes (2: the inverse-CDF draw); older files are computed again
 PUBLISHED = "smollm2-135m-one-update"  # the published batches' folder in `published.root()`
 COMPUTED = Kept()  # (batches, each batch file's path and identity) ↦ the cells
 

@@ -92,9 +92,12 @@ def full_forward(monkeypatch):
     dict(mu=1, minibatches=2, penalty="k3", beta=0.04),  # the reference's log-probs from the prefix too
 ])
 def test_a_step_from_the_prefix_trains_as_the_full_forward_does(monkeypatch, settings):
-    """The same metrics and the same policy after the step, to float32's rounding (measured: relative |Δ| ≤ 3e-6).
-    The policy is compared by its log-probs, not weight by weight: Adam's first step moves a weight by ±lr whatever
-    its gradient's size, so a near-zero gradient's rounding can flip one weight's step."""
+    """The same metrics and the same policy after the step, to float32's rounding as Adam carries it (measured, μ = 2,
+    K = 8: relative |Δ| ≤ 1e-6 in the loss and the gradient's norm, 5.5e-5 in k3, 1.2e-7 in π_old, 1.03e-3 in π_new
+    after the sixteen updates). The policy is compared by its probabilities, not weight by weight: Adam moves a weight
+    by up to ±lr whatever its gradient's size, so the rounding of a gradient that is a sum of terms cancelling to
+    near zero (the attention's query and key weights here) moves its step, and so π_new, far more than the rounding
+    of the forward moves the logits."""
     fast = trainer(**settings)
     slow = copy.deepcopy(fast)
     with_prefix = grpo_step(fast, 0)
@@ -103,8 +106,9 @@ def test_a_step_from_the_prefix_trains_as_the_full_forward_does(monkeypatch, set
     for key in ("loss", "kl", "clip_ratio/region_mean", "entropy", "reward", "grad_norm", "kl/k3"):
         if key in without.metrics:
             assert with_prefix.metrics[key] == pytest.approx(without.metrics[key], rel=1e-4, abs=1e-6), key
-    for fact in ("pi_old", "pi_new", "ratio"):
-        np.testing.assert_allclose(with_prefix.tokens[fact], without.tokens[fact], rtol=1e-4, atol=1e-6, err_msg=fact)
+    np.testing.assert_allclose(with_prefix.tokens["pi_old"], without.tokens["pi_old"], rtol=1e-6, atol=1e-7)
+    for fact in ("pi_new", "ratio"):
+        np.testing.assert_allclose(with_prefix.tokens[fact], without.tokens[fact], rtol=3e-3, atol=1e-6, err_msg=fact)
 
 
 def test_the_reference_shares_the_policys_prefix():

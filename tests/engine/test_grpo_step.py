@@ -9,7 +9,8 @@ config.json on one thread, gives every metric, the per-token sample and the step
   kernels or another split of the sums may bring.
 
 The published runs themselves come back to the bit from the commit their manifests name
-(`scripts/retrain_published.py`): the step's numbers changed with the frozen prefix (CHANGELOG)."""
+(`scripts/retrain_published.py`): the step's numbers changed with the frozen prefix and again with the sampler's
+inverse draw (CHANGELOG)."""
 
 import math
 

@@ -1,12 +1,16 @@
-"""The KV-cached sampler (`engine/rollout.py`): under bfloat16 autocast its linear layers' weights are cast once per
-call instead of at every model call, and every sampled token and per-token fact stays the same to the bit; its decode
-loop waits for the device once per decoded token. (Each published run's step 1 and the whole learn run checked
-against their published bits: tests/engine/test_grpo_step.py, scripts/retrain_published.py.)"""
+"""The KV-cached sampler (`engine/rollout.py`): each token is drawn by the inverse of its cumulative distribution (its
+definition, computed here in numpy, and its frequencies against scipy's chi-square test); under bfloat16 autocast its
+linear layers' weights are cast once per call instead of at every model call, and every sampled token and per-token
+fact stays the same to the bit; its decode loop waits for the device once per decoded token. (Each published run's
+step 1 and the whole learn run checked against their published bits: tests/engine/test_grpo_step.py,
+scripts/retrain_published.py.)"""
 
 import contextlib
 
+import numpy as np
 import pytest
 import torch
+from scipy import stats
 
 from divviz.engine import grpo, policy, rollout
 from divviz.engine.config import RunConfig
@@ -14,6 +18,26 @@ from divviz.engine.grpo import make_batch, make_trainer
 
 SMALL = dict(prompts=4, group_size=4, max_new_tokens=8)
 FACTS = ("completion_ids", "completion_mask", "logp", "entropy", "top1", "was_argmax")
+
+
+def test_a_token_is_the_first_whose_cumulative_probability_reaches_u_times_the_total():
+    """The first v with F(v) ≥ u · F(V), u ~ U(0, 1] a row: the same u drawn here from the same seed."""
+    probs = torch.softmax(torch.randn(500, 1000, generator=torch.Generator().manual_seed(1)) * 4, dim=-1)
+    probs[:, ::3] = 0.0  # a third of the tokens never possible, the last one among them
+    got = rollout.inverse_cdf_draw(probs, torch.Generator().manual_seed(7)).numpy()
+    u = 1.0 - torch.rand((500, 1), dtype=torch.float64, generator=torch.Generator().manual_seed(7)).numpy()
+    cdf = np.cumsum(probs.double().numpy(), axis=1)
+    assert np.array_equal(got, np.argmax(cdf >= u * cdf[:, -1:], axis=1))
+    assert (probs.numpy()[np.arange(500), got] > 0).all()
+
+
+def test_the_draws_frequencies_are_the_distributions_and_an_impossible_token_never_comes():
+    p = torch.tensor([0.0, 0.05, 0.0, 0.5, 0.249, 0.2, 0.001, 0.0])
+    n = 200_000
+    tokens = rollout.inverse_cdf_draw(p.expand(n, -1).contiguous(), torch.Generator().manual_seed(0)).numpy()
+    counts, expected = np.bincount(tokens, minlength=len(p)), n * p.double().numpy() / p.double().sum().item()
+    assert counts[expected == 0].sum() == 0
+    assert stats.chisquare(counts[expected > 0], expected[expected > 0]).pvalue > 1e-3
 
 
 def test_casting_the_linear_weights_once_samples_what_autocast_casting_at_every_call_samples(monkeypatch):

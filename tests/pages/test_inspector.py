@@ -348,10 +348,12 @@ def marked_tokens(body: str) -> int:
 
 def test_rescore_colouring_marks_the_tokens_any_added_test_judges_otherwise(tmp_path, monkeypatch):
     """The run's own PPO box added first (it judges every token as the run did) and a narrow one second: the tokens
-    the second judges otherwise are marked, as the table counts them."""
+    the second judges otherwise are marked, as the table counts them. Coin rewards give every group advantages (a
+    group of equal rewards has none, and so no token a box could mask), and a small step keeps the ratios near 1,
+    inside PPO's box and outside the narrow one, whatever tokens a seed samples (at lr 0.05 most left both boxes)."""
     monkeypatch.setenv("DIVVIZ_RUNS_DIR", str(tmp_path))
-    folder = train(RunConfig.make(steps=1, prompts=2, group_size=4, max_new_tokens=6, lr=0.05, mu=3, inspect_prompts=2),
-                   tmp_path)
+    folder = train(RunConfig.make(steps=1, prompts=4, group_size=4, max_new_tokens=6, lr=0.002, mu=3, reward="random",
+                                  inspect_prompts=4), tmp_path)
     from divviz.evidence.rescore import rescore_step
 
     own, agreeing, narrow = rescore_step(folder, 1, ["ratio", "ratio:eps=0.01"])
