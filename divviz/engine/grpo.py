@@ -40,8 +40,8 @@ from divviz.engine.memory import keep_freed_memory
 from divviz.engine.minibatch import in_batch_order, minibatch_index, minibatch_rows
 from divviz.engine.policy import load_policy, pick_device, pick_dtype, train_last_blocks
 from divviz.engine.prompts import asked_ids, resolve_format, shown_prompts
-from divviz.engine.rollout import (Rollout, completion_logits, completion_logps, decode_completions, encode_prompts,
-                                  sample, token_logps)
+from divviz.engine.rollout import (NonFiniteLoss, Rollout, completion_logits, completion_logps, decode_completions,
+                                  encode_prompts, sample, token_logps)
 from divviz.engine.sampler import RolloutPolicy, rollout_policy
 from divviz.engine.step_metrics import (ENTROPY_ROWS, MeasuredRows, StepTally, inspected_record, measured_rows,
                                         step_metrics, token_sample)
@@ -102,10 +102,6 @@ def shown_groups(cfg: RunConfig, batch: Batch) -> list[tuple[str, str, float]]:
     """The first completion of each of the first 8 groups, (prompt, text, reward): what the run's samples show."""
     return [(batch.prompts[i], batch.texts[i], float(batch.rewards[i]))
             for i in range(0, len(batch.rewards), cfg.group_size)][:8]
-
-
-class NonFiniteLoss(RuntimeError):
-    """The loss or the weights became NaN/inf: the run stops as failed, keeping the metrics so far."""
 
 
 def finite_loss(objective: Objective, where: str, lr: float, *args, **kwargs) -> LossOutput:

@@ -124,7 +124,8 @@ def sample_ways(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, ways
     """`sample` of the same prompts once per way (False: sampled at τ, True: greedy), in that order, from one
     prefill: each way decodes from its own copy of the prompts' KV cache and logits, so each rollout is the one
     `sample` alone gives, to the bit, and the generator is drawn from in the same order (the held-out evaluation
-    answers the same problems both ways: one prefill instead of two, about half of a 64-problem sampling call)."""
+    answers the same problems both ways: one prefill instead of two, about half of a 64-problem sampling call). A
+    distribution that is not finite (a diverged policy's) raises NonFiniteLoss once the decoding is done."""
     n, device = prompt_ids.shape[0], prompt_ids.device
     # the outputs made outside inference mode: the loss indexes with them
     columns = [_Columns(n, max_new_tokens, pad_id, device) for _ in ways]
@@ -138,6 +139,8 @@ def sample_ways(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, ways
                             max_new_tokens=max_new_tokens, temperature=temperature, generator=generator,
                             autocast=autocast, greedy=greedy)
             rollouts.append(out.rollout(prompt_ids, prompt_mask, width))
+    if not torch.isfinite(torch.cat([r.logp.flatten() for r in rollouts])).all().item():  # once a call, not a token
+        raise NonFiniteLoss("the sampler's probabilities became NaN/inf: the policy's logits are not finite")
     return rollouts
 
 
@@ -195,15 +198,21 @@ def linear_weights_cast(model, autocast):
             m.weight, m.bias = weight, bias
 
 
+class NonFiniteLoss(RuntimeError):
+    """The policy's numbers became NaN/inf (its loss, its log-probs or the distribution it samples from): the run
+    stops as failed, keeping the metrics so far."""
+
+
 def inverse_cdf_draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """One token per row of `probs` (N, V) by inverse transform sampling (docs/theory.md §7): the first v with
     F(v) ≥ u · F(V), F the running sum of the row's probabilities in float64 and u ~ U(0, 1] one number a row from
     `generator`. A token of probability 0 is never drawn (u · F(V) > 0, and F does not rise over it); the draw is one
     cumulative sum and one binary search a row, where `torch.multinomial` draws one exponential per vocabulary entry,
-    serially on a CPU."""
+    serially on a CPU. A row that is not finite (a diverged policy's) draws its last token, with a log-prob of NaN."""
     cdf = probs.double().cumsum(-1)
     u = 1.0 - torch.rand((len(probs), 1), dtype=torch.float64, generator=generator, device=probs.device)
-    return torch.searchsorted(cdf, u * cdf[:, -1:]).squeeze(1)
+    token = torch.searchsorted(cdf, u * cdf[:, -1:]).squeeze(1)
+    return token.clamp_(max=probs.shape[-1] - 1)  # a NaN row finds no v: its last, whose log-prob `sample_ways` refuses
 
 
 class _Columns:

@@ -40,6 +40,27 @@ def test_the_draws_frequencies_are_the_distributions_and_an_impossible_token_nev
     assert stats.chisquare(counts[expected > 0], expected[expected > 0]).pvalue > 1e-3
 
 
+def test_a_row_that_is_not_finite_draws_its_last_token_and_the_others_draw_as_alone():
+    probs = torch.softmax(torch.randn(4, 50, generator=torch.Generator().manual_seed(3)), dim=-1)
+    alone = rollout.inverse_cdf_draw(probs, torch.Generator().manual_seed(5))
+    probs[2] = float("nan")
+    drawn = rollout.inverse_cdf_draw(probs, torch.Generator().manual_seed(5))
+    assert drawn[2] == 49 and torch.equal(drawn[[0, 1, 3]], alone[[0, 1, 3]])
+
+
+@pytest.mark.parametrize("greedy", [False, True])
+def test_a_diverged_policy_stops_its_sampling_with_one_line(greedy):
+    """Weights that became NaN: the sampler says so (NonFiniteLoss, which fails a run with its message) rather than
+    returning NaN log-probs or indexing past the vocabulary."""
+    tr = make_trainer(RunConfig.make(seed=1, **SMALL))
+    with torch.no_grad():
+        tr.model.get_output_embeddings().weight.fill_(float("nan"))
+    ids, mask = rollout.encode_prompts([[5, 6, 7], [8, 9]], tr.tokenizer.pad_token_id, 2, "cpu")
+    with pytest.raises(grpo.NonFiniteLoss, match="the sampler's probabilities became NaN/inf"):
+        rollout.sample(tr.model, ids, mask, eos_id=tr.tokenizer.eos_token_id, pad_id=tr.tokenizer.pad_token_id,
+                       max_new_tokens=4, temperature=1.0, generator=torch.Generator().manual_seed(0), greedy=greedy)
+
+
 def test_casting_the_linear_weights_once_samples_what_autocast_casting_at_every_call_samples(monkeypatch):
     """On every CPU: where bfloat16 is not native (divviz refuses it for a run there) torch emulates it, with the
     same casts."""
@@ -95,7 +116,8 @@ def test_the_decode_loop_waits_for_the_device_once_per_decoded_token(monkeypatch
     lengths = batch.rollout.completion_mask.sum(dim=1)
     width = batch.rollout.completion_ids.shape[1]
     assert len(set(lengths.tolist())) > 2  # rows ended at different tokens: the loop dropped rows more than once
-    assert asked == [width + 1]  # one a decoded token (which rows go on), one in the prefill (the distinct prompts)
+    assert asked == [width + 2]  # one a decoded token (which rows go on), one in the prefill (the distinct prompts),
+    # one at the end (every log-prob finite)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
