@@ -32,6 +32,7 @@ import math
 import os
 import secrets
 import shutil
+import tempfile
 import time
 import zipfile
 from dataclasses import dataclass
@@ -185,13 +186,13 @@ class RunWriter:
 
 
 def writable_runs_folder(root: Path) -> Path:
-    """`root`, made if missing and checked by writing (and removing) a file in it; a runs folder that is a file,
-    cannot be read or cannot be written is a `DivvizInputError`, raised before any work starts."""
+    """`root`, made if missing and checked by writing a file in it, one without a name where the system allows
+    (`tempfile.TemporaryFile`: Linux's O_TMPFILE), so that no listing of the folder ever sees it; a runs folder that
+    is a file, cannot be read or cannot be written is a `DivvizInputError`, raised before any work starts."""
     try:
         root.mkdir(parents=True, exist_ok=True)
-        probe = root / f".probe.{os.getpid()}.{secrets.token_hex(4)}"  # one per call: two threads may probe at once
-        probe.write_text("")
-        probe.unlink()
+        with tempfile.TemporaryFile(prefix=".probe.", dir=root) as probe:  # named so where not
+            probe.write(b"0")
     except (NotADirectoryError, FileExistsError) as err:
         if root.is_file():
             raise DivvizInputError(f"the runs folder {quoted(str(root))} is a file, not a folder") from None

@@ -3,6 +3,7 @@ one line)."""
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -177,3 +178,24 @@ def test_two_threads_can_probe_one_runs_folder_at_once(tmp_path):
     with ThreadPoolExecutor(8) as pool:
         assert list(pool.map(lambda _: writable_runs_folder(tmp_path), range(400))) == [tmp_path] * 400
     assert not list(tmp_path.iterdir())  # every probe removed
+
+
+def test_a_listing_of_the_runs_folder_never_sees_the_probe(tmp_path):
+    """A pool or a page lists the runs folder while a trainer checks it: on Linux the probe has no name (O_TMPFILE),
+    so no listing, however timed, finds a file that is not a run."""
+    import threading
+    from divviz.runs.store import writable_runs_folder
+
+    done, seen = threading.Event(), set()
+
+    def probe():
+        for _ in range(300):
+            writable_runs_folder(tmp_path)
+        done.set()
+
+    thread = threading.Thread(target=probe)
+    thread.start()
+    while not done.is_set():
+        seen.update(os.listdir(tmp_path))
+    thread.join()
+    assert not seen
