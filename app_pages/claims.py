@@ -258,7 +258,7 @@ for label, search in dose_search.SEARCHES.items():
                                f"pre-registered in {dose_search.PREREGISTRATION}."))
             continue
         found, where = dose_plots.read_again(found, search), dose_search.published_runs(search, manifests)
-        choices[label] = found["choice"]
+        choices[label] = dose_search.choose(found["points"], len(search.points))
         st.markdown(f"**The {label} search** — {literal(dose_plots.search_sentence(found, search, where))}")
         st.caption(literal(dose_plots.early_and_late_sentence(found)))
         widgets.show_table(dose_plots.dose_table(found, where), width="stretch")

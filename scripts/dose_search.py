@@ -242,7 +242,8 @@ def summary(runs: Path) -> dict:
         elif point:
             points[name] = {**SEARCH.design(name), "commit": trained_by, **point}
             points[name]["reading"] = reading(points[name])
-    return {"rule": RULE, "steps": STEPS, "flags": BASE, "points": points, "choice": choose(points, len(SEARCH.points))}
+    choice = choose(points, len(SEARCH.points))
+    return {"rule": RULE, "steps": STEPS, "flags": BASE, "points": points, "choice": choice.words}
 
 
 def to_train(summarised: dict, only: list[str]) -> list[tuple[str, str]]:

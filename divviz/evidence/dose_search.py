@@ -87,37 +87,52 @@ def reading(point: dict) -> dict | None:
             "cpu_s_per_run": (ppo["step_s"] + kl3["step_s"]) / 2 * STEPS}
 
 
-NO_CHOICE, NOT_YET = "none", "none yet"  # how `choose` begins where it chose no point: all read, or not yet
+@dataclass(frozen=True)
+class Choice:
+    """The rule's choice among a search's points read so far: the point (None where it chose none), why, and whether
+    every point the search declares was read."""
+
+    point: str | None
+    why: str
+    all_read: bool
+
+    @property
+    def words(self) -> str:
+        """As the published summaries keep it: the point, then why; or "none" (all read) or "none yet", then why."""
+        if self.point is not None:
+            return f"{self.point}: {self.why}"
+        return f"none: {self.why}" if self.all_read else f"none yet ({self.why})"
 
 
-def choose(points: dict, declared: int) -> str:
-    """The rule's choice among the points read so far, in words: the point, then why; or NO_CHOICE or NOT_YET, then
-    how many points were read; `declared`: how many points the search declares."""
+def choose(points: dict, declared: int) -> Choice:
+    """The rule's choice among the points read so far; `declared`: how many points the search declares."""
     read = {name: r for name, p in points.items() if (r := p.get("reading"))}
+    all_read = len(read) == declared
     full = [n for n, r in read.items() if all(r[c] for c in CONDITIONS)]
     if full:
-        return min(full, key=lambda n: read[n]["cpu_s_per_run"]) + ": all four conditions"
+        return Choice(min(full, key=lambda n: read[n]["cpu_s_per_run"]), "all four conditions", all_read)
     partial = [n for n, r in read.items() if all(r[c] for c in CONDITIONS[:3])]
     if partial:
         best = max(partial, key=lambda n: read[n]["disagreement"])
-        return best + ": conditions 1–3 (the stability claim not testable)"
-    if len(read) == declared:
-        return f"{NO_CHOICE}: no binding regime at this cost (all {len(read)} points read, none meets conditions 1–3)"
-    return f"{NOT_YET} ({len(read)} of {declared} points read)"
+        return Choice(best, "conditions 1–3 (the stability claim not testable)", all_read)
+    if all_read:
+        return Choice(None, f"no binding regime at this cost (all {len(read)} points read, none meets conditions "
+                            "1–3)", True)
+    return Choice(None, f"{len(read)} of {declared} points read", False)
 
 
 PREREGISTRATION = "published/smollm2-135m-bind/preregistration.md"
 
 
-def experiment_setting(choices: dict[str, str | None]) -> str:
+def experiment_setting(choices: dict[str, Choice | None]) -> str:
     """The pre-registered experiment's setting, in words, from each search's choice (`choose`; None: nothing published
     yet), in `SEARCHES`' order, as the pre-registration reads them: the first search's choice if it makes one, else
     the next's; while a search that decides is unread, none yet; where none makes one, the experiment is not run."""
     for label, choice in choices.items():
-        if choice is None or choice.startswith(NOT_YET):
-            return f"{NOT_YET}: the {label} search is still being read"
-        if not choice.startswith(NO_CHOICE):
-            return f"{choice.split(':')[0]}, the {label} search's choice"
+        if choice is None or (choice.point is None and not choice.all_read):
+            return f"none yet: the {label} search is still being read"
+        if choice.point is not None:
+            return f"{choice.point}, the {label} search's choice"
     return ("none: neither search chose a point, so by the pre-registration the experiment is not run — no setting "
             "was found on SmolLM2-135M at this cost where PPO ε = 0.2 and KL3 δ = 0.05 act differently on enough "
             "tokens, for long enough, to test the papers' claims")

@@ -16,7 +16,7 @@ def read_again(summary: dict, search: dose_search.Search) -> dict:
     """The summary with every point's reading and the choice computed here from its per-step data, not taken from
     the file."""
     points = {name: {**p, "reading": dose_search.reading(p)} for name, p in summary["points"].items()}
-    return {**summary, "points": points, "choice": dose_search.choose(points, len(search.points))}
+    return {**summary, "points": points, "choice": dose_search.choose(points, len(search.points)).words}
 
 
 def search_sentence(summary: dict, search: dose_search.Search, where: dict[str, dict[str, tuple[str, str]]]) -> str:

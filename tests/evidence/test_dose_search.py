@@ -31,7 +31,7 @@ def point(clip, dose, learns=True, collapse=None, step_s=10.0):
 def read(**points):
     for p in points.values():
         p["reading"] = dose_search.reading(p)
-    return dose_search.choose(points, len(dose_search.SEARCH.points))
+    return dose_search.choose(points, len(dose_search.SEARCH.points)).words
 
 
 def test_the_rule_takes_the_cheapest_point_meeting_all_four_conditions():
@@ -64,7 +64,7 @@ def test_the_published_summary_states_its_own_points_choice_and_holds_every_publ
     summary = json.loads(dose_search.summary_file().read_text())
     assert summary["rule"] == dose_search.RULE and summary["steps"] == dose_search.STEPS
     declared = dose_search.SEARCH.points
-    assert dose_search.choose(summary["points"], len(declared)) == summary["choice"] and set(summary["points"]) <= set(
+    assert dose_search.choose(summary["points"], len(declared)).words == summary["choice"] and set(summary["points"]) <= set(
         declared)
     for name, p in summary["points"].items():
         if p.get("reading"):
@@ -254,13 +254,13 @@ def test_publishing_writes_readmes_row_beside_the_published_folder_and_nothing_e
 
 
 def test_the_experiments_setting_is_the_first_searchs_choice_else_the_next_ones_as_pre_registered():
-    from divviz.evidence.dose_search import PREREGISTRATION, experiment_setting as setting
-    none = "none: no binding regime at this cost (all 18 points read, none meets conditions 1–3)"
-    chosen = "mu4-K8-lr2.5e-5-T1: conditions 1–3 (the stability claim not testable)"
-    assert setting({"first": "mu2-K8-lr5e-5: all four conditions", "second": chosen}) == \
+    from divviz.evidence.dose_search import PREREGISTRATION, Choice, experiment_setting as setting
+    none = Choice(None, "no binding regime at this cost (all 18 points read, none meets conditions 1–3)", True)
+    chosen = Choice("mu4-K8-lr2.5e-5-T1", "conditions 1–3 (the stability claim not testable)", True)
+    assert setting({"first": Choice("mu2-K8-lr5e-5", "all four conditions", False), "second": chosen}) == \
         "mu2-K8-lr5e-5, the first search's choice"
     assert setting({"first": none, "second": chosen}) == "mu4-K8-lr2.5e-5-T1, the second search's choice"
-    assert setting({"first": "none yet (3 of 18 points read)", "second": chosen}) == \
+    assert setting({"first": Choice(None, "3 of 18 points read", False), "second": chosen}) == \
         "none yet: the first search is still being read"
     assert setting({"first": none, "second": None}) == "none yet: the second search is still being read"
     assert setting({"first": none, "second": none}).startswith("none: neither search chose a point, so by the "
