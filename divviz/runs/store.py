@@ -191,7 +191,7 @@ def writable_runs_folder(root: Path) -> Path:
     is a file, cannot be read or cannot be written is a `DivvizInputError`, raised before any work starts."""
     try:
         root.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(prefix=".probe.", dir=root) as probe:  # named so where not
+        with tempfile.TemporaryFile(prefix=".probe.", dir=root) as probe:  # a dot-file without O_TMPFILE
             probe.write(b"0")
     except (NotADirectoryError, FileExistsError) as err:
         if root.is_file():
