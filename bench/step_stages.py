@@ -21,8 +21,7 @@ from collections import defaultdict
 import torch
 
 import divviz.engine.grpo as grpo
-from divviz.engine.config import RunConfig
-from divviz.engine.smollm2 import NAME
+from real_model import config  # bench/ is the script's own folder on sys.path
 
 STAGES = ("sample", "frozen_prefix", "policy_before", "training_forward", "backward", "clip_grad_norm",
           "optimiser_step", "policy_after", "step_metrics")
@@ -84,9 +83,9 @@ def main():
     args = parser.parse_args()
     clock = StageClock()
     clock.install()
-    base = dict(model=NAME, clip="ratio", aggregation="dapo", dtype=args.dtype, eval_every=0)
-    settings = {"learn": RunConfig.make(**base),
-                f"mu={args.mu} K={args.minibatches}": RunConfig.make(**base, mu=args.mu, minibatches=args.minibatches)}
+    settings = {"learn": config("auto", args.steps, None, None, None, args.dtype),  # real_model.py's settings
+                f"mu={args.mu} K={args.minibatches}": config("auto", args.steps, None, args.mu, args.minibatches,
+                                                             args.dtype)}
     trainers = {name: grpo.make_trainer(cfg) for name, cfg in settings.items()}
     for trainer in trainers.values():
         clock.watch_optimiser(trainer)
